@@ -1,0 +1,4 @@
+// Command kvshmd is the kvshm daemon.
+package main
+
+func main() {}
