@@ -1,0 +1,189 @@
+package index
+
+import "fmt"
+
+// Config configures one Indexer: the index of one worker (all of its dp_ranks).
+type Config struct {
+	// WorkerID is stamped on every RouterEvent the index emits.
+	WorkerID uint64
+	// BlockSize is the KV block size in tokens; it must not be 0.
+	BlockSize uint32
+	// MaxBufferSize is the number of events the log keeps (Dynamo's max_buffer_size); 0 keeps none.
+	MaxBufferSize int
+}
+
+// Kind is the kind of a KV event. The values equal the FlatBuffers union tags (kvevent.EventData).
+type Kind uint8
+
+// Event kinds.
+const (
+	KindStored  Kind = 1
+	KindRemoved Kind = 2
+	KindCleared Kind = 3
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindStored:
+		return "stored"
+	case KindRemoved:
+		return "removed"
+	case KindCleared:
+		return "cleared"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// Block is one stored block: the engine's block hash and the tokens hash (Dynamo's LocalBlockHash).
+type Block struct {
+	BlockHash, TokensHash uint64
+}
+
+// Event is one KV event with its tokens already hashed. Slices are borrowed: Apply copies what it keeps.
+type Event struct {
+	ID        uint64
+	DpRank    uint32
+	Kind      Kind
+	HasParent bool
+	Parent    uint64
+	Blocks    []Block  // KindStored
+	Hashes    []uint64 // KindRemoved
+}
+
+// Status is the outcome of applying an event to the radix tree (Dynamo's KvCacheEventError, or OK).
+type Status uint8
+
+// Apply statuses, used as the second index of Stats.Applied.
+const (
+	StatusOK Status = iota
+	StatusParentNotFound
+	StatusBlockNotFound
+	StatusInvalidBlockSequence
+	NumStatuses
+)
+
+func (s Status) String() string {
+	switch s {
+	case StatusOK:
+		return "ok"
+	case StatusParentNotFound:
+		return "parent_not_found"
+	case StatusBlockNotFound:
+		return "block_not_found"
+	case StatusInvalidBlockSequence:
+		return "invalid_block_sequence"
+	}
+	return fmt.Sprintf("status(%d)", uint8(s))
+}
+
+// ApplyResult says what applying one event did to the log and the tree.
+type ApplyResult struct {
+	// Status is the tree outcome; a non-OK status is also returned as an error wrapping the matching sentinel.
+	Status Status
+	// Gap is true when the event's id skipped ids (they are recorded as lost).
+	Gap bool
+	// IDReset is true when the event's id was not greater than the last id: the log restarted at it.
+	IDReset bool
+}
+
+// RespKind is the variant of a WorkerKvQueryResponse.
+type RespKind uint8
+
+// Response variants.
+const (
+	RespEvents RespKind = iota + 1
+	RespTreeDump
+	RespTooNew
+	RespInvalidRange
+	RespError
+)
+
+func (k RespKind) String() string {
+	switch k {
+	case RespEvents:
+		return "Events"
+	case RespTreeDump:
+		return "TreeDump"
+	case RespTooNew:
+		return "TooNew"
+	case RespInvalidRange:
+		return "InvalidRange"
+	case RespError:
+		return "Error"
+	}
+	return fmt.Sprintf("RespKind(%d)", uint8(k))
+}
+
+// Response is the answer to a recovery query.
+type Response struct {
+	Kind RespKind
+	// JSON is the complete WorkerKvQueryResponse. It may be shared with other callers (a cached dump):
+	// treat it as read-only.
+	JSON []byte
+	// LastEventID is last_event_id (Events, TreeDump) or newest_available (TooNew).
+	LastEventID uint64
+	// NumEvents is the number of RouterEvents in Events or TreeDump.
+	NumEvents int
+	// CacheHit is true when a TreeDump came from (or extended) the dump cache.
+	CacheHit bool
+}
+
+// Score is the number of leading blocks of a sequence that a (worker, dp_rank) holds.
+type Score struct {
+	WorkerID uint64
+	DpRank   uint32
+	Blocks   uint32
+}
+
+// LostRange is a range of event ids the index never applied (inclusive). Unknown marks a point where the
+// history is unknown (MarkUnknownHistory); then First-1 is the last id seen before it (First == Last+1).
+type LostRange struct {
+	First, Last uint64
+	Unknown     bool
+	Reason      string
+}
+
+// Stats is a consistent copy of the index's counters.
+type Stats struct {
+	WorkerID      uint64
+	BlockSize     uint32
+	MaxBufferSize int
+
+	// Buffered is the number of events in the log; FirstEventID and LastEventID are valid when it is > 0.
+	Buffered     int
+	FirstEventID uint64
+	LastEventID  uint64
+	// SeenAny is true once an event or loss was recorded; LastSeenID is then the highest id seen or lost in the
+	// current numbering.
+	SeenAny    bool
+	LastSeenID uint64
+
+	// ResidentBlocks is Dynamo's current_size: the number of (dp_rank, block hash) lookup entries.
+	ResidentBlocks int
+	// Nodes is the number of live tree nodes (including empty leaves Dynamo keeps).
+	Nodes   int
+	DpRanks []uint32
+
+	// Tainted is true while a loss or unknown history has not been re-based by a Cleared: dumps answer Error.
+	Tainted     bool
+	TaintReason string
+	// LostRanges are the recent lost ranges of the current numbering (at most MaxLostRanges, merged beyond).
+	LostRanges []LostRange
+	LostIDs    uint64 // total ids lost (gaps and MarkLost)
+	Gaps       uint64 // gaps detected in event ids
+	Losses     uint64 // MarkLost calls
+	Unknowns   uint64 // MarkUnknownHistory calls
+	IDResets   uint64 // backwards or duplicate ids (log restarted)
+	Rejected   uint64 // events refused as invalid input (not applied, counted as lost)
+
+	// Applied counts applied events by kind (index Kind-1) and tree status.
+	Applied [3][NumStatuses]uint64
+
+	DumpBuilds       uint64 // tree dumps built
+	DumpCacheHits    uint64 // dumps answered from the cache unchanged
+	DumpCacheExtends uint64 // dumps answered by extending the cache with the log tail
+	DumpErrors       uint64 // dumps refused (Error) because the index is tainted
+}
+
+// MaxLostRanges bounds Stats.LostRanges and the ranges the index remembers; older ranges are merged.
+const MaxLostRanges = 32

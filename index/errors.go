@@ -1,0 +1,28 @@
+package index
+
+import "errors"
+
+// Sentinel errors. Callers match them with errors.Is; the returned errors wrap them with context.
+var (
+	// ErrZeroBlockSize is returned by New and the hashing functions when the KV block size is 0.
+	ErrZeroBlockSize = errors.New("kvshm/index: block size is zero")
+	// ErrTokenCount is returned when a Stored event's token count does not match its blocks (non-Eagle:
+	// len(tokens) == n*block_size; Eagle: n*block_size+1), or when token bytes are not a multiple of 4.
+	ErrTokenCount = errors.New("kvshm/index: token count does not match blocks")
+	// ErrEagleTooShort is returned when an Eagle Stored event lacks the lookahead token (exactly n*block_size
+	// tokens), the input on which Dynamo panics.
+	ErrEagleTooShort = errors.New("kvshm/index: eagle store lacks the lookahead token")
+	// ErrBlockHashBytes is returned when the little-endian block hash bytes are not a multiple of 8.
+	ErrBlockHashBytes = errors.New("kvshm/index: block hash bytes not a multiple of 8")
+	// ErrInvalidKind is returned by Apply for an event kind other than Stored, Removed or Cleared.
+	ErrInvalidKind = errors.New("kvshm/index: invalid event kind")
+	// ErrParentNotFound is returned when a Stored event names a parent block this (worker, dp_rank) does not
+	// hold; nothing of the event is applied (Dynamo's ParentBlockNotFound). The event is still logged.
+	ErrParentNotFound = errors.New("kvshm/index: parent block not found")
+	// ErrBlockNotFound is returned when a Removed event names a block this (worker, dp_rank) does not hold;
+	// the other hashes of the event are still removed (Dynamo's BlockNotFound). The event is still logged.
+	ErrBlockNotFound = errors.New("kvshm/index: block not found")
+	// ErrInvalidBlockSequence is returned when a Stored event would make a block its own parent or ancestor;
+	// the blocks before it stay applied (Dynamo's InvalidBlockSequence). The event is still logged.
+	ErrInvalidBlockSequence = errors.New("kvshm/index: invalid block sequence")
+)
