@@ -1,0 +1,147 @@
+package daemon
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+)
+
+// Request and reply bodies (JSON). Wire format: field names never change; new optional fields may be added.
+// Request decoding is strict: unknown fields and trailing data are bad_request (a misspelled "start" must not
+// silently turn an events query into a dump).
+
+// AttachRequest is the body of an ATTACH request.
+type AttachRequest struct {
+	RingPath      string `json:"ring_path"`
+	WorkerID      uint64 `json:"worker_id"`
+	KVBlockSize   uint32 `json:"kv_block_size"`
+	MaxBufferSize uint32 `json:"max_buffer_size"`
+}
+
+// AttachReply is the body of an ATTACH reply.
+type AttachReply struct {
+	WorkerID    uint64 `json:"worker_id"`
+	Epoch       uint64 `json:"epoch"`
+	StreamEpoch uint32 `json:"stream_epoch"`
+	Resumed     bool   `json:"resumed"`
+	Head        uint64 `json:"head"`
+}
+
+// WorkerRequest is the body of DETACH, DUMP and STATS requests (worker_id may be null, except for DETACH).
+type WorkerRequest struct {
+	WorkerID *uint64 `json:"worker_id"`
+}
+
+// EventsRequest is the body of an EVENTS request.
+type EventsRequest struct {
+	WorkerID *uint64 `json:"worker_id"`
+	Start    *uint64 `json:"start"`
+	End      *uint64 `json:"end"`
+}
+
+// MatchRequest is the body of a MATCH request.
+type MatchRequest struct {
+	WorkerID *uint64  `json:"worker_id"`
+	Tokens   []uint32 `json:"tokens"`
+	LoraName *string  `json:"lora_name"`
+	IsEagle  bool     `json:"is_eagle"`
+}
+
+// MatchScore is one overlap score in a MATCH reply.
+type MatchScore struct {
+	WorkerID uint64 `json:"worker_id"`
+	DpRank   uint32 `json:"dp_rank"`
+	Blocks   uint32 `json:"blocks"`
+}
+
+// MatchReply is the body of a MATCH reply.
+type MatchReply struct {
+	Scores []MatchScore `json:"scores"`
+}
+
+// HealthReply is the body of a HEALTH reply.
+type HealthReply struct {
+	Status  string `json:"status"`
+	Version string `json:"version"`
+	Streams int    `json:"streams"`
+}
+
+// LostRange is a closed range of event ids known to be lost.
+type LostRange struct {
+	First  uint64 `json:"first"`
+	Last   uint64 `json:"last"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// StreamStats is one stream in a STATS reply.
+type StreamStats struct {
+	WorkerID      uint64 `json:"worker_id"`
+	KVBlockSize   uint32 `json:"kv_block_size"`
+	MaxBufferSize uint32 `json:"max_buffer_size"`
+	RingPath      string `json:"ring_path"`
+	Epoch         uint64 `json:"epoch"`
+	StreamEpoch   uint32 `json:"stream_epoch"`
+	Resets        uint64 `json:"resets"`
+	ProducerAlive bool   `json:"producer_alive"`
+	ProducerPID   uint32 `json:"producer_pid"`
+	Attached      bool   `json:"attached"`
+
+	FirstEventID   *uint64     `json:"first_event_id"`
+	LastEventID    *uint64     `json:"last_event_id"`
+	Buffered       int         `json:"buffered"`
+	ResidentBlocks int         `json:"resident_blocks"`
+	Tainted        bool        `json:"tainted"`
+	TaintReason    string      `json:"taint_reason,omitempty"`
+	LostRanges     []LostRange `json:"lost_ranges"`
+	LostEvents     uint64      `json:"lost_events"`
+	IDResets       uint64      `json:"id_resets"`
+
+	EventsReceived  uint64  `json:"events_received"`
+	CorruptRecords  uint64  `json:"corrupt_records"`
+	MalformedEvents uint64  `json:"malformed_events"`
+	RingHead        uint64  `json:"ring_head"`
+	RingTail        uint64  `json:"ring_tail"`
+	RingUsedBytes   uint64  `json:"ring_used_bytes"`
+	RingCapacity    uint64  `json:"ring_capacity_bytes"`
+	RingFill        float64 `json:"ring_fill_ratio"`
+	DroppedEvents   uint64  `json:"dropped_events"`
+	DroppedBytes    uint64  `json:"dropped_bytes"`
+	LossPending     bool    `json:"loss_pending"`
+	DumpBuilds      uint64  `json:"dump_builds"`
+	DumpCacheHits   uint64  `json:"dump_cache_hits"`
+}
+
+// StatsReply is the body of a STATS reply.
+type StatsReply struct {
+	Streams []StreamStats `json:"streams"`
+}
+
+// errorBody is the body of every error reply.
+type errorBody struct {
+	Error string `json:"error"`
+	Code  string `json:"code"`
+}
+
+// decodeStrict decodes a request body into v: unknown fields and trailing data are errors; an empty body is {}.
+func decodeStrict(body []byte, v any) error {
+	if len(bytes.TrimSpace(body)) == 0 {
+		body = []byte("{}")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("invalid JSON body: %v", err)
+	}
+	if rest := body[dec.InputOffset():]; len(bytes.TrimSpace(rest)) != 0 {
+		return fmt.Errorf("invalid JSON body: trailing data after the object")
+	}
+	return nil
+}
+
+func encodeErrorBody(code, msg string) []byte {
+	b, err := json.Marshal(errorBody{Error: msg, Code: code})
+	if err != nil { // cannot happen for two strings
+		return []byte(`{"error":"internal","code":"internal"}`)
+	}
+	return b
+}

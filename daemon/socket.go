@@ -1,0 +1,167 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// DefaultSocketPath is $XDG_RUNTIME_DIR/kvshm/kvshmd.sock, else /tmp/kvshm-<uid>/kvshmd.sock.
+func DefaultSocketPath() string {
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+		return filepath.Join(d, "kvshm", "kvshmd.sock")
+	}
+	return filepath.Join(os.TempDir(), "kvshm-"+strconv.Itoa(os.Getuid()), "kvshmd.sock")
+}
+
+// prepareSocketDir creates dir with mode 0700 when it is missing and checks that it is a directory owned by the
+// daemon's user and not writable by group or others (so nobody else can replace the socket file).
+func prepareSocketDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create socket directory %s: %w", dir, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return fmt.Errorf("stat socket directory %s: %w", dir, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return fmt.Errorf("socket directory %s is not a directory: %w", dir, ErrUnsafeDir)
+	}
+	if int(st.Uid) != os.Getuid() {
+		return fmt.Errorf("socket directory %s is owned by uid %d, not %d: %w", dir, st.Uid, os.Getuid(), ErrUnsafeDir)
+	}
+	if st.Mode&0o022 != 0 {
+		return fmt.Errorf("socket directory %s has mode %04o (group/other writable): %w", dir, st.Mode&0o7777, ErrUnsafeDir)
+	}
+	return nil
+}
+
+// removeStaleSocket removes path when it is a socket nobody listens on (a killed daemon's leftover). It returns
+// ErrAlreadyRunning when a daemon answers and ErrNotSocket when path is something else (never removed).
+func removeStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("stat socket %s: %w", path, err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("%s: %w", path, ErrNotSocket)
+	}
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		_ = c.Close()
+		return fmt.Errorf("%s: %w", path, ErrAlreadyRunning)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, os.ErrNotExist) {
+		// Something else (EACCES, timeout): do not guess, do not remove.
+		return fmt.Errorf("probe existing socket %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove stale socket %s: %w", path, err)
+	}
+	return nil
+}
+
+// listenUnix prepares the directory, removes a stale socket, listens and sets the socket file's mode.
+func listenUnix(path string, mode os.FileMode) (*net.UnixListener, bool, error) {
+	if err := prepareSocketDir(filepath.Dir(path)); err != nil {
+		return nil, false, err
+	}
+	_, statErr := os.Lstat(path)
+	hadFile := statErr == nil
+	if err := removeStaleSocket(path); err != nil {
+		return nil, false, err
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, false, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	ln.SetUnlinkOnClose(true)
+	if err := os.Chmod(path, mode); err != nil {
+		_ = ln.Close()
+		return nil, false, fmt.Errorf("chmod socket %s: %w", path, err)
+	}
+	return ln, hadFile, nil
+}
+
+// peerCred returns the peer's credentials captured at connect() (SO_PEERCRED).
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var gerr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, gerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	if gerr != nil {
+		return nil, fmt.Errorf("getsockopt SO_PEERCRED: %w", gerr)
+	}
+	return cred, nil
+}
+
+// processAlive reports whether pid exists and, when startTime is nonzero, still has that start time (field 22 of
+// /proc/<pid>/stat), so a recycled pid is not mistaken for the original process.
+func processAlive(pid int, startTime uint64) bool {
+	if pid <= 0 {
+		return false
+	}
+	if err := unix.Kill(pid, 0); err != nil && !errors.Is(err, unix.EPERM) {
+		return false
+	}
+	if startTime == 0 {
+		return true
+	}
+	st, err := procStartTime(pid)
+	if err != nil {
+		return !errors.Is(err, os.ErrNotExist)
+	}
+	return st == startTime
+}
+
+// procStartTime reads field 22 (starttime, clock ticks since boot) of /proc/<pid>/stat.
+func procStartTime(pid int) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// comm (field 2) may contain spaces and parentheses: fields after it start after the last ')'.
+	i := lastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("parse /proc/%d/stat: no comm", pid)
+	}
+	field := 2
+	start := -1
+	for j := i + 1; j < len(b); j++ {
+		if b[j] == ' ' {
+			field++
+			if field == 22 {
+				start = j + 1
+			} else if field == 23 {
+				return strconv.ParseUint(string(b[start:j]), 10, 64)
+			}
+		}
+	}
+	return 0, fmt.Errorf("parse /proc/%d/stat: short", pid)
+}
+
+func lastIndexByte(b []byte, c byte) int {
+	for i := len(b) - 1; i >= 0; i-- {
+		if b[i] == c {
+			return i
+		}
+	}
+	return -1
+}
