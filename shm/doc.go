@@ -1,3 +1,80 @@
-// Package shm will own the single-producer/single-consumer ring in shared memory: its byte layout, the Go writer
-// and reader, mapping and record validation. Every unsafe and atomic operation of kvshm lives here.
+// Package shm is kvshm's single-producer/single-consumer ring in shared memory: the byte layout, the Go Writer
+// (Go producers, tests, benchmarks) and Reader (the daemon's drain loop), mapping, and record validation. Every
+// unsafe conversion and every atomic access of kvshm lives in this package, in unsafe.go.
+//
+// # Design
+//
+// A ring is a regular file (by default in /dev/shm, see DefaultDir) of 4096 + capacity bytes, mapped MAP_SHARED
+// by both processes: a header page, then a power-of-two data area. The producer (usually the Python package's
+// RingWriter, else Writer) appends records at the tail; the consumer (Reader) reads them from the head. head and
+// tail are ever-increasing u64 byte positions (index = pos & (capacity-1)) on separate 128-byte slots, with
+// head <= tail <= head+capacity, both multiples of 8. We chose a named file over a memfd passed on the socket:
+// the daemon can reattach to it after a restart (the head is persisted in the file), `kvshmd inspect` can read it,
+// and ownership and mode checks are ordinary file checks. FORMAT.md is the byte-level specification.
+//
+//	header page (4096 B)                                   data area (capacity B, power of two)
+//	+-------------------------------------------------+    +--------+---------+-----+---------+---------+
+//	| 0x000 magic "KVSHMRG\0" | version=1 | ...static | ▶  | record | record  | ... | PADDING | (free)  |
+//	| 0x048 state             (INIT/READY/CLOSED)     |    +--------+---------+-----+---------+---------+
+//	| 0x080 tail              (producer, commit word) |      ^ head & mask           ^ tail & mask
+//	| 0x100 head              (consumer, persisted)   |
+//	| 0x180 dropped_events, dropped_bytes,            |    record: [u32 length][u32 type][payload][pad to 8]
+//	|       loss_first_seq, loss_last_seq, loss_pending|    length = 8 + len(payload); types EVENT=1, LOSS=2,
+//	| 0x200 consumer_heartbeat                        |    PADDING=0xFFFFFFFF (fills the bytes to the end)
+//	+-------------------------------------------------+
+//
+// Publication: the producer writes a record's payload, then its header, then stores the tail. The tail is the only
+// commit word, so whatever lies past it (a half-written record of a producer that died) is invisible. One tail
+// store may publish many records (Append several times, then Publish). A record never straddles the end of the
+// data area: a PADDING record fills the rest and the record starts at index 0; the free-space check includes the
+// padding.
+//
+// Full ring: the producer never blocks. WriteEvent returns ErrFull at once, writes nothing, and counts the drop in
+// the header (dropped_events, dropped_bytes, loss_first_seq/loss_last_seq with loss_pending=1). The next event
+// that fits is preceded, in the same publication, by a LOSS record {first_seq, last_seq, count} naming exactly the
+// dropped seqs; then loss_pending returns to 0. An event larger than max_record is dropped and counted the same way
+// (ErrTooLarge).
+//
+// # Usage
+//
+//	w, err := shm.Create(path, shm.Options{Capacity: 16 << 20, WorkerID: 1})  // producer
+//	err = w.WriteEvent(seq, payload)                                          // ErrFull/ErrTooLarge: counted drop
+//
+//	r, err := shm.Open(path)                                                  // consumer
+//	for {
+//		rec, err := r.Next()
+//		if errors.Is(err, shm.ErrEmpty) { r.Release(); /* back off, poll again */ continue }
+//		var ce *shm.CorruptionError
+//		if errors.As(err, &ce) { r.SkipToTail(); /* mark history unknown */ continue }
+//		handle(rec) // rec.Payload aliases the ring
+//	}
+//
+// # Concurrency
+//
+// A Writer and a Reader are each owned by one goroutine; the two sides synchronize only through the tail
+// (release store by the producer, acquire load by the consumer) and the head (the converse). There must be one
+// producer per ring (enforced with flock by Create and by the Python writer) and one consumer (not enforced).
+//
+// # Failure outcomes
+//
+//   - Producer dies mid-write: the partial record lies past the tail and is never read.
+//   - Ring full, or record too large: the call returns at once; the drop is counted in the header and reported by a
+//     LOSS record before the next event.
+//   - Corrupt record or position word: Next returns a *CorruptionError{Pos, Reason} (errors.Is ErrCorrupt) without
+//     reading outside the mapping; it repeats until the consumer calls SkipToTail, which drops the unread bytes.
+//     The consumer must then treat its state as unknown history.
+//   - Magic or version mismatch, invalid header fields or file size: Open refuses with ErrMagic, ErrVersion
+//     (naming both versions) or ErrHeader.
+//   - Second producer on the same file: Create refuses with ErrLocked (ErrExist for a stale file nobody holds).
+//   - File system full (tmpfs): Create refuses with ErrNoSpace; the file is preallocated, so no SIGBUS later.
+//
+// # Caveats
+//
+// Record.Payload aliases the mapping. It stays valid until the next Release (or SkipToTail): after that the
+// producer may overwrite it at any moment. Copy what you keep (for example map keys) before Release. Never touch a
+// payload after Close: the memory is unmapped and the access faults. A producer that truncates the ring file can
+// make the consumer fault with SIGBUS; the daemon only maps files owned by the attaching user.
+//
+// Go cannot fork without exec, so a Writer cannot be inherited by a child process (the Python writer checks its
+// pid before each publish instead). Writer does not re-check the pid: os.Getpid is a system call.
 package shm

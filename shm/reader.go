@@ -1,0 +1,243 @@
+package shm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+)
+
+// Record is one EVENT or LOSS record returned by Reader.Next. Payload aliases the mapping: it is valid until the
+// next Release (or SkipToTail, or Close), after which the producer may overwrite it. Copy what you keep.
+type Record struct {
+	Type    uint32
+	Pos     uint64 // ring position of the record header
+	Payload []byte // length-8 bytes; capacity limited to the payload
+}
+
+// Loss decodes a LOSS record's payload: the producer dropped count events with seqs in [first, last]. It returns
+// ok=false for any other record.
+func (r Record) Loss() (first, last, count uint64, ok bool) {
+	if r.Type != TypeLoss || len(r.Payload) != LossPayloadSize {
+		return 0, 0, 0, false
+	}
+	le := binary.LittleEndian
+	return le.Uint64(r.Payload[0:]), le.Uint64(r.Payload[8:]), le.Uint64(r.Payload[16:]), true
+}
+
+// Reader is the consumer side of a ring. It is owned by one goroutine: no method may run concurrently with
+// another. It never blocks and never reads outside the mapping, whatever the producer wrote.
+type Reader struct {
+	f     *os.File // nil for in-memory images and after Close
+	m     []byte   // the whole mapping; nil after Close
+	data  []byte   // m[HeaderSize:]
+	path  string
+	unmap func([]byte) error
+
+	hdr Header // static fields, validated at Open; never re-read (the producer could change them)
+
+	capacity  uint64
+	mask      uint64
+	maxRecord uint64
+
+	pos  uint64 // next record to read. Owned by the reader.
+	head uint64 // last head stored into the header. Owned by the reader.
+	tail uint64 // last valid tail loaded from the header. Owned by the reader.
+}
+
+// Open maps an existing ring for its consumer. It validates the magic (ErrMagic), the version (ErrVersion), the
+// static header fields and the file size (ErrHeader), the state (ErrNotReady while the creator is still writing
+// the header) and the head/tail words (*CorruptionError), and resumes at the persisted head. Open takes no lock:
+// there must be one consumer per ring.
+func Open(path string) (*Reader, error) {
+	if !nativeLittleEndian {
+		return nil, ErrPlatform
+	}
+	f, size, err := openChecked(path, os.O_RDWR)
+	if err != nil {
+		return nil, fmt.Errorf("open ring %s: %w", path, err)
+	}
+	m, err := mapFile(f, size)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open ring %s: %w", path, err)
+	}
+	r, err := newReader(m, unmap)
+	if err != nil {
+		unmap(m)
+		f.Close()
+		return nil, fmt.Errorf("open ring %s: %w", path, err)
+	}
+	r.f, r.path = f, path
+	return r, nil
+}
+
+// newReader validates the ring image m (a mapping, or a heap copy in tests) and returns a Reader over it. release
+// is called with m by Close.
+func newReader(m []byte, release func([]byte) error) (*Reader, error) {
+	if err := checkAtomicAlignment(m); err != nil {
+		return nil, err
+	}
+	st := loadState(m) // acquire: pairs with the creator's READY store, so the static fields below are complete
+	h := parseHeader(m)
+	h.State = st
+	if err := h.validate(int64(len(m))); err != nil {
+		return nil, err
+	}
+	if st == StateInit {
+		return nil, ErrNotReady
+	}
+	head := loadHead(m) // our own (or a previous consumer's) persisted position
+	tail := loadTail(m) // acquire: pairs with the producer's last tail store
+	if err := checkPositions(head, tail, h.Capacity); err != nil {
+		return nil, err
+	}
+	return &Reader{
+		m: m, data: m[HeaderSize:], unmap: release, hdr: h,
+		capacity: h.Capacity, mask: h.Capacity - 1, maxRecord: uint64(h.MaxRecord),
+		pos: head, head: head, tail: head,
+	}, nil
+}
+
+// Header returns the static header fields validated at Open, with the current state.
+func (r *Reader) Header() Header {
+	h := r.hdr
+	if r.m != nil {
+		h.State = loadState(r.m)
+	}
+	return h
+}
+
+// Next returns the next published record, skipping padding. It returns ErrEmpty when none is left (call Release
+// and poll again later) and a *CorruptionError (errors.Is ErrCorrupt) when the bytes at the read position or the
+// tail word are invalid; the error repeats until SkipToTail. Next never allocates on success.
+func (r *Reader) Next() (Record, error) {
+	if r.m == nil {
+		return Record{}, ErrClosed
+	}
+	for {
+		if r.pos == r.tail {
+			t := loadTail(r.m) // acquire: the records in [r.pos, t) are complete
+			if t == r.tail {
+				return Record{}, ErrEmpty
+			}
+			if err := r.checkTail(t); err != nil {
+				return Record{}, err
+			}
+			r.tail = t
+		}
+		// r.pos is a multiple of 8 and r.pos < r.tail, so the 8 header bytes lie inside the data area.
+		idx := r.pos & r.mask
+		length := uint64(binary.LittleEndian.Uint32(r.data[idx:]))
+		typ := binary.LittleEndian.Uint32(r.data[idx+4:])
+		room := r.capacity - idx // bytes to the end of the data area
+		avail := r.tail - r.pos  // published bytes from the read position
+		if typ == TypePadding {
+			if length != room {
+				return Record{}, corruptf(r.pos, "padding length %d, want %d (the bytes to the end)", length, room)
+			}
+			if length > avail {
+				return Record{}, corruptf(r.pos, "padding of %d bytes runs past the tail (%d bytes published)", length, avail)
+			}
+			r.pos += length
+			continue
+		}
+		switch {
+		case typ != TypeEvent && typ != TypeLoss:
+			return Record{}, corruptf(r.pos, "unknown record type %#x", typ)
+		case length < RecordHeaderSize:
+			return Record{}, corruptf(r.pos, "record length %d is shorter than its header", length)
+		case length > r.maxRecord:
+			return Record{}, corruptf(r.pos, "record length %d exceeds max_record %d", length, r.maxRecord)
+		case align8(length) > room:
+			return Record{}, corruptf(r.pos, "record of %d bytes crosses the end of the data area (%d bytes left)", length, room)
+		case align8(length) > avail:
+			return Record{}, corruptf(r.pos, "record of %d bytes runs past the tail (%d bytes published)", length, avail)
+		case typ == TypeLoss && length != lossRecordSize:
+			return Record{}, corruptf(r.pos, "LOSS record length %d, want %d", length, lossRecordSize)
+		}
+		rec := Record{Type: typ, Pos: r.pos, Payload: r.data[idx+RecordHeaderSize : idx+length : idx+length]}
+		r.pos += align8(length)
+		return rec, nil
+	}
+}
+
+// checkTail validates a newly loaded tail against the reader's positions. The producer can only have written up
+// to head+capacity, so anything else is corruption (or a hostile producer).
+func (r *Reader) checkTail(t uint64) error {
+	switch {
+	case t%RecordAlign != 0:
+		return corruptf(r.pos, "tail %d is not a multiple of %d", t, RecordAlign)
+	case t < r.pos:
+		return corruptf(r.pos, "tail %d moved behind the read position %d", t, r.pos)
+	case t-r.head > r.capacity:
+		return corruptf(r.pos, "tail %d is more than capacity %d ahead of head %d", t, r.capacity, r.head)
+	}
+	return nil
+}
+
+// Release publishes the head: everything before the end of the last record returned by Next (and any padding
+// skipped after it) is handed back to the producer. Call it once per drained batch, after the last use of the
+// batch's payloads.
+func (r *Reader) Release() {
+	if r.m == nil || r.pos == r.head {
+		return
+	}
+	storeHead(r.m, r.pos) // release: our reads of [old head, pos) happen before the producer may reuse them
+	r.head = r.pos
+}
+
+// SkipToTail abandons every unread byte: head and the read position jump to the published tail. Use it after a
+// *CorruptionError; the records in between are lost (account for them as unknown history). When the tail word
+// itself is invalid (unaligned or behind head) nothing can be repaired and Next keeps failing until the producer
+// publishes a valid tail again.
+func (r *Reader) SkipToTail() {
+	if r.m == nil {
+		return
+	}
+	t := loadTail(r.m) // acquire, as in Next
+	if t%RecordAlign != 0 || t < r.head {
+		return
+	}
+	r.pos, r.tail = t, t
+	r.Release()
+}
+
+// Heartbeat stores the consumer heartbeat word (unix ns of the last drain pass; informational only).
+func (r *Reader) Heartbeat(unixNano int64) {
+	if r.m == nil {
+		return
+	}
+	storeCounter(r.m, offHeartbeat, uint64(unixNano))
+}
+
+// Stats returns a snapshot of the shared counters; ReadPos is the position of the next Next.
+func (r *Reader) Stats() RingStats {
+	if r.m == nil {
+		return RingStats{}
+	}
+	return liveStats(r.m, r.capacity, r.pos)
+}
+
+// Close unmaps the ring. The head is not released implicitly: call Release first for the records you are done
+// with. Payloads returned by Next must not be used after Close (the memory is gone: a fault, not an error).
+func (r *Reader) Close() error {
+	if r.m == nil {
+		return ErrClosed
+	}
+	var err error
+	if r.unmap != nil {
+		err = r.unmap(r.m)
+	}
+	r.m, r.data = nil, nil
+	if r.f != nil {
+		if cerr := r.f.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("close ring file: %w", cerr))
+		}
+		r.f = nil
+	}
+	if err != nil {
+		return fmt.Errorf("close ring %s: %w", r.path, err)
+	}
+	return nil
+}
