@@ -1,0 +1,156 @@
+package index
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/zeebo/xxh3"
+)
+
+func seq(n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(i)
+	}
+	return out
+}
+
+// TestHashVectors checks the test vectors of reference §2.
+func TestHashVectors(t *testing.T) {
+	if got := xxh3.HashSeed([]byte("test data"), BaseSeed); got != 13226331709069118873 {
+		t.Fatalf(`xxh3("test data", 1337) = %d, want 13226331709069118873`, got)
+	}
+	if got := Seed([]byte("my-adapter")); got != 2360313164392603308 {
+		t.Fatalf(`Seed("my-adapter") = %d, want 2360313164392603308`, got)
+	}
+	if got := Seed(nil); got != 1337 {
+		t.Fatalf("Seed(nil) = %d, want 1337", got)
+	}
+	if got := Seed([]byte{}); got != 1337 {
+		t.Fatalf(`Seed("") = %d, want 1337 (empty name counts as absent)`, got)
+	}
+	tests := []struct {
+		name   string
+		tokens []uint32
+		bs     uint32
+		lora   string
+		eagle  bool
+		want   []uint64
+	}{
+		{"tokens 0..3 bs 4", seq(4), 4, "", false, []uint64{9143094415614847814}},
+		{"tokens 0..15 bs 16", seq(16), 16, "", false, []uint64{15310707395893867146}},
+		{"tokens 0..31 bs 32", seq(32), 32, "", false, []uint64{5756925433886871916}},
+		{"tokens 0..63 bs 64", seq(64), 64, "", false, []uint64{3480597578098033343}},
+		{"tokens 0..127 bs 128", seq(128), 128, "", false, []uint64{9509643624113304476}},
+		{"lora my-adapter", seq(4), 4, "my-adapter", false, []uint64{13692202469334984872}},
+		{"eagle bs 2 one window", seq(3), 2, "", true, []uint64{11646242937812223497}},
+		{"incomplete window not hashed", seq(7), 4, "", false, []uint64{9143094415614847814}},
+		{"shorter than a window", seq(3), 4, "", false, nil},
+		{"eagle exactly bs tokens: no window", seq(2), 2, "", true, nil},
+		{"empty", nil, 4, "", false, nil},
+		{"eagle empty", nil, 4, "", true, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := HashTokens(tc.tokens, tc.bs, tc.lora, tc.eagle)
+			if err != nil {
+				t.Fatalf("HashTokens: %v", err)
+			}
+			if len(got) != len(tc.want) {
+				t.Fatalf("got %d hashes %v, want %v", len(got), got, tc.want)
+			}
+			for i := range got {
+				if got[i] != tc.want[i] {
+					t.Fatalf("hash %d = %d, want %d", i, got[i], tc.want[i])
+				}
+			}
+		})
+	}
+}
+
+// TestHashWindows checks window placement: block i hashes tokens [i*bs, i*bs+bs) (Eagle: one more token).
+func TestHashWindows(t *testing.T) {
+	toks := seq(13)
+	for _, eagle := range []bool{false, true} {
+		got, err := HashTokens(toks, 4, "", eagle)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := 4
+		if eagle {
+			w = 5
+		}
+		var want []uint64
+		for off := 0; off+w <= len(toks); off += 4 {
+			want = append(want, xxh3.HashSeed(tokensToLE(nil, toks[off:off+w]), BaseSeed))
+		}
+		if len(got) != len(want) {
+			t.Fatalf("eagle=%v: %d hashes, want %d", eagle, len(got), len(want))
+		}
+		for i := range got {
+			if got[i] != want[i] {
+				t.Fatalf("eagle=%v: hash %d = %d, want %d", eagle, i, got[i], want[i])
+			}
+		}
+	}
+}
+
+func TestHashErrors(t *testing.T) {
+	if _, err := HashTokens(seq(4), 0, "", false); !errors.Is(err, ErrZeroBlockSize) {
+		t.Fatalf("block size 0: err = %v, want ErrZeroBlockSize", err)
+	}
+	if _, err := AppendBlockHashes(nil, make([]byte, 7), 1, BaseSeed, false); !errors.Is(err, ErrTokenCount) {
+		t.Fatalf("7 token bytes: err = %v, want ErrTokenCount", err)
+	}
+	if _, err := New(Config{BlockSize: 0}); !errors.Is(err, ErrZeroBlockSize) {
+		t.Fatalf("New with block size 0: err = %v, want ErrZeroBlockSize", err)
+	}
+}
+
+func TestStoredCountErrors(t *testing.T) {
+	bh := func(n int) []byte { // distinct hashes (equal ones would be an InvalidBlockSequence)
+		b := make([]byte, 8*n)
+		for i := range n {
+			b[8*i] = byte(i + 1)
+		}
+		return b
+	}
+	tests := []struct {
+		name    string
+		hashes  []byte
+		ntok    int
+		eagle   bool
+		wantErr error
+	}{
+		{"ok", bh(2), 8, false, nil},
+		{"ok eagle", bh(2), 9, true, nil},
+		{"ok empty", bh(0), 0, false, nil},
+		{"ok empty eagle", bh(0), 0, true, nil},
+		{"too few", bh(2), 7, false, ErrTokenCount},
+		{"too many", bh(2), 9, false, ErrTokenCount},
+		{"tokens without blocks", bh(0), 4, false, ErrTokenCount},
+		{"eagle without lookahead", bh(2), 8, true, ErrEagleTooShort},
+		{"eagle too few", bh(2), 5, true, ErrTokenCount},
+		{"eagle too many", bh(2), 10, true, ErrTokenCount},
+		{"hash bytes", make([]byte, 9), 4, false, ErrBlockHashBytes},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ix, _ := New(Config{WorkerID: 1, BlockSize: 4, MaxBufferSize: 8})
+			_, err := ix.ApplyStoredTokens(1, 0, false, 0, tc.hashes, make([]byte, 4*tc.ntok), nil, tc.eagle)
+			if tc.wantErr == nil {
+				if err != nil {
+					t.Fatalf("err = %v, want nil", err)
+				}
+				return
+			}
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("err = %v, want %v", err, tc.wantErr)
+			}
+			st := ix.Stats()
+			if st.Buffered != 0 || st.Rejected != 1 || !st.Tainted || st.LostIDs != 1 {
+				t.Fatalf("rejected event: stats %+v, want nothing buffered, 1 rejected, tainted, 1 lost id", st)
+			}
+		})
+	}
+}
