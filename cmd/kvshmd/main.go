@@ -1,4 +1,406 @@
-// Command kvshmd is the kvshm daemon.
+// Command kvshmd is the kvshm daemon: it drains the shared-memory rings of KV-cache event producers into per-worker
+// indexes and answers recovery queries over a Unix socket (and optionally HTTP). The same binary carries the
+// operator subcommands that speak the socket protocol. Run `kvshmd help` for usage.
 package main
 
-func main() {}
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvshm/kvshm/daemon"
+	"github.com/kvshm/kvshm/shm"
+)
+
+// version is set at link time (-ldflags "-X main.version=v1.2.3"); otherwise the module version or "dev".
+var version = ""
+
+// Exit codes.
+const (
+	exitOK          = 0
+	exitFailure     = 1 // the daemon answered with an error, or serve failed
+	exitUsage       = 2 // bad command line
+	exitUnreachable = 3 // cannot connect to the daemon
+)
+
+const usageTop = `kvshmd: the kvshm daemon and its operator commands.
+
+Usage:
+  kvshmd serve   [flags]                 run the daemon (see kvshmd serve --help)
+  kvshmd health  [--socket P]            check that the daemon answers
+  kvshmd stats   [--socket P] [--worker W]
+  kvshmd events  [--socket P] [--worker W] [--start N] [--end N]
+  kvshmd dump    [--socket P] [--worker W]
+  kvshmd match   [--socket P] [--worker W] --tokens 1,2,3 [--lora NAME] [--eagle]
+  kvshmd inspect [--json] RINGFILE       read a ring file's header (no daemon needed)
+  kvshmd version
+
+The socket defaults to $KVSHMD_SOCKET, then $KVSHM_SOCKET, then $XDG_RUNTIME_DIR/kvshm/kvshmd.sock, then
+/tmp/kvshm-<uid>/kvshmd.sock. events/dump print the WorkerKvQueryResponse JSON exactly as the daemon sent it.
+
+Exit codes: 0 ok; 1 the daemon answered with an error (or serve failed); 2 usage error; 3 daemon unreachable.
+`
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usageTop)
+		return exitUsage
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "serve":
+		return serve(rest, stderr)
+	case "health", "stats", "events", "dump", "match":
+		return query(cmd, rest, stdout, stderr)
+	case "inspect":
+		return inspect(rest, stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintln(stdout, buildVersion())
+		return exitOK
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usageTop)
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "kvshmd: unknown command %q\n\n%s", cmd, usageTop)
+	return exitUsage
+}
+
+func buildVersion() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
+}
+
+// envOr returns the first non-empty environment variable, else def.
+func envOr(def string, names ...string) string {
+	for _, n := range names {
+		if v := os.Getenv(n); v != "" {
+			return v
+		}
+	}
+	return def
+}
+
+type serveOpts struct {
+	socket, http, mode, logLevel, logFormat             string
+	parentPID, maxConns                                 int
+	maxRequest                                          uint
+	idle, frame, write, query, pidCheck, parentInterval time.Duration
+}
+
+func serve(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kvshmd serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o serveOpts
+	var envErr error
+	dur := func(env string, def time.Duration) time.Duration {
+		if v := os.Getenv(env); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				envErr = fmt.Errorf("%s=%q: %v", env, v, err)
+				return def
+			}
+			return d
+		}
+		return def
+	}
+	num := func(env string, def int) int {
+		if v := os.Getenv(env); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				envErr = fmt.Errorf("%s=%q: not an integer", env, v)
+				return def
+			}
+			return n
+		}
+		return def
+	}
+	fs.StringVar(&o.socket, "socket", envOr(daemon.DefaultSocketPath(), "KVSHMD_SOCKET"), "Unix socket path; its directory is created 0700 and must be owned by you and not group/other writable (env KVSHMD_SOCKET)")
+	fs.StringVar(&o.mode, "socket-mode", envOr("0600", "KVSHMD_SOCKET_MODE"), "socket file mode, octal (env KVSHMD_SOCKET_MODE)")
+	fs.StringVar(&o.http, "http", envOr("", "KVSHMD_HTTP"), "HTTP listen address for /kv_recover, /metrics, /healthz, e.g. 127.0.0.1:9400; off when empty (env KVSHMD_HTTP)")
+	fs.IntVar(&o.parentPID, "parent-pid", num("KVSHMD_PARENT_PID", 0), "drain and exit when this process is gone, polled every --parent-poll (env KVSHMD_PARENT_PID)")
+	fs.DurationVar(&o.parentInterval, "parent-poll", dur("KVSHMD_PARENT_POLL", 200*time.Millisecond), "poll period of --parent-pid (env KVSHMD_PARENT_POLL)")
+	fs.UintVar(&o.maxRequest, "max-request-bytes", uint(num("KVSHMD_MAX_REQUEST_BYTES", daemon.DefaultMaxRequest)), "largest request frame accepted; larger ones get too_large and the connection is closed (env KVSHMD_MAX_REQUEST_BYTES)")
+	fs.IntVar(&o.maxConns, "max-conns", num("KVSHMD_MAX_CONNS", 1024), "concurrent socket connections; beyond it clients get busy (env KVSHMD_MAX_CONNS)")
+	fs.DurationVar(&o.idle, "idle-timeout", dur("KVSHMD_IDLE_TIMEOUT", 5*time.Minute), "close a non-producer connection that sends nothing for this long (env KVSHMD_IDLE_TIMEOUT)")
+	fs.DurationVar(&o.frame, "frame-timeout", dur("KVSHMD_FRAME_TIMEOUT", 10*time.Second), "a started request frame must arrive completely within this (env KVSHMD_FRAME_TIMEOUT)")
+	fs.DurationVar(&o.write, "write-timeout", dur("KVSHMD_WRITE_TIMEOUT", 60*time.Second), "a reply must be written within this, else the connection is closed (env KVSHMD_WRITE_TIMEOUT)")
+	fs.DurationVar(&o.query, "query-timeout", dur("KVSHMD_QUERY_TIMEOUT", 120*time.Second), "bound on one query, including waiting for a dump build (env KVSHMD_QUERY_TIMEOUT)")
+	fs.DurationVar(&o.pidCheck, "pid-check-interval", dur("KVSHMD_PID_CHECK_INTERVAL", time.Second), "backstop check that each producer's pid is alive (env KVSHMD_PID_CHECK_INTERVAL)")
+	fs.StringVar(&o.logLevel, "log-level", envOr("info", "KVSHMD_LOG_LEVEL"), "debug, info, warn or error (env KVSHMD_LOG_LEVEL)")
+	fs.StringVar(&o.logFormat, "log-format", envOr("text", "KVSHMD_LOG_FORMAT"), "text or json (env KVSHMD_LOG_FORMAT)")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, `Usage: kvshmd serve [flags]
+
+Runs the daemon. Producers attach their rings over the socket; queries (events, dump, stats, match, health) use
+the same socket. Readiness: the socket answers HEALTH. SIGTERM or SIGINT: stop accepting, drain every ring one
+last time, exit 0. Every flag has an environment variable; the flag wins.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() != 0 {
+		fmt.Fprintf(stderr, "kvshmd serve: unexpected argument %q\n", fs.Arg(0))
+		return exitUsage
+	}
+	if envErr != nil {
+		fmt.Fprintf(stderr, "kvshmd serve: bad environment variable: %v\n", envErr)
+		return exitUsage
+	}
+	mode, err := strconv.ParseUint(o.mode, 8, 32)
+	if err != nil || mode == 0 || mode > 0o777 {
+		fmt.Fprintf(stderr, "kvshmd serve: --socket-mode %q: want an octal mode such as 0600\n", o.mode)
+		return exitUsage
+	}
+	if o.maxRequest < 64 || o.maxRequest > daemon.MaxResponse {
+		fmt.Fprintf(stderr, "kvshmd serve: --max-request-bytes %d: want 64..%d\n", o.maxRequest, daemon.MaxResponse)
+		return exitUsage
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		fmt.Fprintf(stderr, "kvshmd serve: --log-level %q: want debug, info, warn or error\n", o.logLevel)
+		return exitUsage
+	}
+	hopts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler
+	switch o.logFormat {
+	case "text":
+		h = slog.NewTextHandler(stderr, hopts)
+	case "json":
+		h = slog.NewJSONHandler(stderr, hopts)
+	default:
+		fmt.Fprintf(stderr, "kvshmd serve: --log-format %q: want text or json\n", o.logFormat)
+		return exitUsage
+	}
+	log := slog.New(h)
+	srv, err := daemon.New(daemon.Config{
+		SocketPath: o.socket, SocketMode: os.FileMode(mode), HTTPAddr: o.http, ParentPID: o.parentPID,
+		MaxRequestBytes: uint32(o.maxRequest), MaxConns: o.maxConns, IdleTimeout: o.idle, FrameTimeout: o.frame,
+		WriteTimeout: o.write, QueryTimeout: o.query, PIDCheckInterval: o.pidCheck, ParentPoll: o.parentInterval,
+		Version: buildVersion(), Logger: log,
+	})
+	if err != nil {
+		log.Error("cannot start", "err", err)
+		return exitFailure
+	}
+	if err := srv.Listen(); err != nil {
+		hint := ""
+		switch {
+		case errors.Is(err, daemon.ErrAlreadyRunning):
+			hint = "stop the other daemon or use another --socket"
+		case errors.Is(err, daemon.ErrUnsafeDir):
+			hint = "use a directory you own with mode 0700 (or let kvshmd create it)"
+		case errors.Is(err, daemon.ErrNotSocket):
+			hint = "the path is a regular file or directory; remove it or choose another --socket"
+		}
+		log.Error("cannot listen", "err", err, "hint", hint)
+		return exitFailure
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := srv.Serve(ctx); err != nil {
+		log.Error("serve failed", "err", err)
+		return exitFailure
+	}
+	return exitOK
+}
+
+// optUint is a flag.Value for an optional u64.
+type optUint struct{ v *uint64 }
+
+func (o *optUint) String() string {
+	if o.v == nil {
+		return ""
+	}
+	return strconv.FormatUint(*o.v, 10)
+}
+
+func (o *optUint) Set(s string) error {
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return fmt.Errorf("want an unsigned integer")
+	}
+	o.v = &n
+	return nil
+}
+
+func query(cmd string, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kvshmd "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	socket := fs.String("socket", envOr(daemon.DefaultSocketPath(), "KVSHMD_SOCKET", "KVSHM_SOCKET"), "daemon socket (env KVSHMD_SOCKET, KVSHM_SOCKET)")
+	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
+	var worker, start, end optUint
+	if cmd != "health" {
+		fs.Var(&worker, "worker", "worker_id (default: the only stream)")
+	}
+	if cmd == "events" {
+		fs.Var(&start, "start", "first event id (inclusive; omit for a dump)")
+		fs.Var(&end, "end", "last event id (inclusive)")
+	}
+	var tokens, lora *string
+	var eagle *bool
+	if cmd == "match" {
+		tokens = fs.String("tokens", "", "comma-separated token ids (required)")
+		lora = fs.String("lora", "", "LoRA adapter name (default: base model)")
+		eagle = fs.Bool("eagle", false, "Eagle windows (block_size+1 tokens)")
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() != 0 {
+		fmt.Fprintf(stderr, "kvshmd %s: unexpected argument %q\n", cmd, fs.Arg(0))
+		return exitUsage
+	}
+	var toks []uint32
+	if cmd == "match" {
+		if *tokens == "" {
+			fmt.Fprintln(stderr, "kvshmd match: --tokens is required (e.g. --tokens 1,2,3)")
+			return exitUsage
+		}
+		for _, f := range strings.Split(*tokens, ",") {
+			n, err := strconv.ParseUint(strings.TrimSpace(f), 10, 32)
+			if err != nil {
+				fmt.Fprintf(stderr, "kvshmd match: token %q is not a u32\n", f)
+				return exitUsage
+			}
+			toks = append(toks, uint32(n))
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	c, err := daemon.Dial(ctx, *socket)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvshmd %s: cannot reach the daemon: %v\n  is `kvshmd serve` running? point --socket (or KVSHMD_SOCKET) at its socket\n", cmd, err)
+		return exitUnreachable
+	}
+	defer c.Close()
+	var out []byte
+	switch cmd {
+	case "health":
+		var r daemon.HealthReply
+		if r, err = c.Health(ctx); err == nil {
+			out, err = json.MarshalIndent(r, "", "  ")
+		}
+	case "stats":
+		var r daemon.StatsReply
+		if r, err = c.Stats(ctx, worker.v); err == nil {
+			out, err = json.MarshalIndent(r, "", "  ")
+		}
+	case "events":
+		out, err = c.Events(ctx, worker.v, start.v, end.v)
+	case "dump":
+		out, err = c.Dump(ctx, worker.v)
+	case "match":
+		req := daemon.MatchRequest{WorkerID: worker.v, Tokens: toks, IsEagle: *eagle}
+		if *lora != "" {
+			req.LoraName = lora
+		}
+		var r daemon.MatchReply
+		if r, err = c.Match(ctx, req); err == nil {
+			out, err = json.MarshalIndent(r, "", "  ")
+		}
+	}
+	if err != nil {
+		var re *daemon.RemoteError
+		if errors.As(err, &re) {
+			fmt.Fprintf(stderr, "kvshmd %s: the daemon refused: %s (code %s)\n", cmd, re.Message, re.Code)
+			if re.Code == daemon.CodeConflict || re.Code == daemon.CodeNotFound {
+				fmt.Fprintf(stderr, "  list the streams with `kvshmd stats` and pick one with --worker\n")
+			}
+			return exitFailure
+		}
+		fmt.Fprintf(stderr, "kvshmd %s: %v\n", cmd, err)
+		return exitUnreachable
+	}
+	_, _ = stdout.Write(append(out, '\n'))
+	return exitOK
+}
+
+func inspect(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kvshmd inspect", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintln(stderr, "usage: kvshmd inspect [--json] RINGFILE")
+		return exitUsage
+	}
+	h, st, err := shm.Inspect(fs.Arg(0))
+	if err != nil && h.Capacity == 0 {
+		fmt.Fprintf(stderr, "kvshmd inspect: %v\n", err)
+		return exitFailure
+	}
+	if *asJSON {
+		b, _ := json.MarshalIndent(struct {
+			Header shm.Header    `json:"header"`
+			Stats  shm.RingStats `json:"stats"`
+			Error  string        `json:"error,omitempty"`
+		}{h, st, errString(err)}, "", "  ")
+		fmt.Fprintln(stdout, string(b))
+	} else {
+		alive := "no"
+		if h.ProducerPID != 0 && syscall.Kill(int(h.ProducerPID), 0) == nil {
+			alive = "yes (pid exists)"
+		}
+		fill := 0.0
+		if st.Capacity > 0 {
+			fill = 100 * float64(st.Used) / float64(st.Capacity)
+		}
+		fmt.Fprintf(stdout, "ring           %s\nversion        %d\nstate          %s\nworker_id      %d\nkv_block_size  %d\nmax_buffer     %d\n",
+			fs.Arg(0), h.Version, h.State, h.WorkerID, h.KVBlockSize, h.MaxBufferSize)
+		fmt.Fprintf(stdout, "epoch          %d (%s)\nproducer_pid   %d alive=%s\ncapacity       %d bytes, max_record %d\n",
+			h.Epoch, time.Unix(0, int64(h.Epoch)).UTC().Format(time.RFC3339Nano), h.ProducerPID, alive, h.Capacity, h.MaxRecord)
+		fmt.Fprintf(stdout, "head           %d\ntail           %d\nused           %d bytes (%.1f%%)\ndropped        %d events, %d bytes\n",
+			st.Head, st.Tail, st.Used, fill, st.DroppedEvents, st.DroppedBytes)
+		if st.LossPending {
+			fmt.Fprintf(stdout, "loss pending   seqs %d..%d\n", st.LossFirstSeq, st.LossLastSeq)
+		}
+		if st.ConsumerHeartbeat != 0 {
+			fmt.Fprintf(stdout, "consumer seen  %s\n", time.Unix(0, int64(st.ConsumerHeartbeat)).UTC().Format(time.RFC3339Nano))
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kvshmd inspect: the ring is invalid: %v\n", err)
+		return exitFailure
+	}
+	return exitOK
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

@@ -1,0 +1,168 @@
+package daemon
+
+import (
+	"runtime"
+	"strconv"
+
+	"github.com/kvshm/kvshm/index"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// metrics is the daemon's Prometheus instrumentation. Per-stream values are read at scrape time by streamCollector
+// from counters the drain goroutine keeps (updated once per batch) and from index.Stats, so ingest pays nothing
+// per event for metrics. The only per-stream label is worker_id.
+type metrics struct {
+	requests        *prometheus.CounterVec   // kvshm_requests_total{transport,kind,code}
+	rejected        *prometheus.CounterVec   // kvshm_connections_rejected_total{reason}
+	recoveries      *prometheus.CounterVec   // kvshm_recovery_requests_total{worker_id,result}
+	recoverySeconds *prometheus.HistogramVec // kvshm_recovery_duration_seconds{worker_id}
+	recoveryBytes   *prometheus.HistogramVec // kvshm_recovery_response_bytes{worker_id}
+}
+
+func newMetrics(reg *prometheus.Registry, s *Server) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvshm_requests_total", Help: "Requests served, by transport (socket, http), kind and result code (ok or an error code).",
+		}, []string{"transport", "kind", "code"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvshm_connections_rejected_total", Help: "Socket connections refused or closed by the daemon, by reason (forbidden, busy, idle, frame_timeout, peercred).",
+		}, []string{"reason"}),
+		recoveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvshm_recovery_requests_total", Help: "Recovery queries (events, dump, /kv_recover) by result (events, tree_dump, too_new, invalid_range, error, failed).",
+		}, []string{"worker_id", "result"}),
+		recoverySeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvshm_recovery_duration_seconds", Help: "Time to answer a recovery query, including waiting for the drain to catch up and for a dump build.",
+			Buckets: prometheus.ExponentialBuckets(50e-6, 4, 12),
+		}, []string{"worker_id"}),
+		recoveryBytes: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvshm_recovery_response_bytes", Help: "Size of recovery responses (WorkerKvQueryResponse JSON).",
+			Buckets: prometheus.ExponentialBuckets(64, 4, 13),
+		}, []string{"worker_id"}),
+	}
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kvshm_build_info", Help: "Build information; always 1.",
+		ConstLabels: prometheus.Labels{"version": s.cfg.Version, "goversion": runtime.Version()},
+	})
+	build.Set(1)
+	conns := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kvshm_connections", Help: "Open socket connections (producers and query clients).",
+	}, func() float64 { return float64(s.nconns.Load()) })
+	for _, c := range []prometheus.Collector{
+		m.requests, m.rejected, m.recoveries, m.recoverySeconds, m.recoveryBytes, build, conns,
+		&streamCollector{s: s},
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(name, help, append([]string{"worker_id"}, labels...), nil)
+}
+
+var (
+	dStreams         = prometheus.NewDesc("kvshm_streams", "Streams known to the daemon (attached or not).", nil, nil)
+	dProducerUp      = desc("kvshm_producer_up", "1 while the stream's producer is attached and alive.")
+	dEventsReceived  = desc("kvshm_events_received_total", "Events read from the ring, by type.", "type")
+	dBlocksReceived  = desc("kvshm_blocks_received_total", "Blocks carried by events read from the ring, by type.", "type")
+	dEventsApplied   = desc("kvshm_events_applied_total", "Events applied to the index, by type and tree status (Dynamo's statuses).", "type", "status")
+	dEventsRejected  = desc("kvshm_events_rejected_total", "Events refused as invalid input (token count), counted as lost.")
+	dRingUsed        = desc("kvshm_ring_used_bytes", "Bytes published and not yet consumed in the stream's ring.")
+	dRingCapacity    = desc("kvshm_ring_capacity_bytes", "Data capacity of the stream's ring.")
+	dRingDropped     = desc("kvshm_ring_dropped_events_total", "Events the producer dropped (ring full or record too large); from the ring header, restarts with a new ring.")
+	dRingDroppedB    = desc("kvshm_ring_dropped_bytes_total", "Bytes of events the producer dropped; from the ring header, restarts with a new ring.")
+	dLostEvents      = desc("kvshm_lost_events_total", "Event ids known lost (producer loss reports and id gaps).")
+	dSeqGaps         = desc("kvshm_seq_gaps_total", "Gaps detected in event ids.")
+	dIDResets        = desc("kvshm_event_id_resets_total", "Backwards or duplicate event ids (the log restarted).")
+	dUnknownHistory  = desc("kvshm_unknown_history_total", "Times the stream's earlier state became unknown (daemon resumed a ring, ring corruption, malformed event).")
+	dStreamResets    = desc("kvshm_stream_resets_total", "Producer restarts with a new ring epoch (index reset).")
+	dStreamEpoch     = desc("kvshm_stream_epoch", "Stream epoch: 1 at the first attach, +1 per reset.")
+	dTainted         = desc("kvshm_stream_tainted", "1 while lost or unknown history is not re-based by a Cleared (dumps answer Error).")
+	dResidentBlocks  = desc("kvshm_resident_blocks", "Blocks resident in the index (dp_rank, block hash entries).")
+	dBuffered        = desc("kvshm_buffered_events", "Events buffered in the recovery log.")
+	dOldestID        = desc("kvshm_oldest_event_id", "Oldest event id in the recovery log (absent when empty).")
+	dNewestID        = desc("kvshm_newest_event_id", "Newest event id in the recovery log (absent when empty).")
+	dDumpBuilds      = desc("kvshm_dump_builds_total", "Tree dumps built.")
+	dDumpCacheHits   = desc("kvshm_dump_cache_hits_total", "Dumps answered from the dump cache.")
+	dCorruptRecords  = desc("kvshm_ring_corrupt_records_total", "Corrupt ring records (the daemon skipped to the tail).")
+	dMalformedEvents = desc("kvshm_malformed_events_total", "Ring records whose FlatBuffer event failed validation.")
+	dLossRecords     = desc("kvshm_loss_records_total", "Loss records the producer wrote after the ring had been full.")
+	dDrainBatches    = desc("kvshm_drain_batches_total", "Drain batches (one head store each).")
+)
+
+var kindLabels = [3]string{"stored", "removed", "cleared"}
+
+// streamCollector emits per-stream metrics at scrape time.
+type streamCollector struct{ s *Server }
+
+func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{dStreams, dProducerUp, dEventsReceived, dBlocksReceived, dEventsApplied,
+		dEventsRejected, dRingUsed, dRingCapacity, dRingDropped, dRingDroppedB, dLostEvents, dSeqGaps, dIDResets,
+		dUnknownHistory, dStreamResets, dStreamEpoch, dTainted, dResidentBlocks, dBuffered, dOldestID, dNewestID,
+		dDumpBuilds, dDumpCacheHits, dCorruptRecords, dMalformedEvents, dLossRecords, dDrainBatches} {
+		ch <- d
+	}
+}
+
+func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
+	list := c.s.streamList()
+	ch <- prometheus.MustNewConstMetric(dStreams, prometheus.GaugeValue, float64(len(list)))
+	const C, G = prometheus.CounterValue, prometheus.GaugeValue
+	for _, st := range list {
+		w := strconv.FormatUint(st.workerID, 10)
+		st.mu.Lock()
+		ix, base, rs, alive, epoch := st.ix, st.base, st.lastRing, st.alive, st.streamEpoch
+		st.mu.Unlock()
+		cur := ix.Stats()
+		is := addStats(base, cur)
+		emit := func(d *prometheus.Desc, t prometheus.ValueType, v float64, lv ...string) {
+			ch <- prometheus.MustNewConstMetric(d, t, v, append([]string{w}, lv...)...)
+		}
+		emit(dProducerUp, G, b2f(alive))
+		for k, name := range kindLabels {
+			emit(dEventsReceived, C, float64(st.eventsRecv[k].Load()), name)
+			emit(dBlocksReceived, C, float64(st.blocksRecv[k].Load()), name)
+			for j := range is.Applied[k] {
+				emit(dEventsApplied, C, float64(is.Applied[k][j]), name, statusName(j))
+			}
+		}
+		emit(dEventsRejected, C, float64(is.Rejected))
+		emit(dRingUsed, G, float64(rs.Used))
+		emit(dRingCapacity, G, float64(rs.Capacity))
+		emit(dRingDropped, C, float64(rs.DroppedEvents))
+		emit(dRingDroppedB, C, float64(rs.DroppedBytes))
+		emit(dLostEvents, C, float64(is.LostIDs))
+		emit(dSeqGaps, C, float64(is.Gaps))
+		emit(dIDResets, C, float64(is.IDResets))
+		emit(dUnknownHistory, C, float64(is.Unknowns))
+		emit(dStreamResets, C, float64(st.resets.Load()))
+		emit(dStreamEpoch, G, float64(epoch))
+		emit(dTainted, G, b2f(cur.Tainted))
+		emit(dResidentBlocks, G, float64(cur.ResidentBlocks))
+		emit(dBuffered, G, float64(cur.Buffered))
+		if cur.Buffered > 0 {
+			emit(dOldestID, G, float64(cur.FirstEventID))
+			emit(dNewestID, G, float64(cur.LastEventID))
+		}
+		emit(dDumpBuilds, C, float64(is.DumpBuilds))
+		emit(dDumpCacheHits, C, float64(is.DumpCacheHits))
+		emit(dCorruptRecords, C, float64(st.corrupt.Load()))
+		emit(dMalformedEvents, C, float64(st.malformed.Load()))
+		emit(dLossRecords, C, float64(st.lossRecords.Load()))
+		emit(dDrainBatches, C, float64(st.batches.Load()))
+	}
+}
+
+func statusName(j int) string { return index.Status(j).String() }
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

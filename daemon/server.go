@@ -1,0 +1,426 @@
+package daemon
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+)
+
+// Config configures a Server. Zero values select the documented defaults.
+type Config struct {
+	SocketPath       string        // default DefaultSocketPath()
+	SocketMode       os.FileMode   // default 0600
+	HTTPAddr         string        // "" = no HTTP listener
+	ParentPID        int           // > 0: shut down (after draining) when this process is gone
+	MaxRequestBytes  uint32        // request frame cap (length field); default DefaultMaxRequest
+	MaxConns         int           // concurrent connections; default 1024
+	IdleTimeout      time.Duration // a connection that never attached and sends nothing for this long is closed; default 5m
+	FrameTimeout     time.Duration // a started frame must be complete within this; default 10s
+	WriteTimeout     time.Duration // a reply must be written within this; default 60s
+	QueryTimeout     time.Duration // bound on one query (including waiting for the single-flight dump); default 120s
+	PIDCheckInterval time.Duration // producer pid backstop period; default 1s
+	ParentPoll       time.Duration // --parent-pid poll period; default 200ms
+	Version          string        // reported by HEALTH and kvshm_build_info
+	Logger           *slog.Logger  // default slog.Default()
+	Registry         *prometheus.Registry
+}
+
+func (c *Config) fill() {
+	if c.SocketPath == "" {
+		c.SocketPath = DefaultSocketPath()
+	}
+	if c.SocketMode == 0 {
+		c.SocketMode = 0o600
+	}
+	if c.MaxRequestBytes == 0 {
+		c.MaxRequestBytes = DefaultMaxRequest
+	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = 1024
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 5 * time.Minute
+	}
+	if c.FrameTimeout <= 0 {
+		c.FrameTimeout = 10 * time.Second
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = 60 * time.Second
+	}
+	if c.QueryTimeout <= 0 {
+		c.QueryTimeout = 120 * time.Second
+	}
+	if c.PIDCheckInterval <= 0 {
+		c.PIDCheckInterval = time.Second
+	}
+	if c.ParentPoll <= 0 {
+		c.ParentPoll = 200 * time.Millisecond
+	}
+	if c.Version == "" {
+		c.Version = "dev"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Registry == nil {
+		c.Registry = prometheus.NewRegistry()
+	}
+}
+
+// Server is a running kvshmd: the socket listener, the optional HTTP listener and the streams.
+// Its methods are safe for concurrent use.
+type Server struct {
+	cfg Config
+	log *slog.Logger
+	m   *metrics
+	uid int
+
+	ln     *net.UnixListener
+	httpLn net.Listener
+	httpS  *http.Server
+	nconns atomic.Int64 // open connections. Updated atomically.
+
+	ctx    context.Context // canceled at shutdown: aborts queries in flight
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // connection goroutines
+
+	mu      sync.Mutex // protects streams, conns, closed
+	streams map[uint64]*stream
+	conns   map[*conn]struct{}
+	closed  bool
+}
+
+// New validates cfg and builds a Server; Listen binds it.
+func New(cfg Config) (*Server, error) {
+	cfg.fill()
+	s := &Server{cfg: cfg, log: cfg.Logger, uid: os.Getuid(), streams: map[uint64]*stream{}, conns: map[*conn]struct{}{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	m, err := newMetrics(cfg.Registry, s)
+	if err != nil {
+		return nil, fmt.Errorf("register metrics: %w", err)
+	}
+	s.m = m
+	return s, nil
+}
+
+// Listen binds the Unix socket (and the HTTP address when configured). After it returns, clients can connect.
+func (s *Server) Listen() error {
+	ln, stale, err := listenUnix(s.cfg.SocketPath, s.cfg.SocketMode)
+	if err != nil {
+		return err
+	}
+	if stale {
+		s.log.Info("removed stale socket file", "socket", s.cfg.SocketPath)
+	}
+	s.ln = ln
+	if s.cfg.HTTPAddr != "" {
+		hl, err := net.Listen("tcp", s.cfg.HTTPAddr)
+		if err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("listen http %s: %w", s.cfg.HTTPAddr, err)
+		}
+		s.httpLn = hl
+		s.httpS = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, WriteTimeout: s.cfg.QueryTimeout + s.cfg.WriteTimeout}
+	}
+	return nil
+}
+
+// SocketPath is the bound socket path.
+func (s *Server) SocketPath() string { return s.cfg.SocketPath }
+
+// HTTPAddr is the bound HTTP address ("" without --http).
+func (s *Server) HTTPAddr() string {
+	if s.httpLn == nil {
+		return ""
+	}
+	return s.httpLn.Addr().String()
+}
+
+// Serve accepts connections until ctx is done or the parent process is gone, then shuts down gracefully: it stops
+// accepting, closes connections, drains every ring one last time and closes them. It returns nil after a clean
+// shutdown.
+func (s *Server) Serve(ctx context.Context) error {
+	if s.ln == nil {
+		return errors.New("kvshm/daemon: Serve before Listen")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 2)
+	go func() { errc <- s.acceptLoop() }()
+	if s.httpS != nil {
+		go func() {
+			if err := s.httpS.Serve(s.httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("serve http: %w", err)
+			}
+		}()
+	}
+	if s.cfg.ParentPID > 0 {
+		go s.watchParent(ctx, cancel)
+	}
+	s.log.Info("kvshmd serving", "socket", s.cfg.SocketPath, "http", s.HTTPAddr(), "version", s.cfg.Version, "parent_pid", s.cfg.ParentPID)
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	s.shutdown()
+	return err
+}
+
+func (s *Server) watchParent(ctx context.Context, cancel context.CancelFunc) {
+	start, _ := procStartTime(s.cfg.ParentPID)
+	t := time.NewTicker(s.cfg.ParentPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if !processAlive(s.cfg.ParentPID, start) {
+				s.log.Info("parent process is gone: shutting down", "parent_pid", s.cfg.ParentPID)
+				cancel()
+				return
+			}
+		}
+	}
+}
+
+func (s *Server) shutdown() {
+	s.mu.Lock()
+	s.closed = true
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	_ = s.ln.Close() // unlinks the socket file
+	if s.httpS != nil {
+		sctx, c := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = s.httpS.Shutdown(sctx)
+		c()
+	}
+	s.cancel() // queries in flight end with an error reply
+	for _, c := range conns {
+		_ = c.c.Close()
+	}
+	s.wg.Wait()
+	for _, st := range s.streamList() {
+		st.mu.Lock()
+		a := st.att
+		st.mu.Unlock()
+		if a != nil {
+			a.finish("daemon shutting down")
+			<-a.done
+		}
+	}
+	s.log.Info("kvshmd stopped: rings drained")
+}
+
+func (s *Server) acceptLoop() error {
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
+				s.log.Warn("accept failed; retrying", "err", err)
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			return fmt.Errorf("accept: %w", err)
+		}
+		s.admit(c)
+	}
+}
+
+// conn is one client connection, served by one goroutine.
+type conn struct {
+	c    *net.UnixConn
+	uid  uint32
+	pid  int32
+	att  *attachment // set by ATTACH on this connection. Owned by the connection goroutine.
+	buf  []byte
+	resp []byte
+}
+
+func (s *Server) admit(c *net.UnixConn) {
+	cred, err := peerCred(c)
+	if err != nil {
+		s.m.rejected.WithLabelValues("peercred").Inc()
+		s.log.Warn("refusing connection: cannot read peer credentials", "err", err)
+		_ = c.Close()
+		return
+	}
+	if int(cred.Uid) != s.uid {
+		s.m.rejected.WithLabelValues("forbidden").Inc()
+		s.log.Warn("refusing connection from another user", "peer_uid", cred.Uid, "peer_pid", cred.Pid, "uid", s.uid)
+		s.refuse(c, CodeForbidden, fmt.Sprintf("peer uid %d is not the daemon's uid %d", cred.Uid, s.uid))
+		return
+	}
+	if s.nconns.Add(1) > int64(s.cfg.MaxConns) {
+		s.nconns.Add(-1)
+		s.m.rejected.WithLabelValues("busy").Inc()
+		s.refuse(c, CodeBusy, fmt.Sprintf("connection limit %d reached; retry later", s.cfg.MaxConns))
+		return
+	}
+	cc := &conn{c: c, uid: cred.Uid, pid: cred.Pid}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		s.nconns.Add(-1)
+		_ = c.Close()
+		return
+	}
+	s.conns[cc] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go s.serveConn(cc)
+}
+
+// refuse sends one unsolicited error frame (kind 0) and closes, without reading anything.
+func (s *Server) refuse(c *net.UnixConn, code, msg string) {
+	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+	_ = WriteFrame(c, 0, StatusError, encodeErrorBody(code, msg))
+	_ = c.Close()
+}
+
+func (s *Server) serveConn(cc *conn) {
+	defer func() {
+		_ = cc.c.Close()
+		s.mu.Lock()
+		delete(s.conns, cc)
+		s.mu.Unlock()
+		s.nconns.Add(-1)
+		if cc.att != nil {
+			cc.att.finish("producer connection closed")
+			<-cc.att.done
+		}
+		s.wg.Done()
+	}()
+	br := bufio.NewReaderSize(cc.c, 16<<10)
+	for {
+		// Wait for the first byte of the next frame: forever for a producer's connection (its EOF is the death
+		// signal), at most IdleTimeout for others.
+		var dl time.Time
+		if cc.att == nil {
+			dl = time.Now().Add(s.cfg.IdleTimeout)
+		}
+		_ = cc.c.SetReadDeadline(dl)
+		if _, err := br.Peek(1); err != nil {
+			if isTimeout(err) {
+				s.m.rejected.WithLabelValues("idle").Inc()
+				s.log.Debug("closing idle connection", "peer_pid", cc.pid)
+			}
+			return
+		}
+		_ = cc.c.SetReadDeadline(time.Now().Add(s.cfg.FrameTimeout))
+		f, buf, err := ReadFrame(br, s.cfg.MaxRequestBytes, cc.buf)
+		cc.buf = buf
+		if err != nil {
+			s.frameError(cc, f, err)
+			return
+		}
+		if !s.handleFrame(cc, f) {
+			return
+		}
+	}
+}
+
+// frameError answers a frame that could not be read and is followed by closing the connection.
+func (s *Server) frameError(cc *conn, f Frame, err error) {
+	var code string
+	switch {
+	case errors.Is(err, ErrUnsupportedVersion):
+		code = CodeUnsupportedVersion
+	case errors.Is(err, ErrFrameTooLarge):
+		code = CodeTooLarge
+	case errors.Is(err, ErrFrameTooShort):
+		code = CodeBadRequest
+	case isTimeout(err):
+		s.m.rejected.WithLabelValues("frame_timeout").Inc()
+		s.log.Warn("closing connection: frame not completed in time", "peer_pid", cc.pid, "timeout", s.cfg.FrameTimeout)
+		return
+	default: // EOF inside a frame, reset: nobody to answer
+		s.log.Debug("connection ended inside a frame", "peer_pid", cc.pid, "err", err)
+		return
+	}
+	s.m.requests.WithLabelValues("socket", f.Kind.String(), code).Inc()
+	s.log.Warn("bad frame: replying with an error and closing", "peer_pid", cc.pid, "code", code, "err", err)
+	s.reply(cc, f.Kind, StatusError, encodeErrorBody(code, err.Error()))
+}
+
+// handleFrame serves one request; false closes the connection.
+func (s *Server) handleFrame(cc *conn, f Frame) bool {
+	start := time.Now()
+	var body []byte
+	var err error
+	switch {
+	case f.Status != StatusOK:
+		err = errorf(CodeBadRequest, "request status must be 0, got %d", f.Status)
+	case !f.Kind.known():
+		err = errorf(CodeUnknownKind, "unknown request kind %d (this daemon speaks kinds 1-7 of version %d)", f.Kind, Version)
+	default:
+		body, err = s.dispatch(cc, f.Kind, f.Body)
+	}
+	code := "ok"
+	status := StatusOK
+	if err != nil {
+		var re *replyError
+		if !errors.As(err, &re) {
+			re = &replyError{code: CodeInternal, msg: err.Error()}
+			s.log.Error("request failed", "kind", f.Kind, "err", err)
+		}
+		code, status, body = re.code, StatusError, encodeErrorBody(re.code, re.msg)
+	}
+	s.m.requests.WithLabelValues("socket", f.Kind.String(), code).Inc()
+	if s.log.Enabled(context.Background(), slog.LevelDebug) {
+		s.log.Debug("request", "kind", f.Kind, "code", code, "bytes", len(body), "duration", time.Since(start))
+	}
+	return s.reply(cc, f.Kind, status, body)
+}
+
+func (s *Server) reply(cc *conn, kind Kind, status Status, body []byte) bool {
+	_ = cc.c.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+	if err := WriteFrame(cc.c, kind, status, body); err != nil {
+		s.log.Warn("closing connection: cannot write reply", "peer_pid", cc.pid, "kind", kind, "err", err)
+		return false
+	}
+	return true
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout() || errors.Is(err, os.ErrDeadlineExceeded)
+}
+
+var _ = io.EOF
+
+// streamList returns the streams sorted by worker id.
+func (s *Server) streamList() []*stream {
+	s.mu.Lock()
+	out := make([]*stream, 0, len(s.streams))
+	for _, st := range s.streams {
+		out = append(out, st)
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].workerID < out[j].workerID })
+	return out
+}

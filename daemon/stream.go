@@ -1,0 +1,358 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvshm/kvshm/index"
+	"github.com/kvshm/kvshm/proto/fbs"
+	"github.com/kvshm/kvshm/shm"
+)
+
+// Drain loop tuning.
+const (
+	maxBatch       = 256                    // records per Release
+	spinIters      = 64                     // empty polls before yielding
+	yieldIters     = 16                     // Gosched polls before sleeping
+	minSleep       = 50 * time.Microsecond  // first sleep
+	maxSleep       = time.Millisecond       // sleep cap: bounds idle reach and idle CPU
+	snapshotPeriod = 100 * time.Millisecond // ring stats refresh while idle
+)
+
+// stream is one worker's state: its index (kept across producer deaths) and the current attachment, if any.
+type stream struct {
+	workerID uint64
+	srv      *Server
+
+	// Counters updated by the drain goroutine once per batch. Updated atomically.
+	eventsRecv   [3]atomic.Uint64 // by kind-1
+	blocksRecv   [3]atomic.Uint64
+	corrupt      atomic.Uint64
+	malformed    atomic.Uint64
+	batches      atomic.Uint64
+	resets       atomic.Uint64
+	lossRecords  atomic.Uint64
+	recoverCache atomic.Uint64
+
+	mu          sync.Mutex // protects every field below
+	ix          *index.Indexer
+	base        index.Stats // cumulative counters of indexes replaced by resets
+	blockSize   uint32
+	maxBuffer   uint32
+	ringPath    string
+	epoch       uint64
+	streamEpoch uint32
+	att         *attachment // nil when no producer is attached
+	lastRing    shm.RingStats
+	lastHeader  shm.Header
+	alive       bool // producer believed alive (attached and not seen dead)
+}
+
+// attachment is one producer's ring, followed by one drain goroutine.
+type attachment struct {
+	st       *stream
+	r        *shm.Reader // owned by the drain goroutine
+	hdr      shm.Header
+	ix       *index.Indexer // the index this attachment feeds
+	checkPID bool           // the header's producer_pid is valid in our pid namespace
+	log      *slog.Logger
+
+	stopOnce sync.Once
+	stop     chan struct{} // closed to ask the drain goroutine to finish (final drain, close ring)
+	done     chan struct{} // closed when the drain goroutine has closed the ring
+	syncs    chan syncReq  // read-your-writes barriers, served by the drain goroutine
+	why      atomic.Pointer[string]
+
+	// Owned by the drain goroutine.
+	lastCorrupt uint64 // position of the last corruption reported
+	corruptSeen bool   // lastCorrupt is valid
+	view        fbs.EventView
+	hashes      []uint64
+	pending     []syncReq
+}
+
+// syncReq asks the drain goroutine to apply everything published before the request; done is closed after.
+type syncReq struct {
+	target uint64 // tail observed by the drain goroutine when it received the request
+	done   chan struct{}
+}
+
+// finish asks the drain goroutine to drain one last time and close the ring. It is idempotent; the first reason
+// is the one logged.
+func (a *attachment) finish(reason string) {
+	a.stopOnce.Do(func() {
+		a.why.Store(&reason)
+		close(a.stop)
+	})
+}
+
+// sync blocks until every record published before the call has been applied, the attachment ended, or ctx ends.
+func (a *attachment) sync(ctx context.Context) error {
+	req := syncReq{done: make(chan struct{})}
+	select {
+	case a.syncs <- req:
+	case <-a.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-req.done:
+		return nil
+	case <-a.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// run is the drain goroutine.
+func (a *attachment) run() {
+	defer close(a.done)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	idle := 0
+	sleep := minSleep
+	lastSnap := time.Now()
+	lastPID := lastSnap
+	pidEvery := a.st.srv.cfg.PIDCheckInterval
+	for {
+		n := a.drainBatch()
+		if n > 0 {
+			idle, sleep = 0, minSleep
+			a.completeSyncs()
+			select {
+			case <-a.stop:
+				a.finalDrain()
+				return
+			default:
+			}
+			continue
+		}
+		// Empty: every barrier received so far is satisfied.
+		a.completeSyncs()
+		select {
+		case <-a.stop:
+			a.finalDrain()
+			return
+		default:
+		}
+		idle++
+		switch {
+		case idle <= spinIters:
+			continue
+		case idle <= spinIters+yieldIters:
+			runtime.Gosched()
+			continue
+		}
+		now := time.Now()
+		if now.Sub(lastSnap) >= snapshotPeriod {
+			lastSnap = now
+			a.snapshot()
+			if a.hdrClosed() {
+				a.finish("producer closed the ring")
+				continue
+			}
+		}
+		if a.checkPID && now.Sub(lastPID) >= pidEvery {
+			lastPID = now
+			if !processAlive(int(a.hdr.ProducerPID), a.hdr.ProducerStartTime) {
+				a.finish(fmt.Sprintf("producer pid %d is gone", a.hdr.ProducerPID))
+				continue
+			}
+		}
+		timer.Reset(sleep)
+		select {
+		case <-timer.C:
+		case <-a.stop:
+			timer.Stop()
+		case req := <-a.syncs:
+			timer.Stop()
+			a.takeSync(req)
+			idle = 0
+		}
+		if sleep < maxSleep {
+			sleep *= 2
+			if sleep > maxSleep {
+				sleep = maxSleep
+			}
+		}
+	}
+}
+
+// drainBatch applies up to maxBatch records and releases them with one head store. It returns the number of
+// records consumed.
+func (a *attachment) drainBatch() int {
+	st := a.st
+	var evs, blks [3]uint64
+	var n int
+	for n < maxBatch {
+		rec, err := a.r.Next()
+		if err != nil {
+			if errors.Is(err, shm.ErrEmpty) {
+				break
+			}
+			a.corruption(err)
+			break
+		}
+		n++
+		switch rec.Type {
+		case shm.TypeEvent:
+			a.applyEvent(rec, &evs, &blks)
+		case shm.TypeLoss:
+			first, last, count, _ := rec.Loss() // length validated by the Reader
+			a.ix.MarkLost(first, last, fmt.Sprintf("producer dropped %d events (ring full)", count))
+			st.lossRecords.Add(1)
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	a.r.Release()
+	for k := range evs {
+		if evs[k] != 0 {
+			st.eventsRecv[k].Add(evs[k])
+			st.blocksRecv[k].Add(blks[k])
+		}
+	}
+	st.batches.Add(1)
+	a.snapshot()
+	return n
+}
+
+func (a *attachment) applyEvent(rec shm.Record, evs, blks *[3]uint64) {
+	v := &a.view
+	if err := fbs.Decode(rec.Payload, v); err != nil {
+		a.st.malformed.Add(1)
+		a.log.Warn("malformed event in ring: state before the next event is unknown", "pos", rec.Pos, "err", err)
+		a.ix.MarkUnknownHistory(fmt.Sprintf("malformed event at ring position %d", rec.Pos))
+		return
+	}
+	k := int(v.Kind) - 1
+	if k < 0 || k > 2 {
+		return // Decode accepts only the three kinds
+	}
+	evs[k]++
+	var err error
+	switch v.Kind {
+	case fbs.KindStored:
+		blks[k] += uint64(v.NumBlocks())
+		_, err = a.ix.ApplyStoredTokens(v.Seq, v.DpRank, v.HasParent, v.ParentHash, v.BlockHashes, v.TokenIDs, v.LoraName, v.IsEagle)
+	case fbs.KindRemoved:
+		nb := v.NumBlocks()
+		blks[k] += uint64(nb)
+		a.hashes = a.hashes[:0]
+		for i := range nb {
+			a.hashes = append(a.hashes, v.BlockHash(i))
+		}
+		_, err = a.ix.Apply(&index.Event{ID: v.Seq, DpRank: v.DpRank, Kind: index.KindRemoved, Hashes: a.hashes})
+	case fbs.KindCleared:
+		_, err = a.ix.Apply(&index.Event{ID: v.Seq, DpRank: v.DpRank, Kind: index.KindCleared})
+	}
+	if err != nil && a.log.Enabled(context.Background(), slog.LevelDebug) {
+		// Tree errors (parent/block not found) are normal under eviction races and counted by the index.
+		a.log.Debug("event applied with error", "seq", v.Seq, "kind", v.Kind, "err", err)
+	}
+}
+
+// corruption handles a *CorruptionError from Next: count and log it (once per position: an unrepairable tail
+// word repeats the error until the producer publishes a valid tail), skip to the tail and mark the history unknown.
+// The drain loop then treats the pass as idle, so a broken ring cannot make it spin.
+func (a *attachment) corruption(err error) {
+	var ce *shm.CorruptionError
+	pos := uint64(1<<64 - 1)
+	if errors.As(err, &ce) {
+		pos = ce.Pos
+	}
+	if !a.corruptSeen || pos != a.lastCorrupt {
+		a.corruptSeen, a.lastCorrupt = true, pos
+		a.st.corrupt.Add(1)
+		a.log.Error("ring corruption: skipping to the tail; state before the next event is unknown", "err", err)
+		a.ix.MarkUnknownHistory(fmt.Sprintf("ring corruption: %v", err))
+	}
+	a.r.SkipToTail()
+}
+
+// takeSync records a barrier: it is satisfied once the head reaches the tail observed now (the request was sent
+// before this point, so that tail covers everything published before the request).
+func (a *attachment) takeSync(req syncReq) {
+	req.target = a.r.Stats().Tail
+	a.pending = append(a.pending, req)
+}
+
+// completeSyncs picks up new barriers without blocking and closes the satisfied ones.
+func (a *attachment) completeSyncs() {
+	for {
+		select {
+		case req := <-a.syncs:
+			a.takeSync(req)
+			continue
+		default:
+		}
+		break
+	}
+	if len(a.pending) == 0 {
+		return
+	}
+	head := a.r.Stats().Head
+	keep := a.pending[:0]
+	for _, p := range a.pending {
+		if head >= p.target {
+			close(p.done)
+		} else {
+			keep = append(keep, p)
+		}
+	}
+	a.pending = keep
+}
+
+// finalDrain applies what the producer published before the stop, releases, and closes the ring.
+func (a *attachment) finalDrain() {
+	target := a.r.Stats().Tail
+	for a.r.Stats().Head < target {
+		if a.drainBatch() == 0 {
+			break
+		}
+	}
+	a.snapshot()
+	a.completeSyncs()
+	for _, p := range a.pending {
+		close(p.done)
+	}
+	a.pending = nil
+	st := a.st
+	why := ""
+	if p := a.why.Load(); p != nil {
+		why = *p
+	}
+	rs := a.r.Stats()
+	if err := a.r.Close(); err != nil {
+		a.log.Warn("close ring", "err", err)
+	}
+	st.mu.Lock()
+	if st.att == a {
+		st.att = nil
+		st.alive = false
+	}
+	st.mu.Unlock()
+	a.log.Info("producer detached; ring drained, index stays queryable", "reason", why, "head", rs.Head, "tail", rs.Tail)
+}
+
+// snapshot publishes the ring statistics for STATS and metrics.
+func (a *attachment) snapshot() {
+	a.r.Heartbeat(time.Now().UnixNano())
+	rs := a.r.Stats()
+	a.st.mu.Lock()
+	a.st.lastRing = rs
+	a.st.mu.Unlock()
+}
+
+func (a *attachment) hdrClosed() bool {
+	return a.r.Header().State == shm.StateClosed
+}
