@@ -1,0 +1,497 @@
+"""Schema-specific FlatBuffers encoder for kvshm events, writing straight into a buffer (the ring mapping).
+
+The official Python builder makes several Python calls per vector element (hundreds of µs for a 1024-token
+event). This encoder produces the *same bytes* as the official builders following kvshm's canonical call order
+(proto/fbs/codec.go, CONTRACTS §1) with a handful of C-level operations per event:
+
+* one precompiled :class:`struct.Struct` ``pack_into`` for the ring record header and everything that is not a
+  vector (root offset, identifier, both vtables, both tables, the block-hash count),
+* one slice copy of ``array('Q', block_hashes)``, one small pack for the token count, one slice copy of
+  ``array('I', token_ids)``, and one slice copy of a cached LoRA string chunk.
+
+How the layout is derived. A FlatBuffer is built back to front, and every alignment decision of the builder depends
+only on the current offset modulo 8. The vectors are created before the tables; the block-hash vector always ends
+(in build order) at an offset that is 4 modulo 8, because its u64 elements are 8-aligned and its u32 count follows.
+So everything from the block-hash count down to the start of the buffer, the "head", has a layout that depends
+only on which optional fields are present (seq != 0, dp_rank != 0, parent, LoRA, Eagle): 32 Stored variants, 4
+Removed and 4 Cleared. At import, :func:`_Sim` replays the canonical builder calls for each variant with the same
+Prep/Pad/vtable arithmetic as the official builders, recording which bytes are constants and where the variable
+fields go, and compiles the head into one Struct whose arguments always come in the same order (absent fields are
+``0s`` slots fed ``b""``). Memory order of a Stored payload::
+
+    head:   u32 root | "KVEV" | pad | Event vtable | Event table (soffset, data, type, [dp_rank], [seq])
+            | Stored vtable | Stored table (soffset, [is_eagle], [lora], token_ids, block_hashes, [parent])
+            | u32 block-hash count
+    then:   count × u64 hashes | 0 or 4 zero bytes | u32 token count | count × u32 tokens
+            | [u32 lora length | UTF-8 bytes | NUL | zero pad to 4]
+
+Every padding byte is written (as zero): ring memory holds old records, and byte identity needs the zeros.
+
+API (used by :mod:`kvshm._ring`; keep stable):
+
+* ``prepare_stored(seq, token_ids, block_hashes, parent_hash, dp_rank, lora_name, is_eagle)``,
+  ``prepare_removed(seq, block_hashes, dp_rank)``, ``prepare_cleared(seq, dp_rank)`` validate and convert the
+  arguments (nothing is written) and return a ``Prepared`` tuple whose element 0 is the payload size in bytes and
+  element 1 the function that writes it: ``p[1](buf, off, p)`` writes the 8-byte ring record header
+  ``[u32 8+size][u32 1 (EVENT)]`` at ``off`` and the payload at ``off + 8``. ``buf`` is any writable buffer
+  (``mmap``, ``bytearray``); the caller guarantees ``off + 8 + size <= len(buf)``.
+* ``encode_stored(...)``, ``encode_removed(...)``, ``encode_cleared(...)`` return the payload as ``bytes`` (tests,
+  tools).
+
+Validation (before anything is written): seq must be a u64 and dp_rank a u32 (``ValueError``; ``TypeError`` for
+non-integers), token ids u32 and block hashes u64 (``ValueError``), where block and parent hashes in
+[-2**63, 0) are taken as the two's complement u64 (engines hash with signed 64-bit integers); the LoRA name a
+``str`` (``TypeError``) encodable as UTF-8; ``None`` and ``""`` both mean the base model. Counts are not checked
+against each other here (the index layer knows the block size).
+"""
+
+from __future__ import annotations
+
+import struct
+from array import array
+from collections.abc import Iterable, Sequence
+from typing import Any, Final, Union
+
+__all__ = [
+    "KIND_CLEARED",
+    "KIND_REMOVED",
+    "KIND_STORED",
+    "RECORD_EVENT",
+    "Prepared",
+    "encode_cleared",
+    "encode_removed",
+    "encode_stored",
+    "prepare_cleared",
+    "prepare_removed",
+    "prepare_stored",
+]
+
+KIND_STORED: Final = 1
+KIND_REMOVED: Final = 2
+KIND_CLEARED: Final = 3
+RECORD_EVENT: Final = 1  # ring record type of an event (CONTRACTS §2)
+FILE_IDENTIFIER: Final = b"KVEV"
+U32_MAX: Final = 0xFFFFFFFF
+U64_MAX: Final = 0xFFFFFFFFFFFFFFFF
+
+# A writable buffer: mmap.mmap, bytearray or a byte memoryview (typed loosely: struct and slicing accept all).
+Buffer = Any
+# A prepared event: (payload size, writer, ...writer-specific fields).
+Prepared = tuple[Any, ...]
+
+# --------------------------------------------------------------------------------------------------------------
+# Import-time layout derivation.
+
+
+class _Var:
+    """A variable field of the head: its name, its struct code and (for vector offsets) a constant part."""
+
+    __slots__ = ("name", "code", "const")
+
+    def __init__(self, name: str, code: str, const: int = 0) -> None:
+        self.name = name
+        self.code = code
+        self.const = const
+
+
+class _Run:
+    """A run of the head in memory order: constant bytes (name "C") or one variable with its padding."""
+
+    __slots__ = ("name", "data", "code", "const")
+
+    def __init__(self, name: str, data: bytes, code: str = "", const: int = 0) -> None:
+        self.name = name
+        self.data = data
+        self.code = code
+        self.const = const
+
+
+class _Sim:
+    """Replays FlatBuffers builder calls (offsets from the end of the buffer, as the builders count them),
+    recording constant bytes and variable slots instead of writing a buffer."""
+
+    def __init__(self, off: int, minalign: int) -> None:
+        self.off = off
+        self.minalign = minalign
+        # (offset from the end at the item's *start in build order*, size, bytes | _Var)
+        self.items: list[tuple[int, int, Union[bytes, _Var]]] = []
+        self.vtable: list[int] = []
+        self.object_end = 0
+
+    def prep(self, size: int, additional: int) -> None:
+        if size > self.minalign:
+            self.minalign = size
+        self.off += (-(self.off + additional)) & (size - 1)  # zero padding
+
+    def place(self, size: int, value: Union[bytes, _Var]) -> int:
+        self.off += size
+        self.items.append((self.off, size, value))
+        return len(self.items) - 1
+
+    def prepend(self, code: str, value: Union[int, _Var]) -> None:
+        size = struct.calcsize("<" + code)
+        self.prep(size, 0)
+        self.place(size, value if isinstance(value, _Var) else struct.pack("<" + code, value))
+
+    def prepend_uoffset(self, target: int) -> None:
+        """A uoffset to an object at offset ``target`` (from the end) inside the head."""
+        self.prep(4, 0)
+        self.place(4, struct.pack("<I", self.off + 4 - target))
+
+    def prepend_uoffset_var(self, name: str) -> None:
+        """A uoffset to a vector beyond the head: its value is (offset of the field) + a runtime distance."""
+        self.prep(4, 0)
+        self.place(4, _Var(name, "I", self.off + 4))
+
+    def start_object(self, numfields: int) -> None:
+        self.vtable = [0] * numfields
+        self.object_end = self.off
+
+    def slot(self, i: int) -> None:
+        self.vtable[i] = self.off
+
+    def end_object(self) -> int:
+        self.prep(4, 0)
+        soffset = self.place(4, b"")  # patched below
+        obj = self.off
+        vt = self.vtable
+        while vt and vt[-1] == 0:
+            vt = vt[:-1]
+        for field in reversed(vt):
+            self.prepend("H", obj - field if field else 0)
+        self.prepend("H", obj - self.object_end)
+        self.prepend("H", 2 * (len(vt) + 2))
+        end, size, _ = self.items[soffset]
+        self.items[soffset] = (end, size, struct.pack("<i", self.off - obj))
+        return obj
+
+    def finish(self, root: int) -> None:
+        self.prep(self.minalign, 8)
+        self.place(4, FILE_IDENTIFIER)
+        self.prepend_uoffset(root)
+
+    def compile(self, pattern: Sequence[str]) -> tuple[struct.Struct, tuple[bytes, ...], dict[str, int], int]:
+        """Lays the items out in memory order and fits them to ``pattern``: "C" = a run of constant bytes
+        (possibly empty), any other name = that variable (``0s`` when absent). Padding joins the item before it.
+        Returns the Struct (with a leading u32 record length and the record type folded into the first constant),
+        the constant chunks, the constant parts of the variables and the head size."""
+        total = self.off
+        layout: list[tuple[int, int, Union[bytes, _Var]]] = sorted(
+            ((total - end, size, value) for end, size, value in self.items), key=lambda t: t[0]
+        )
+        runs: list[_Run] = [_Run("C", struct.pack("<I", RECORD_EVENT))]
+        pos = 0
+        for start, size, value in layout:
+            gap = start - pos
+            assert gap >= 0, "overlapping items"
+            if gap:  # zero padding belongs to the previous run
+                if runs[-1].name == "C":
+                    runs[-1].data += bytes(gap)
+                else:
+                    runs[-1].code += "x" * gap
+            if isinstance(value, _Var):
+                runs.append(_Run(value.name, b"", value.code, value.const))
+            elif runs[-1].name == "C":
+                runs[-1].data += value
+            else:
+                runs.append(_Run("C", value))
+            pos = start + size
+        assert pos == total, "head does not end at its last item"
+        fmt = ["<I"]
+        consts: list[bytes] = []
+        var_consts: dict[str, int] = {}
+        i = 0
+        for slot in pattern:
+            run = runs[i] if i < len(runs) else None
+            if slot == "C":
+                chunk = b""
+                if run is not None and run.name == "C":
+                    chunk = run.data
+                    i += 1
+                fmt.append(f"{len(chunk)}s")
+                consts.append(chunk)
+            elif run is not None and run.name == slot:
+                fmt.append(run.code)
+                var_consts[slot] = run.const
+                i += 1
+            else:
+                fmt.append("0s")
+        assert i == len(runs), f"head items {runs[i:]} do not fit the pattern {pattern}"
+        st = struct.Struct("".join(fmt))
+        assert st.size == 4 + 4 + total, "struct size differs from the head size"
+        return st, tuple(consts), var_consts, total
+
+
+# Memory order of the head's constant runs and variables (absent variables are empty slots).
+_STORED_PATTERN: Final = ("C", "dp", "seq", "C", "lora", "tok", "C", "parent", "nh")
+_REMOVED_PATTERN: Final = ("C", "dp", "seq", "C", "nh")
+_CLEARED_PATTERN: Final = ("C", "dp", "seq", "C")
+
+
+def _event(sim: _Sim, data: int, kind: int, has_seq: bool, has_dp: bool) -> None:
+    """EventStart, AddSeq, AddDpRank, AddDataType, AddData, EventEnd, Finish(KVEV)."""
+    sim.start_object(4)
+    if has_seq:
+        sim.prepend("Q", _Var("seq", "Q"))
+        sim.slot(0)
+    if has_dp:
+        sim.prepend("I", _Var("dp", "I"))
+        sim.slot(1)
+    sim.prepend("B", kind)
+    sim.slot(2)
+    sim.prepend_uoffset(data)
+    sim.slot(3)
+    sim.finish(sim.end_object())
+
+
+class _Head:
+    """A compiled head variant."""
+
+    __slots__ = ("pack_into", "c0", "c1", "c2", "size", "tok", "lora")
+
+    def __init__(self, sim: _Sim, pattern: Sequence[str]) -> None:
+        st, consts, var_consts, size = sim.compile(pattern)
+        self.pack_into = st.pack_into
+        self.c0 = consts[0]
+        self.c1 = consts[1]
+        self.c2 = consts[2] if len(consts) > 2 else b""
+        self.size = size
+        self.tok = var_consts.get("tok", 0)
+        self.lora = var_consts.get("lora", 0)
+
+
+def _stored_head(has_seq: bool, has_dp: bool, parent: bool, lora: bool, eagle: bool) -> _Head:
+    # The block-hash vector's count was the last thing placed before StoredStart: offset 4 (mod 8), minalign 8.
+    sim = _Sim(0, 8)
+    sim.place(4, _Var("nh", "I"))
+    hashes = sim.off
+    sim.start_object(5)
+    if parent:
+        sim.prepend("Q", _Var("parent", "Q"))
+        sim.slot(0)
+    sim.prepend_uoffset(hashes)
+    sim.slot(1)
+    sim.prepend_uoffset_var("tok")
+    sim.slot(2)
+    if lora:
+        sim.prepend_uoffset_var("lora")
+        sim.slot(3)
+    if eagle:
+        sim.prepend("B", 1)
+        sim.slot(4)
+    _event(sim, sim.end_object(), KIND_STORED, has_seq, has_dp)
+    return _Head(sim, _STORED_PATTERN)
+
+
+def _removed_head(has_seq: bool, has_dp: bool) -> _Head:
+    sim = _Sim(0, 8)
+    sim.place(4, _Var("nh", "I"))
+    hashes = sim.off
+    sim.start_object(1)
+    sim.prepend_uoffset(hashes)
+    sim.slot(0)
+    _event(sim, sim.end_object(), KIND_REMOVED, has_seq, has_dp)
+    return _Head(sim, _REMOVED_PATTERN)
+
+
+def _cleared_head(has_seq: bool, has_dp: bool) -> _Head:
+    sim = _Sim(0, 1)
+    sim.start_object(0)
+    _event(sim, sim.end_object(), KIND_CLEARED, has_seq, has_dp)
+    return _Head(sim, _CLEARED_PATTERN)
+
+
+def _bits(i: int) -> tuple[bool, ...]:
+    return tuple(bool(i >> b & 1) for b in range(5))
+
+
+# Variant index: bit 0 seq != 0, bit 1 dp_rank != 0, bit 2 parent present, bit 3 LoRA, bit 4 Eagle.
+_STORED: Final = tuple(_stored_head(*_bits(i)) for i in range(32))
+_REMOVED: Final = tuple(_removed_head(*_bits(i)[:2]) for i in range(4))
+_CLEARED: Final = tuple(_cleared_head(*_bits(i)[:2]) for i in range(4))
+
+_TOKEN_COUNT = (struct.Struct("<I").pack_into, struct.Struct("<4xI").pack_into)  # index: 0 or 4 pad bytes first
+_LORA_CACHE: dict[str, bytes] = {}
+_LORA_CACHE_MAX: Final = 256
+
+
+def _lora_chunk(name: str) -> bytes:
+    """The string as the builder writes it: u32 length, UTF-8 bytes, NUL, zero padding to a multiple of 4."""
+    chunk = _LORA_CACHE.get(name)
+    if chunk is None:
+        if not isinstance(name, str):
+            raise TypeError(f"kvshm: lora_name must be a str or None, not {type(name).__name__}")
+        try:
+            raw = name.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"kvshm: lora_name is not encodable as UTF-8: {e}") from None
+        chunk = struct.pack("<I", len(raw)) + raw + bytes(1 + (-(len(raw) + 1) & 3))
+        if len(_LORA_CACHE) >= _LORA_CACHE_MAX:
+            _LORA_CACHE.clear()
+        _LORA_CACHE[name] = chunk
+    return chunk
+
+
+def _u64_array(values: Iterable[int], what: str) -> "array[int]":
+    """array('Q', values); hashes in [-2**63, 0) become their two's complement."""
+    if values.__class__ is not list and values.__class__ is not tuple:
+        values = list(values)  # the slow path below iterates again
+    try:
+        return array("Q", values)
+    except OverflowError:
+        pass
+    except TypeError as e:
+        raise TypeError(f"kvshm: {what} must be integers: {e}") from None
+    out = array("Q")
+    for v in values:
+        if v < 0:
+            if v < -(1 << 63):
+                raise ValueError(f"kvshm: {what} value {v} is not a 64-bit integer")
+            v += 1 << 64
+        elif v > U64_MAX:
+            raise ValueError(f"kvshm: {what} value {v} is not a 64-bit integer")
+        out.append(v)
+    return out
+
+
+def _u32_array(values: Iterable[int]) -> "array[int]":
+    try:
+        return array("I", values)
+    except OverflowError:
+        raise ValueError("kvshm: token ids must be in [0, 2**32)") from None
+    except TypeError as e:
+        raise TypeError(f"kvshm: token ids must be integers: {e}") from None
+
+
+def _u64(value: int, what: str) -> int:
+    if not isinstance(value, int):
+        raise TypeError(f"kvshm: {what} must be an int, not {type(value).__name__}")
+    if 0 <= value <= U64_MAX:
+        return value
+    if -(1 << 63) <= value < 0:
+        return value + (1 << 64)
+    raise ValueError(f"kvshm: {what} {value} is not a 64-bit integer")
+
+
+def _check_seq_dp(seq: int, dp_rank: int) -> None:
+    if not (isinstance(seq, int) and isinstance(dp_rank, int)):
+        raise TypeError("kvshm: seq and dp_rank must be ints")
+    if not 0 <= seq <= U64_MAX:
+        raise ValueError(f"kvshm: seq {seq} is not in [0, 2**64)")
+    if not 0 <= dp_rank <= U32_MAX:
+        raise ValueError(f"kvshm: dp_rank {dp_rank} is not in [0, 2**32)")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Stored
+
+
+def _write_stored(buf: Buffer, off: int, p: Prepared) -> None:
+    size, _, head, seq, dp, parent, hashes, nh, tokens, nt, lora, gap = p
+    pos = off + 8 + head.size
+    head.pack_into(
+        buf, off, size + 8, head.c0, dp or b"", seq or b"", head.c1,
+        head.lora + gap + 4 * nt + 4 if lora else b"", head.tok + gap, head.c2,
+        b"" if parent is None else parent, nh,
+    )
+    end = pos + 8 * nh
+    buf[pos:end] = hashes
+    pad = gap - 8 * nh  # 0 or 4 zero bytes before the token count
+    _TOKEN_COUNT[pad >> 2](buf, end, nt)
+    pos = end + pad + 4
+    end = pos + 4 * nt
+    buf[pos:end] = tokens
+    if lora:
+        buf[end : end + len(lora)] = lora
+
+
+def prepare_stored(
+    seq: int,
+    token_ids: Iterable[int],
+    block_hashes: Iterable[int],
+    parent_hash: int | None,
+    dp_rank: int,
+    lora_name: str | None,
+    is_eagle: bool,
+) -> Prepared:
+    """Validates and converts a Stored event; returns ``(size, writer, ...)`` (see the module docstring)."""
+    _check_seq_dp(seq, dp_rank)
+    tokens = _u32_array(token_ids)
+    hashes = _u64_array(block_hashes, "block hashes")
+    if parent_hash is not None:
+        parent_hash = _u64(parent_hash, "parent_hash")
+    lora = _lora_chunk(lora_name) if lora_name else b""
+    nh = len(hashes)
+    nt = len(tokens)
+    # p1: zero bytes the builder puts between the hash data and the token count, to 8-align the hash data.
+    gap = 8 * nh + ((len(lora) + 4 * nt + 4) & 4)
+    head = _STORED[
+        (seq != 0) | (dp_rank != 0) << 1 | (parent_hash is not None) << 2 | (len(lora) != 0) << 3 | bool(is_eagle) << 4
+    ]
+    size = head.size + gap + 4 + 4 * nt + len(lora)
+    return (size, _write_stored, head, seq, dp_rank, parent_hash, hashes, nh, tokens, nt, lora, gap)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Removed and Cleared
+
+
+def _write_removed(buf: Buffer, off: int, p: Prepared) -> None:
+    size, _, head, seq, dp, hashes, nh = p
+    head.pack_into(buf, off, size + 8, head.c0, dp or b"", seq or b"", head.c1, nh)
+    pos = off + 8 + head.size
+    buf[pos : pos + 8 * nh] = hashes
+
+
+def prepare_removed(seq: int, block_hashes: Iterable[int], dp_rank: int) -> Prepared:
+    """Validates and converts a Removed event; returns ``(size, writer, ...)``."""
+    _check_seq_dp(seq, dp_rank)
+    hashes = _u64_array(block_hashes, "block hashes")
+    head = _REMOVED[(seq != 0) | (dp_rank != 0) << 1]
+    nh = len(hashes)
+    return (head.size + 8 * nh, _write_removed, head, seq, dp_rank, hashes, nh)
+
+
+def _write_cleared(buf: Buffer, off: int, p: Prepared) -> None:
+    size, _, head, seq, dp = p
+    head.pack_into(buf, off, size + 8, head.c0, dp or b"", seq or b"", head.c1)
+
+
+def prepare_cleared(seq: int, dp_rank: int) -> Prepared:
+    """Validates a Cleared event; returns ``(size, writer, ...)``."""
+    _check_seq_dp(seq, dp_rank)
+    head = _CLEARED[(seq != 0) | (dp_rank != 0) << 1]
+    return (head.size, _write_cleared, head, seq, dp_rank)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Convenience: whole payloads as bytes.
+
+
+def _to_bytes(p: Prepared) -> bytes:
+    buf = bytearray(8 + p[0])
+    p[1](buf, 0, p)
+    return bytes(buf[8:])
+
+
+def encode_stored(
+    seq: int,
+    token_ids: Iterable[int],
+    block_hashes: Iterable[int],
+    parent_hash: int | None = None,
+    dp_rank: int = 0,
+    lora_name: str | None = None,
+    is_eagle: bool = False,
+) -> bytes:
+    """Returns the canonical FlatBuffer of a Stored event."""
+    return _to_bytes(prepare_stored(seq, token_ids, block_hashes, parent_hash, dp_rank, lora_name, is_eagle))
+
+
+def encode_removed(seq: int, block_hashes: Iterable[int], dp_rank: int = 0) -> bytes:
+    """Returns the canonical FlatBuffer of a Removed event."""
+    return _to_bytes(prepare_removed(seq, block_hashes, dp_rank))
+
+
+def encode_cleared(seq: int, dp_rank: int = 0) -> bytes:
+    """Returns the canonical FlatBuffer of a Cleared event."""
+    return _to_bytes(prepare_cleared(seq, dp_rank))
