@@ -1,0 +1,334 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	flatbuffers "github.com/google/flatbuffers/go"
+
+	"github.com/kvshm/kvshm/index"
+	"github.com/kvshm/kvshm/proto/fbs"
+	"github.com/kvshm/kvshm/shm"
+)
+
+var verbose = flag.Bool("daemon.log", false, "show daemon logs in tests")
+
+// kvshmdBin is the kvshmd binary built by TestMain for tests that need a real process.
+var kvshmdBin string
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "kvshmd-test-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	// World-readable so a setuid child (TestOtherUID) can execute it.
+	_ = os.Chmod(dir, 0o755)
+	kvshmdBin = filepath.Join(dir, "kvshmd")
+	out, err := exec.Command("go", "build", "-o", kvshmdBin, "../cmd/kvshmd").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build kvshmd: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// ---- in-process server ----------------------------------------------------------------------------------------
+
+type testServer struct {
+	*Server
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startServer(t testing.TB, mod func(*Config)) *testServer {
+	t.Helper()
+	cfg := Config{SocketPath: filepath.Join(t.TempDir(), "s", "kvshmd.sock"), Logger: testLogger(t)}
+	if mod != nil {
+		mod(&cfg)
+	}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ts := &testServer{Server: s, cancel: cancel, done: make(chan error, 1)}
+	go func() { ts.done <- s.Serve(ctx) }()
+	t.Cleanup(func() { ts.stop(t) })
+	return ts
+}
+
+func (ts *testServer) stop(t testing.TB) {
+	ts.cancel()
+	select {
+	case err, ok := <-ts.done:
+		if ok && err != nil {
+			t.Errorf("Serve returned %v", err)
+		}
+		close(ts.done)
+	case <-time.After(30 * time.Second):
+		t.Error("server did not shut down within 30s")
+	}
+}
+
+// ---- real process -----------------------------------------------------------------------------------------------
+
+type daemonProc struct {
+	cmd    *exec.Cmd
+	socket string
+	http   string
+	log    *syncBuffer
+	waited chan struct{}
+	err    error
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startDaemon runs `kvshmd serve --socket SOCKET args...` and waits until it answers HEALTH. The HTTP address
+// (when args contain --http 127.0.0.1:0) is read from the log.
+func startDaemon(t testing.TB, socket string, args ...string) *daemonProc {
+	t.Helper()
+	p := &daemonProc{socket: socket, log: &syncBuffer{}, waited: make(chan struct{})}
+	p.cmd = exec.Command(kvshmdBin, append([]string{"serve", "--socket", socket}, args...)...)
+	p.cmd.Stderr = p.log
+	if *verbose {
+		p.cmd.Stderr = io.MultiWriter(p.log, os.Stderr)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.waited) }()
+	t.Cleanup(func() { p.terminate(t) })
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		c, err := Dial(ctx, socket)
+		if err == nil {
+			_, err = c.Health(ctx)
+			c.Close()
+		}
+		cancel()
+		if err == nil {
+			break
+		}
+		select {
+		case <-p.waited:
+			t.Fatalf("kvshmd exited before answering HEALTH: %v\n%s", p.err, p.log)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kvshmd did not answer HEALTH within 20s: %v\n%s", err, p.log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, a := range args {
+		if strings.HasPrefix(a, "127.0.0.1:") {
+			for i := 0; i < 200 && p.http == ""; i++ {
+				if _, after, ok := strings.Cut(p.log.String(), "http="); ok {
+					p.http = strings.Fields(after)[0]
+				} else {
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+		}
+	}
+	return p
+}
+
+// terminate sends SIGTERM and waits for the exit; it returns the exit code.
+func (p *daemonProc) terminate(t testing.TB) int {
+	select {
+	case <-p.waited:
+		return p.cmd.ProcessState.ExitCode()
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.waited:
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.waited
+		t.Errorf("kvshmd ignored SIGTERM for 30s\n%s", p.log)
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+func (p *daemonProc) kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.waited
+}
+
+func (p *daemonProc) waitExit(t testing.TB, d time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.waited:
+		return p.cmd.ProcessState.ExitCode()
+	case <-time.After(d):
+		t.Fatalf("kvshmd still running after %v\n%s", d, p.log)
+		return -1
+	}
+}
+
+// ---- producer with an oracle ----------------------------------------------------------------------------------
+
+// producer writes events into a real ring attached to a daemon and applies the same events to an oracle index.
+type producer struct {
+	t      testing.TB
+	w      *shm.Writer
+	conn   *Client
+	socket string
+	path   string
+	worker uint64
+	bs     uint32
+	maxBuf uint32
+	oracle *index.Indexer
+	b      *flatbuffers.Builder
+	rep    AttachReply
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func newProducer(t testing.TB, socket string, worker uint64, bs uint32, capacity uint64) *producer {
+	t.Helper()
+	p := &producer{t: t, socket: socket, worker: worker, bs: bs, maxBuf: 1024, b: flatbuffers.NewBuilder(1024)}
+	p.path = filepath.Join(t.TempDir(), fmt.Sprintf("w%d.ring", worker))
+	w, err := shm.Create(p.path, shm.Options{Capacity: capacity, WorkerID: worker, KVBlockSize: bs, MaxBufferSize: p.maxBuf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.w = w
+	t.Cleanup(func() { _ = p.w.Close() })
+	p.newOracle()
+	p.attach()
+	return p
+}
+
+func (p *producer) newOracle() {
+	ix, err := index.New(index.Config{WorkerID: p.worker, BlockSize: p.bs, MaxBufferSize: int(p.maxBuf)})
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.oracle = ix
+}
+
+// attach opens a new attaching connection (closing the previous one first).
+func (p *producer) attach() AttachReply {
+	p.t.Helper()
+	if p.conn != nil {
+		p.conn.Close()
+	}
+	c, err := Dial(ctxT(p.t), p.socket)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.conn = c
+	p.t.Cleanup(func() { c.Close() })
+	rep, err := c.Attach(ctxT(p.t), AttachRequest{RingPath: p.path, WorkerID: p.worker, KVBlockSize: p.bs, MaxBufferSize: p.maxBuf})
+	if err != nil {
+		p.t.Fatalf("attach: %v", err)
+	}
+	p.rep = rep
+	return rep
+}
+
+func le64(v []uint64) []byte {
+	b := make([]byte, 0, 8*len(v))
+	for _, x := range v {
+		b = binary.LittleEndian.AppendUint64(b, x)
+	}
+	return b
+}
+
+func le32(v []uint32) []byte {
+	b := make([]byte, 0, 4*len(v))
+	for _, x := range v {
+		b = binary.LittleEndian.AppendUint32(b, x)
+	}
+	return b
+}
+
+// publish encodes ev into the ring; when ok it also feeds the oracle (a dropped event is not applied anywhere).
+func (p *producer) publish(ev fbs.EventSpec) error {
+	payload := fbs.Build(p.b, &ev)
+	if err := p.w.WriteEvent(ev.Seq, payload); err != nil {
+		return err
+	}
+	switch ev.Kind {
+	case fbs.KindStored:
+		_, _ = p.oracle.ApplyStoredTokens(ev.Seq, ev.DpRank, ev.HasParent, ev.ParentHash, le64(ev.BlockHashes), le32(ev.TokenIDs), []byte(ev.LoraName), ev.IsEagle)
+	case fbs.KindRemoved:
+		_, _ = p.oracle.Apply(&index.Event{ID: ev.Seq, DpRank: ev.DpRank, Kind: index.KindRemoved, Hashes: ev.BlockHashes})
+	case fbs.KindCleared:
+		_, _ = p.oracle.Apply(&index.Event{ID: ev.Seq, DpRank: ev.DpRank, Kind: index.KindCleared})
+	}
+	return nil
+}
+
+func (p *producer) mustPublish(ev fbs.EventSpec) {
+	p.t.Helper()
+	if err := p.publish(ev); err != nil {
+		p.t.Fatalf("publish seq %d: %v", ev.Seq, err)
+	}
+}
+
+// tokens returns n*bs deterministic token ids starting at base.
+func tokens(base uint32, nblocks int, bs uint32) []uint32 {
+	out := make([]uint32, nblocks*int(bs))
+	for i := range out {
+		out[i] = base + uint32(i)
+	}
+	return out
+}
+
+func stored(seq uint64, dp uint32, parent *uint64, hashes []uint64, toks []uint32) fbs.EventSpec {
+	ev := fbs.EventSpec{Seq: seq, DpRank: dp, Kind: fbs.KindStored, BlockHashes: hashes, TokenIDs: toks}
+	if parent != nil {
+		ev.HasParent, ev.ParentHash = true, *parent
+	}
+	return ev
+}
+
+func removed(seq uint64, dp uint32, hashes ...uint64) fbs.EventSpec {
+	return fbs.EventSpec{Seq: seq, DpRank: dp, Kind: fbs.KindRemoved, BlockHashes: hashes}
+}
+
+func cleared(seq uint64) fbs.EventSpec { return fbs.EventSpec{Seq: seq, Kind: fbs.KindCleared} }
+
+func u64p(v uint64) *uint64 { return &v }
