@@ -1,0 +1,198 @@
+package daemon
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+)
+
+// rawExchange writes in on a fresh connection (then half-closes when closeWrite) and reads reply frames until the
+// daemon closes the connection or 10 s pass. It reports the frames and whether the daemon closed.
+func rawExchange(t *testing.T, socket string, in []byte, closeWrite bool, then []byte) ([]Frame, bool) {
+	t.Helper()
+	c, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if len(in) > 0 {
+		if _, err := c.Write(in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if closeWrite {
+		_ = c.(*net.UnixConn).CloseWrite()
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	var frames []Frame
+	for {
+		f, _, err := ReadFrame(br, MaxResponse, nil)
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) || isReset(err) {
+				return frames, true
+			}
+			if isTimeout(err) {
+				return frames, false
+			}
+			t.Fatalf("read reply: %v", err)
+		}
+		f.Body = append([]byte(nil), f.Body...)
+		frames = append(frames, f)
+		if then != nil && len(frames) == 1 {
+			if _, err := c.Write(then); err != nil {
+				return frames, true
+			}
+			then = nil
+			continue
+		}
+		if len(frames) >= 2 || then == nil && !closeWrite {
+			// One reply is all a single bad request can get; check whether the connection stays open.
+			_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		}
+	}
+}
+
+func req(k Kind, body string) []byte {
+	return frameBytes(uint32(4+len(body)), 1, byte(k), 0, []byte(body))
+}
+
+func isReset(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && !oe.Timeout()
+}
+
+func errCode(t *testing.T, f Frame) string {
+	t.Helper()
+	var eb errorBody
+	if f.Status != StatusError || json.Unmarshal(f.Body, &eb) != nil || eb.Error == "" {
+		t.Fatalf("reply %v/%v %q is not an error reply", f.Kind, f.Status, f.Body)
+	}
+	return eb.Code
+}
+
+// TestBadInput sends hostile or broken input on its own connection: each gets a clear error reply or is closed,
+// and a bystander client keeps working.
+func TestBadInput(t *testing.T) {
+	ts := startServer(t, func(c *Config) {
+		c.IdleTimeout = 300 * time.Millisecond
+		c.FrameTimeout = 300 * time.Millisecond
+		c.MaxRequestBytes = 1 << 10
+	})
+	// A bystander keeps querying through the whole test: every bad client below must leave it unaffected.
+	bystander, err := Dial(ctxT(t), ts.SocketPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bystander.Close()
+	stop := make(chan struct{})
+	byErr := make(chan error, 1)
+	go func() {
+		defer close(byErr)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if _, err := bystander.Health(ctxT(t)); err != nil {
+				byErr <- err
+				return
+			}
+		}
+	}()
+	defer func() {
+		close(stop)
+		if err := <-byErr; err != nil {
+			t.Errorf("bystander client broken: %v", err)
+		}
+	}()
+	health := frameBytes(4, 1, byte(KindHealth), 0, nil)
+
+	tests := []struct {
+		name       string
+		in         []byte
+		closeWrite bool
+		wantCode   string // "" = no reply expected
+		wantClosed bool
+	}{
+		{"truncated frame then EOF", frameBytes(100, 1, byte(KindEvents), 0, []byte(`{"start":`)), true, "", true},
+		{"truncated frame then silence", frameBytes(100, 1, byte(KindEvents), 0, []byte(`{"start":`)), false, "", true},
+		{"truncated header", []byte{9, 0, 0}, false, "", true},
+		{"oversized length", frameBytes(0xFFFFFFFF, 1, byte(KindDump), 0, nil), false, CodeTooLarge, true},
+		{"just over the cap", frameBytes(1<<10+1, 1, byte(KindDump), 0, nil), false, CodeTooLarge, true},
+		{"length below header", frameBytes(2, 1, byte(KindHealth), 0, nil), false, CodeBadRequest, true},
+		{"wrong version", frameBytes(4, 2, byte(KindHealth), 0, nil), false, CodeUnsupportedVersion, true},
+		{"garbage (HTTP on the socket)", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), false, CodeUnsupportedVersion, true},
+		{"garbage with version byte 1", []byte{0xff, 0xff, 0xff, 0x7f, 1, 3, 0, 0, 'x'}, false, CodeTooLarge, true},
+		{"silent client", nil, false, "", true},
+		{"unknown kind", frameBytes(4, 1, 99, 0, nil), false, CodeUnknownKind, false},
+		{"kind zero", frameBytes(4, 1, 0, 0, nil), false, CodeUnknownKind, false},
+		{"nonzero request status", frameBytes(4, 1, byte(KindHealth), 1, nil), false, CodeBadRequest, false},
+		{"bad JSON", req(KindEvents, `{"sta`), false, CodeBadRequest, false},
+		{"unknown field", req(KindEvents, `{"start_event_id":1}`), false, CodeBadRequest, false},
+		{"negative id", req(KindEvents, `{"start":-1}`), false, CodeBadRequest, false},
+		{"no stream", req(KindDump, `{}`), false, CodeNotFound, false},
+		{"attach relative path", req(KindAttach, `{"ring_path":"x.ring","kv_block_size":4}`), false, CodeBadRequest, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var then []byte
+			if !tt.wantClosed && tt.wantCode != "" {
+				then = health // the connection must still serve a good request
+			}
+			frames, closed := rawExchange(t, ts.SocketPath(), tt.in, tt.closeWrite, then)
+			if tt.wantCode == "" && len(frames) != 0 {
+				t.Fatalf("got %d reply frames, want none", len(frames))
+			}
+			if tt.wantCode != "" {
+				if len(frames) == 0 {
+					t.Fatalf("no reply, want an error reply with code %s", tt.wantCode)
+				}
+				if got := errCode(t, frames[0]); got != tt.wantCode {
+					t.Fatalf("error code %s (%s), want %s", got, frames[0].Body, tt.wantCode)
+				}
+			}
+			if then != nil && (len(frames) != 2 || frames[1].Status != StatusOK || frames[1].Kind != KindHealth) {
+				t.Fatalf("connection did not serve HEALTH after the error: %d frames", len(frames))
+			}
+			if tt.wantClosed && !closed {
+				t.Fatal("connection stayed open, want it closed")
+			}
+			if !tt.wantClosed && closed && then == nil {
+				t.Fatal("connection closed, want it open")
+			}
+		})
+	}
+}
+
+// TestConnectionLimit: beyond MaxConns a client gets a busy error and the others are unaffected.
+func TestConnectionLimit(t *testing.T) {
+	ts := startServer(t, func(c *Config) { c.MaxConns = 2 })
+	a, err := Dial(ctxT(t), ts.SocketPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Dial(ctxT(t), ts.SocketPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	for _, c := range []*Client{a, b} { // both admitted
+		if _, err := c.Health(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	frames, closed := rawExchange(t, ts.SocketPath(), nil, false, nil)
+	if len(frames) != 1 || errCode(t, frames[0]) != CodeBusy || !closed {
+		t.Fatalf("third connection: %d frames closed=%v, want one busy error and close", len(frames), closed)
+	}
+	if _, err := a.Health(ctxT(t)); err != nil {
+		t.Fatalf("admitted client broken: %v", err)
+	}
+}
