@@ -1,0 +1,308 @@
+"""Client for kvshmd's query protocol over a Unix stream socket.
+
+Every message, in both directions, is one frame (all integers little-endian)::
+
+     0                4        5        6                 8
+     +----------------+--------+--------+-----------------+------------------------+
+     | length u32     | ver=1  | kind u8| status u16      | body (length-4 bytes)  |
+     +----------------+--------+--------+-----------------+------------------------+
+
+``length`` counts everything after the length field (4 + body). Requests carry status 0 and a JSON body; the
+reply echoes the kind, with status 0 (OK, body is the answer) or 1 (ERROR, body
+``{"error": "<message>", "code": "<code>"}``). Requests are capped at 4 MiB, replies at 1 GiB.
+
+A :class:`Client` owns one connection and is used by one thread at a time (callers serialize it). Every
+request has a deadline; a timeout, an EOF, a reset or a malformed reply closes the connection (the byte stream
+can no longer be trusted) and raises a :class:`ClientError` subclass. Idempotent requests (everything but
+ATTACH) reconnect and retry once when the connection turns out to be dead, so a client survives a daemon
+restart without help. These exceptions are internal: :class:`kvshm.LocalIndexer` turns them into the JSON
+``Error`` variant or into its statistics, never into an exception for the engine.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import socket
+import struct
+import time
+from collections.abc import Mapping
+from typing import Any, Final
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Client",
+    "ClientError",
+    "ConnectError",
+    "ConnectionLost",
+    "FrameError",
+    "Kind",
+    "RemoteError",
+    "RequestTimeout",
+]
+
+PROTOCOL_VERSION: Final = 1
+STATUS_OK: Final = 0
+STATUS_ERROR: Final = 1
+MAX_REQUEST: Final = 4 << 20
+MAX_RESPONSE: Final = 1 << 30
+
+# Frame header: length u32, version u8, kind u8, status u16 (wire format: never change without bumping the
+# version).
+_HEADER: Final = struct.Struct("<IBBH")
+HEADER_SIZE: Final = _HEADER.size  # 8
+_FIXED_AFTER_LENGTH: Final = HEADER_SIZE - 4  # version, kind, status
+
+
+class Kind(enum.IntEnum):
+    """Request kinds (the ``kind`` byte)."""
+
+    ATTACH = 1
+    DETACH = 2
+    EVENTS = 3
+    DUMP = 4
+    STATS = 5
+    MATCH = 6
+    HEALTH = 7
+
+
+class ClientError(Exception):
+    """Base class of every error raised by this module."""
+
+
+class ConnectError(ClientError):
+    """The daemon's socket could not be connected to (no daemon, stale socket file, permission)."""
+
+
+class ConnectionLost(ClientError):
+    """The connection broke during a request (EOF, reset); the connection has been closed.
+
+    ``before_reply`` is true when no byte of the reply had arrived: the request may not have been handled.
+    """
+
+    def __init__(self, message: str, *, before_reply: bool = False) -> None:
+        super().__init__(message)
+        self.before_reply = before_reply
+
+
+class RequestTimeout(ConnectionLost):
+    """A request did not complete before its deadline; the connection has been closed."""
+
+
+class FrameError(ClientError):
+    """The daemon sent a reply that breaks the protocol; the connection has been closed."""
+
+
+class RemoteError(ClientError):
+    """The daemon answered with an ERROR reply."""
+
+    def __init__(self, kind: Kind, code: str, message: str) -> None:
+        super().__init__(f"kvshmd {kind.name.lower()}: {code}: {message}")
+        self.kind = kind
+        self.code = code
+        self.message = message
+
+
+def encode_frame(kind: int, body: bytes, *, status: int = 0, version: int = PROTOCOL_VERSION) -> bytes:
+    """Return one frame carrying ``body``."""
+    return _HEADER.pack(len(body) + _FIXED_AFTER_LENGTH, version, kind, status) + body
+
+
+class Client:
+    """One connection to kvshmd; not thread-safe (one user at a time).
+
+    ``connect_timeout`` bounds connecting, ``timeout`` bounds each request (send and the whole reply).
+    """
+
+    def __init__(self, path: str, *, connect_timeout: float = 2.0, timeout: float = 60.0) -> None:
+        self.path = path
+        self.connect_timeout = connect_timeout
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+
+    # -- connection ---------------------------------------------------------------------------------------
+    @property
+    def connected(self) -> bool:
+        """Whether a connection is open (it may still turn out to be dead on the next request)."""
+        return self._sock is not None
+
+    def fileno(self) -> int:
+        """File descriptor of the open connection (for poll); -1 when closed."""
+        return -1 if self._sock is None else self._sock.fileno()
+
+    def connect(self) -> None:
+        """Open the connection if it is not open; raises :class:`ConnectError`."""
+        if self._sock is not None:
+            return
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.connect_timeout)
+            sock.connect(self.path)
+        except OSError as e:
+            sock.close()
+            raise ConnectError(f"connect to kvshmd at {self.path}: {e.strerror or e}") from e
+        self._sock = sock
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- requests -----------------------------------------------------------------------------------------
+    def call(
+        self, kind: Kind, body: Mapping[str, Any] | None = None, *, retry: bool = True, timeout: float | None = None
+    ) -> bytes:
+        """Send one request and return the body of its OK reply.
+
+        Raises :class:`RemoteError` for an ERROR reply, :class:`ConnectError` when the daemon cannot be reached,
+        :class:`ConnectionLost` / :class:`RequestTimeout` / :class:`FrameError` when the exchange breaks. With
+        ``retry`` (the default) a request that finds the connection dead before any reply byte arrived is sent
+        once more on a fresh connection.
+        """
+        payload = json.dumps(dict(body) if body is not None else {}, separators=(",", ":")).encode()
+        if len(payload) + _FIXED_AFTER_LENGTH > MAX_REQUEST:
+            raise ValueError(f"kvshm: request of {len(payload)} bytes exceeds the {MAX_REQUEST}-byte limit")
+        frame = encode_frame(kind, payload)
+        reused = self._sock is not None
+        try:
+            return self._exchange(kind, frame, timeout)
+        except ConnectionLost as e:
+            # A reused connection may have died while idle (daemon restarted): not this request's fault.
+            if not (retry and reused and e.before_reply and not isinstance(e, RequestTimeout)):
+                raise
+        return self._exchange(kind, frame, timeout)
+
+    def call_json(
+        self, kind: Kind, body: Mapping[str, Any] | None = None, *, retry: bool = True, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Like :meth:`call`, and parse the reply as a JSON object (:class:`FrameError` if it is not one)."""
+        raw = self.call(kind, body, retry=retry, timeout=timeout)
+        try:
+            value = json.loads(raw)
+        except ValueError as e:
+            raise FrameError(f"kvshmd {kind.name.lower()}: reply is not JSON: {e}") from e
+        if not isinstance(value, dict):
+            raise FrameError(f"kvshmd {kind.name.lower()}: reply is not a JSON object")
+        return value
+
+    def _exchange(self, kind: Kind, frame: bytes, timeout: float | None) -> bytes:
+        self.connect()
+        sock = self._sock
+        assert sock is not None
+        name = kind.name.lower()
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        try:
+            try:
+                sock.settimeout(_remaining(deadline))
+                sock.sendall(frame)
+            except TimeoutError as e:
+                raise RequestTimeout(f"kvshmd {name}: request not accepted within the deadline") from e
+            except OSError as e:  # EPIPE / ECONNRESET: the daemon closed this connection while it was idle
+                raise ConnectionLost(f"kvshmd {name}: connection lost: {e.strerror or e}", before_reply=True) from e
+            header = _recv_exact(sock, HEADER_SIZE, deadline, name)
+            length, version, rkind, status = _HEADER.unpack(header)
+            if version != PROTOCOL_VERSION:
+                raise FrameError(f"kvshmd {name}: reply has protocol version {version}, want {PROTOCOL_VERSION}")
+            if length < _FIXED_AFTER_LENGTH or length - _FIXED_AFTER_LENGTH > MAX_RESPONSE:
+                raise FrameError(f"kvshmd {name}: reply length {length} out of range")
+            body = _recv_exact(sock, length - _FIXED_AFTER_LENGTH, deadline, name, first=False)
+            if status == STATUS_ERROR:
+                code, message = _parse_error(body)
+                raise RemoteError(kind, code, message)
+            if rkind != kind:
+                raise FrameError(f"kvshmd {name}: reply has kind {rkind}")
+            if status != STATUS_OK:
+                raise FrameError(f"kvshmd {name}: reply has unknown status {status}")
+            return body
+        except RemoteError:
+            raise  # a well-formed error reply: the connection stays usable (the daemon closes it if it must)
+        except ClientError:
+            self.close()
+            raise
+
+    # -- typed requests -----------------------------------------------------------------------------------
+    def health(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """HEALTH: ``{"status": "ok", "version": str, "streams": int}``."""
+        return self.call_json(Kind.HEALTH, {}, timeout=timeout)
+
+    def attach(self, ring_path: str, worker_id: int, kv_block_size: int, max_buffer_size: int) -> dict[str, Any]:
+        """ATTACH this connection as the producer of ``ring_path``; never retried (the connection is the lease)."""
+        body = {
+            "ring_path": ring_path,
+            "worker_id": worker_id,
+            "kv_block_size": kv_block_size,
+            "max_buffer_size": max_buffer_size,
+        }
+        return self.call_json(Kind.ATTACH, body, retry=False)
+
+    def detach(self, worker_id: int, *, timeout: float | None = None) -> None:
+        """DETACH: the daemon drains the stream and keeps its index queryable."""
+        self.call(Kind.DETACH, {"worker_id": worker_id}, timeout=timeout)
+
+    def events(self, worker_id: int | None, start: int | None, end: int | None) -> bytes:
+        """EVENTS: the exact ``WorkerKvQueryResponse`` JSON bytes."""
+        return self.call(Kind.EVENTS, {"worker_id": worker_id, "start": start, "end": end})
+
+    def dump(self, worker_id: int | None) -> bytes:
+        """DUMP: same as EVENTS with start=end=None."""
+        return self.call(Kind.DUMP, {"worker_id": worker_id})
+
+    def stats(self, worker_id: int | None = None) -> dict[str, Any]:
+        """STATS: ``{"streams": [...]}``."""
+        return self.call_json(Kind.STATS, {"worker_id": worker_id})
+
+    def match(
+        self, worker_id: int | None, tokens: list[int], lora_name: str | None = None, is_eagle: bool = False
+    ) -> dict[str, Any]:
+        """MATCH: ``{"scores": [{"worker_id", "dp_rank", "blocks"}]}``."""
+        body = {"worker_id": worker_id, "tokens": tokens, "lora_name": lora_name, "is_eagle": is_eagle}
+        return self.call_json(Kind.MATCH, body)
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float, name: str, *, first: bool = True) -> bytes:
+    """Read exactly ``n`` bytes before ``deadline``. ``first`` marks the start of a reply: an EOF or reset before
+    any byte of it means the daemon dropped the connection before handling the request (safe to retry)."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        sock.settimeout(_remaining(deadline))
+        try:
+            k = sock.recv_into(view[got:])
+        except TimeoutError as e:
+            raise RequestTimeout(f"kvshmd {name}: no complete reply within the deadline ({got}/{n} bytes)") from e
+        except OSError as e:
+            raise ConnectionLost(
+                f"kvshmd {name}: connection lost: {e.strerror or e}", before_reply=first and got == 0
+            ) from e
+        if k == 0:
+            raise ConnectionLost(f"kvshmd {name}: daemon closed the connection", before_reply=first and got == 0)
+        got += k
+    return bytes(buf)
+
+
+def _remaining(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise RequestTimeout("kvshmd: request deadline exceeded")
+    return left
+
+
+def _parse_error(body: bytes) -> tuple[str, str]:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return "internal", body.decode("utf-8", "replace")[:500]
+    if not isinstance(value, dict):
+        return "internal", str(value)[:500]
+    return str(value.get("code", "internal")), str(value.get("error", ""))

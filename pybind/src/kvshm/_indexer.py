@@ -1,0 +1,560 @@
+"""``LocalIndexer``: the engine-facing, drop-in replacement for the ``kv_local_indexer`` extension.
+
+The engine's thread calls ``apply_stored`` / ``apply_removed`` / ``apply_cleared`` once per event (``seq`` is the
+event id). Each call validates its arguments (programmer errors raise ``TypeError`` / ``ValueError`` before
+anything is written), encodes the event as a FlatBuffer straight into this process's shared-memory ring and
+publishes it with one 8-byte store: no system call, no socket I/O, no waiting. kvshmd drains the ring, keeps the
+radix tree and the event log, and answers ``get_events_json`` over its Unix socket with Dynamo's
+``WorkerKvQueryResponse`` JSON.
+
+Where the daemon comes from:
+
+* default: a private kvshmd started for this process (:class:`kvshm._launcher.PrivateDaemon`), torn down by
+  :meth:`LocalIndexer.shutdown`, by interpreter exit (a ``weakref.finalize`` hook, which runs at exit) and, as a
+  last resort, by the daemon itself when this process disappears (``--parent-pid``);
+* ``socket_path=`` or ``$KVSHM_SOCKET``: a shared kvshmd that somebody else runs. If it is not up yet, the
+  indexer starts anyway and attaches as soon as it is.
+
+The ATTACH connection stays open for the producer's lifetime: it is the liveness signal in both directions. A
+supervisor thread watches it; when the daemon goes away it reattaches by itself (restarting the private daemon
+if that is the one that died), with a capped exponential backoff. Meanwhile publishing goes on into the ring
+(events beyond its capacity are dropped and counted: the ring tells the daemon exactly which ids were lost) and
+``get_events_json`` returns ``{"Error": "kvshm: ..."}`` instead of raising. A restarted daemon resumes the ring
+where the dead one stopped; it knows it has lost the history before that, so it answers dumps with the JSON
+``Error`` variant until a ``Cleared`` re-bases the state.
+
+Concurrency: publishing is serialized by a lock (uncontended, no system call), so any number of threads may
+publish; queries use their own connection and lock. A process forked from the owner gets
+:class:`ForkedProcessError` from every method: the ring, its lock and the daemon belong to the parent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from typing import Any, Final
+
+from ._client import Client, ClientError, RemoteError
+from ._errors import ClosedError, ForkedProcessError, LauncherError
+from ._launcher import PrivateDaemon
+from ._ring import RingWriter
+
+__all__ = ["LocalIndexer"]
+
+log = logging.getLogger("kvshm")
+
+SOCKET_ENV: Final = "KVSHM_SOCKET"
+RING_DIR_ENV: Final = "KVSHM_RING_DIR"
+RING_BYTES_ENV: Final = "KVSHM_RING_BYTES"
+DEFAULT_RING_BYTES: Final = 16 << 20
+
+_U32: Final = 1 << 32
+_U64: Final = 1 << 64
+
+# Core.state values. 0 is the only usable state, so the hot path tests one attribute for truth.
+_OPEN: Final = 0
+_CLOSED: Final = 1
+_FORKED: Final = 2
+
+# Supervisor timing.
+_BACKOFF_MIN: Final = 0.05
+_BACKOFF_MAX: Final = 2.0
+_ATTACH_TIMEOUT: Final = 10.0
+_QUERY_TIMEOUT: Final = 120.0  # the global indexer's own recovery deadline (Dynamo fork: 120 s)
+_DETACH_TIMEOUT: Final = 5.0
+_JOIN_TIMEOUT: Final = 5.0
+_STUCK_ATTACHES: Final = 3  # failed attaches to a live private daemon before it is restarted
+
+
+# Every live core, so that a fork can mark them all unusable in the child without taking any lock.
+_cores: weakref.WeakSet[_Core] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for core in list(_cores):
+        core.forked_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class _Core:
+    """Everything a LocalIndexer owns. The supervisor thread and the exit hook reference this object, never the
+    LocalIndexer, so an abandoned LocalIndexer is still garbage-collected (and then cleaned up)."""
+
+    def __init__(
+        self,
+        worker_id: int,
+        kv_block_size: int,
+        max_buffer_size: int,
+        socket_path: str | None,
+        ring_dir: str | None,
+        ring_bytes: int,
+    ) -> None:
+        self.worker_id = worker_id
+        self.kv_block_size = kv_block_size
+        self.max_buffer_size = max_buffer_size
+        self.owner_pid = os.getpid()
+        # First, so that a refused ring (bad size, full /dev/shm, not x86-64) leaves nothing to clean up.
+        self.ring = RingWriter.create(
+            ring_dir,
+            worker_id=worker_id,
+            kv_block_size=kv_block_size,
+            max_buffer_size=max_buffer_size,
+            capacity=ring_bytes,
+            mode=0o600,
+        )
+        # Hot-path state. state is written under lock (and by the fork hook in a single-threaded child).
+        self.state = _OPEN
+        self.lock = threading.Lock()  # serializes ring writes; guards state transitions
+        self.published_detached = 0  # protected by lock; publish calls made while no daemon was attached
+        # Daemon side. attached is written by the supervisor (and shutdown), read racily by anyone.
+        self.shared = socket_path is not None
+        self.daemon: PrivateDaemon | None = None
+        self.socket_path = socket_path or ""
+        self.attached = False
+        self.attach_conn: Client | None = None  # owned by the supervisor thread
+        self.attach_reply: dict[str, Any] = {}
+        self.attaches = 0
+        self.daemon_restarts = 0
+        self.last_error: str | None = None
+        self.detached_since: float | None = time.time()
+        self.query_lock = threading.Lock()
+        self.query: Client | None = None  # protected by query_lock
+        self.closing = threading.Event()
+        self.supervisor: threading.Thread | None = None
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        _cores.add(self)
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start (private) or find (shared) the daemon, attach once synchronously, start the supervisor."""
+        if not self.shared:
+            self.daemon = PrivateDaemon()
+            self.socket_path = self.daemon.socket_path
+            self.daemon.start()  # raises LauncherError with the daemon's output
+            self._attach()  # a private daemon that refuses us is a real error: raise it
+        else:
+            try:
+                self._attach()
+            except (ClientError, OSError) as e:
+                self.last_error = str(e)
+                log.warning("kvshm: shared kvshmd at %s not reachable yet (%s); will keep trying", self.socket_path, e)
+        self.query = Client(self.socket_path, connect_timeout=2.0, timeout=_QUERY_TIMEOUT)
+        self.supervisor = threading.Thread(
+            target=self._supervise, name=f"kvshm-supervisor-{self.worker_id}", daemon=True
+        )
+        self.supervisor.start()
+
+    def _attach(self) -> None:
+        """Connect and ATTACH; on success the connection becomes the producer's lease."""
+        client = Client(self.socket_path, connect_timeout=2.0, timeout=_ATTACH_TIMEOUT)
+        try:
+            reply = client.attach(self.ring.path, self.worker_id, self.kv_block_size, self.max_buffer_size)
+        except BaseException:
+            client.close()
+            raise
+        self.attach_conn = client
+        self.attach_reply = reply
+        self.attaches += 1
+        self.last_error = None
+        self.detached_since = None
+        self.attached = True
+
+    def _detach_local(self, reason: str) -> None:
+        self.attached = False
+        if self.detached_since is None:
+            self.detached_since = time.time()
+        self.last_error = reason
+        conn, self.attach_conn = self.attach_conn, None
+        if conn is not None:
+            conn.close()
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait up to ``seconds``, returning early when woken (shutdown)."""
+        self._wait_readable(-1, seconds)
+
+    def _wait_readable(self, fd: int, timeout: float | None) -> bool:
+        """Poll ``fd`` (if >= 0) and the wake pipe; returns True if ``fd`` is readable or hung up."""
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        if fd >= 0:
+            poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        events = poller.poll(None if timeout is None else int(timeout * 1000))
+        hit = False
+        for efd, _ in events:
+            if efd == self._wake_r:
+                try:
+                    os.read(self._wake_r, 512)
+                except BlockingIOError:
+                    pass
+            elif efd == fd:
+                hit = True
+        return hit
+
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    def _supervise(self) -> None:
+        """Owns the attach connection: watches it for EOF and reattaches (restarting a private daemon)."""
+        backoff = _BACKOFF_MIN
+        failures = 0
+        while not self.closing.is_set():
+            conn = self.attach_conn
+            if conn is not None:
+                if not self._wait_readable(conn.fileno(), None) or self.closing.is_set():
+                    continue
+                # The daemon never writes on this connection after ATTACH: readable means EOF (it died or
+                # dropped us) or a protocol violation. Either way the lease is gone.
+                self._detach_local("kvshmd closed the producer connection (daemon exited or restarted)")
+                log.warning("kvshm: worker %d lost kvshmd at %s; reattaching", self.worker_id, self.socket_path)
+                backoff = _BACKOFF_MIN
+                failures = 0
+                continue
+            try:
+                if self.daemon is not None:
+                    if not self.daemon.alive():
+                        code = self.daemon.returncode()
+                        self.last_error = f"private kvshmd exited (status {code}); restarting it"
+                        self.daemon_restarts += 1
+                        self.daemon.start()
+                    elif failures >= _STUCK_ATTACHES:
+                        self.daemon_restarts += 1
+                        self.daemon.start()  # alive but not accepting us: replace it
+                        failures = 0
+                self._attach()
+                log.warning("kvshm: worker %d reattached to kvshmd at %s", self.worker_id, self.socket_path)
+                backoff = _BACKOFF_MIN
+                failures = 0
+            except (ClientError, LauncherError, OSError) as e:
+                failures += 1
+                self.last_error = str(e)
+                self._sleep(backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+
+    def forked_in_child(self) -> None:
+        """Called in a forked child (single-threaded): make every method fail and drop inherited sockets."""
+        self.state = _FORKED
+        self.attached = False
+        # Close our copies of the connections so the parent's connection EOF still reaches the daemon when the
+        # parent dies. The sockets are only fds here: no locks are taken (the parent's threads do not exist).
+        for client in (self.attach_conn, self.query):
+            if client is not None:
+                client.close()
+
+    def close(self) -> None:
+        """Tear everything down (idempotent; a no-op outside the owner process)."""
+        if os.getpid() != self.owner_pid:
+            self.state = _FORKED
+            return
+        with self.lock:
+            if self.state == _CLOSED:
+                return
+            self.state = _CLOSED
+        self.closing.set()
+        self.wake()
+        sup = self.supervisor
+        if sup is not None and sup is not threading.current_thread():
+            sup.join(_JOIN_TIMEOUT)
+        try:
+            self.ring.close()  # state CLOSED in the header: a clean goodbye
+        except Exception as e:  # noqa: BLE001 - teardown must go on
+            log.warning("kvshm: closing the ring %s: %s", self.ring.path, e)
+        if self.shared and self.attached:
+            # Let the shared daemon apply everything we published before it forgets the producer.
+            with self.query_lock:
+                if self.query is not None:
+                    try:
+                        self.query.detach(self.worker_id, timeout=_DETACH_TIMEOUT)
+                    except ClientError as e:
+                        log.warning("kvshm: detaching worker %d from kvshmd: %s", self.worker_id, e)
+        self.attached = False
+        with self.query_lock:
+            if self.query is not None:
+                self.query.close()
+        if self.attach_conn is not None:
+            self.attach_conn.close()
+        if self.daemon is not None:
+            self.daemon.stop()
+        try:
+            self.ring.unlink()
+        except OSError as e:
+            log.warning("kvshm: removing the ring %s: %s", self.ring.path, e)
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        _cores.discard(self)
+
+    def raise_unusable(self) -> None:
+        if self.state == _FORKED:
+            raise ForkedProcessError(
+                f"kvshm: this LocalIndexer belongs to process {self.owner_pid}; a forked child (pid {os.getpid()}) "
+                "cannot use it: create a new LocalIndexer in the child"
+            )
+        raise ClosedError("kvshm: LocalIndexer is shut down")
+
+    # -- queries ------------------------------------------------------------------------------------------
+    def unavailable(self, why: str) -> str:
+        since = ""
+        if self.detached_since is not None:
+            since = f" for {max(0.0, time.time() - self.detached_since):.1f} s"
+        return _error_json(
+            f"kvshm: kvshmd is unavailable{since} ({why}); events are kept in the ring and the client is "
+            "reattaching: retry later"
+        )
+
+    def events_json(self, start: int | None, end: int | None) -> str:
+        if not self.attached:
+            return self.unavailable(self.last_error or "not attached")
+        with self.query_lock:
+            query = self.query
+            if query is None:
+                return self.unavailable("not connected")
+            try:
+                body = query.events(self.worker_id, start, end)
+            except RemoteError as e:
+                return _error_json(f"kvshm: kvshmd refused the query: {e.code}: {e.message}")
+            except ClientError as e:
+                self.wake()
+                return self.unavailable(str(e))
+        return body.decode("utf-8")
+
+
+class LocalIndexer:
+    """A worker's KV-event memory: publish events, answer the global indexer's recovery queries.
+
+    ``worker_id`` (u64) is stamped on every event of the answers, ``kv_block_size`` (tokens per block, >= 1)
+    defines the token windows, ``max_buffer_size`` the number of recent events kept for ``Events`` answers.
+    ``socket_path`` (or ``$KVSHM_SOCKET``) selects a shared kvshmd instead of a private one; ``ring_dir``
+    (``$KVSHM_RING_DIR``, default ``/dev/shm``) and ``ring_bytes`` (``$KVSHM_RING_BYTES``, default 16 MiB) place
+    and size the shared-memory ring.
+
+    Raises :class:`kvshm.LauncherError` (a ``RuntimeError``) when no private kvshmd can be started, and
+    ``OSError`` when the ring cannot be created (for example a full ``/dev/shm``).
+    """
+
+    __slots__ = ("_core", "_ring", "_bs", "_finalizer", "__weakref__")
+
+    def __init__(
+        self,
+        worker_id: int,
+        kv_block_size: int,
+        max_buffer_size: int = 10000,
+        *,
+        socket_path: str | os.PathLike[str] | None = None,
+        ring_dir: str | os.PathLike[str] | None = None,
+        ring_bytes: int | None = None,
+    ) -> None:
+        worker_id = _int_in(worker_id, "worker_id", 0, _U64)
+        kv_block_size = _int_in(kv_block_size, "kv_block_size", 1, _U32)
+        max_buffer_size = _int_in(max_buffer_size, "max_buffer_size", 0, _U32)
+        if socket_path is None:
+            socket_path = os.environ.get(SOCKET_ENV) or None
+        if ring_dir is None:
+            ring_dir = os.environ.get(RING_DIR_ENV) or None
+        if ring_bytes is None:
+            env = os.environ.get(RING_BYTES_ENV)
+            ring_bytes = _parse_size(env, RING_BYTES_ENV) if env else DEFAULT_RING_BYTES
+        else:
+            ring_bytes = _int_in(ring_bytes, "ring_bytes", 1, _U64)
+        core = _Core(
+            worker_id,
+            kv_block_size,
+            max_buffer_size,
+            None if socket_path is None else os.fspath(socket_path),
+            None if ring_dir is None else os.fspath(ring_dir),
+            ring_bytes,
+        )
+        try:
+            core.start()
+        except BaseException:
+            core.close()
+            raise
+        self._core = core
+        self._ring = core.ring
+        self._bs = kv_block_size
+        # Runs on garbage collection of this object or at interpreter exit, whichever comes first.
+        self._finalizer = weakref.finalize(self, core.close)
+
+    # -- publishing (hot path) ----------------------------------------------------------------------------
+    def apply_stored(
+        self,
+        seq: int,
+        token_ids: Sequence[int],
+        block_hashes: Sequence[int],
+        parent_hash: int | None = None,
+        dp_rank: int = 0,
+        lora_name: str | None = None,
+        is_eagle: bool | None = None,
+    ) -> None:
+        """Publish a Stored event: ``block_hashes`` chained under ``parent_hash`` (None: a root chain).
+
+        ``token_ids`` holds ``kv_block_size`` tokens per block (Eagle: ``len(block_hashes) * kv_block_size + 1``,
+        the windows overlapping by one token). Hashes may be negative (signed i64): they are taken as u64 two's
+        complement. Raises TypeError/ValueError for bad arguments before anything is written; never blocks and
+        never raises because the ring is full or the daemon is away (the drop is counted).
+        """
+        core = self._core
+        if core.state:
+            core.raise_unusable()
+        if is_eagle is None or is_eagle is False:
+            extra = 0
+        elif is_eagle is True:
+            extra = 1
+        else:
+            raise TypeError(f"kvshm: is_eagle must be a bool or None, not {type(is_eagle).__name__}")
+        try:
+            n = len(block_hashes)
+            nt = len(token_ids)
+        except TypeError:
+            raise TypeError("kvshm: token_ids and block_hashes must be sequences (list, tuple, array)") from None
+        if nt != n * self._bs + extra:
+            raise ValueError(
+                f"kvshm: {nt} token ids for {n} blocks of {self._bs} tokens"
+                + (" (Eagle: want blocks*kv_block_size+1)" if extra else "")
+                + f": want {n * self._bs + extra}"
+            )
+        if lora_name is not None and lora_name.__class__ is not str:
+            raise TypeError(f"kvshm: lora_name must be a str or None, not {type(lora_name).__name__}")
+        with core.lock:
+            if core.state:
+                core.raise_unusable()
+            # A False return (dropped: ring full) is counted by the ring itself.
+            self._ring.publish_stored(seq, token_ids, block_hashes, parent_hash, dp_rank, lora_name, extra == 1)
+            if not core.attached:
+                core.published_detached += 1
+
+    def apply_removed(self, seq: int, block_hashes: Sequence[int], dp_rank: int = 0) -> None:
+        """Publish a Removed event for ``block_hashes`` (negative hashes taken as u64). Same guarantees as
+        :meth:`apply_stored`."""
+        core = self._core
+        if core.state:
+            core.raise_unusable()
+        with core.lock:
+            if core.state:
+                core.raise_unusable()
+            self._ring.publish_removed(seq, block_hashes, dp_rank)
+            if not core.attached:
+                core.published_detached += 1
+
+    def apply_cleared(self, seq: int, dp_rank: int = 0) -> None:
+        """Publish a Cleared event (the worker dropped every block, all dp_ranks). Same guarantees as
+        :meth:`apply_stored`."""
+        core = self._core
+        if core.state:
+            core.raise_unusable()
+        with core.lock:
+            if core.state:
+                core.raise_unusable()
+            self._ring.publish_cleared(seq, dp_rank)
+            if not core.attached:
+                core.published_detached += 1
+
+    # -- queries ------------------------------------------------------------------------------------------
+    def get_events_json(self, start: int | None = None, end: int | None = None) -> str:
+        """The recovery query: Dynamo's ``WorkerKvQueryResponse`` JSON for ids ``[start, end]``.
+
+        ``Events`` (the suffix from ``start`` to the newest event), ``TreeDump`` (``start`` None or older than the
+        buffer), ``TooNew``, ``InvalidRange``, or ``{"Error": "kvshm: ..."}`` when the answer cannot be given
+        honestly (events were lost, the daemon is away or restarting). Only bad arguments raise.
+        """
+        core = self._core
+        if core.state:
+            core.raise_unusable()
+        if start is not None:
+            start = _int_in(start, "start", 0, _U64)
+        if end is not None:
+            end = _int_in(end, "end", 0, _U64)
+        return core.events_json(start, end)
+
+    def stats(self) -> dict[str, Any]:
+        """Local counters and state (no daemon round trip): publishes, drops, attachment, ring fill."""
+        core = self._core
+        if core.state == _FORKED:
+            core.raise_unusable()
+        with core.lock:
+            detached = core.published_detached
+            ring = dict(self._ring.stats()) if core.state == _OPEN else {}
+        daemon = core.daemon
+        return {
+            "worker_id": core.worker_id,
+            "kv_block_size": core.kv_block_size,
+            "max_buffer_size": core.max_buffer_size,
+            "mode": "shared" if core.shared else "private",
+            "socket_path": core.socket_path,
+            "ring_path": core.ring.path,
+            "closed": core.state == _CLOSED,
+            "attached": core.attached,
+            "attaches": core.attaches,
+            "daemon_pid": None if daemon is None else daemon.pid,
+            "daemon_restarts": core.daemon_restarts,
+            "last_error": core.last_error,
+            "published_events": ring.get("published_events"),
+            "dropped_events": ring.get("dropped_events"),
+            "published_while_detached": detached,
+            "ring": ring,
+        }
+
+    def shutdown(self) -> None:
+        """Stop publishing and tear down the private daemon, its socket and directory, and the ring file.
+        Idempotent. With a shared daemon: DETACH (it applies what was published and keeps the index queryable)."""
+        core = self._core
+        if core.state == _FORKED:
+            core.raise_unusable()
+        self._finalizer()
+
+    def __enter__(self) -> LocalIndexer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        core = self._core
+        state = {_OPEN: "open", _CLOSED: "closed", _FORKED: "forked"}[core.state]
+        return (
+            f"LocalIndexer(worker_id={core.worker_id}, kv_block_size={core.kv_block_size}, "
+            f"max_buffer_size={core.max_buffer_size}, {state}, "
+            f"{'shared' if core.shared else 'private'} daemon at {core.socket_path!r})"
+        )
+
+
+def _error_json(message: str) -> str:
+    return json.dumps({"Error": message}, separators=(",", ":"))
+
+
+def _int_in(value: object, name: str, lo: int, hi: int) -> int:
+    """``value`` as an int in [lo, hi); TypeError for non-integers (bool included), ValueError when out of range."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, bool) or not hasattr(value, "__index__"):
+            raise TypeError(f"kvshm: {name} must be an int, not {type(value).__name__}")
+        value = value.__index__()
+        assert isinstance(value, int)
+    if not lo <= value < hi:
+        raise ValueError(f"kvshm: {name} {value} is out of range [{lo}, {hi})")
+    return value
+
+
+_SIZE_SUFFIX: Final = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30}
+
+
+def _parse_size(text: str, name: str) -> int:
+    """Bytes from ``"16777216"``, ``"16M"``, ``"16MiB"``, ``"1g"``; ValueError naming ``name`` otherwise."""
+    t = text.strip().lower().removesuffix("b")
+    digits = t.rstrip("kmgi")
+    mult = _SIZE_SUFFIX.get(t[len(digits) :], 1 if t == digits else 0)
+    if not digits.isdigit() or mult == 0:
+        raise ValueError(f"kvshm: {name}={text!r} is not a size (bytes, or with a K/M/G suffix)")
+    return int(digits) * mult

@@ -1,0 +1,192 @@
+"""Finding and running a private kvshmd.
+
+:func:`find_kvshmd` looks for the daemon binary in this order: the ``KVSHMD_BIN`` environment variable, the
+static binary shipped in the wheel (``kvshm/_bin/kvshmd``), then ``PATH``.
+
+A :class:`PrivateDaemon` is a kvshmd owned by one Python process. It lives in a private directory made with
+:func:`tempfile.mkdtemp` (mode 0700, so no other user can reach its socket) holding ``kvshmd.sock`` and
+``kvshmd.log`` (the daemon's stdout and stderr). It is started as::
+
+    kvshmd serve --socket DIR/kvshmd.sock --parent-pid <this process's pid>
+
+in a new session (a Ctrl-C aimed at the engine's process group does not kill it behind the engine's back), so
+it exits by itself if this process dies without cleaning up, and :meth:`PrivateDaemon.start` returns only once
+the daemon answers HEALTH, or raises :class:`LauncherError` carrying the tail of the daemon's log.
+:meth:`PrivateDaemon.stop` sends SIGTERM (the daemon drains and exits), escalates to SIGKILL after a grace
+period, and removes the directory. The environment is passed through, so ``KVSHMD_*`` variables (for example
+``KVSHMD_HTTP``) configure the private daemon too.
+
+Not thread-safe: the owner serializes start/stop/restart (LocalIndexer does it under its supervisor lock).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Final
+
+from ._client import Client, ClientError
+from ._errors import LauncherError
+
+__all__ = ["LauncherError", "PrivateDaemon", "find_kvshmd"]
+
+BIN_ENV: Final = "KVSHMD_BIN"
+SOCKET_NAME: Final = "kvshmd.sock"
+LOG_NAME: Final = "kvshmd.log"
+_LOG_TAIL_BYTES: Final = 4000
+
+
+def packaged_kvshmd() -> Path:
+    """Path where the wheel ships the static kvshmd (may not exist in a source checkout)."""
+    return Path(__file__).resolve().parent / "_bin" / "kvshmd"
+
+
+def find_kvshmd() -> str:
+    """Return the kvshmd binary to run: ``$KVSHMD_BIN``, else the packaged binary, else ``kvshmd`` on PATH."""
+    env = os.environ.get(BIN_ENV)
+    if env:
+        if not (os.path.isfile(env) and os.access(env, os.X_OK)):
+            raise LauncherError(f"kvshm: {BIN_ENV}={env!r} is not an executable file")
+        return env
+    packaged = packaged_kvshmd()
+    if packaged.is_file() and os.access(packaged, os.X_OK):
+        return str(packaged)
+    found = shutil.which("kvshmd")
+    if found:
+        return found
+    raise LauncherError(
+        f"kvshm: cannot find kvshmd: set {BIN_ENV}, install the kvshm wheel (it ships {packaged}), "
+        "or put kvshmd on PATH"
+    )
+
+
+class PrivateDaemon:
+    """A kvshmd started by, and tied to, this process (see the module docstring)."""
+
+    def __init__(self, binary: str | None = None, *, ready_timeout: float = 10.0, stop_timeout: float = 5.0) -> None:
+        self.binary = binary if binary is not None else find_kvshmd()
+        self.ready_timeout = ready_timeout
+        self.stop_timeout = stop_timeout
+        self.dir = tempfile.mkdtemp(prefix="kvshm-")  # 0700, owned by us
+        self.socket_path = os.path.join(self.dir, SOCKET_NAME)
+        self.log_path = os.path.join(self.dir, LOG_NAME)
+        self.owner_pid = os.getpid()
+        self.starts = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """Pid of the daemon process, if one was started and has not been reaped."""
+        return None if self._proc is None else self._proc.pid
+
+    def alive(self) -> bool:
+        """Whether the daemon process is running (reaps it if it exited)."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def returncode(self) -> int | None:
+        """Exit status of the last daemon process (negative: killed by that signal), None while it runs."""
+        return None if self._proc is None else self._proc.poll()
+
+    def start(self) -> None:
+        """Start the daemon (killing a previous one) and wait until it answers HEALTH; raises LauncherError."""
+        if self._proc is not None:
+            self._kill()
+        try:
+            os.unlink(self.socket_path)  # stale socket of a dead daemon
+        except FileNotFoundError:
+            pass
+        with open(self.log_path, "ab") as log:
+            log_offset = log.tell()
+            argv = [self.binary, "serve", "--socket", self.socket_path, "--parent-pid", str(self.owner_pid)]
+            try:
+                self._proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    close_fds=True,
+                    start_new_session=True,
+                )
+            except OSError as e:
+                raise LauncherError(f"kvshm: cannot start {self.binary}: {e.strerror or e}") from e
+        self.starts += 1
+        self._wait_ready(log_offset)
+
+    def _wait_ready(self, log_offset: int) -> None:
+        proc = self._proc
+        assert proc is not None
+        deadline = time.monotonic() + self.ready_timeout
+        delay = 0.002
+        last_error = "no answer yet"
+        while True:
+            code = proc.poll()
+            if code is not None:
+                self._proc = None
+                raise LauncherError(
+                    f"kvshm: kvshmd exited with status {code} before becoming ready; its output:\n"
+                    + self._log_tail(log_offset)
+                )
+            if os.path.exists(self.socket_path):
+                client = Client(self.socket_path, connect_timeout=1.0, timeout=2.0)
+                try:
+                    reply = client.health()
+                    if reply.get("status") == "ok":
+                        return
+                    last_error = f"HEALTH answered {reply!r}"
+                except ClientError as e:
+                    last_error = str(e)
+                finally:
+                    client.close()
+            if time.monotonic() >= deadline:
+                self._kill()
+                raise LauncherError(
+                    f"kvshm: kvshmd did not answer HEALTH on {self.socket_path} within {self.ready_timeout:g} s "
+                    f"({last_error}); its output:\n" + self._log_tail(log_offset)
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def _log_tail(self, offset: int) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                end = f.tell()
+                f.seek(max(offset, end - _LOG_TAIL_BYTES))
+                text = f.read().decode("utf-8", "replace").strip()
+        except OSError as e:
+            return f"(cannot read {self.log_path}: {e})"
+        return text or "(no output)"
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+    def stop(self) -> None:
+        """SIGTERM the daemon (it drains and exits), SIGKILL after ``stop_timeout``, remove the directory.
+
+        Idempotent. Does nothing in a forked child (the daemon belongs to the parent).
+        """
+        if os.getpid() != self.owner_pid:
+            return
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(self.dir, ignore_errors=True)
