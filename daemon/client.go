@@ -54,6 +54,12 @@ func (c *Client) Do(ctx context.Context, kind Kind, body []byte) ([]byte, error)
 		defer stop()
 	}
 	if err := WriteFrame(c.conn, kind, StatusOK, body); err != nil {
+		// The daemon may have refused the connection (forbidden, busy) with an error frame and closed it before
+		// the request went out: that frame is still readable and says why.
+		_ = c.conn.SetReadDeadline(time.Now().Add(time.Second))
+		if f, _, rerr := ReadFrame(c.br, 1<<16, nil); rerr == nil && f.Status != StatusOK {
+			return nil, remoteError(kind, f.Body)
+		}
 		return nil, fmt.Errorf("send %s request: %w", kind, err)
 	}
 	f, buf, err := ReadFrame(c.br, MaxResponse, c.buf)
@@ -68,13 +74,17 @@ func (c *Client) Do(ctx context.Context, kind Kind, body []byte) ([]byte, error)
 		return nil, fmt.Errorf("read %s reply: reply kind %s does not echo the request", kind, f.Kind)
 	}
 	if f.Status != StatusOK {
-		var eb errorBody
-		if err := json.Unmarshal(f.Body, &eb); err != nil || eb.Code == "" {
-			return nil, &RemoteError{Kind: kind, Code: CodeInternal, Message: fmt.Sprintf("unparseable error reply %q", f.Body)}
-		}
-		return nil, &RemoteError{Kind: kind, Code: eb.Code, Message: eb.Error}
+		return nil, remoteError(kind, f.Body)
 	}
 	return f.Body, nil
+}
+
+func remoteError(kind Kind, body []byte) *RemoteError {
+	var eb errorBody
+	if err := json.Unmarshal(body, &eb); err != nil || eb.Code == "" {
+		return &RemoteError{Kind: kind, Code: CodeInternal, Message: fmt.Sprintf("unparseable error reply %q", body)}
+	}
+	return &RemoteError{Kind: kind, Code: eb.Code, Message: eb.Error}
 }
 
 // Call marshals req as the body, sends it, and unmarshals the reply into resp (when resp is non-nil).

@@ -1,0 +1,228 @@
+package daemon
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvshm/kvshm/shm"
+)
+
+// TestSignalDrainsRing: SIGTERM (and SIGINT) with a non-empty ring drain it before the exit, which is 0.
+func TestSignalDrainsRing(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			socket := filepath.Join(t.TempDir(), "kvshmd.sock")
+			d := startDaemon(t, socket)
+			p := newProducer(t, socket, 3, 4, 1<<20)
+			// Freeze the daemon so the events stay in the ring, then signal it.
+			if err := d.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			for i := range uint64(200) {
+				p.mustPublish(stored(i, 0, nil, []uint64{1000 + i}, tokens(uint32(i), 1, 4)))
+			}
+			_, st, err := shm.Inspect(p.path)
+			if err != nil || st.Head == st.Tail {
+				t.Fatalf("ring should hold unread events before the signal: head %d tail %d err %v", st.Head, st.Tail, err)
+			}
+			_ = d.cmd.Process.Signal(sig)
+			_ = d.cmd.Process.Signal(syscall.SIGCONT)
+			if code := d.waitExit(t, 30*time.Second); code != 0 {
+				t.Fatalf("exit code %d, want 0\n%s", code, d.log)
+			}
+			_, st, err = shm.Inspect(p.path)
+			if err != nil || st.Head != st.Tail {
+				t.Fatalf("ring not drained at exit: head %d tail %d err %v\n%s", st.Head, st.Tail, err, d.log)
+			}
+			if !strings.Contains(d.log.String(), "rings drained") {
+				t.Errorf("log lacks the drain message:\n%s", d.log)
+			}
+		})
+	}
+}
+
+// TestStaleSocket: a socket file left by a SIGKILLed daemon does not stop a new one; a live daemon does; a
+// non-socket file at the path is never removed.
+func TestStaleSocket(t *testing.T) {
+	dir := t.TempDir()
+	socket := filepath.Join(dir, "kvshmd.sock")
+	d1 := startDaemon(t, socket)
+	d1.kill()
+	if fi, err := os.Lstat(socket); err != nil || fi.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("SIGKILL should leave the socket file behind: %v", err)
+	}
+	d2 := startDaemon(t, socket) // fails the test if it cannot answer HEALTH
+	if !strings.Contains(d2.log.String(), "removed stale socket") {
+		t.Errorf("second daemon did not log the stale socket:\n%s", d2.log)
+	}
+
+	// A live daemon on the path: the newcomer exits 1 with an actionable message.
+	cmd := exec.Command(kvshmdBin, "serve", "--socket", socket)
+	out, _ := cmd.CombinedOutput()
+	if cmd.ProcessState.ExitCode() != 1 || !bytes.Contains(out, []byte("already listening")) {
+		t.Errorf("second daemon on a live socket: exit %d\n%s", cmd.ProcessState.ExitCode(), out)
+	}
+	if code := d2.terminate(t); code != 0 {
+		t.Errorf("exit code %d", code)
+	}
+	if _, err := os.Lstat(socket); !os.IsNotExist(err) {
+		t.Errorf("clean shutdown should unlink the socket: %v", err)
+	}
+
+	// A regular file is not a stale socket.
+	if err := os.WriteFile(socket, []byte("precious"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd = exec.Command(kvshmdBin, "serve", "--socket", socket)
+	out, _ = cmd.CombinedOutput()
+	if cmd.ProcessState.ExitCode() != 1 || !bytes.Contains(out, []byte("not a socket")) {
+		t.Errorf("serve over a regular file: exit %d\n%s", cmd.ProcessState.ExitCode(), out)
+	}
+	if b, _ := os.ReadFile(socket); string(b) != "precious" {
+		t.Error("the regular file at the socket path was touched")
+	}
+
+	// An unsafe directory (group/other writable) is refused.
+	bad := filepath.Join(dir, "shared")
+	if err := os.Mkdir(bad, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Chmod(bad, 0o777)
+	cmd = exec.Command(kvshmdBin, "serve", "--socket", filepath.Join(bad, "s.sock"))
+	out, _ = cmd.CombinedOutput()
+	if cmd.ProcessState.ExitCode() != 1 || !bytes.Contains(out, []byte("unsafe socket directory")) {
+		t.Errorf("serve in a 0777 directory: exit %d\n%s", cmd.ProcessState.ExitCode(), out)
+	}
+}
+
+// TestKillRestartResumes: a SIGKILLed daemon's successor resumes the ring at the persisted head, applies what the
+// producer published meanwhile, and reports that the earlier state is gone (resumed, tainted, dump = Error).
+func TestKillRestartResumes(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "kvshmd.sock")
+	d1 := startDaemon(t, socket)
+	p := newProducer(t, socket, 5, 4, 1<<20)
+	for i := range uint64(10) {
+		p.mustPublish(stored(i, 0, nil, []uint64{500 + i}, tokens(uint32(i*10), 1, 4)))
+	}
+	checkStats(t, socket, 5, func(s StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == 9 })
+	_, before, _ := shm.Inspect(p.path)
+	d1.kill()
+	for i := uint64(10); i < 20; i++ { // the producer keeps publishing while no daemon runs
+		p.mustPublish(stored(i, 0, nil, []uint64{500 + i}, tokens(uint32(i*10), 1, 4)))
+	}
+	d2 := startDaemon(t, socket)
+	rep := p.attach()
+	if !rep.Resumed || rep.Head != before.Head || rep.Head == 0 || rep.Epoch != p.w.Header().Epoch {
+		t.Fatalf("attach after restart = %+v, want resumed at head %d", rep, before.Head)
+	}
+	st := checkStats(t, socket, 5, func(s StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == 19 })
+	if !st.Tainted || *st.FirstEventID != 10 || st.Buffered != 10 {
+		t.Errorf("stats after resume = %+v, want tainted with events 10..19", st)
+	}
+	assertDumpPrefix(t, socket, `{"Error":`)
+	if !strings.Contains(d2.log.String(), "earlier state is unknown") {
+		t.Errorf("restart not logged:\n%s", d2.log)
+	}
+}
+
+// checkStats polls STATS of worker until ok accepts it (up to 10 s) and returns it.
+func checkStats(t *testing.T, socket string, worker uint64, ok func(StreamStats) bool) StreamStats {
+	t.Helper()
+	c, err := Dial(ctxT(t), socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var last StreamStats
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		r, err := c.Stats(ctxT(t), &worker)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = r.Streams[0]
+		if ok(last) {
+			return last
+		}
+	}
+	t.Fatalf("stats never reached the expected state: %+v", last)
+	return last
+}
+
+// TestParentPID: with --parent-pid the daemon drains and exits 0 once that process is gone.
+func TestParentPID(t *testing.T) {
+	parent := exec.Command("sleep", "60")
+	if err := parent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	socket := filepath.Join(t.TempDir(), "kvshmd.sock")
+	d := startDaemon(t, socket, "--parent-pid", itoa(parent.Process.Pid))
+	_ = parent.Process.Kill()
+	_ = parent.Wait()
+	if code := d.waitExit(t, 10*time.Second); code != 0 {
+		t.Fatalf("exit code %d\n%s", code, d.log)
+	}
+	if !strings.Contains(d.log.String(), "parent process is gone") {
+		t.Errorf("log lacks the parent message:\n%s", d.log)
+	}
+}
+
+// TestOtherUID: a client of another uid cannot use the daemon: the socket file's mode stops it at connect(), and
+// with a permissive --socket-mode the SO_PEERCRED check answers forbidden. Needs root to run a setuid child.
+func TestOtherUID(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to start a child process with another uid (SysProcAttr.Credential)")
+	}
+	const nobody = 65534
+	mk := func() string {
+		dir, err := os.MkdirTemp("", "kvshmd-uid-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		_ = os.Chmod(dir, 0o755) // traversable by the other user; not writable
+		return dir
+	}
+	asNobody := func(socket string) (int, string) {
+		cmd := exec.Command(kvshmdBin, "health", "--socket", socket, "--timeout", "5s")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+		out, err := cmd.CombinedOutput()
+		if cmd.ProcessState == nil {
+			t.Fatalf("run as uid %d: %v", nobody, err)
+		}
+		return cmd.ProcessState.ExitCode(), string(out)
+	}
+
+	socket := filepath.Join(mk(), "kvshmd.sock")
+	startDaemon(t, socket) // default 0600
+	if code, out := asNobody(socket); code != 3 || !strings.Contains(out, "permission denied") {
+		t.Errorf("other uid on a 0600 socket: exit %d %s, want 3 and permission denied", code, out)
+	}
+
+	socket = filepath.Join(mk(), "kvshmd.sock")
+	d := startDaemon(t, socket, "--socket-mode", "0666")
+	if code, out := asNobody(socket); code == 0 || !strings.Contains(out, "forbidden") {
+		t.Errorf("other uid on a 0666 socket: exit %d %s, want a forbidden refusal", code, out)
+	}
+	if !strings.Contains(d.log.String(), "refusing connection from another user") {
+		t.Errorf("refusal not logged:\n%s", d.log)
+	}
+	// The daemon still serves its own user.
+	c, err := Dial(ctxT(t), socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Health(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
