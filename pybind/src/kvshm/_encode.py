@@ -38,8 +38,8 @@ API (used by :mod:`kvshm._ring`; keep stable):
 * ``encode_stored(...)``, ``encode_removed(...)``, ``encode_cleared(...)`` return the payload as ``bytes`` (tests,
   tools).
 
-Validation (before anything is written): seq must be a u64 and dp_rank a u32 (``ValueError``; ``TypeError`` for
-non-integers), token ids u32 and block hashes u64 (``ValueError``), where block and parent hashes in
+Validation: seq must be a u64 and dp_rank a u32 (``ValueError``; ``TypeError`` for non-integers; checked by the
+writer's ``pack_into``, before the record can be published, see :func:`check_seq_dp`), token ids u32 and block hashes u64 (``ValueError``), where block and parent hashes in
 [-2**63, 0) are taken as the two's complement u64 (engines hash with signed 64-bit integers); the LoRA name a
 ``str`` (``TypeError``) encodable as UTF-8; ``None`` and ``""`` both mean the base model. Counts are not checked
 against each other here (the index layer knows the block size).
@@ -64,6 +64,7 @@ __all__ = [
     "prepare_cleared",
     "prepare_removed",
     "prepare_stored",
+    "check_seq_dp",
 ]
 
 KIND_STORED: Final = 1
@@ -332,18 +333,12 @@ def _lora_chunk(name: str) -> bytes:
     return chunk
 
 
-def _u64_array(values: Iterable[int], what: str) -> "array[int]":
-    """array('Q', values); hashes in [-2**63, 0) become their two's complement."""
-    if values.__class__ is not list and values.__class__ is not tuple:
-        values = list(values)  # the slow path below iterates again
-    try:
-        return array("Q", values)
-    except OverflowError:
-        pass
-    except TypeError as e:
-        raise TypeError(f"kvshm: {what} must be integers: {e}") from None
+def _u64_slow(values: Sequence[int], what: str) -> "array[int]":
+    """array('Q', values) for values array() refused: hashes in [-2**63, 0) become their two's complement."""
     out = array("Q")
     for v in values:
+        if not isinstance(v, int):
+            raise TypeError(f"kvshm: {what} must be integers, got {type(v).__name__}")
         if v < 0:
             if v < -(1 << 63):
                 raise ValueError(f"kvshm: {what} value {v} is not a 64-bit integer")
@@ -352,6 +347,15 @@ def _u64_array(values: Iterable[int], what: str) -> "array[int]":
             raise ValueError(f"kvshm: {what} value {v} is not a 64-bit integer")
         out.append(v)
     return out
+
+
+def _u64_array(values: Iterable[int], what: str) -> "array[int]":
+    if values.__class__ is not list and values.__class__ is not tuple:
+        values = list(values)  # the slow path iterates a second time
+    try:
+        return array("Q", values)
+    except (OverflowError, TypeError):
+        return _u64_slow(values, what)
 
 
 def _u32_array(values: Iterable[int]) -> "array[int]":
@@ -363,7 +367,7 @@ def _u32_array(values: Iterable[int]) -> "array[int]":
         raise TypeError(f"kvshm: token ids must be integers: {e}") from None
 
 
-def _u64(value: int, what: str) -> int:
+def _u64(value: object, what: str) -> int:
     if not isinstance(value, int):
         raise TypeError(f"kvshm: {what} must be an int, not {type(value).__name__}")
     if 0 <= value <= U64_MAX:
@@ -373,27 +377,41 @@ def _u64(value: int, what: str) -> int:
     raise ValueError(f"kvshm: {what} {value} is not a 64-bit integer")
 
 
-def _check_seq_dp(seq: int, dp_rank: int) -> None:
+def check_seq_dp(seq: object, dp_rank: object) -> None:
+    """Raises TypeError/ValueError unless seq is a u64 and dp_rank a u32. The hot path lets struct check these
+    while packing (an unpublished record may be half-written, which is harmless) and calls this for the message."""
     if not (isinstance(seq, int) and isinstance(dp_rank, int)):
-        raise TypeError("kvshm: seq and dp_rank must be ints")
+        raise TypeError(f"kvshm: seq and dp_rank must be ints, not {type(seq).__name__}, {type(dp_rank).__name__}")
     if not 0 <= seq <= U64_MAX:
         raise ValueError(f"kvshm: seq {seq} is not in [0, 2**64)")
     if not 0 <= dp_rank <= U32_MAX:
         raise ValueError(f"kvshm: dp_rank {dp_rank} is not in [0, 2**32)")
 
 
+def _pack_error(p: Prepared, e: struct.error) -> Exception:
+    """The error to raise when packing a prepared event failed: only seq and dp_rank are left unchecked."""
+    check_seq_dp(p[3], p[4])
+    return ValueError(f"kvshm: cannot encode the event: {e}")
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Stored
+#
+# Prepared tuples of every kind start with (size, writer, head, seq, dp_rank); seq and dp_rank are validated by the
+# writer's pack_into (see check_seq_dp).
 
 
 def _write_stored(buf: Buffer, off: int, p: Prepared) -> None:
     size, _, head, seq, dp, parent, hashes, nh, tokens, nt, lora, gap = p
+    try:
+        head.pack_into(
+            buf, off, size + 8, head.c0, dp or b"", seq or b"", head.c1,
+            head.lora + gap + 4 * nt + 4 if lora else b"", head.tok + gap, head.c2,
+            b"" if parent is None else parent, nh,
+        )
+    except struct.error as e:
+        raise _pack_error(p, e) from None
     pos = off + 8 + head.size
-    head.pack_into(
-        buf, off, size + 8, head.c0, dp or b"", seq or b"", head.c1,
-        head.lora + gap + 4 * nt + 4 if lora else b"", head.tok + gap, head.c2,
-        b"" if parent is None else parent, nh,
-    )
     end = pos + 8 * nh
     buf[pos:end] = hashes
     pad = gap - 8 * nh  # 0 or 4 zero bytes before the token count
@@ -415,21 +433,36 @@ def prepare_stored(
     is_eagle: bool,
 ) -> Prepared:
     """Validates and converts a Stored event; returns ``(size, writer, ...)`` (see the module docstring)."""
-    _check_seq_dp(seq, dp_rank)
-    tokens = _u32_array(token_ids)
-    hashes = _u64_array(block_hashes, "block hashes")
+    try:
+        tokens = array("I", token_ids)
+    except (OverflowError, TypeError):
+        tokens = _u32_array(token_ids)  # raises with a message
+    if block_hashes.__class__ is not list:
+        block_hashes = list(block_hashes)  # _u64_slow may iterate again
+    try:
+        hashes = array("Q", block_hashes)
+    except (OverflowError, TypeError):
+        hashes = _u64_slow(block_hashes, "block hashes")
+    key = 1 if seq else 0
+    if dp_rank:
+        key |= 2
     if parent_hash is not None:
-        parent_hash = _u64(parent_hash, "parent_hash")
-    lora = _lora_chunk(lora_name) if lora_name else b""
+        key |= 4
+        if parent_hash.__class__ is not int or not 0 <= parent_hash <= U64_MAX:
+            parent_hash = _u64(parent_hash, "parent_hash")
+    lora = b""
+    if lora_name:
+        key |= 8
+        lora = _LORA_CACHE.get(lora_name) or _lora_chunk(lora_name)
+    if is_eagle:
+        key |= 16
+    head = _STORED[key]
     nh = len(hashes)
     nt = len(tokens)
-    # p1: zero bytes the builder puts between the hash data and the token count, to 8-align the hash data.
+    # Zero bytes the builder puts between the hash data and the token count (0 or 4), plus the hash data.
     gap = 8 * nh + ((len(lora) + 4 * nt + 4) & 4)
-    head = _STORED[
-        (seq != 0) | (dp_rank != 0) << 1 | (parent_hash is not None) << 2 | (len(lora) != 0) << 3 | bool(is_eagle) << 4
-    ]
-    size = head.size + gap + 4 + 4 * nt + len(lora)
-    return (size, _write_stored, head, seq, dp_rank, parent_hash, hashes, nh, tokens, nt, lora, gap)
+    return (head.size + gap + 4 + 4 * nt + len(lora), _write_stored, head, seq, dp_rank, parent_hash, hashes, nh,
+            tokens, nt, lora, gap)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -438,29 +471,33 @@ def prepare_stored(
 
 def _write_removed(buf: Buffer, off: int, p: Prepared) -> None:
     size, _, head, seq, dp, hashes, nh = p
-    head.pack_into(buf, off, size + 8, head.c0, dp or b"", seq or b"", head.c1, nh)
+    try:
+        head.pack_into(buf, off, size + 8, head.c0, dp or b"", seq or b"", head.c1, nh)
+    except struct.error as e:
+        raise _pack_error(p, e) from None
     pos = off + 8 + head.size
     buf[pos : pos + 8 * nh] = hashes
 
 
 def prepare_removed(seq: int, block_hashes: Iterable[int], dp_rank: int) -> Prepared:
     """Validates and converts a Removed event; returns ``(size, writer, ...)``."""
-    _check_seq_dp(seq, dp_rank)
     hashes = _u64_array(block_hashes, "block hashes")
-    head = _REMOVED[(seq != 0) | (dp_rank != 0) << 1]
+    head = _REMOVED[(1 if seq else 0) | (2 if dp_rank else 0)]
     nh = len(hashes)
     return (head.size + 8 * nh, _write_removed, head, seq, dp_rank, hashes, nh)
 
 
 def _write_cleared(buf: Buffer, off: int, p: Prepared) -> None:
     size, _, head, seq, dp = p
-    head.pack_into(buf, off, size + 8, head.c0, dp or b"", seq or b"", head.c1)
+    try:
+        head.pack_into(buf, off, size + 8, head.c0, dp or b"", seq or b"", head.c1)
+    except struct.error as e:
+        raise _pack_error(p, e) from None
 
 
 def prepare_cleared(seq: int, dp_rank: int) -> Prepared:
     """Validates a Cleared event; returns ``(size, writer, ...)``."""
-    _check_seq_dp(seq, dp_rank)
-    head = _CLEARED[(seq != 0) | (dp_rank != 0) << 1]
+    head = _CLEARED[(1 if seq else 0) | (2 if dp_rank else 0)]
     return (head.size, _write_cleared, head, seq, dp_rank)
 
 

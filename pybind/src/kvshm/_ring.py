@@ -1,0 +1,559 @@
+"""The producer side of a kvshm ring, in pure Python: events go straight into shared memory, no syscall, no lock.
+
+A ring is an mmap'd regular file (layout version 1, CONTRACTS §2 and shm/FORMAT.md): a 4096-byte header page, then a
+power-of-two data area of 8-byte-aligned records ``[u32 length][u32 type][payload]``. The producer writes a record's
+payload, then its header, then publishes it with ONE aligned 8-byte store of the tail word through
+``memoryview.cast('Q')``; the Go reader (kvshmd) trusts everything before the tail. On x86-64 that store is a release
+(x86-TSO keeps stores in program order, and each Python-level store is a separate C call the compiler cannot
+reorder); on ARM64 and others it is not, so :meth:`RingWriter.create` refuses to run anywhere but x86-64.
+
+Usage contract (stable; kvshm's LocalIndexer is the caller)::
+
+    w = RingWriter.create(dir, worker_id, kv_block_size, max_buffer_size, capacity, mode=0o600)
+    w.path, w.epoch                       # ring file and producer incarnation, sent to kvshmd in ATTACH
+    w.publish_stored(seq, token_ids, block_hashes, parent_hash, dp_rank, lora_name, is_eagle) -> bool
+    w.publish_removed(seq, block_hashes, dp_rank) -> bool
+    w.publish_cleared(seq, dp_rank) -> bool
+    w.stats() -> dict                     # counters, for the LocalIndexer's statistics
+    w.close()                             # state CLOSED, unmap, release the lock; the file stays for the reader
+    w.unlink()                            # remove the file (after the daemon has drained/detached)
+
+* ``create``: ``dir`` None means ``$KVSHM_RING_DIR``, else /dev/shm, else the temp dir. The file is created with
+  ``O_EXCL`` and exactly ``mode``, locked with ``flock(LOCK_EX|LOCK_NB)`` for the writer's lifetime (a second producer
+  on the same file is refused with :class:`RingLockedError`), preallocated with ``posix_fallocate`` (a full /dev/shm
+  fails here with :class:`RingSpaceError` instead of a SIGBUS later), and its header is complete before the state
+  word becomes READY.
+* ``publish_*`` never block: they return True when the event is published, False when it was dropped because the
+  ring is full or the record is larger than ``max_record``. A drop is counted in the header (dropped_events,
+  dropped_bytes = payload bytes, and the pending loss seq range) where the daemon sees it, and the next event that fits
+  is preceded by a LOSS record ``{first_seq, last_seq, count}``, published with it. Arguments are validated and
+  converted before anything is written (ValueError/TypeError, see :mod:`kvshm._encode`); a failed call changes
+  nothing.
+* A forked child cannot publish into its parent's ring: :class:`RingForkedError` (an at-fork hook marks every live
+  writer in the child, and ``close``/``stats`` also compare ``os.getpid()`` with the creating pid). ``close`` in a
+  child only drops the child's mapping.
+* Concurrency: a RingWriter is used by one thread at a time (the caller serializes; CPython's GIL makes no promise
+  across the several stores of one publish).
+
+Hot path of a publish: the encoder converts the lists (``array('I')``/``array('Q')``), one ``pack_into`` writes the
+record header and every non-vector byte, slice copies write the vectors, one 8-byte store publishes. The head word
+(the consumer's) is read only when the cached head says the ring is full.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import platform
+import struct
+import sys
+import tempfile
+import time
+import weakref
+from typing import Any, Final
+
+from kvshm._encode import Prepared, check_seq_dp, prepare_cleared, prepare_removed, prepare_stored
+
+__all__ = [
+    "RingError",
+    "RingClosedError",
+    "RingForkedError",
+    "RingLockedError",
+    "RingPlatformError",
+    "RingSpaceError",
+    "RingWriter",
+    "default_dir",
+]
+
+# Wire format: never change without bumping VERSION (mirrors shm/layout.go).
+MAGIC: Final = b"KVSHMRG\x00"
+VERSION: Final = 1
+HEADER_SIZE: Final = 4096
+OFF_STATE: Final = 0x048  # u32
+OFF_TAIL: Final = 0x080  # u64, producer: the commit word
+OFF_HEAD: Final = 0x100  # u64, consumer
+OFF_DROPPED_EVENTS: Final = 0x180
+OFF_DROPPED_BYTES: Final = 0x188
+OFF_LOSS_FIRST: Final = 0x190
+OFF_LOSS_LAST: Final = 0x198
+OFF_LOSS_PENDING: Final = 0x1A0
+OFF_HEARTBEAT: Final = 0x200
+STATE_INIT: Final = 0
+STATE_READY: Final = 1
+STATE_CLOSED: Final = 2
+TYPE_EVENT: Final = 1
+TYPE_LOSS: Final = 2
+TYPE_PADDING: Final = 0xFFFFFFFF
+RECORD_HEADER: Final = 8
+LOSS_RECORD: Final = RECORD_HEADER + 24
+MIN_CAPACITY: Final = 64 << 10
+MAX_CAPACITY: Final = 4 << 30
+# Static header fields 0x000..0x048: magic, version, header_size, capacity, max_record, flags, pid, reserved,
+# producer_start_time, epoch, worker_id, kv_block_size, max_buffer_size.
+_HEADER: Final = struct.Struct("<8sIIQIIIIQQQII")
+_RECORD_HEADER: Final = struct.Struct("<II")
+_LOSS: Final = struct.Struct("<IIQQQ")
+
+_U32: Final = (1 << 32) - 1
+_U64: Final = (1 << 64) - 1
+
+
+class RingError(Exception):
+    """Base of the errors RingWriter raises."""
+
+
+class RingPlatformError(RingError):
+    """The machine is not x86-64: a plain 8-byte store from Python is not a release there."""
+
+
+class RingLockedError(RingError):
+    """Another producer holds the ring file's lock."""
+
+
+class RingSpaceError(RingError):
+    """The file system cannot hold the whole ring (e.g. /dev/shm is full)."""
+
+
+class RingForkedError(RingError):
+    """The writer was created by another process (this is a forked child)."""
+
+
+class RingClosedError(RingError):
+    """The writer has been closed."""
+
+
+def default_dir() -> str:
+    """``$KVSHM_RING_DIR`` if set, else /dev/shm if it is a directory, else the temp directory."""
+    d = os.environ.get("KVSHM_RING_DIR")
+    if d:
+        return d
+    if os.path.isdir("/dev/shm"):
+        return "/dev/shm"
+    return tempfile.gettempdir()
+
+
+def check_platform() -> None:
+    """Raises RingPlatformError unless this is a 64-bit little-endian x86-64 CPython (whose memoryview item store
+    is one aligned 8-byte memcpy, i.e. one mov)."""
+    machine = platform.machine().lower()
+    if (machine not in ("x86_64", "amd64") or sys.byteorder != "little" or struct.calcsize("P") != 8
+            or sys.implementation.name != "cpython"):
+        raise RingPlatformError(
+            f"kvshm: the pure-Python ring writer needs 64-bit CPython on x86-64, this is "
+            f"{sys.implementation.name} on {platform.machine() or 'unknown'} ({struct.calcsize('P') * 8}-bit, "
+            f"{sys.byteorder}-endian): it publishes records with a plain 8-byte "
+            "store, which is a release only under x86-TSO; on other CPUs the reader could see the tail before the "
+            "record bytes"
+        )
+
+
+def _start_time() -> int:
+    """Field 22 of /proc/self/stat (clock ticks since boot); 0 where /proc is missing."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return 0
+    fields = raw[raw.rindex(b")") + 1 :].split()
+    return int(fields[19])
+
+
+# Live writers, marked in a forked child by the at-fork hook (cheaper than os.getpid(), a syscall, per publish).
+_WRITERS: weakref.WeakSet[RingWriter] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for w in list(_WRITERS):
+        w._forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class RingWriter:
+    """The producer of one ring file. Never blocks; one thread at a time. See the module docstring."""
+
+    # Hot fields first; all are owned by the producer thread.
+    __slots__ = (
+        "_mm", "_q", "_cap", "_mask", "_max_record", "_tail", "_head_cache", "_forked", "_closed",
+        "_loss_pending", "_loss_first", "_loss_last", "_loss_count", "_dropped_events", "_dropped_bytes",
+        "_too_large", "_published", "_fd", "_pid", "path", "epoch", "worker_id", "kv_block_size",
+        "max_buffer_size", "__weakref__",
+    )
+    _mm: mmap.mmap
+    _q: memoryview  # the whole mapping as u64 words: the tail store, head load and counters
+    _cap: int
+    _mask: int
+    _max_record: int
+    _tail: int  # last published tail
+    _head_cache: int  # last head loaded; re-read only when it says the ring is full
+    _forked: bool  # set in a forked child by the at-fork hook
+    _closed: bool
+    _loss_pending: bool
+    _loss_first: int
+    _loss_last: int
+    _loss_count: int  # events dropped since the last LOSS record
+    _dropped_events: int
+    _dropped_bytes: int
+    _too_large: int
+    _published: int
+    _fd: int  # holds the flock
+    _pid: int  # creating process
+    path: str
+    epoch: int
+    worker_id: int
+    kv_block_size: int
+    max_buffer_size: int
+
+    def __init__(self) -> None:  # use RingWriter.create
+        raise TypeError("use RingWriter.create(...)")
+
+    @classmethod
+    def create(
+        cls,
+        dir: str | None,
+        worker_id: int,
+        kv_block_size: int,
+        max_buffer_size: int,
+        capacity: int,
+        mode: int = 0o600,
+        *,
+        max_record: int | None = None,
+        name: str | None = None,
+    ) -> RingWriter:
+        """Creates, preallocates, locks and maps a new ring file and returns its writer.
+
+        ``capacity`` is the data area size (a power of two in [64 KiB, 4 GiB]); ``max_record`` (bytes including the
+        8-byte record header, a multiple of 8 in [32, capacity/8]) defaults to capacity/8; ``name`` defaults to
+        ``kvshm-w<worker_id>-<pid>-<epoch>.ring``. Raises ValueError for invalid arguments, RingPlatformError off
+        x86-64, RingLockedError when a live producer holds an existing file of that name, FileExistsError when a
+        stale file has that name, RingSpaceError when the file system is full, OSError otherwise.
+        """
+        check_platform()
+        for what, v, hi in (("worker_id", worker_id, _U64), ("kv_block_size", kv_block_size, _U32),
+                            ("max_buffer_size", max_buffer_size, _U32), ("capacity", capacity, MAX_CAPACITY)):
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TypeError(f"kvshm: {what} must be an int, not {type(v).__name__}")
+            if not 0 <= v <= hi:
+                raise ValueError(f"kvshm: {what} {v} out of range [0, {hi}]")
+        if kv_block_size == 0:
+            raise ValueError("kvshm: kv_block_size must be positive")
+        if capacity < MIN_CAPACITY or capacity & (capacity - 1):
+            raise ValueError(f"kvshm: capacity {capacity} is not a power of two in [{MIN_CAPACITY}, {MAX_CAPACITY}]")
+        if max_record is None:
+            max_record = capacity // 8
+        if not LOSS_RECORD <= max_record <= capacity // 8 or max_record % 8:
+            raise ValueError(f"kvshm: max_record {max_record} is not a multiple of 8 in [{LOSS_RECORD}, capacity/8]")
+        if mode & ~0o777:
+            raise ValueError(f"kvshm: mode {mode:#o} has bits other than permissions")
+        epoch = time.time_ns() or 1
+        pid = os.getpid()
+        if dir is None:
+            dir = default_dir()
+        path = os.path.join(dir, name or f"kvshm-w{worker_id}-{pid}-{epoch}.ring")
+        size = HEADER_SIZE + capacity
+
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+        except FileExistsError:
+            _raise_existing(path)
+            raise
+        try:
+            os.fchmod(fd, mode)  # exactly mode, whatever the umask
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RingLockedError(f"kvshm: ring {path} is locked by another producer") from None
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as e:
+                if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise RingSpaceError(f"kvshm: no space for a {size}-byte ring in {dir}: {e}") from None
+                raise
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        # The file is fresh (fallocate zero-fills): tail, head, the counters and the state (INIT) are 0.
+        _HEADER.pack_into(mm, 0, MAGIC, VERSION, HEADER_SIZE, capacity, max_record, 0, pid, 0, _start_time(), epoch,
+                          worker_id, kv_block_size, max_buffer_size)
+        w = object.__new__(cls)
+        w._mm = mm
+        w._q = memoryview(mm).cast("Q")
+        w._cap = capacity
+        w._mask = capacity - 1
+        w._max_record = max_record
+        w._tail = 0
+        w._head_cache = 0
+        w._forked = False
+        w._closed = False
+        w._loss_pending = False
+        w._loss_first = w._loss_last = w._loss_count = 0
+        w._dropped_events = w._dropped_bytes = w._too_large = w._published = 0
+        w._fd = fd
+        w._pid = pid
+        w.path = path
+        w.epoch = epoch
+        w.worker_id = worker_id
+        w.kv_block_size = kv_block_size
+        w.max_buffer_size = max_buffer_size
+        w._store_state(STATE_READY)  # release: after every header byte above
+        _WRITERS.add(w)
+        return w
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Publishing
+
+    def publish_stored(
+        self,
+        seq: int,
+        token_ids: Any,
+        block_hashes: Any,
+        parent_hash: int | None,
+        dp_rank: int,
+        lora_name: str | None,
+        is_eagle: bool,
+    ) -> bool:
+        """Publishes a Stored event (token ids and hashes as lists or any iterables of ints). Never blocks;
+        returns False when the event was dropped (ring full or record too large; counted)."""
+        if self._forked or self._closed:
+            self._refuse()
+        p = prepare_stored(seq, token_ids, block_hashes, parent_hash, dp_rank, lora_name, is_eagle)
+        # The body of _publish, inlined: this is the engine's hottest call (one Python frame less).
+        if self._loss_pending:
+            return self._publish_after_loss(p)
+        size = p[0]
+        rec = (size + 15) & ~7
+        if rec > self._max_record:
+            self._drop(p, True)
+            return False
+        tail = self._tail
+        cap = self._cap
+        idx = tail & self._mask
+        pad = cap - idx if rec > cap - idx else 0
+        end = tail + pad + rec
+        if end - self._head_cache > cap and not self._refresh_head(end):
+            self._drop(p, False)
+            return False
+        mm = self._mm
+        if pad:
+            _RECORD_HEADER.pack_into(mm, HEADER_SIZE + idx, pad, TYPE_PADDING)
+            idx = 0
+        p[1](mm, HEADER_SIZE + idx, p)
+        self._q[16] = end  # Release (x86-TSO): publishes the bytes written above.
+        self._tail = end
+        self._published += 1
+        return True
+
+    def publish_removed(self, seq: int, block_hashes: Any, dp_rank: int) -> bool:
+        """Publishes a Removed event. Never blocks; returns False when it was dropped (counted)."""
+        if self._forked or self._closed:
+            self._refuse()
+        return self._publish(prepare_removed(seq, block_hashes, dp_rank))
+
+    def publish_cleared(self, seq: int, dp_rank: int) -> bool:
+        """Publishes a Cleared event. Never blocks; returns False when it was dropped (counted)."""
+        if self._forked or self._closed:
+            self._refuse()
+        return self._publish(prepare_cleared(seq, dp_rank))
+
+    def _publish(self, p: Prepared) -> bool:
+        """Writes the prepared event at the tail and publishes it with one tail store, or counts the drop."""
+        if self._loss_pending:
+            return self._publish_after_loss(p)
+        size = p[0]
+        rec = (size + 15) & ~7  # align8(8 + size)
+        if rec > self._max_record:
+            self._drop(p, True)
+            return False
+        tail = self._tail
+        cap = self._cap
+        idx = tail & self._mask
+        pad = cap - idx if rec > cap - idx else 0
+        end = tail + pad + rec
+        if end - self._head_cache > cap and not self._refresh_head(end):
+            self._drop(p, False)
+            return False
+        mm = self._mm
+        if pad:
+            _RECORD_HEADER.pack_into(mm, HEADER_SIZE + idx, pad, TYPE_PADDING)
+            idx = 0
+        p[1](mm, HEADER_SIZE + idx, p)  # payload and record header
+        self._q[16] = end  # OFF_TAIL / 8. Release (x86-TSO): publishes the bytes written above.
+        self._tail = end
+        self._published += 1
+        return True
+
+    def _refresh_head(self, end: int) -> bool:
+        """Loads the consumer's head (acquire on x86) and says whether ``end`` fits. A head no correct consumer
+        stores (ahead of the tail, misaligned, moving back) is treated as a full ring, never trusted."""
+        head = self._q[32]  # OFF_HEAD / 8
+        if head > self._tail or head & 7 or head < self._head_cache:
+            return False
+        self._head_cache = head
+        return end - head <= self._cap
+
+    def _reserve(self, tail: int, length: int) -> tuple[int, int] | None:
+        """Room for a record of ``length`` bytes staged at ``tail``: (index, end position) with a padding record
+        written when the record would cross the end, or None when it does not fit."""
+        rec = (length + 7) & ~7
+        idx = tail & self._mask
+        pad = self._cap - idx if rec > self._cap - idx else 0
+        end = tail + pad + rec
+        if end - self._head_cache > self._cap and not self._refresh_head(end):
+            return None
+        if pad:
+            _RECORD_HEADER.pack_into(self._mm, HEADER_SIZE + idx, pad, TYPE_PADDING)
+            idx = 0
+        return idx, end
+
+    def _publish_after_loss(self, p: Prepared) -> bool:
+        """Stages a LOSS record for the pending drops, then the event, and publishes both with one tail store;
+        when the event does not fit, neither is published (the LOSS record is retried with the next event)."""
+        size = p[0]
+        if size + RECORD_HEADER > self._max_record:
+            self._drop(p, True)
+            return False
+        r = self._reserve(self._tail, LOSS_RECORD)
+        if r is None:
+            self._drop(p, False)
+            return False
+        idx, end = r
+        r = self._reserve(end, RECORD_HEADER + size)
+        if r is None:
+            self._drop(p, False)
+            return False
+        _LOSS.pack_into(self._mm, HEADER_SIZE + idx, LOSS_RECORD, TYPE_LOSS, self._loss_first, self._loss_last,
+                        self._loss_count)
+        idx, end = r
+        p[1](self._mm, HEADER_SIZE + idx, p)
+        q = self._q
+        q[16] = end  # Release: publishes the LOSS record and the event.
+        self._tail = end
+        self._published += 1
+        # After the tail store: the LOSS record in the stream is authoritative, the header fields are gauges.
+        self._loss_pending = False
+        self._loss_count = 0
+        q[OFF_LOSS_PENDING >> 3] = 0
+        return True
+
+    def _drop(self, p: Prepared, too_large: bool) -> None:
+        """Counts one dropped event (its payload bytes) and extends the pending loss range. The event's seq and
+        dp_rank are validated first (the writer's pack would have checked them), so a bad call changes nothing."""
+        check_seq_dp(p[3], p[4])
+        seq = p[3]
+        size = p[0]
+        q = self._q
+        self._dropped_events += 1
+        self._dropped_bytes += size
+        self._loss_count += 1
+        if too_large:
+            self._too_large += 1
+        if not self._loss_pending:
+            self._loss_first = seq
+            q[OFF_LOSS_FIRST >> 3] = seq
+        self._loss_last = seq
+        q[OFF_LOSS_LAST >> 3] = seq
+        q[OFF_DROPPED_EVENTS >> 3] = self._dropped_events
+        q[OFF_DROPPED_BYTES >> 3] = self._dropped_bytes
+        if not self._loss_pending:
+            self._loss_pending = True
+            q[OFF_LOSS_PENDING >> 3] = 1  # after loss_first_seq and loss_last_seq
+
+    def _refuse(self) -> None:
+        if self._closed:
+            raise RingClosedError(f"kvshm: ring writer for {self.path} is closed")
+        raise RingForkedError(
+            f"kvshm: ring {self.path} belongs to process {self._pid}; this is a forked child (pid {os.getpid()}), "
+            "which must not write into its parent's ring: create a new LocalIndexer in the child"
+        )
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Life cycle and statistics
+
+    def _check_owner(self) -> None:
+        if self._forked or os.getpid() != self._pid:
+            self._forked = True
+            self._refuse()
+
+    def _store_state(self, state: int) -> None:
+        words = memoryview(self._mm).cast("I")
+        try:
+            words[OFF_STATE >> 2] = state  # one aligned 4-byte store; release on x86
+        finally:
+            words.release()
+
+    def stats(self) -> dict[str, Any]:
+        """A snapshot of the ring: positions, usage and drop counters (head and heartbeat are the consumer's)."""
+        if self._closed:
+            self._refuse()
+        self._check_owner()
+        q = self._q
+        head = q[OFF_HEAD >> 3]
+        return {
+            "path": self.path,
+            "epoch": self.epoch,
+            "capacity": self._cap,
+            "max_record": self._max_record,
+            "head": head,
+            "tail": self._tail,
+            "used": self._tail - head if head <= self._tail else 0,
+            "published_events": self._published,
+            "dropped_events": self._dropped_events,
+            "dropped_bytes": self._dropped_bytes,
+            "dropped_too_large": self._too_large,
+            "loss_pending": self._loss_pending,
+            "loss_first_seq": self._loss_first if self._loss_pending else None,
+            "loss_last_seq": self._loss_last if self._loss_pending else None,
+            "consumer_heartbeat_ns": q[OFF_HEARTBEAT >> 3],
+        }
+
+    def close(self) -> None:
+        """Stores state CLOSED (after the last tail store), unmaps and releases the lock. The file stays for the
+        reader; see unlink. Idempotent. In a forked child it only drops the child's copy of the mapping."""
+        if self._closed:
+            return
+        self._closed = True
+        _WRITERS.discard(self)
+        owner = not self._forked and os.getpid() == self._pid
+        if owner:
+            self._store_state(STATE_CLOSED)
+        self._q.release()  # mmap.close() refuses while a memoryview is exported
+        self._mm.close()
+        os.close(self._fd)  # releases the flock (in a child: only the child's descriptor)
+
+    def unlink(self) -> None:
+        """Removes the ring file (call after the daemon detached it). A missing file is not an error."""
+        if self._forked or os.getpid() != self._pid:
+            self._forked = True
+            self._refuse()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> RingWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<RingWriter {self.path} capacity={self._cap} tail={self._tail}{' closed' if self._closed else ''}>"
+
+
+def _raise_existing(path: str) -> None:
+    """For an existing file: RingLockedError when a producer holds it (else the caller re-raises FileExistsError)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise RingLockedError(f"kvshm: ring {path} is locked by another producer") from None
+    finally:
+        os.close(fd)
