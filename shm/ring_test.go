@@ -204,8 +204,8 @@ func TestWriterModel(t *testing.T) {
 	const capacity = 64 << 10
 	w, r, _ := newTestRing(t, Options{Capacity: capacity, MaxRecord: 4096})
 	var staged, published [][]byte // model: payloads staged / published but unread
-	var head, tail uint64           // model positions (head = released, tail = staged)
-	var readEnd uint64              // end of the records handed out by Next, not yet released
+	var head, tail uint64          // model positions (head = released, tail = staged)
+	var readEnd uint64             // end of the records handed out by Next, not yet released
 	steps := 20000
 	if testing.Short() {
 		steps = 2000
