@@ -290,6 +290,11 @@ func (p *producer) publish(ev fbs.EventSpec) error {
 	if err := p.w.WriteEvent(ev.Seq, payload); err != nil {
 		return err
 	}
+	p.applyOracle(ev)
+	return nil
+}
+
+func (p *producer) applyOracle(ev fbs.EventSpec) {
 	switch ev.Kind {
 	case fbs.KindStored:
 		_, _ = p.oracle.ApplyStoredTokens(ev.Seq, ev.DpRank, ev.HasParent, ev.ParentHash, le64(ev.BlockHashes), le32(ev.TokenIDs), []byte(ev.LoraName), ev.IsEagle)
@@ -298,7 +303,6 @@ func (p *producer) publish(ev fbs.EventSpec) error {
 	case fbs.KindCleared:
 		_, _ = p.oracle.Apply(&index.Event{ID: ev.Seq, DpRank: ev.DpRank, Kind: index.KindCleared})
 	}
-	return nil
 }
 
 func (p *producer) mustPublish(ev fbs.EventSpec) {
