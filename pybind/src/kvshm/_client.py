@@ -190,8 +190,10 @@ class Client:
         try:
             value = json.loads(raw)
         except ValueError as e:
+            self.close()  # a daemon that breaks the protocol once is not trusted with this stream again
             raise FrameError(f"kvshmd {kind.name.lower()}: reply is not JSON: {e}") from e
         if not isinstance(value, dict):
+            self.close()
             raise FrameError(f"kvshmd {kind.name.lower()}: reply is not a JSON object")
         return value
 

@@ -1,0 +1,347 @@
+"""Daemon deaths and restarts, interpreter exit, fork, shared daemons, launcher failures.
+
+Real kvshmd processes killed with real signals. Waits are liveness bounds (a test that would hang fails instead),
+never performance assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import IndexerFactory
+from helpers import SharedDaemon, daemon_stream, event_ids, pid_gone, query, toks, variant, wait_for
+
+import kvshm._launcher
+from kvshm import ForkedProcessError, LauncherError, LocalIndexer
+from kvshm._client import Client
+from kvshm._launcher import PrivateDaemon, find_kvshmd
+
+
+def publish_stream(ix: LocalIndexer, first: int, n: int, stop: threading.Event | None = None) -> int:
+    """Stores with parents (a chain per 10 events), every 7th a remove; returns the next seq."""
+    seq = first
+    for i in range(n):
+        if stop is not None and stop.is_set():
+            break
+        if seq % 7 == 6:
+            ix.apply_removed(seq, [seq * 10 - 10])
+        else:
+            parent = None if seq % 10 == 0 else seq * 10 - 10
+            ix.apply_stored(seq, toks(seq, 4), [seq * 10], parent_hash=parent, dp_rank=seq % 2)
+        seq += 1
+    return seq
+
+
+def test_private_daemon_sigkill_midstream(make_indexer: IndexerFactory) -> None:
+    ix = make_indexer(worker_id=2, kv_block_size=4, ring_bytes=4 << 20)
+    seq = publish_stream(ix, 0, 50)
+    assert variant(query(ix)) == "TreeDump"
+    old_pid = ix.stats()["daemon_pid"]
+
+    # A publisher thread keeps going while the daemon is killed; queries in the meantime never raise.
+    stop = threading.Event()
+    result: dict[str, Any] = {}
+
+    def publisher() -> None:
+        try:
+            result["next"] = publish_stream(ix, seq, 20000, stop)
+        except BaseException as e:  # noqa: BLE001 - asserted below
+            result["error"] = e
+
+    th = threading.Thread(target=publisher)
+    th.start()
+    os.kill(old_pid, signal.SIGKILL)
+    answers = []
+    deadline = time.monotonic() + 30
+    while not (ix.stats()["attached"] and ix.stats()["daemon_pid"] != old_pid):
+        answers.append(json.loads(ix.get_events_json()))  # must not raise, must be JSON
+        assert time.monotonic() < deadline, "the private daemon was not restarted"
+        time.sleep(0.005)
+    stop.set()
+    th.join(60)
+    assert not th.is_alive(), "the publisher hung"
+    assert "error" not in result, result.get("error")
+    for a in answers:
+        assert variant(a) in ("Error", "TreeDump"), a
+        if variant(a) == "Error":
+            assert a["Error"].startswith("kvshm:")
+    st = ix.stats()
+    assert st["daemon_restarts"] == 1 and st["attaches"] == 2 and pid_gone(old_pid)
+
+    # After recovery: the new daemon resumed the ring but lost the history before it: a dump is refused.
+    nxt = result["next"]
+    ix.apply_stored(nxt, toks(0, 4), [1])
+    resp = query(ix)
+    assert variant(resp) == "Error" and resp["Error"].startswith("kvshm:"), resp
+    # A Cleared re-bases the state: answers are complete again.
+    ix.apply_cleared(nxt + 1)
+    ix.apply_stored(nxt + 2, toks(90000, 4), [42])
+    ix.apply_stored(nxt + 3, toks(90004, 4), [43], parent_hash=42)
+    ix.apply_stored(nxt + 4, toks(90000, 4), [44], dp_rank=1)
+    resp = query(ix)
+    assert variant(resp) == "TreeDump" and resp["TreeDump"]["last_event_id"] == nxt + 4
+    got = {(e["event"]["dp_rank"], e["event"]["data"]["stored"]["parent_hash"],
+            e["event"]["data"]["stored"]["blocks"][0]["block_hash"]) for e in resp["TreeDump"]["events"]}
+    assert got == {(0, None, 42), (0, 42, 43), (1, None, 42)}  # dp 1 shares dp 0's node (same tokens)
+    assert event_ids(query(ix, nxt + 1)) == [nxt + 1, nxt + 2, nxt + 3, nxt + 4]
+
+
+def test_private_daemon_killed_while_idle_is_restarted(make_indexer: IndexerFactory) -> None:
+    ix = make_indexer(worker_id=3)
+    ix.apply_stored(0, toks(0, 4), [1])
+    assert event_ids(query(ix, 0)) == [0]  # the daemon consumed the event (and persisted its head)
+    assert ix.stats()["ring"]["head"] > 0
+    pid = ix.stats()["daemon_pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: ix.stats()["attached"] and ix.stats()["daemon_pid"] != pid, "the restart")
+    # History before the restart is gone: the answer says so instead of dumping a partial tree.
+    assert variant(query(ix)) == "Error"
+    ix.apply_cleared(1)
+    assert query(ix) == {"TreeDump": {"events": [], "last_event_id": 1}}
+
+
+def test_shared_daemon_via_env(shared_daemon: SharedDaemon, ring_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVSHM_SOCKET", shared_daemon.socket_path)
+    a = LocalIndexer(100, 4, ring_dir=ring_dir, ring_bytes=1 << 20)
+    b = LocalIndexer(200, 2, ring_dir=ring_dir, ring_bytes=1 << 20)
+    try:
+        for ix in (a, b):
+            st = ix.stats()
+            assert st["mode"] == "shared" and st["socket_path"] == shared_daemon.socket_path and st["attached"]
+            assert st["daemon_pid"] is None
+        a.apply_stored(0, toks(0, 4), [1])
+        b.apply_stored(5, toks(0, 2), [2])
+        b.apply_cleared(6)
+        assert event_ids(query(a, 0)) == [0]
+        assert event_ids(query(b, 5)) == [5, 6]
+        assert query(a, 0)["Events"]["events"][0]["worker_id"] == 100
+        with Client(shared_daemon.socket_path) as c:
+            assert c.health()["streams"] == 2
+    finally:
+        a.shutdown()
+    # DETACH: the shared daemon keeps the worker's index queryable after the producer left; the ring file is gone.
+    with Client(shared_daemon.socket_path) as c:
+        kept = json.loads(c.events(100, 0, None))
+    assert event_ids(kept) == [0]
+    assert not os.path.exists(a.stats()["ring_path"])
+    assert shared_daemon.proc is not None and shared_daemon.proc.poll() is None
+    b.apply_stored(7, toks(2, 2), [3])
+    assert event_ids(query(b, 7)) == [7]
+    b.shutdown()
+    assert list(ring_dir.iterdir()) == []
+
+
+def test_shared_daemon_socket_argument_wins(shared_daemon: SharedDaemon, make_indexer: IndexerFactory,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVSHM_SOCKET", "/nonexistent/kvshmd.sock")
+    ix = make_indexer(worker_id=1, socket_path=Path(shared_daemon.socket_path))
+    assert ix.stats()["attached"] and ix.stats()["socket_path"] == shared_daemon.socket_path
+
+
+def test_shared_daemon_started_later_loses_nothing(shared_socket: SharedDaemon, make_indexer: IndexerFactory) -> None:
+    ix = make_indexer(worker_id=11, socket_path=shared_socket.socket_path)
+    assert not ix.stats()["attached"]
+    ix.apply_stored(0, toks(0, 4), [1])
+    ix.apply_stored(1, toks(4, 4), [2], parent_hash=1)
+    resp = query(ix, 0)
+    assert variant(resp) == "Error" and "kvshmd is unavailable" in resp["Error"]
+    assert ix.stats()["published_while_detached"] == 2
+    shared_socket.start()
+    wait_for(lambda: ix.stats()["attached"], "the client to attach to the late daemon")
+    # The ring kept every event: the daemon's history is complete (head was 0).
+    assert event_ids(query(ix, 0)) == [0, 1]
+    assert variant(query(ix)) == "TreeDump"
+
+
+def test_shared_daemon_killed_and_restarted(shared_daemon: SharedDaemon, make_indexer: IndexerFactory) -> None:
+    ix = make_indexer(worker_id=12, socket_path=shared_daemon.socket_path)
+    seq = publish_stream(ix, 0, 30)
+    assert variant(query(ix)) == "TreeDump"
+    shared_daemon.kill()
+    wait_for(lambda: not ix.stats()["attached"], "the client to notice the dead daemon")
+    # Nobody restarts a shared daemon for us: answers are the JSON Error variant, publishing goes on.
+    resp = query(ix, 0)
+    assert variant(resp) == "Error" and resp["Error"].startswith("kvshm: kvshmd is unavailable"), resp
+    seq = publish_stream(ix, seq, 30)
+    assert ix.stats()["dropped_events"] == 0 and ix.stats()["published_while_detached"] >= 30
+    shared_daemon.start()
+    wait_for(lambda: ix.stats()["attached"], "the client to reattach by itself")
+    assert ix.stats()["attaches"] == 2
+    resp = query(ix)
+    assert variant(resp) == "Error", resp  # the restarted daemon resumed at a non-zero head: history unknown
+    stream = daemon_stream(shared_daemon.socket_path, 12)
+    assert stream["events_received"] == 30  # the events published while it was down were kept in the ring
+    ix.apply_cleared(seq)
+    assert query(ix) == {"TreeDump": {"events": [], "last_event_id": seq}}
+
+
+EXIT_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from kvshm import LocalIndexer
+    ix = LocalIndexer(1, 4, ring_dir=sys.argv[1], ring_bytes=1 << 20)
+    ix.apply_stored(0, list(range(4)), [1])
+    assert '"Events"' in ix.get_events_json(0)
+    st = ix.stats()
+    print(json.dumps({"pid": st["daemon_pid"], "socket": st["socket_path"], "ring": st["ring_path"]}), flush=True)
+    ENDING
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "ending",
+    [
+        "pass  # falls off the end",
+        "sys.exit(3)",
+        "raise RuntimeError('engine crashed')",
+        "del ix; import gc; gc.collect(); print('collected', flush=True)",
+    ],
+)
+def test_interpreter_exit_without_shutdown_leaves_nothing(ring_dir: Path, ending: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT.replace("ENDING", ending), str(ring_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    info = json.loads(proc.stdout.splitlines()[0])
+    assert pid_gone(info["pid"]), "the private kvshmd outlived the interpreter"
+    assert not os.path.exists(info["socket"]) and not os.path.exists(os.path.dirname(info["socket"]))
+    assert not os.path.exists(info["ring"]) and list(ring_dir.iterdir()) == []
+    assert "Traceback" not in proc.stderr or "engine crashed" in proc.stderr, proc.stderr
+
+
+def test_parent_killed_daemon_exits(ring_dir: Path) -> None:
+    """SIGKILL of the engine skips every Python hook: the private daemon notices (--parent-pid) and exits."""
+    script = EXIT_SCRIPT.replace("ENDING", "import time; time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(ring_dir)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    info = json.loads(proc.stdout.readline())
+    proc.kill()
+    proc.wait()
+    wait_for(lambda: pid_gone(info["pid"]), "the orphaned daemon to exit")
+    # The ring file cannot be removed by a process that was SIGKILLed; it is the only leftover (documented).
+    for leftover in ring_dir.iterdir():
+        leftover.unlink()
+
+
+def test_forked_child_gets_a_clear_error(make_indexer: IndexerFactory) -> None:
+    ix = make_indexer(worker_id=6)
+    ix.apply_stored(0, toks(0, 4), [1])
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what each call did, then leave without running any exit hook
+        os.close(r)
+        report = {}
+        for name, call in (
+            ("apply_stored", lambda: ix.apply_stored(1, toks(0, 4), [2])),
+            ("apply_removed", lambda: ix.apply_removed(1, [1])),
+            ("apply_cleared", lambda: ix.apply_cleared(1)),
+            ("get_events_json", lambda: ix.get_events_json()),
+            ("stats", lambda: ix.stats()),
+            ("shutdown", lambda: ix.shutdown()),
+        ):
+            try:
+                call()
+                report[name] = "no error"
+            except ForkedProcessError as e:
+                report[name] = str(e)
+            except BaseException as e:  # noqa: BLE001 - reported to the parent
+                report[name] = f"wrong error {type(e).__name__}: {e}"
+        os.write(w, json.dumps(report).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        report = json.loads(f.read())
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    for name, message in report.items():
+        assert "forked child" in message and f"pid {pid}" in message, (name, message)
+    # The parent is unaffected: same daemon, same ring, nothing published by the child.
+    assert ix.stats()["attached"] and ix.stats()["published_events"] == 1
+    ix.apply_cleared(1)
+    assert event_ids(query(ix, 0)) == [0, 1]
+
+
+def test_forked_child_normal_exit_does_not_tear_down_the_parent(make_indexer: IndexerFactory) -> None:
+    """A child that exits through the interpreter (running exit hooks) must not stop the parent's daemon."""
+    ix = make_indexer(worker_id=6)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ix.apply_cleared(0)
+        except ForkedProcessError:
+            pass
+        # What interpreter exit runs in the child: the finalizer, which must see it is not the owner.
+        ix._finalizer()  # noqa: SLF001 - the exit hook itself
+        os._exit(0)
+    os.waitpid(pid, 0)
+    st = ix.stats()
+    assert st["attached"] and not pid_gone(st["daemon_pid"]) and os.path.exists(st["ring_path"])
+    ix.apply_cleared(0)
+    assert event_ids(query(ix, 0)) == [0]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Launcher
+
+
+def write_script(path: Path, body: str) -> str:
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_find_kvshmd_order(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = write_script(short_dir / "kvshmd", "exit 0")
+    monkeypatch.setenv("KVSHMD_BIN", fake)
+    assert find_kvshmd() == fake
+    monkeypatch.delenv("KVSHMD_BIN")
+    packaged = kvshm._launcher.packaged_kvshmd()
+    assert find_kvshmd() == str(packaged)  # the wheel ships it
+    monkeypatch.setattr(kvshm._launcher, "packaged_kvshmd", lambda: short_dir / "missing")
+    monkeypatch.setenv("PATH", str(short_dir))
+    assert find_kvshmd() == fake
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(LauncherError, match="cannot find kvshmd"):
+        find_kvshmd()
+    monkeypatch.setenv("KVSHMD_BIN", str(short_dir / "nope"))
+    with pytest.raises(LauncherError, match="KVSHMD_BIN"):
+        find_kvshmd()
+
+
+def test_daemon_that_fails_reports_its_output(short_dir: Path, ring_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVSHMD_BIN", write_script(short_dir / "bad", "echo 'kvshmd: boom: cannot listen' >&2; exit 3"))
+    with pytest.raises(LauncherError, match=r"(?s)status 3.*boom: cannot listen"):
+        LocalIndexer(0, 4, ring_dir=ring_dir, ring_bytes=1 << 20)
+    assert list(ring_dir.iterdir()) == []
+
+
+def test_daemon_that_never_answers_times_out(short_dir: Path) -> None:
+    d = PrivateDaemon(write_script(short_dir / "mute", "echo starting >&2; exec sleep 60"), ready_timeout=0.3)
+    with pytest.raises(LauncherError, match=r"(?s)did not answer HEALTH.*starting"):
+        d.start()
+    assert d.pid is None  # killed and reaped
+    d.stop()
+    assert not os.path.exists(d.dir)
+
+
+def test_private_daemon_directory_is_private(make_indexer: IndexerFactory) -> None:
+    ix = make_indexer()
+    sock = ix.stats()["socket_path"]
+    assert os.stat(os.path.dirname(sock)).st_mode & 0o777 == 0o700
+    assert os.stat(ix.stats()["ring_path"]).st_mode & 0o777 == 0o600
+    with open(f"/proc/{ix.stats()['daemon_pid']}/cmdline", "rb") as f:
+        argv = f.read().split(b"\0")
+    assert argv[1:6] == [b"serve", b"--socket", sock.encode(), b"--parent-pid", str(os.getpid()).encode()]

@@ -1,0 +1,64 @@
+"""What the wheel must deliver: the installed package (not the source tree), a static kvshmd, typing markers."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import struct
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+
+import kv_local_indexer
+import kvshm
+from kvshm._launcher import packaged_kvshmd
+
+INSTALLED = os.environ.get("KVSHM_TEST_INSTALLED") == "1"
+PT_INTERP = 3
+PT_DYNAMIC = 2
+
+
+@pytest.mark.skipif(not INSTALLED, reason="set by `make pytest`, which runs the suite against the installed wheel")
+def test_tests_import_the_installed_wheel() -> None:
+    src = REPO / "pybind" / "src"
+    for module in (kvshm, kv_local_indexer):
+        assert module.__file__ is not None
+        path = Path(module.__file__).resolve()
+        assert src not in path.parents, f"{module.__name__} imported from the source tree: {path}"
+        assert "site-packages" in path.parts
+    dist = importlib.metadata.distribution("kvshm")
+    assert dist.version == kvshm.__version__
+    assert any(str(f).endswith("_bin/kvshmd") for f in dist.files or [])
+
+
+def program_header_types(path: Path) -> list[int]:
+    """ELF64 little-endian program header types of ``path``."""
+    data = path.read_bytes()
+    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, "not an ELF64 little-endian file"
+    (machine,) = struct.unpack_from("<H", data, 18)
+    assert machine == 62, f"e_machine {machine} is not x86-64"
+    phoff, = struct.unpack_from("<Q", data, 32)
+    phentsize, phnum = struct.unpack_from("<HH", data, 54)
+    return [struct.unpack_from("<I", data, phoff + i * phentsize)[0] for i in range(phnum)]
+
+
+def test_packaged_kvshmd_is_a_static_x86_64_executable() -> None:
+    binary = packaged_kvshmd()
+    if not binary.exists():
+        pytest.skip("source checkout without `make wheel`: no packaged kvshmd")
+    assert os.access(binary, os.X_OK)
+    types = program_header_types(binary)
+    assert PT_INTERP not in types and PT_DYNAMIC not in types, "kvshmd is dynamically linked"
+
+
+def test_typed_package_and_public_api() -> None:
+    assert Path(kvshm.__file__ or "").with_name("py.typed").exists()
+    assert Path(kv_local_indexer.__file__ or "").with_name("py.typed").exists()
+    assert set(kvshm.__all__) == {
+        "ClosedError", "ForkedProcessError", "KvshmError", "LauncherError", "LocalIndexer", "__version__",
+    }
+    assert kv_local_indexer.__all__ == ["LocalIndexer"]
+    for name in ("ClosedError", "ForkedProcessError", "LauncherError"):
+        assert issubclass(getattr(kvshm, name), kvshm.KvshmError)
+    assert issubclass(kvshm.KvshmError, RuntimeError)
