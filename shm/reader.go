@@ -133,32 +133,45 @@ func (r *Reader) Next() (Record, error) {
 		room := r.capacity - idx // bytes to the end of the data area
 		avail := r.tail - r.pos  // published bytes from the read position
 		if typ == TypePadding {
-			if length != room {
-				return Record{}, corruptf(r.pos, "padding length %d, want %d (the bytes to the end)", length, room)
-			}
-			if length > avail {
-				return Record{}, corruptf(r.pos, "padding of %d bytes runs past the tail (%d bytes published)", length, avail)
+			if length != room || length > avail {
+				return Record{}, r.badRecord(length, typ, room, avail)
 			}
 			r.pos += length
 			continue
 		}
-		switch {
-		case typ != TypeEvent && typ != TypeLoss:
-			return Record{}, corruptf(r.pos, "unknown record type %#x", typ)
-		case length < RecordHeaderSize:
-			return Record{}, corruptf(r.pos, "record length %d is shorter than its header", length)
-		case length > r.maxRecord:
-			return Record{}, corruptf(r.pos, "record length %d exceeds max_record %d", length, r.maxRecord)
-		case align8(length) > room:
-			return Record{}, corruptf(r.pos, "record of %d bytes crosses the end of the data area (%d bytes left)", length, room)
-		case align8(length) > avail:
-			return Record{}, corruptf(r.pos, "record of %d bytes runs past the tail (%d bytes published)", length, avail)
-		case typ == TypeLoss && length != lossRecordSize:
-			return Record{}, corruptf(r.pos, "LOSS record length %d, want %d", length, lossRecordSize)
+		size := align8(length)
+		if (typ != TypeEvent && (typ != TypeLoss || length != lossRecordSize)) ||
+			length < RecordHeaderSize || length > r.maxRecord || size > room || size > avail {
+			return Record{}, r.badRecord(length, typ, room, avail)
 		}
 		rec := Record{Type: typ, Pos: r.pos, Payload: r.data[idx+RecordHeaderSize : idx+length : idx+length]}
-		r.pos += align8(length)
+		r.pos += size
 		return rec, nil
+	}
+}
+
+// badRecord explains why the record header (length, typ) at the read position failed validation in Next. It is
+// kept out of Next so the hot path carries no formatting code.
+//
+//go:noinline
+func (r *Reader) badRecord(length uint64, typ uint32, room, avail uint64) error {
+	switch {
+	case typ == TypePadding && length != room:
+		return corruptf(r.pos, "padding length %d, want %d (the bytes to the end)", length, room)
+	case typ == TypePadding:
+		return corruptf(r.pos, "padding of %d bytes runs past the tail (%d bytes published)", length, avail)
+	case typ != TypeEvent && typ != TypeLoss:
+		return corruptf(r.pos, "unknown record type %#x", typ)
+	case length < RecordHeaderSize:
+		return corruptf(r.pos, "record length %d is shorter than its header", length)
+	case length > r.maxRecord:
+		return corruptf(r.pos, "record length %d exceeds max_record %d", length, r.maxRecord)
+	case align8(length) > room:
+		return corruptf(r.pos, "record of %d bytes crosses the end of the data area (%d bytes left)", length, room)
+	case align8(length) > avail:
+		return corruptf(r.pos, "record of %d bytes runs past the tail (%d bytes published)", length, avail)
+	default:
+		return corruptf(r.pos, "LOSS record length %d, want %d", length, lossRecordSize)
 	}
 }
 
