@@ -25,7 +25,7 @@ from kvshm._client import (
     encode_frame,
 )
 
-Handler = Callable[[socket.socket, bytes], None]
+Handler = Callable[[socket.socket, bytes], object]
 
 
 def read_request(conn: socket.socket) -> bytes:

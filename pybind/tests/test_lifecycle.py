@@ -345,3 +345,28 @@ def test_private_daemon_directory_is_private(make_indexer: IndexerFactory) -> No
     with open(f"/proc/{ix.stats()['daemon_pid']}/cmdline", "rb") as f:
         argv = f.read().split(b"\0")
     assert argv[1:6] == [b"serve", b"--socket", sock.encode(), b"--parent-pid", str(os.getpid()).encode()]
+
+
+def test_missing_daemon_full_ring_is_counted_then_reported(shared_socket: SharedDaemon,
+                                                           make_indexer: IndexerFactory) -> None:
+    """No daemon and a full ring: publishing neither blocks nor raises; the drops are counted; once a daemon
+    attaches it knows exactly which ids were lost and refuses to dump until a Cleared."""
+    ix = make_indexer(worker_id=13, kv_block_size=16, socket_path=shared_socket.socket_path, ring_bytes=64 << 10)
+    seq = 0
+    while ix.stats()["dropped_events"] < 3:
+        ix.apply_stored(seq, toks(seq, 64), [4 * seq + 1, 4 * seq + 2, 4 * seq + 3, 4 * seq + 4])
+        seq += 1
+        assert seq < 10000, "the ring never filled up"
+    st = ix.stats()
+    first_lost = st["ring"]["loss_first_seq"]
+    assert st["dropped_events"] == 3 and st["ring"]["loss_last_seq"] == seq - 1 and first_lost == seq - 3
+    shared_socket.start()
+    wait_for(lambda: ix.stats()["attached"], "the client to attach")
+    wait_for(lambda: ix.stats()["ring"]["used"] == 0, "the daemon to drain the ring")
+    ix.apply_stored(seq, toks(0, 16), [99999])  # carries the LOSS record
+    resp = query(ix)
+    assert variant(resp) == "Error" and f"{first_lost}..{seq - 1}" in resp["Error"], resp
+    assert variant(query(ix, 0)) == "Error"  # an Events suffix across the lost ids cannot be complete
+    assert event_ids(query(ix, seq)) == [seq]  # one that starts after them can
+    ix.apply_cleared(seq + 1)
+    assert query(ix) == {"TreeDump": {"events": [], "last_event_id": seq + 1}}

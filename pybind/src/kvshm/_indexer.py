@@ -69,6 +69,7 @@ _ATTACH_TIMEOUT: Final = 10.0
 _QUERY_TIMEOUT: Final = 120.0  # the global indexer's own recovery deadline (Dynamo fork: 120 s)
 _DETACH_TIMEOUT: Final = 5.0
 _JOIN_TIMEOUT: Final = 5.0
+_IDLE_QUERY_CONNS: Final = 2  # query connections kept open between queries
 _STUCK_ATTACHES: Final = 3  # failed attaches to a live private daemon before it is restarted
 
 
@@ -126,7 +127,7 @@ class _Core:
         self.last_error: str | None = None
         self.detached_since: float | None = time.time()
         self.query_lock = threading.Lock()
-        self.query: Client | None = None  # protected by query_lock
+        self.idle_queries: list[Client] = []  # protected by query_lock; connections for queries, reused
         self.closing = threading.Event()
         self.supervisor: threading.Thread | None = None
         self._wake_r, self._wake_w = os.pipe()
@@ -147,7 +148,6 @@ class _Core:
             except (ClientError, OSError) as e:
                 self.last_error = str(e)
                 log.warning("kvshm: shared kvshmd at %s not reachable yet (%s); will keep trying", self.socket_path, e)
-        self.query = Client(self.socket_path, connect_timeout=2.0, timeout=_QUERY_TIMEOUT)
         self.supervisor = threading.Thread(
             target=self._supervise, name=f"kvshm-supervisor-{self.worker_id}", daemon=True
         )
@@ -248,7 +248,7 @@ class _Core:
         self.attached = False
         # Close our copies of the connections so the parent's connection EOF still reaches the daemon when the
         # parent dies. The sockets are only fds here: no locks are taken (the parent's threads do not exist).
-        for client in (self.attach_conn, self.query):
+        for client in [self.attach_conn, *self.idle_queries]:
             if client is not None:
                 client.close()
 
@@ -272,16 +272,18 @@ class _Core:
             log.warning("kvshm: closing the ring %s: %s", self.ring.path, e)
         if self.shared and self.attached:
             # Let the shared daemon apply everything we published before it forgets the producer.
-            with self.query_lock:
-                if self.query is not None:
-                    try:
-                        self.query.detach(self.worker_id, timeout=_DETACH_TIMEOUT)
-                    except ClientError as e:
-                        log.warning("kvshm: detaching worker %d from kvshmd: %s", self.worker_id, e)
+            client = self.take_query_client()
+            try:
+                client.detach(self.worker_id, timeout=_DETACH_TIMEOUT)
+            except ClientError as e:
+                log.warning("kvshm: detaching worker %d from kvshmd: %s", self.worker_id, e)
+            finally:
+                client.close()
         self.attached = False
         with self.query_lock:
-            if self.query is not None:
-                self.query.close()
+            idle, self.idle_queries = self.idle_queries, []
+        for client in idle:
+            client.close()
         if self.attach_conn is not None:
             self.attach_conn.close()
         if self.daemon is not None:
@@ -318,18 +320,33 @@ class _Core:
     def events_json(self, start: int | None, end: int | None) -> str:
         if not self.attached:
             return self.unavailable(self.last_error or "not attached")
-        with self.query_lock:
-            query = self.query
-            if query is None:
-                return self.unavailable("not connected")
-            try:
-                body = query.events(self.worker_id, start, end)
-            except RemoteError as e:
-                return _error_json(f"kvshm: kvshmd refused the query: {e.code}: {e.message}")
-            except ClientError as e:
-                self.wake()
-                return self.unavailable(str(e))
+        client = self.take_query_client()
+        try:
+            body = client.events(self.worker_id, start, end)
+        except RemoteError as e:
+            self.give_back_query_client(client)
+            return _error_json(f"kvshm: kvshmd refused the query: {e.code}: {e.message}")
+        except ClientError as e:
+            client.close()
+            self.wake()
+            return self.unavailable(str(e))
+        self.give_back_query_client(client)
         return body.decode("utf-8")
+
+    def take_query_client(self) -> Client:
+        """An idle query connection, or a new one: concurrent queries (a slow dump, a quick Events) do not wait
+        for each other."""
+        with self.query_lock:
+            if self.idle_queries:
+                return self.idle_queries.pop()
+        return Client(self.socket_path, connect_timeout=2.0, timeout=_QUERY_TIMEOUT)
+
+    def give_back_query_client(self, client: Client) -> None:
+        with self.query_lock:
+            if self.state == _OPEN and len(self.idle_queries) < _IDLE_QUERY_CONNS:
+                self.idle_queries.append(client)
+                return
+        client.close()
 
 
 class LocalIndexer:

@@ -77,6 +77,7 @@ class PrivateDaemon:
         self.log_path = os.path.join(self.dir, LOG_NAME)
         self.owner_pid = os.getpid()
         self.starts = 0
+        self._stopped = False  # set by stop(); start() refuses afterwards (stop may race with a restart)
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -94,6 +95,8 @@ class PrivateDaemon:
 
     def start(self) -> None:
         """Start the daemon (killing a previous one) and wait until it answers HEALTH; raises LauncherError."""
+        if self._stopped:
+            raise LauncherError("kvshm: the private kvshmd was stopped")
         if self._proc is not None:
             self._kill()
         try:
@@ -124,6 +127,9 @@ class PrivateDaemon:
         delay = 0.002
         last_error = "no answer yet"
         while True:
+            if self._stopped:  # stop() ran meanwhile (it may not have seen this process)
+                self._kill(proc)
+                raise LauncherError("kvshm: the private kvshmd was stopped while starting")
             code = proc.poll()
             if code is not None:
                 self._proc = None
@@ -143,7 +149,7 @@ class PrivateDaemon:
                 finally:
                     client.close()
             if time.monotonic() >= deadline:
-                self._kill()
+                self._kill(proc)
                 raise LauncherError(
                     f"kvshm: kvshmd did not answer HEALTH on {self.socket_path} within {self.ready_timeout:g} s "
                     f"({last_error}); its output:\n" + self._log_tail(log_offset)
@@ -162,8 +168,11 @@ class PrivateDaemon:
             return f"(cannot read {self.log_path}: {e})"
         return text or "(no output)"
 
-    def _kill(self) -> None:
-        proc, self._proc = self._proc, None
+    def _kill(self, proc: subprocess.Popen[bytes] | None = None) -> None:
+        if proc is None:
+            proc = self._proc
+        if proc is self._proc:
+            self._proc = None
         if proc is None or proc.poll() is not None:
             return
         try:
@@ -179,6 +188,7 @@ class PrivateDaemon:
         """
         if os.getpid() != self.owner_pid:
             return
+        self._stopped = True
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             try:
