@@ -212,6 +212,35 @@ def test_negative_hashes_are_twos_complement() -> None:
     assert _encode.encode_removed(1, [-5]) == _encode.encode_removed(1, [(1 << 64) - 5])
 
 
+def test_signed_and_mixed_hashes() -> None:
+    """Signed hashes take the array('q') path, a mix of negatives and values >= 2**63 the slow path: same bytes."""
+    rng = random.Random(3)
+    unsigned = [rng.getrandbits(64) for _ in range(40)]
+    signed = [h - (1 << 64) if h >= 1 << 63 else h for h in unsigned]
+    mixed = [h if i % 2 else s for i, (h, s) in enumerate(zip(unsigned, signed))]
+    want = _encode.encode_stored(5, [1], unsigned, unsigned[0], 0, None, False)
+    assert any(h < 0 for h in signed) and any(h >= 1 << 63 for h in mixed) and any(h < 0 for h in mixed)
+    for hashes in (signed, mixed, tuple(signed), iter(mixed)):
+        assert _encode.encode_stored(5, [1], hashes, signed[0], 0, None, False) == want
+    assert _encode.encode_removed(5, signed) == _encode.encode_removed(5, unsigned)
+
+
+class Index:
+    """An integer-like object (as numpy integers are)."""
+
+    def __init__(self, v: int) -> None:
+        self.v = v
+
+    def __index__(self) -> int:
+        return self.v
+
+
+def test_index_types_for_seq_and_dp() -> None:
+    assert _encode.encode_cleared(Index(7), Index(2)) == _encode.encode_cleared(7, 2)  # type: ignore[arg-type]
+    assert _encode.encode_removed(True, [1], False) == _encode.encode_removed(1, [1], 0)
+    assert _encode.encode_stored(Index(0), [1], [2], None, Index(0)) == _encode.encode_stored(0, [1], [2], None, 0)  # type: ignore[arg-type]
+
+
 def test_iterables_are_accepted() -> None:
     want = _encode.encode_stored(1, [1, 2, 3], [4, 5], None)
     assert _encode.encode_stored(1, iter([1, 2, 3]), (h for h in [4, 5]), None) == want
@@ -242,6 +271,10 @@ U64 = (1 << 64) - 1
         (lambda: _encode.encode_removed(1, [1 << 64], 0), ValueError),
         (lambda: _encode.encode_cleared(1 << 64, 0), ValueError),
         (lambda: _encode.encode_cleared(0, -1), ValueError),
+        (lambda: _encode.encode_cleared(None, 0), TypeError),
+        (lambda: _encode.encode_cleared(0.0, 0), TypeError),
+        (lambda: _encode.encode_removed(1, [], None), TypeError),
+        (lambda: _encode.encode_stored(1, [], [], None, 0.0, None, False), TypeError),
     ],
 )
 def test_invalid_arguments(call: Any, exc: type[Exception]) -> None:

@@ -38,15 +38,18 @@ API (used by :mod:`kvshm._ring`; keep stable):
 * ``encode_stored(...)``, ``encode_removed(...)``, ``encode_cleared(...)`` return the payload as ``bytes`` (tests,
   tools).
 
-Validation: seq must be a u64 and dp_rank a u32 (``ValueError``; ``TypeError`` for non-integers; checked by the
-writer's ``pack_into``, before the record can be published, see :func:`check_seq_dp`), token ids u32 and block hashes u64 (``ValueError``), where block and parent hashes in
-[-2**63, 0) are taken as the two's complement u64 (engines hash with signed 64-bit integers); the LoRA name a
-``str`` (``TypeError``) encodable as UTF-8; ``None`` and ``""`` both mean the base model. Counts are not checked
+Validation: seq must be a u64 and dp_rank a u32, as ints or objects with ``__index__`` (``TypeError`` for None,
+floats, strings; ``ValueError`` out of range, checked by the writer's ``pack_into`` before the record can be
+published, see :func:`check_seq_dp`); token ids u32 and block hashes u64 (``ValueError``), where block and parent
+hashes in [-2**63, 0) are taken as the two's complement u64 (engines hash with signed 64-bit integers: a list of
+them converts at C speed through ``array('q')``, whose bytes are exactly those u64s); the LoRA name a ``str``
+(``TypeError``) encodable as UTF-8; ``None`` and ``""`` both mean the base model. Counts are not checked
 against each other here (the index layer knows the block size).
 """
 
 from __future__ import annotations
 
+import operator
 import struct
 from array import array
 from collections.abc import Iterable, Sequence
@@ -350,14 +353,34 @@ def _u64_slow(values: Sequence[int], what: str) -> "array[int]":
 
 
 def _u64_array(values: Iterable[int], what: str) -> "array[int]":
+    """The u64 bytes of values as an array: array('Q') for [0, 2**64), else array('q') for [-2**63, 2**63) (its bytes
+    are exactly the two's complement u64s; engines hash with signed 64-bit integers), else a Python loop (a list
+    mixing negatives with values >= 2**63, or errors)."""
     if values.__class__ is not list:
-        values = list(values)  # fromlist wants a list; the slow path iterates a second time
+        values = list(values)  # fromlist wants a list, and the fallbacks iterate again
     out = array("Q")
     try:
         out.fromlist(values)
+        return out
+    except (OverflowError, TypeError):
+        pass
+    out = array("q")
+    try:
+        out.fromlist(values)
+        return out
     except (OverflowError, TypeError):
         return _u64_slow(values, what)
-    return out
+
+
+def _seq_dp(seq: object, dp_rank: object) -> tuple[int, int]:
+    """seq and dp_rank as ints (operator.index: int subclasses and numpy integers pass, None/float/str do not).
+    Ranges are left to the writer's pack_into (see check_seq_dp)."""
+    try:
+        return operator.index(seq), operator.index(dp_rank)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"kvshm: seq and dp_rank must be integers, not {type(seq).__name__}, {type(dp_rank).__name__}"
+        ) from None
 
 
 def _u32_array(values: Iterable[int]) -> "array[int]":
@@ -442,13 +465,13 @@ def prepare_stored(
         tokens.fromlist(token_ids)  # type: ignore[arg-type]
     except (OverflowError, TypeError):
         tokens = _u32_array(token_ids)  # not a list, or raises with a message
-    if block_hashes.__class__ is not list:
-        block_hashes = list(block_hashes)  # _u64_slow may iterate again
     hashes = array("Q")
     try:
-        hashes.fromlist(block_hashes)
+        hashes.fromlist(block_hashes)  # type: ignore[arg-type]
     except (OverflowError, TypeError):
-        hashes = _u64_slow(block_hashes, "block hashes")
+        hashes = _u64_array(block_hashes, "block hashes")  # signed hashes, not a list, or errors
+    if seq.__class__ is not int or dp_rank.__class__ is not int:
+        seq, dp_rank = _seq_dp(seq, dp_rank)  # `seq or b""` below must not see None or 0.0
     key = 1 if seq else 0
     if dp_rank:
         key |= 2
@@ -492,6 +515,8 @@ def prepare_removed(seq: int, block_hashes: Iterable[int], dp_rank: int) -> Prep
         hashes.fromlist(block_hashes)  # type: ignore[arg-type]
     except (OverflowError, TypeError):
         hashes = _u64_array(block_hashes, "block hashes")  # not a list, or out of range
+    if seq.__class__ is not int or dp_rank.__class__ is not int:
+        seq, dp_rank = _seq_dp(seq, dp_rank)
     head = _REMOVED[(1 if seq else 0) | (2 if dp_rank else 0)]
     nh = len(hashes)
     return (head.size + 8 * nh, _write_removed, head, seq, dp_rank, hashes, nh)
@@ -507,6 +532,8 @@ def _write_cleared(buf: Buffer, off: int, p: Prepared) -> None:
 
 def prepare_cleared(seq: int, dp_rank: int) -> Prepared:
     """Validates a Cleared event; returns ``(size, writer, ...)``."""
+    if seq.__class__ is not int or dp_rank.__class__ is not int:
+        seq, dp_rank = _seq_dp(seq, dp_rank)
     head = _CLEARED[(1 if seq else 0) | (2 if dp_rank else 0)]
     return (head.size, _write_cleared, head, seq, dp_rank)
 
