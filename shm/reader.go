@@ -112,6 +112,23 @@ func (r *Reader) Header() Header {
 // and poll again later) and a *CorruptionError (errors.Is ErrCorrupt) when the bytes at the read position or the
 // tail word are invalid; the error repeats until SkipToTail. Next never allocates on success.
 func (r *Reader) Next() (Record, error) {
+	// Fast path, small enough to be inlined into the drain loop: an EVENT record inside [pos, tail). Everything
+	// else (empty, tail reload, padding, LOSS, corruption, closed) takes next.
+	if pos := r.pos; pos != r.tail {
+		idx := pos & r.mask
+		h := binary.LittleEndian.Uint64(r.data[idx:])
+		length, size := h&0xFFFFFFFF, align8(h&0xFFFFFFFF)
+		if h>>32 == uint64(TypeEvent) && length >= RecordHeaderSize && length <= r.maxRecord &&
+			size <= r.capacity-idx && size <= r.tail-pos {
+			r.pos = pos + size
+			return Record{Type: TypeEvent, Pos: pos, Payload: r.data[idx+RecordHeaderSize : idx+length : idx+length]}, nil
+		}
+	}
+	return r.next()
+}
+
+// next is the complete Next: it reloads the tail, skips padding and validates every record type.
+func (r *Reader) next() (Record, error) {
 	if r.m == nil {
 		return Record{}, ErrClosed
 	}
@@ -243,6 +260,7 @@ func (r *Reader) Close() error {
 		err = r.unmap(r.m)
 	}
 	r.m, r.data = nil, nil
+	r.tail = r.pos // keeps Next off its fast path: it returns ErrClosed
 	if r.f != nil {
 		if cerr := r.f.Close(); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("close ring file: %w", cerr))
