@@ -14,7 +14,7 @@ only on the current offset modulo 8. The vectors are created before the tables; 
 (in build order) at an offset that is 4 modulo 8, because its u64 elements are 8-aligned and its u32 count follows.
 So everything from the block-hash count down to the start of the buffer, the "head", has a layout that depends
 only on which optional fields are present (seq != 0, dp_rank != 0, parent, LoRA, Eagle): 32 Stored variants, 4
-Removed and 4 Cleared. At import, :func:`_Sim` replays the canonical builder calls for each variant with the same
+Removed and 4 Cleared. At import, :class:`_Sim` replays the canonical builder calls for each variant with the same
 Prep/Pad/vtable arithmetic as the official builders, recording which bytes are constants and where the variable
 fields go, and compiles the head into one Struct whose arguments always come in the same order (absent fields are
 ``0s`` slots fed ``b""``). Memory order of a Stored payload::
