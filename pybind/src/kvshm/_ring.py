@@ -5,7 +5,8 @@ power-of-two data area of 8-byte-aligned records ``[u32 length][u32 type][payloa
 payload, then its header, then publishes it with ONE aligned 8-byte store of the tail word through
 ``memoryview.cast('Q')``; the Go reader (kvshmd) trusts everything before the tail. On x86-64 that store is a release
 (x86-TSO keeps stores in program order, and each Python-level store is a separate C call the compiler cannot
-reorder); on ARM64 and others it is not, so :meth:`RingWriter.create` refuses to run anywhere but x86-64.
+reorder; glibc's memcpy fences its non-temporal large-copy path with sfence); on ARM64 and others it is not, so
+:meth:`RingWriter.create` refuses to run anywhere but 64-bit CPython on x86-64.
 
 Usage contract (stable; kvshm's LocalIndexer is the caller)::
 
@@ -321,32 +322,7 @@ class RingWriter:
         returns False when the event was dropped (ring full or record too large; counted)."""
         if self._forked or self._closed:
             self._refuse()
-        p = prepare_stored(seq, token_ids, block_hashes, parent_hash, dp_rank, lora_name, is_eagle)
-        # The body of _publish, inlined: this is the engine's hottest call (one Python frame less).
-        if self._loss_pending:
-            return self._publish_after_loss(p)
-        size = p[0]
-        rec = (size + 15) & ~7
-        if rec > self._max_record:
-            self._drop(p, True)
-            return False
-        tail = self._tail
-        cap = self._cap
-        idx = tail & self._mask
-        pad = cap - idx if rec > cap - idx else 0
-        end = tail + pad + rec
-        if end - self._head_cache > cap and not self._refresh_head(end):
-            self._drop(p, False)
-            return False
-        mm = self._mm
-        if pad:
-            _RECORD_HEADER.pack_into(mm, HEADER_SIZE + idx, pad, TYPE_PADDING)
-            idx = 0
-        p[1](mm, HEADER_SIZE + idx, p)
-        self._q[16] = end  # Release (x86-TSO): publishes the bytes written above.
-        self._tail = end
-        self._published += 1
-        return True
+        return self._publish(prepare_stored(seq, token_ids, block_hashes, parent_hash, dp_rank, lora_name, is_eagle))
 
     def publish_removed(self, seq: int, block_hashes: Any, dp_rank: int) -> bool:
         """Publishes a Removed event. Never blocks; returns False when it was dropped (counted)."""
