@@ -159,7 +159,7 @@ func flockNB(f *os.File) error {
 // store into the mapping. File systems without fallocate get the blocks by writing zeros.
 func preallocate(f *os.File, size int64) error {
 	for {
-		err := unix.Fallocate(int(f.Fd()), 0, 0, size)
+		err := fallocate(int(f.Fd()), 0, 0, size)
 		switch {
 		case err == nil:
 			return nil
@@ -174,6 +174,9 @@ func preallocate(f *os.File, size int64) error {
 		}
 	}
 }
+
+// fallocate is unix.Fallocate; tests replace it to simulate file systems without fallocate.
+var fallocate = unix.Fallocate
 
 func writeZeros(f *os.File, size int64) error {
 	buf := make([]byte, 1<<20)

@@ -589,3 +589,47 @@ func TestAppendRejectsReservedTypes(t *testing.T) {
 		t.Fatalf("Next = %v, want ErrEmpty", err)
 	}
 }
+
+// TestCreateNoSpace fills a real 128 KiB tmpfs (mounting needs CAP_SYS_ADMIN; skipped without it): the second
+// ring does not fit and Create refuses with ErrNoSpace at once, leaving no file behind.
+func TestCreateNoSpace(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=128k"); err != nil {
+		t.Skipf("cannot mount a small tmpfs here: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, 0) })
+	w, err := Create(filepath.Join(dir, "a.ring"), Options{Capacity: MinCapacity})
+	if err != nil {
+		t.Fatalf("first ring: %v", err)
+	}
+	defer w.Close()
+	p := filepath.Join(dir, "b.ring")
+	if _, err := Create(p, Options{Capacity: MinCapacity}); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("second ring on a full tmpfs: %v, want ErrNoSpace", err)
+	}
+	if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("failed Create left %s behind", p)
+	}
+}
+
+// TestCreateWithoutFallocate covers file systems without fallocate: the blocks are written with zeros instead.
+func TestCreateWithoutFallocate(t *testing.T) {
+	saved := fallocate
+	defer func() { fallocate = saved }()
+	fallocate = func(int, uint32, int64, int64) error { return unix.EOPNOTSUPP }
+	w, r, path := newTestRing(t, Options{Capacity: MinCapacity})
+	if err := w.WriteEvent(1, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if recs := drain(t, r); len(recs) != 1 {
+		t.Fatalf("read %d records, want 1", len(recs))
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil || st.Blocks*512 < HeaderSize+MinCapacity {
+		t.Fatalf("file has %d allocated bytes (%v), want it fully written", st.Blocks*512, err)
+	}
+	fallocate = func(int, uint32, int64, int64) error { return unix.ENOSPC }
+	if _, err := Create(filepath.Join(t.TempDir(), "full.ring"), Options{}); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("Create with ENOSPC = %v, want ErrNoSpace", err)
+	}
+}
