@@ -12,20 +12,23 @@
 // the daemon can reattach to it after a restart (the head is persisted in the file), `kvshmd inspect` can read it,
 // and ownership and mode checks are ordinary file checks. FORMAT.md is the byte-level specification.
 //
-//	header page (4096 B)                                   data area (capacity B, power of two)
-//	+-------------------------------------------------+    +--------+---------+-----+---------+---------+
-//	| 0x000 magic "KVSHMRG\0" | version=1 | ...static | ▶  | record | record  | ... | PADDING | (free)  |
-//	| 0x048 state             (INIT/READY/CLOSED)     |    +--------+---------+-----+---------+---------+
-//	| 0x080 tail              (producer, commit word) |      ^ head & mask           ^ tail & mask
-//	| 0x100 head              (consumer, persisted)   |
-//	| 0x180 dropped_events, dropped_bytes,            |    record: [u32 length][u32 type][payload][pad to 8]
-//	|       loss_first_seq, loss_last_seq, loss_pending|    length = 8 + len(payload); types EVENT=1, LOSS=2,
-//	| 0x200 consumer_heartbeat                        |    PADDING=0xFFFFFFFF (fills the bytes to the end)
-//	+-------------------------------------------------+
+//	file offset 0                       4096                                       4096+capacity
+//	+----------------------------------+-----------------------------------------------+
+//	| header page                      | data area: records at 8-aligned indexes       |
+//	+----------------------------------+-----------------------------------------------+
+//	0x000 magic "KVSHMRG\0", version,      [ rec | rec | ... | rec | PADDING ] [ free ]
+//	      capacity, max_record, identity      ^ head & mask            ^ tail & mask
+//	0x048 state   INIT / READY / CLOSED
+//	0x080 tail    producer: the commit word  record: [u32 length][u32 type][payload][pad to 8]
+//	0x100 head    consumer: persisted        length = 8 + len(payload) <= max_record
+//	0x180 loss accounting (producer)         types: EVENT 1, LOSS 2, PADDING 0xFFFFFFFF
+//	0x200 consumer heartbeat
 //
 // Publication: the producer writes a record's payload, then its header, then stores the tail. The tail is the only
 // commit word, so whatever lies past it (a half-written record of a producer that died) is invisible. One tail
-// store may publish many records (Append several times, then Publish). A record never straddles the end of the
+// store may publish many records (Append several times, then Publish). The Go side uses atomic.StoreUint64 /
+// LoadUint64 (release / acquire); the Python writer uses one aligned 8-byte store, a release only under x86-TSO,
+// so it refuses other architectures. A record never straddles the end of the
 // data area: a PADDING record fills the rest and the record starts at index 0; the free-space check includes the
 // padding.
 //
@@ -48,6 +51,10 @@
 //		if errors.As(err, &ce) { r.SkipToTail(); /* mark history unknown */ continue }
 //		handle(rec) // rec.Payload aliases the ring
 //	}
+//
+// Open validates the header (magic, version, sizes, state, head/tail invariants) and resumes at the persisted
+// head. Inspect reads the header page of a ring without mapping or locking it (for `kvshmd inspect`). Heartbeat
+// lets the consumer publish when it last drained (informational). DefaultDir is /dev/shm when it exists.
 //
 // # Concurrency
 //
