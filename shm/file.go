@@ -23,8 +23,11 @@ func DefaultDir() string {
 
 // Options configure Create. The zero value is valid (DefaultCapacity, max_record = capacity/8, mode 0600).
 type Options struct {
-	Capacity      uint64 // data area bytes: a power of two in [MinCapacity, MaxCapacity]; 0 = DefaultCapacity
-	MaxRecord     uint32 // largest record incl. its 8-byte header: multiple of 8 in [MinMaxRecord, Capacity/8]; 0 = Capacity/8
+	// Capacity is the data area size: a power of two in [MinCapacity, MaxCapacity]; 0 means DefaultCapacity.
+	Capacity uint64
+	// MaxRecord is the largest record including its 8-byte header: a multiple of 8 in
+	// [MinMaxRecord, Capacity/8]; 0 means Capacity/8.
+	MaxRecord     uint32
 	WorkerID      uint64
 	KVBlockSize   uint32
 	MaxBufferSize uint32
