@@ -49,6 +49,7 @@ type Indexer struct {
 	buildDone chan struct{} // closed when the in-flight build finishes
 
 	dumpBuilds, cacheHits, cacheExtends, dumpErrors atomic.Uint64
+	waiters                                         atomic.Int64 // callers waiting for an in-flight build
 
 	// testBuildHook, when set, runs in a dump build after the tree snapshot, outside every lock.
 	testBuildHook func()

@@ -306,3 +306,5 @@ func TestJSONStringEscaping(t *testing.T) {
 		}
 	}
 }
+
+func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }

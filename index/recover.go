@@ -93,10 +93,13 @@ func (ix *Indexer) dump(ctx context.Context) (Response, error) {
 		if ix.building {
 			done := ix.buildDone
 			ix.cmu.Unlock()
+			ix.waiters.Add(1)
 			select {
 			case <-done:
+				ix.waiters.Add(-1)
 				continue
 			case <-ctx.Done():
+				ix.waiters.Add(-1)
 				return Response{}, fmt.Errorf("wait for tree dump: %w", ctx.Err())
 			}
 		}
