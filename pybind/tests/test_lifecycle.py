@@ -21,6 +21,7 @@ import pytest
 from conftest import IndexerFactory
 from helpers import SharedDaemon, daemon_stream, event_ids, pid_gone, query, toks, variant, wait_for
 
+import kvshm
 import kvshm._launcher
 from kvshm import ForkedProcessError, LauncherError, LocalIndexer
 from kvshm._client import Client
@@ -370,3 +371,67 @@ def test_missing_daemon_full_ring_is_counted_then_reported(shared_socket: Shared
     assert event_ids(query(ix, seq)) == [seq]  # one that starts after them can
     ix.apply_cleared(seq + 1)
     assert query(ix) == {"TreeDump": {"events": [], "last_event_id": seq + 1}}
+
+
+class RefusingDaemon:
+    """A socket that answers every request with one error code (what a misconfigured shared daemon does)."""
+
+    def __init__(self, path: str, code: str) -> None:
+        import socket as _socket
+
+        from kvshm._client import encode_frame
+
+        self.srv = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        self.srv.bind(path)
+        self.srv.listen(8)
+        self.srv.settimeout(0.1)
+        self.stop = threading.Event()
+        self.requests = 0
+        body = json.dumps({"error": f"refused for the test ({code})", "code": code}).encode()
+
+        def serve() -> None:
+            while not self.stop.is_set():
+                try:
+                    conn, _ = self.srv.accept()
+                except TimeoutError:
+                    continue
+                with conn:
+                    conn.settimeout(5)
+                    head = conn.recv(8)
+                    if len(head) < 8:
+                        continue
+                    conn.recv(int.from_bytes(head[:4], "little") - 4)
+                    self.requests += 1
+                    conn.sendall(encode_frame(head[5], body, status=1))
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.srv.close()
+
+
+def test_shared_daemon_refusing_for_good_is_an_error(short_dir: Path, ring_dir: Path) -> None:
+    fake = RefusingDaemon(str(short_dir / "refuse.sock"), "forbidden")
+    try:
+        with pytest.raises(kvshm.KvshmError, match=r"refused the ring .*forbidden"):
+            LocalIndexer(0, 4, socket_path=str(short_dir / "refuse.sock"), ring_dir=ring_dir, ring_bytes=1 << 20)
+    finally:
+        fake.close()
+    assert list(ring_dir.iterdir()) == []
+
+
+def test_shared_daemon_busy_is_retried(short_dir: Path, make_indexer: IndexerFactory) -> None:
+    fake = RefusingDaemon(str(short_dir / "busy.sock"), "busy")
+    try:
+        ix = make_indexer(socket_path=str(short_dir / "busy.sock"))
+        wait_for(lambda: fake.requests >= 3, "the supervisor to retry the ATTACH")
+        st = ix.stats()
+        assert not st["attached"] and "busy" in (st["last_error"] or "")
+        ix.apply_cleared(0)  # publishing is unaffected
+        resp = query(ix)
+        assert variant(resp) == "Error" and "busy" in resp["Error"]
+    finally:
+        fake.close()

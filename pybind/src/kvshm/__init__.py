@@ -12,7 +12,16 @@ radix tree and the recent-event log and answers Dynamo's recovery queries (``get
 
 from ._errors import ClosedError, ForkedProcessError, KvshmError, LauncherError
 from ._indexer import LocalIndexer
+from ._ring import RingError
 
-__all__ = ["ClosedError", "ForkedProcessError", "KvshmError", "LauncherError", "LocalIndexer", "__version__"]
+__all__ = [
+    "ClosedError",
+    "ForkedProcessError",
+    "KvshmError",
+    "LauncherError",
+    "LocalIndexer",
+    "RingError",
+    "__version__",
+]
 
 __version__ = "0.1.0"

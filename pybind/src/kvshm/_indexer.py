@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from ._client import Client, ClientError, RemoteError
-from ._errors import ClosedError, ForkedProcessError, LauncherError
+from ._errors import ClosedError, ForkedProcessError, KvshmError, LauncherError
 from ._launcher import PrivateDaemon
 from ._ring import RingWriter
 
@@ -69,6 +69,8 @@ _ATTACH_TIMEOUT: Final = 10.0
 _QUERY_TIMEOUT: Final = 120.0  # the global indexer's own recovery deadline (Dynamo fork: 120 s)
 _DETACH_TIMEOUT: Final = 5.0
 _JOIN_TIMEOUT: Final = 5.0
+# ATTACH refusals that retrying cannot fix (configuration errors): raised by the constructor.
+_PERMANENT: Final = frozenset({"bad_request", "forbidden", "unsupported_version", "unknown_kind", "too_large"})
 _IDLE_QUERY_CONNS: Final = 2  # query connections kept open between queries
 _STUCK_ATTACHES: Final = 3  # failed attaches to a live private daemon before it is restarted
 
@@ -141,10 +143,18 @@ class _Core:
             self.daemon = PrivateDaemon()
             self.socket_path = self.daemon.socket_path
             self.daemon.start()  # raises LauncherError with the daemon's output
-            self._attach()  # a private daemon that refuses us is a real error: raise it
+            try:
+                self._attach()
+            except ClientError as e:  # a private daemon that refuses us will not change its mind
+                raise KvshmError(f"kvshm: the private kvshmd refused the ring {self.ring.path}: {e}") from e
         else:
             try:
                 self._attach()
+            except RemoteError as e:
+                if e.code in _PERMANENT:
+                    raise KvshmError(f"kvshm: kvshmd at {self.socket_path} refused the ring {self.ring.path}: {e}") from e
+                self.last_error = str(e)
+                log.warning("kvshm: kvshmd at %s refused to attach yet (%s); will keep trying", self.socket_path, e)
             except (ClientError, OSError) as e:
                 self.last_error = str(e)
                 log.warning("kvshm: shared kvshmd at %s not reachable yet (%s); will keep trying", self.socket_path, e)
@@ -358,8 +368,10 @@ class LocalIndexer:
     (``$KVSHM_RING_DIR``, default ``/dev/shm``) and ``ring_bytes`` (``$KVSHM_RING_BYTES``, default 16 MiB) place
     and size the shared-memory ring.
 
-    Raises :class:`kvshm.LauncherError` (a ``RuntimeError``) when no private kvshmd can be started, and
-    ``OSError`` when the ring cannot be created (for example a full ``/dev/shm``).
+    Raises ``TypeError``/``ValueError`` for bad arguments, :class:`kvshm.LauncherError` when no private kvshmd can
+    be started (with its output), :class:`kvshm.KvshmError` when a daemon refuses the ring for a reason retrying
+    cannot fix, :class:`kvshm.RingError` (or ``OSError``) when the ring cannot be created (for example a full
+    ``/dev/shm``). A shared daemon that is not reachable yet is not an error: the indexer attaches when it is.
     """
 
     __slots__ = ("_core", "_ring", "_bs", "_finalizer", "__weakref__")
