@@ -154,3 +154,5 @@ func TestStoredCountErrors(t *testing.T) {
 		})
 	}
 }
+
+func errorsIs(err, target error) bool { return errors.Is(err, target) }
