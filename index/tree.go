@@ -33,11 +33,6 @@ type node struct {
 	refs       uint32 // lookup entries that point here
 }
 
-type childKey struct {
-	tokensHash uint64
-	parent     uint32
-}
-
 type slotState struct {
 	dp     uint32
 	lookup map[uint64]uint32 // block hash -> node index
@@ -47,7 +42,7 @@ type tree struct {
 	nodes    []node
 	freeHead uint32 // free list through node.firstChild; nilNode when empty
 	live     int    // live nodes, root excluded
-	children map[childKey]uint32
+	children childTable
 	slots    []slotState
 	slotOf   map[uint32]int
 	// extra holds worker bits of slots >= 64: extra[n][i] covers slots 64*(i+1) .. 64*(i+1)+63.
@@ -59,7 +54,6 @@ func newTree() *tree {
 	t := &tree{
 		nodes:    make([]node, 1, 1024),
 		freeHead: nilNode,
-		children: make(map[childKey]uint32),
 		slotOf:   make(map[uint32]int),
 	}
 	t.nodes[rootNode] = node{parent: nilNode, firstChild: nilNode, nextSib: nilNode}
@@ -166,7 +160,7 @@ func (t *tree) attach(c, p uint32, th uint64) {
 	nc.tokensHash = th
 	nc.nextSib = t.nodes[p].firstChild
 	t.nodes[p].firstChild = c
-	t.children[childKey{th, p}] = c
+	t.childInsert(c)
 }
 
 // isAncestorOrSelf reports whether x is p or one of p's ancestors (following attachment up to a detached top).
@@ -187,7 +181,7 @@ func (t *tree) clearChildren(x uint32) {
 	for c != nilNode {
 		nc := &t.nodes[c]
 		next := nc.nextSib
-		delete(t.children, childKey{nc.tokensHash, x})
+		t.childDelete(c)
 		nc.parent, nc.nextSib = nilNode, nilNode
 		if nc.refs == 0 {
 			t.free(c)
@@ -205,7 +199,7 @@ func (t *tree) free(x uint32) {
 		for c := t.nodes[n].firstChild; c != nilNode; {
 			nc := &t.nodes[c]
 			next := nc.nextSib
-			delete(t.children, childKey{nc.tokensHash, n})
+			t.childDelete(c)
 			nc.parent, nc.nextSib = nilNode, nilNode
 			if nc.refs == 0 {
 				t.stack = append(t.stack, c)
@@ -255,7 +249,7 @@ func (t *tree) store(s int, hasParent bool, parent uint64, blocks []Block) Statu
 		p = x
 	}
 	for _, b := range blocks {
-		c, ok := t.children[childKey{b.TokensHash, p}]
+		c, ok := t.child(p, b.TokensHash)
 		if !ok {
 			x, hit := lk[b.BlockHash]
 			switch {
@@ -320,7 +314,7 @@ func (t *tree) findMatches(seq []uint64, earlyExit bool, scores []uint32) {
 	if len(seq) == 0 {
 		return
 	}
-	cur, ok := t.children[childKey{seq[0], rootNode}]
+	cur, ok := t.child(rootNode, seq[0])
 	if !ok {
 		return
 	}
@@ -339,7 +333,7 @@ func (t *tree) findMatches(seq []uint64, earlyExit bool, scores []uint32) {
 	depth := uint32(1)
 	if !(earlyExit && count == 1) {
 		for idx := 1; idx < len(seq); idx++ {
-			c, ok := t.children[childKey{seq[idx], cur}]
+			c, ok := t.child(cur, seq[idx])
 			if !ok {
 				break
 			}
@@ -365,6 +359,95 @@ func (t *tree) findMatches(seq []uint64, earlyExit bool, scores []uint32) {
 	for s := 0; s < nw; s++ {
 		if active[s] {
 			scores[s] = depth
+		}
+	}
+}
+
+// childTable finds attached children by (parent, tokens hash): an open-addressing hash table (linear probing,
+// backward-shift deletion) of node indices whose keys are read from the nodes themselves, 4 bytes per slot
+// instead of a Go map's 24-byte entries. A node's parent and tokensHash must not change while it is in the table.
+type childTable struct {
+	slots []uint32 // nilNode = empty; len is a power of two
+	n     int
+}
+
+func childHash(parent uint32, th uint64) uint64 {
+	h := th ^ (uint64(parent)+1)*0x9e3779b97f4a7c15
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	return h
+}
+
+// child returns the attached child of p under tokens hash th.
+func (t *tree) child(p uint32, th uint64) (uint32, bool) {
+	ct := &t.children
+	if ct.n == 0 {
+		return nilNode, false
+	}
+	mask := uint64(len(ct.slots) - 1)
+	for i := childHash(p, th) & mask; ; i = (i + 1) & mask {
+		c := ct.slots[i]
+		if c == nilNode {
+			return nilNode, false
+		}
+		if nd := &t.nodes[c]; nd.parent == p && nd.tokensHash == th {
+			return c, true
+		}
+	}
+}
+
+// childInsert adds the attached node c (its parent and tokensHash set; not already present).
+func (t *tree) childInsert(c uint32) {
+	ct := &t.children
+	if (ct.n+1)*4 > len(ct.slots)*3 {
+		t.childGrow()
+	}
+	mask := uint64(len(ct.slots) - 1)
+	i := childHash(t.nodes[c].parent, t.nodes[c].tokensHash) & mask
+	for ct.slots[i] != nilNode {
+		i = (i + 1) & mask
+	}
+	ct.slots[i] = c
+	ct.n++
+}
+
+func (t *tree) childGrow() {
+	ct := &t.children
+	old := ct.slots
+	size := max(16, 2*len(old))
+	ct.slots = make([]uint32, size)
+	for i := range ct.slots {
+		ct.slots[i] = nilNode
+	}
+	ct.n = 0
+	for _, c := range old {
+		if c != nilNode {
+			t.childInsert(c)
+		}
+	}
+}
+
+// childDelete removes node c (still carrying its parent and tokensHash) from the table.
+func (t *tree) childDelete(c uint32) {
+	ct := &t.children
+	mask := uint64(len(ct.slots) - 1)
+	i := childHash(t.nodes[c].parent, t.nodes[c].tokensHash) & mask
+	for ct.slots[i] != c {
+		if ct.slots[i] == nilNode {
+			return // not present
+		}
+		i = (i + 1) & mask
+	}
+	ct.slots[i] = nilNode
+	ct.n--
+	// Backward shift: move later entries of the probe run into the hole when their home is not in (i, j].
+	for j := (i + 1) & mask; ct.slots[j] != nilNode; j = (j + 1) & mask {
+		k := childHash(t.nodes[ct.slots[j]].parent, t.nodes[ct.slots[j]].tokensHash) & mask
+		if (j > i && (k <= i || k > j)) || (j < i && k <= i && k > j) {
+			ct.slots[i] = ct.slots[j]
+			ct.slots[j] = nilNode
+			i = j
 		}
 	}
 }
