@@ -176,9 +176,34 @@ func BenchmarkEventsReply(b *testing.B) {
 }
 
 // BenchmarkHeapPerBlock measures live heap per resident block (tree + lookup + a 10k-event log) at 1M blocks.
+// impl=maps is the baseline measured in the same run: the test model, shaped like Dynamo's tree (a node per
+// block holding a children map and a worker set, per-rank lookup maps), fed the same blocks.
 func BenchmarkHeapPerBlock(b *testing.B) {
 	const n = 1_000_000
-	b.Run(fmt.Sprintf("blocks=%d", n), func(b *testing.B) {
+	b.Run(fmt.Sprintf("impl=maps/blocks=%d", n), func(b *testing.B) {
+		b.ReportAllocs()
+		var perBlock float64
+		for b.Loop() {
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			rng := rand.New(rand.NewPCG(3, 3))
+			mt := newMTree()
+			blocks := make([]Block, 32)
+			for id := 0; id*32 < n; id++ {
+				for j := range blocks {
+					blocks[j] = Block{rng.Uint64(), rng.Uint64()}
+				}
+				mt.store(uint32(id%2), false, 0, blocks)
+			}
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			perBlock = float64(after.HeapAlloc-before.HeapAlloc) / n
+			runtime.KeepAlive(mt)
+		}
+		b.ReportMetric(perBlock, "heap-B/block")
+	})
+	b.Run(fmt.Sprintf("impl=arena/blocks=%d", n), func(b *testing.B) {
 		b.ReportAllocs()
 		var perBlock float64
 		for b.Loop() {

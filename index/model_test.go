@@ -641,7 +641,6 @@ func leU64(v uint64) []byte {
 	return b[:]
 }
 
-
 // TestModelRegressions replays seeds that once found a divergence (TestModel, 20000 steps).
 func TestModelRegressions(t *testing.T) {
 	if testing.Short() {
