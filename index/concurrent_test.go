@@ -51,6 +51,7 @@ func TestConcurrentReaders(t *testing.T) {
 	}
 
 	var done atomic.Bool
+	var reads, checked atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)
 	fail := func(format string, a ...any) {
@@ -101,6 +102,7 @@ func TestConcurrentReaders(t *testing.T) {
 						fail("events do not end at last_event_id %d", l.LastEventID)
 						return
 					}
+					checked.Add(1)
 				case RespTreeDump:
 					if resp.CacheHit {
 						continue
@@ -120,12 +122,14 @@ func TestConcurrentReaders(t *testing.T) {
 						fail("dump at %d: %v, model %v", l.LastEventID, got, want)
 						return
 					}
+					checked.Add(1)
 				case RespTooNew:
 				default:
 					fail("unexpected %s", resp.JSON)
 					return
 				}
 				ix.FindMatches([]uint64{0, 1, 2}, rr.IntN(2) == 0)
+				reads.Add(1)
 			}
 		}()
 	}
@@ -133,7 +137,16 @@ func TestConcurrentReaders(t *testing.T) {
 		if _, err := ix.Apply(ptr(toEvent(ev))); err != nil && !isSentinel(err) {
 			t.Fatal(err)
 		}
-		runtime.Gosched() // let the readers interleave
+		if ev.id%25 == 0 {
+			// Let every reader complete a few answers against this state before going on.
+			target := reads.Load() + 8
+			for reads.Load() < target && len(errs) == 0 {
+				runtime.Gosched()
+			}
+		}
+	}
+	if n := checked.Load(); n == 0 {
+		t.Errorf("readers checked no Events or fresh TreeDump answer")
 	}
 	done.Store(true)
 	wg.Wait()

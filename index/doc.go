@@ -55,7 +55,8 @@
 // Dynamo overwrites a lookup entry. Only streams that store one engine block hash at two positions see this.
 //
 // Memory: nodes live in a slice of 40-byte structs indexed by uint32 (free list for reuse); children are found
-// through one map keyed by (parent, tokens hash) and linked as sibling lists; the worker set is a 64-bit mask over
+// through one open-addressing table of node indices keyed by (parent, tokens hash), 4 bytes per slot, and
+// linked as sibling lists; the worker set is a 64-bit mask over
 // the index's dp_rank slots (ranks beyond 64 spill into a sparse map); per dp_rank a map sends block hash to node.
 // A node lives while attached or referenced by a lookup entry (what Dynamo's reference counting gives).
 //

@@ -5,8 +5,8 @@ import "math/bits"
 // The radix tree (Dynamo's variant A, one node per block) of one worker, stored as a compact arena.
 //
 // Node identity is a uint32 index into tree.nodes; index 0 is the root. A node's children are linked through
-// firstChild/nextSib (for the breadth-first dump and for detaching them) and found through one tree-wide map
-// keyed by (parent index, tokens hash). The worker set of a node is a bitmask over the tree's dp_rank slots
+// firstChild/nextSib (for the breadth-first dump and for detaching them) and found through one tree-wide
+// open-addressing table keyed by (parent index, tokens hash) (childTable). The worker set of a node is a bitmask over the tree's dp_rank slots
 // (slot i = the i-th dp_rank seen); slots 64 and above live in the sparse tree.extra map. Per slot, a lookup map
 // sends a block hash to the node that holds it.
 //
