@@ -8,9 +8,9 @@ import (
 
 func TestParseRecoverQuery(t *testing.T) {
 	tests := []struct {
-		raw               string
+		raw                string
 		worker, start, end string // "" = absent
-		ok                bool
+		ok                 bool
 	}{
 		{"", "", "", "", true},
 		{"start=&end=", "", "", "", true},

@@ -225,4 +225,3 @@ func TestOtherUID(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
-

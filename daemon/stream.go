@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,10 +17,6 @@ import (
 // Drain loop tuning.
 const (
 	maxBatch       = 256                    // records per Release
-	spinIters      = 64                     // empty polls before yielding
-	yieldIters     = 16                     // Gosched polls before sleeping
-	minSleep       = 50 * time.Microsecond  // first sleep
-	maxSleep       = time.Millisecond       // sleep cap: bounds idle reach and idle CPU
 	snapshotPeriod = 100 * time.Millisecond // ring stats refresh while idle
 )
 
@@ -68,6 +63,7 @@ type attachment struct {
 	done     chan struct{} // closed when the drain goroutine has closed the ring
 	syncs    chan syncReq  // read-your-writes barriers, served by the drain goroutine
 	why      atomic.Pointer[string]
+	idl      idler // owned by the drain goroutine; wake is called by others
 
 	// Owned by the drain goroutine.
 	lastCorrupt uint64 // position of the last corruption reported
@@ -89,6 +85,7 @@ func (a *attachment) finish(reason string) {
 	a.stopOnce.Do(func() {
 		a.why.Store(&reason)
 		close(a.stop)
+		a.idl.wake()
 	})
 }
 
@@ -97,6 +94,7 @@ func (a *attachment) sync(ctx context.Context) error {
 	req := syncReq{done: make(chan struct{})}
 	select {
 	case a.syncs <- req:
+		a.idl.wake()
 	case <-a.done:
 		return nil
 	case <-ctx.Done():
@@ -115,43 +113,31 @@ func (a *attachment) sync(ctx context.Context) error {
 // run is the drain goroutine.
 func (a *attachment) run() {
 	defer close(a.done)
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	idle := 0
-	sleep := minSleep
+	a.idl.lockThread()
+	a.idl.worked(time.Now())
 	lastSnap := time.Now()
 	lastPID := lastSnap
 	pidEvery := a.st.srv.cfg.PIDCheckInterval
 	for {
 		n := a.drainBatch()
-		if n > 0 {
-			idle, sleep = 0, minSleep
-			a.completeSyncs()
-			select {
-			case <-a.stop:
-				a.finalDrain()
-				return
-			default:
-			}
-			continue
-		}
-		// Empty: every barrier received so far is satisfied.
-		a.completeSyncs()
+		a.completeSyncs() // after an empty poll every barrier received so far is satisfied
 		select {
 		case <-a.stop:
 			a.finalDrain()
 			return
 		default:
 		}
-		idle++
-		switch {
-		case idle <= spinIters:
-			continue
-		case idle <= spinIters+yieldIters:
-			runtime.Gosched()
+		now := time.Now()
+		if n > 0 {
+			a.idl.worked(now)
 			continue
 		}
-		now := time.Now()
+		if len(a.pending) > 0 {
+			continue // a barrier is waiting for records that are being published: keep polling
+		}
+		if !a.idl.idle(now) {
+			continue
+		}
 		if now.Sub(lastSnap) >= snapshotPeriod {
 			lastSnap = now
 			a.snapshot()
@@ -164,23 +150,6 @@ func (a *attachment) run() {
 			lastPID = now
 			if !processAlive(int(a.hdr.ProducerPID), a.hdr.ProducerStartTime) {
 				a.finish(fmt.Sprintf("producer pid %d is gone", a.hdr.ProducerPID))
-				continue
-			}
-		}
-		timer.Reset(sleep)
-		select {
-		case <-timer.C:
-		case <-a.stop:
-			timer.Stop()
-		case req := <-a.syncs:
-			timer.Stop()
-			a.takeSync(req)
-			idle = 0
-		}
-		if sleep < maxSleep {
-			sleep *= 2
-			if sleep > maxSleep {
-				sleep = maxSleep
 			}
 		}
 	}
