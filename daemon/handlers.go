@@ -147,9 +147,6 @@ func (s *Server) recover(ctx context.Context, workerID, start, end *uint64) (ind
 		s.m.recoveries.WithLabelValues(wl, "failed").Inc()
 		return index.Response{}, errorf(CodeTooLarge, "worker %d: response of %d bytes exceeds the 1 GiB frame cap", st.workerID, len(resp.JSON))
 	}
-	if resp.CacheHit {
-		st.recoverCache.Add(1)
-	}
 	res := resultNames[resp.Kind]
 	if res == "" {
 		res = "unknown"

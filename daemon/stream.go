@@ -26,14 +26,13 @@ type stream struct {
 	srv      *Server
 
 	// Counters updated by the drain goroutine once per batch. Updated atomically.
-	eventsRecv   [3]atomic.Uint64 // by kind-1
-	blocksRecv   [3]atomic.Uint64
-	corrupt      atomic.Uint64
-	malformed    atomic.Uint64
-	batches      atomic.Uint64
-	resets       atomic.Uint64
-	lossRecords  atomic.Uint64
-	recoverCache atomic.Uint64
+	eventsRecv  [3]atomic.Uint64 // by kind-1
+	blocksRecv  [3]atomic.Uint64
+	corrupt     atomic.Uint64
+	malformed   atomic.Uint64
+	batches     atomic.Uint64
+	resets      atomic.Uint64
+	lossRecords atomic.Uint64
 
 	mu          sync.Mutex // protects every field below
 	ix          *index.Indexer
