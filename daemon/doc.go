@@ -58,10 +58,10 @@
 //
 // Both directions carry frames; all integers little-endian:
 //
-//	 0                4        5        6                 8
-//	 +----------------+--------+--------+-----------------+----------------------+
-//	 | length u32 LE  | ver=1  | kind u8| status u16 LE   | body (length-4 bytes)|
-//	 +----------------+--------+--------+-----------------+----------------------+
+//	0                4        5        6                 8
+//	+----------------+--------+--------+-----------------+----------------------+
+//	| length u32 LE  | ver=1  | kind u8| status u16 LE   | body (length-4 bytes)|
+//	+----------------+--------+--------+-----------------+----------------------+
 //
 // length counts everything after the length field (4 + body). Requests: status 0, length ≤ 4 MiB (configurable);
 // replies echo the kind, length ≤ 1 GiB, status 0 OK or 1 ERROR with body {"error":"<message>","code":"<code>"}.
