@@ -3,7 +3,7 @@
     python pybind/bench/bench_local_indexer.py            # with the installed wheel (e.g. build/testenv/bin/python)
 
 Each case publishes into a live private kvshmd (which drains the ring meanwhile) and reports the median over
-REPEATS runs of the mean per-call time of N calls:
+REPEATS interleaved rounds of the mean per-call time of N calls:
 
 * ``LocalIndexer.apply_*``: what the engine pays (argument checks, lock, encode, one tail store);
 * ``RingWriter.publish_*``: the ring writer alone on the same ring (no lock, no LocalIndexer checks);
@@ -25,22 +25,25 @@ from collections.abc import Callable
 
 from kvshm import LocalIndexer
 
-N = 2000
-REPEATS = 7
+N = 1000
+REPEATS = 9
 BS = 32
 BLOCKS = 32
 
 
-def per_call_ns(fn: Callable[[int], object], first_seq: list[int]) -> float:
-    runs = []
+def measure(cases: list[tuple[str, Callable[[int], object]]], seq: list[int]) -> dict[str, float]:
+    """Per-call ns of each case: REPEATS rounds, each running every case for N calls in turn (interleaved, so a
+    load change on the machine hits every case alike); the median round per case."""
+    runs: dict[str, list[float]] = {name: [] for name, _ in cases}
     for _ in range(REPEATS):
-        s0 = first_seq[0]
-        t0 = time.perf_counter_ns()
-        for i in range(N):
-            fn(s0 + i)
-        runs.append((time.perf_counter_ns() - t0) / N)
-        first_seq[0] = s0 + N
-    return statistics.median(runs)
+        for name, fn in cases:
+            s0 = seq[0]
+            t0 = time.perf_counter_ns()
+            for i in range(N):
+                fn(s0 + i)
+            runs[name].append((time.perf_counter_ns() - t0) / N)
+            seq[0] = s0 + N
+    return {name: statistics.median(r) for name, r in runs.items()}
 
 
 def main() -> None:
@@ -62,20 +65,19 @@ def main() -> None:
             ("LocalIndexer.apply_cleared", lambda s: ix.apply_cleared(s)),
             ("RingWriter.publish_cleared", lambda s: ring.publish_cleared(s, 0)),
         ]
-        results = {}
-        for name, fn in cases:
-            results[name] = per_call_ns(fn, seq)
-        st = ix.stats()
-        assert st["dropped_events"] == 0, "the ring filled up: the numbers would include drops"
         pos_hashes = [h & ((1 << 64) - 1) for h in hashes]
         with mmap.mmap(-1, 1 << 20) as mm:
+
             def floor(_: int) -> None:
                 t = array("I", tokens).tobytes()
                 h = array("Q", pos_hashes).tobytes()
                 mm[0 : len(h)] = h
                 mm[4096 : 4096 + len(t)] = t
 
-            results[f"floor array+copy {BLOCKS}x{BS} (unsigned hashes)"] = per_call_ns(floor, [0])
+            cases.append((f"floor array+copy {BLOCKS}x{BS} (unsigned hashes)", floor))
+            results = measure(cases, seq)
+        st = ix.stats()
+        assert st["dropped_events"] == 0, "the ring filled up: the numbers would include drops"
     print(f"python {sys.version.split()[0]}, N={N} calls x {REPEATS} repeats (median of per-call means)")
     for name, ns in results.items():
         print(f"  {name:50s} {ns / 1000:8.2f} us")

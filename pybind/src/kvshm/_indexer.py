@@ -438,8 +438,6 @@ class LocalIndexer:
         core = self._core
         if core.state:
             core.raise_unusable()
-        if seq.__class__ is not int or dp_rank.__class__ is not int:
-            _check_seq_dp(seq, dp_rank)
         if is_eagle is None or is_eagle is False:
             extra = 0
         elif is_eagle is True:
@@ -473,8 +471,6 @@ class LocalIndexer:
         core = self._core
         if core.state:
             core.raise_unusable()
-        if seq.__class__ is not int or dp_rank.__class__ is not int:
-            _check_seq_dp(seq, dp_rank)
         try:
             len(block_hashes)
         except TypeError:
@@ -492,8 +488,6 @@ class LocalIndexer:
         core = self._core
         if core.state:
             core.raise_unusable()
-        if seq.__class__ is not int or dp_rank.__class__ is not int:
-            _check_seq_dp(seq, dp_rank)
         with core.lock:
             if core.state:
                 core.raise_unusable()
@@ -568,14 +562,6 @@ class LocalIndexer:
             f"max_buffer_size={core.max_buffer_size}, {state}, "
             f"{'shared' if core.shared else 'private'} daemon at {core.socket_path!r})"
         )
-
-
-def _check_seq_dp(seq: object, dp_rank: object) -> None:
-    """Slow path for a seq or dp_rank that is not exactly an int: integer-like objects (numpy integers) pass (the
-    encoder range-checks them while packing); anything else, None and bool included, is a TypeError."""
-    for name, value in (("seq", seq), ("dp_rank", dp_rank)):
-        if isinstance(value, bool) or not hasattr(value, "__index__"):
-            raise TypeError(f"kvshm: {name} must be an int, not {type(value).__name__}")
 
 
 def _error_json(message: str) -> str:
