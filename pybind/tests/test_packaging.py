@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,3 +64,20 @@ def test_typed_package_and_public_api() -> None:
     for name in ("ClosedError", "ForkedProcessError", "LauncherError"):
         assert issubclass(getattr(kvshm, name), kvshm.KvshmError)
     assert issubclass(kvshm.KvshmError, RuntimeError)
+
+
+def test_runtime_needs_no_flatbuffers(tmp_path: Path) -> None:
+    """The wheel declares no dependencies: the runtime path never imports the flatbuffers package."""
+    script = (
+        "import sys; sys.modules['flatbuffers'] = None  # any import of it now fails\n"
+        "from kvshm import LocalIndexer\n"
+        f"with LocalIndexer(0, 2, ring_dir={str(tmp_path)!r}, ring_bytes=1 << 20) as ix:\n"
+        "    ix.apply_stored(0, [1, 2, 3, 4], [-7, 8])\n"
+        "    print(ix.get_events_json(0))\n"
+        "assert 'flatbuffers' not in {m.split('.')[0] for m in sys.modules if sys.modules[m] is not None}\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith('{"Events":')
+    assert list(tmp_path.iterdir()) == []
+    assert importlib.metadata.requires("kvshm") in (None, [], ['flatbuffers==25.12.19; extra == "fbs"'])
