@@ -189,3 +189,33 @@ def test_real_daemon_errors_and_restart(shared_daemon: SharedDaemon) -> None:
     shared_daemon.start()
     assert c.health()["status"] == "ok"  # same Client, new daemon
     c.close()
+
+
+def test_error_frame_of_kind_zero(scripted: Callable[[list[Handler]], str]) -> None:
+    """Refusals carry kind 0 (the daemon had not read a request): still a RemoteError with its code."""
+    busy = json.dumps({"error": "too many connections (1024)", "code": "busy"}).encode()
+    c = Client(scripted([reply(busy, kind=0, status=1)]), timeout=5)
+    with pytest.raises(RemoteError) as info:
+        c.health()
+    assert info.value.code == "busy" and "too many connections" in info.value.message
+    assert not c.connected
+
+
+def test_refusal_at_accept_is_reported_when_our_write_fails(short_dir: Path) -> None:
+    """A daemon at its connection limit sends one error frame and closes before reading anything; our request
+    write then fails (EPIPE): the client reports the daemon's error, not a bare broken pipe."""
+    path = str(short_dir / "refuse.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    c = Client(path, timeout=5)
+    c.connect()
+    conn, _ = srv.accept()
+    conn.sendall(encode_frame(0, json.dumps({"error": "peer uid 1000 is not 0", "code": "forbidden"}).encode(),
+                              status=1))
+    conn.close()
+    srv.close()
+    with pytest.raises(RemoteError) as info:
+        c.attach("/dev/shm/x.ring", 1, 4, 10)
+    assert info.value.code == "forbidden" and "peer uid" in info.value.message
+    assert not c.connected

@@ -209,7 +209,11 @@ class Client:
                 sock.sendall(frame)
             except TimeoutError as e:
                 raise RequestTimeout(f"kvshmd {name}: request not accepted within the deadline") from e
-            except OSError as e:  # EPIPE / ECONNRESET: the daemon closed this connection while it was idle
+            except OSError as e:  # EPIPE / ECONNRESET: the daemon closed this connection (idle, or refused it)
+                refusal = _pending_refusal(sock, kind)
+                if refusal is not None:
+                    self.close()
+                    raise refusal from e
                 raise ConnectionLost(f"kvshmd {name}: connection lost: {e.strerror or e}", before_reply=True) from e
             header = _recv_exact(sock, HEADER_SIZE, deadline, name)
             length, version, rkind, status = _HEADER.unpack(header)
@@ -220,6 +224,8 @@ class Client:
             body = _recv_exact(sock, length - _FIXED_AFTER_LENGTH, deadline, name, first=False)
             if status == STATUS_ERROR:
                 code, message = _parse_error(body)
+                if rkind == 0:  # a refusal of the connection itself (busy, forbidden): the daemon closes it
+                    self.close()
                 raise RemoteError(kind, code, message)
             if rkind != kind:
                 raise FrameError(f"kvshmd {name}: reply has kind {rkind}")
@@ -291,6 +297,23 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float, name: str, *, firs
             raise ConnectionLost(f"kvshmd {name}: daemon closed the connection", before_reply=first and got == 0)
         got += k
     return bytes(buf)
+
+
+def _pending_refusal(sock: socket.socket, kind: Kind) -> RemoteError | None:
+    """The error frame a daemon sends when it refuses a connection at accept time (``busy`` beyond its connection
+    limit, ``forbidden`` for another uid) and then closes it: still readable after our write failed."""
+    try:
+        sock.setblocking(False)
+        data = sock.recv(HEADER_SIZE + 4096)
+    except OSError:
+        return None
+    if len(data) < HEADER_SIZE:
+        return None
+    length, version, _, status = _HEADER.unpack_from(data)
+    if version != PROTOCOL_VERSION or status != STATUS_ERROR or len(data) < 4 + length:
+        return None
+    code, message = _parse_error(data[HEADER_SIZE : 4 + length])
+    return RemoteError(kind, code, message)
 
 
 def _remaining(deadline: float) -> float:
