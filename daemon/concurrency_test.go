@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -52,7 +51,9 @@ func randomEvents(seed uint64, n int, bs uint32) []fbs.EventSpec {
 			if len(live[dp]) > 0 && rng.IntN(2) == 0 {
 				parent = u64p(live[dp][rng.IntN(len(live[dp]))])
 			}
-			evs = append(evs, stored(i, dp, parent, hashes, tokens(uint32(rng.IntN(1000)), nb, bs)))
+			// Unique tokens per block: with tokens_hash collisions Dynamo's tree aliases block hashes, and a dump
+			// extended from the cache is then not equivalent to a fresh one (see dumpmodel_test.go).
+			evs = append(evs, stored(i, dp, parent, hashes, tokens(uint32(hashes[0])*bs, nb, bs)))
 			live[dp] = append(live[dp], hashes...)
 		}
 	}
@@ -174,7 +175,7 @@ func TestConcurrentQueriesWhileIngesting(t *testing.T) {
 			t.Fatal(err)
 		}
 		want, _ := p.oracle.Recover(context.Background(), start, nil)
-		if !bytes.Equal(got, want.JSON) {
+		if !sameRecovery(t, got, want.JSON) {
 			t.Fatalf("final state differs from the oracle (seed %d), start %v:\n got %.300s\nwant %.300s", seed, start, got, want.JSON)
 		}
 	}

@@ -176,6 +176,7 @@ func (p *daemonProc) terminate(t testing.TB) int {
 	default:
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.cmd.Process.Signal(syscall.SIGCONT) // in case a test left it stopped
 	select {
 	case <-p.waited:
 	case <-time.After(30 * time.Second):

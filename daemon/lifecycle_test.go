@@ -25,6 +25,7 @@ func TestSignalDrainsRing(t *testing.T) {
 			if err := d.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
 			}
+			waitStopped(t, d.cmd.Process.Pid)
 			for i := range uint64(200) {
 				p.mustPublish(stored(i, 0, nil, []uint64{1000 + i}, tokens(uint32(i), 1, 4)))
 			}
@@ -46,6 +47,21 @@ func TestSignalDrainsRing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// waitStopped waits until pid is in state T (stopped): kill(SIGSTOP) returns before the stop takes effect.
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i := bytes.LastIndexByte(b, ')'); i > 0 && i+2 < len(b) && b[i+2] == 'T' {
+			return
+		}
+	}
+	t.Fatal("process did not stop within 10s")
 }
 
 // TestStaleSocket: a socket file left by a SIGKILLed daemon does not stop a new one; a live daemon does; a

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvshm/kvshm/shm"
 )
@@ -18,7 +19,7 @@ func eventsEqual(t *testing.T, c *Client, p *producer, start *uint64, what strin
 		t.Fatalf("%s: %v", what, err)
 	}
 	want, _ := p.oracle.Recover(context.Background(), start, nil)
-	if !bytes.Equal(got, want.JSON) {
+	if !sameRecovery(t, got, want.JSON) {
 		t.Fatalf("%s:\n got %s\nwant %s", what, got, want.JSON)
 	}
 }
@@ -223,6 +224,14 @@ func TestRingLossAndCorruption(t *testing.T) {
 		seq++
 	}
 	p.attach() // same ring: resume, drain, then the LOSS record arrives with the next event
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if st := p.w.Stats(); st.Head == st.Tail {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the reattached ring was not drained within 10s")
+		}
+	}
 	p.mustPublish(stored(seq, 0, nil, []uint64{seq}, tokens(uint32(seq), 1, 4)))
 	s := checkStats(t, socket, 4, func(s StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == seq })
 	if !s.Tainted || s.LostEvents != 10 || s.DroppedEvents != 10 || len(s.LostRanges) == 0 {
