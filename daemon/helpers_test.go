@@ -29,6 +29,9 @@ var verbose = flag.Bool("daemon.log", false, "show daemon logs in tests")
 var kvshmdBin string
 
 func TestMain(m *testing.M) {
+	if os.Getenv("KVSHMD_TEST_PRODUCER") != "" {
+		os.Exit(producerMain())
+	}
 	flag.Parse()
 	dir, err := os.MkdirTemp("", "kvshmd-test-bin-")
 	if err != nil {

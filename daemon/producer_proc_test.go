@@ -1,0 +1,121 @@
+package daemon
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	flatbuffers "github.com/google/flatbuffers/go"
+
+	"github.com/kvshm/kvshm/index"
+	"github.com/kvshm/kvshm/proto/fbs"
+	"github.com/kvshm/kvshm/shm"
+)
+
+// procEvents is what the producer process publishes: a chain of stores on dp_rank 0, one block each.
+func procEvents(n int) []fbs.EventSpec {
+	evs := make([]fbs.EventSpec, n)
+	for i := range evs {
+		var parent *uint64
+		if i > 0 {
+			parent = u64p(uint64(1000 + i - 1))
+		}
+		evs[i] = stored(uint64(i), 0, parent, []uint64{uint64(1000 + i)}, tokens(uint32(4*i), 1, 4))
+	}
+	return evs
+}
+
+// producerMain runs in a child process (the test binary re-executed with KVSHMD_TEST_PRODUCER=1): it creates a
+// ring, attaches, publishes KVSHMD_TEST_EVENTS events, says "published" and waits to be killed.
+func producerMain() int {
+	socket, path := os.Getenv("KVSHMD_TEST_SOCKET"), os.Getenv("KVSHMD_TEST_RING")
+	n, _ := strconv.Atoi(os.Getenv("KVSHMD_TEST_EVENTS"))
+	w, err := shm.Create(path, shm.Options{Capacity: 1 << 20, WorkerID: 21, KVBlockSize: 4, MaxBufferSize: 1024})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	c, err := Dial(context.Background(), socket)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if _, err := c.Attach(context.Background(), AttachRequest{RingPath: path, WorkerID: 21, KVBlockSize: 4, MaxBufferSize: 1024}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	b := flatbuffers.NewBuilder(1024)
+	for _, ev := range procEvents(n) {
+		if err := w.WriteEvent(ev.Seq, fbs.Build(b, &ev)); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	fmt.Println("published")
+	select {}
+}
+
+// TestProducerProcessKilled: a real producer process attaches, publishes and is SIGKILLed; the daemon notices
+// (socket EOF), drains what was published, marks the producer dead and keeps answering from the index.
+func TestProducerProcessKilled(t *testing.T) {
+	ts := startServer(t, nil)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ring := filepath.Join(t.TempDir(), "proc.ring")
+	const n = 300
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), "KVSHMD_TEST_PRODUCER=1", "KVSHMD_TEST_SOCKET="+ts.SocketPath(),
+		"KVSHMD_TEST_RING="+ring, "KVSHMD_TEST_EVENTS="+strconv.Itoa(n))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "published\n" {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatalf("producer process: %q %v\n%s", line, err, stderr.String())
+	}
+	st := checkStats(t, ts.SocketPath(), 21, func(s StreamStats) bool { return s.Attached })
+	if st.ProducerPID != uint32(cmd.Process.Pid) {
+		t.Errorf("producer pid %d, want %d", st.ProducerPID, cmd.Process.Pid)
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	st = checkStats(t, ts.SocketPath(), 21, func(s StreamStats) bool { return !s.Attached && !s.ProducerAlive })
+	if st.LastEventID == nil || *st.LastEventID != n-1 || st.Tainted {
+		t.Fatalf("after the producer died: %+v, want all %d events applied", st, n)
+	}
+	oracle, _ := index.New(index.Config{WorkerID: 21, BlockSize: 4, MaxBufferSize: 1024})
+	for _, ev := range procEvents(n) {
+		_, _ = oracle.ApplyStoredTokens(ev.Seq, 0, ev.HasParent, ev.ParentHash, le64(ev.BlockHashes), le32(ev.TokenIDs), nil, false)
+	}
+	c, err := Dial(ctxT(t), ts.SocketPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, start := range []*uint64{nil, u64p(0), u64p(n - 10)} {
+		got, err := c.Events(ctxT(t), u64p(21), start, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := oracle.Recover(context.Background(), start, nil)
+		if !sameRecovery(t, got, want.JSON) {
+			t.Fatalf("events %v after the producer died:\n got %.300s\nwant %.300s", start, got, want.JSON)
+		}
+	}
+}
