@@ -77,20 +77,20 @@ def test_private_daemon_sigkill_midstream(make_indexer: IndexerFactory) -> None:
         if variant(a) == "Error":
             assert a["Error"].startswith("kvshm:")
     st = ix.stats()
-    assert st["daemon_restarts"] == 1 and st["attaches"] == 2 and pid_gone(old_pid)
+    assert st["daemon_restarts"] == 1 and st["attaches"] == 2 and pid_gone(old_pid), (st, answers[-3:])
 
     # After recovery: the new daemon resumed the ring but lost the history before it: a dump is refused.
     nxt = result["next"]
     ix.apply_stored(nxt, toks(0, 4), [1])
     resp = query(ix)
-    assert variant(resp) == "Error" and resp["Error"].startswith("kvshm:"), resp
+    assert variant(resp) == "Error" and resp["Error"].startswith("kvshm:"), (str(resp)[:300], ix.stats())
     # A Cleared re-bases the state: answers are complete again.
     ix.apply_cleared(nxt + 1)
     ix.apply_stored(nxt + 2, toks(90000, 4), [42])
     ix.apply_stored(nxt + 3, toks(90004, 4), [43], parent_hash=42)
     ix.apply_stored(nxt + 4, toks(90000, 4), [44], dp_rank=1)
     resp = query(ix)
-    assert variant(resp) == "TreeDump" and resp["TreeDump"]["last_event_id"] == nxt + 4
+    assert variant(resp) == "TreeDump" and resp["TreeDump"]["last_event_id"] == nxt + 4, str(resp)[:300]
     got = {(e["event"]["dp_rank"], e["event"]["data"]["stored"]["parent_hash"],
             e["event"]["data"]["stored"]["blocks"][0]["block_hash"]) for e in resp["TreeDump"]["events"]}
     assert got == {(0, None, 42), (0, 42, 43), (1, None, 42)}  # dp 1 shares dp 0's node (same tokens)
