@@ -1,0 +1,299 @@
+package daemon
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	flatbuffers "github.com/google/flatbuffers/go"
+
+	"github.com/kvshm/kvshm/proto/fbs"
+	"github.com/kvshm/kvshm/shm"
+)
+
+var update = flag.Bool("update", false, "rewrite the expected output of testdata/protocol scripts")
+
+// TestProtocolScripts runs the data-driven scripts in testdata/protocol against a real server over real sockets.
+// A script is a sequence of blocks: a command line, "----", the expected output, a blank line; "#" lines are
+// comments stating intent. -update rewrites the expected outputs.
+//
+// Commands:
+//
+//	attach worker=W bs=B                        create a ring and attach it (keeps the connection)
+//	stored seq=S dp=D [parent=P] hashes=H,H [lora=NAME] [eagle]   publish (tokens derived from the hashes)
+//	removed seq=S dp=D hashes=H,H               publish
+//	cleared seq=S                               publish
+//	close-producer worker=W                     close the attaching connection, wait for the detach
+//	events|dump|stats|match|health|detach ...   a request with key=value fields (JSON body), reply printed
+//	send HEX                                    raw bytes on a fresh connection; replies and closed/open printed
+func TestProtocolScripts(t *testing.T) {
+	files, _ := filepath.Glob("testdata/protocol/*.txt")
+	if len(files) == 0 {
+		t.Fatal("no scripts in testdata/protocol")
+	}
+	for _, file := range files {
+		t.Run(filepath.Base(file), func(t *testing.T) { runScript(t, file) })
+	}
+}
+
+type scriptEnv struct {
+	t         *testing.T
+	ts        *testServer
+	q         *Client
+	producers map[uint64]*scriptProducer
+}
+
+type scriptProducer struct {
+	w    *shm.Writer
+	conn *Client
+	bs   uint32
+	b    *flatbuffers.Builder
+}
+
+func runScript(t *testing.T, file string) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &scriptEnv{t: t, producers: map[uint64]*scriptProducer{}}
+	env.ts = startServer(t, func(c *Config) {
+		c.Version = "test"
+		c.MaxRequestBytes = 1 << 10
+		c.IdleTimeout = 5 * time.Second        // longer than send's 1 s wait: "open" means not closed
+		c.FrameTimeout = 100 * time.Millisecond // shorter: a truncated frame shows as closed
+	})
+	env.q, err = Dial(ctxT(t), env.ts.SocketPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.q.Close()
+
+	var out strings.Builder
+	lines := strings.Split(string(data), "\n")
+	for i := 0; i < len(lines); i++ {
+		line := lines[i]
+		if strings.TrimSpace(line) == "" || strings.HasPrefix(line, "#") {
+			out.WriteString(line + "\n")
+			continue
+		}
+		cmd := line
+		if i+1 >= len(lines) || lines[i+1] != "----" {
+			t.Fatalf("%s:%d: command %q not followed by ----", file, i+1, cmd)
+		}
+		i += 2
+		var want []string
+		for ; i < len(lines) && lines[i] != ""; i++ {
+			want = append(want, lines[i])
+		}
+		got := strings.TrimRight(env.run(cmd), "\n")
+		if !*update && got != strings.Join(want, "\n") {
+			t.Errorf("%s: %s\n got: %s\nwant: %s", file, cmd, got, strings.Join(want, "\n"))
+		}
+		fmt.Fprintf(&out, "%s\n----\n%s\n", cmd, got)
+		if i < len(lines) {
+			out.WriteString("\n")
+		}
+	}
+	if *update {
+		if err := os.WriteFile(file, []byte(strings.TrimRight(out.String(), "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func (e *scriptEnv) run(line string) string {
+	t := e.t
+	f := strings.Fields(line)
+	args := map[string]string{}
+	for _, a := range f[1:] {
+		k, v, _ := strings.Cut(a, "=")
+		args[k] = v
+	}
+	num := func(k string) uint64 {
+		n, err := strconv.ParseUint(args[k], 10, 64)
+		if err != nil {
+			t.Fatalf("%q: %s=%q: %v", line, k, args[k], err)
+		}
+		return n
+	}
+	list := func(k string) []uint64 {
+		var out []uint64
+		for _, s := range strings.Split(args[k], ",") {
+			if s == "" {
+				continue
+			}
+			n, err := strconv.ParseUint(s, 10, 64)
+			if err != nil {
+				t.Fatalf("%q: %v", line, err)
+			}
+			out = append(out, n)
+		}
+		return out
+	}
+	switch f[0] {
+	case "attach":
+		w := num("worker")
+		p := &scriptProducer{bs: uint32(num("bs")), b: flatbuffers.NewBuilder(256)}
+		path := filepath.Join(t.TempDir(), "ring")
+		var err error
+		if p.w, err = shm.Create(path, shm.Options{Capacity: 1 << 16, WorkerID: w, KVBlockSize: p.bs, MaxBufferSize: 64}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.w.Close() })
+		if p.conn, err = Dial(ctxT(t), e.ts.SocketPath()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.conn.Close() })
+		rep, err := p.conn.Attach(ctxT(t), AttachRequest{RingPath: path, WorkerID: w, KVBlockSize: p.bs, MaxBufferSize: 64})
+		if err != nil {
+			return errText(err)
+		}
+		e.producers[w] = p
+		return fmt.Sprintf("attached worker=%d stream_epoch=%d resumed=%v head=%d", rep.WorkerID, rep.StreamEpoch, rep.Resumed, rep.Head)
+	case "stored", "removed", "cleared":
+		var p *scriptProducer
+		for _, p = range e.producers { // scripts publish for the one attached worker
+		}
+		ev := fbs.EventSpec{Seq: num("seq")}
+		if _, ok := args["dp"]; ok {
+			ev.DpRank = uint32(num("dp"))
+		}
+		switch f[0] {
+		case "stored":
+			ev.Kind, ev.BlockHashes = fbs.KindStored, list("hashes")
+			if _, ok := args["parent"]; ok {
+				ev.HasParent, ev.ParentHash = true, num("parent")
+			}
+			for _, h := range ev.BlockHashes {
+				ev.TokenIDs = append(ev.TokenIDs, tokens(uint32(h)*p.bs, 1, p.bs)...)
+			}
+			ev.LoraName = args["lora"]
+			if _, ok := args["eagle"]; ok {
+				ev.IsEagle = true
+				ev.TokenIDs = append(ev.TokenIDs, 7)
+			}
+		case "removed":
+			ev.Kind, ev.BlockHashes = fbs.KindRemoved, list("hashes")
+		default:
+			ev.Kind = fbs.KindCleared
+		}
+		if err := p.w.WriteEvent(ev.Seq, fbs.Build(p.b, &ev)); err != nil {
+			return errText(err)
+		}
+		return "published"
+	case "close-producer":
+		w := num("worker")
+		e.producers[w].conn.Close()
+		checkStats(t, e.ts.SocketPath(), w, func(s StreamStats) bool { return !s.Attached })
+		return "detached"
+	case "send":
+		return e.send(strings.Join(f[1:], ""))
+	}
+	// Requests: key=value fields become a JSON object (numbers stay numbers, "null" stays null).
+	kinds := map[string]Kind{"detach": KindDetach, "events": KindEvents, "dump": KindDump, "stats": KindStats, "match": KindMatch, "health": KindHealth}
+	kind, ok := kinds[f[0]]
+	if !ok {
+		t.Fatalf("unknown command %q", line)
+	}
+	fields := make([]string, 0, len(args))
+	for _, a := range f[1:] {
+		k, v, _ := strings.Cut(a, "=")
+		if k == "tokens" { // tokens=HASH: the tokens stored for that block hash
+			p := e.anyProducer()
+			h, _ := strconv.ParseUint(v, 10, 32)
+			b, _ := json.Marshal(tokens(uint32(h)*p.bs, 1, p.bs))
+			v = string(b)
+		}
+		fields = append(fields, strconv.Quote(k)+":"+v)
+	}
+	body, err := e.q.Do(ctxT(t), kind, []byte("{"+strings.Join(fields, ",")+"}"))
+	if err != nil {
+		return errText(err)
+	}
+	if kind == KindStats {
+		return statsSummary(t, body)
+	}
+	return string(body)
+}
+
+func (e *scriptEnv) anyProducer() *scriptProducer {
+	for _, p := range e.producers {
+		return p
+	}
+	e.t.Fatal("no producer attached")
+	return nil
+}
+
+// statsSummary prints the stable fields of a STATS reply (no paths, pids, epochs, byte counts).
+func statsSummary(t *testing.T, body []byte) string {
+	var r StatsReply
+	if err := json.Unmarshal(body, &r); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Streams) == 0 {
+		return "no streams"
+	}
+	var b strings.Builder
+	for _, s := range r.Streams {
+		ids := "none"
+		if s.FirstEventID != nil {
+			ids = fmt.Sprintf("%d..%d", *s.FirstEventID, *s.LastEventID)
+		}
+		fmt.Fprintf(&b, "worker=%d attached=%v alive=%v stream_epoch=%d ids=%s buffered=%d resident=%d tainted=%v lost=%d lost_ranges=%d\n",
+			s.WorkerID, s.Attached, s.ProducerAlive, s.StreamEpoch, ids, s.Buffered, s.ResidentBlocks, s.Tainted, s.LostEvents, len(s.LostRanges))
+	}
+	return b.String()
+}
+
+func errText(err error) string {
+	var re *RemoteError
+	if errors.As(err, &re) {
+		return "error " + re.Code + ": " + re.Message
+	}
+	return "error: " + err.Error()
+}
+
+// send writes raw bytes on a fresh connection and prints every reply frame, then whether the daemon closed it.
+func (e *scriptEnv) send(hexBytes string) string {
+	raw, err := hex.DecodeString(hexBytes)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	c, err := net.Dial("unix", e.ts.SocketPath())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(raw); err != nil {
+		e.t.Fatal(err)
+	}
+	var b strings.Builder
+	br := bufio.NewReader(c)
+	for {
+		_ = c.SetReadDeadline(time.Now().Add(time.Second))
+		f, _, err := ReadFrame(br, MaxResponse, nil)
+		if err != nil {
+			if isTimeout(err) {
+				b.WriteString("connection open\n")
+			} else if err == io.EOF || isReset(err) {
+				b.WriteString("connection closed\n")
+			} else {
+				fmt.Fprintf(&b, "read error: %v\n", err)
+			}
+			return b.String()
+		}
+		fmt.Fprintf(&b, "reply kind=%d status=%d %s\n", f.Kind, f.Status, bytes.TrimSpace(f.Body))
+	}
+}
