@@ -71,7 +71,7 @@ func runScript(t *testing.T, file string) {
 	env.ts = startServer(t, func(c *Config) {
 		c.Version = "test"
 		c.MaxRequestBytes = 1 << 10
-		c.IdleTimeout = 5 * time.Second        // longer than send's 1 s wait: "open" means not closed
+		c.IdleTimeout = 5 * time.Second         // longer than send's 1 s wait: "open" means not closed
 		c.FrameTimeout = 100 * time.Millisecond // shorter: a truncated frame shows as closed
 	})
 	env.q, err = Dial(ctxT(t), env.ts.SocketPath())
