@@ -67,6 +67,7 @@ type attachment struct {
 	// Owned by the drain goroutine.
 	lastCorrupt uint64 // position of the last corruption reported
 	corruptSeen bool   // lastCorrupt is valid
+	corruptPass bool   // the current drain pass hit corruption
 	view        fbs.EventView
 	hashes      []uint64
 	pending     []syncReq
@@ -118,6 +119,7 @@ func (a *attachment) run() {
 	lastPID := lastSnap
 	pidEvery := a.st.srv.cfg.PIDCheckInterval
 	for {
+		a.corruptPass = false
 		n := a.drainBatch()
 		a.completeSyncs() // after an empty poll every barrier received so far is satisfied
 		select {
@@ -131,8 +133,13 @@ func (a *attachment) run() {
 			a.idl.worked(now)
 			continue
 		}
-		if len(a.pending) > 0 {
-			continue // a barrier is waiting for records that are being published: keep polling
+		if a.corruptPass && len(a.pending) > 0 {
+			// The ring is corrupt and nothing is readable (an unrepairable tail word): waiting cannot help the
+			// barriers, so answer them with what has been applied.
+			for _, p := range a.pending {
+				close(p.done)
+			}
+			a.pending = a.pending[:0]
 		}
 		if !a.idl.idle(now) {
 			continue
@@ -238,6 +245,7 @@ func (a *attachment) corruption(err error) {
 	if errors.As(err, &ce) {
 		pos = ce.Pos
 	}
+	a.corruptPass = true
 	if !a.corruptSeen || pos != a.lastCorrupt {
 		a.corruptSeen, a.lastCorrupt = true, pos
 		a.st.corrupt.Add(1)
