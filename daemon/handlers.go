@@ -332,7 +332,8 @@ func (s *Server) attach(cc *conn, req AttachRequest) (AttachReply, error) {
 // startStream installs the attachment. Called with s.mu held.
 func (s *Server) startStream(cc *conn, st *stream, r *shm.Reader, h shm.Header, req AttachRequest, head uint64) (AttachReply, error) {
 	newIndex := func() (*index.Indexer, error) {
-		ix, err := index.New(index.Config{WorkerID: req.WorkerID, BlockSize: req.KVBlockSize, MaxBufferSize: int(req.MaxBufferSize)})
+		// The header's max_buffer_size is authoritative (the request's, when nonzero, was checked against it).
+		ix, err := index.New(index.Config{WorkerID: req.WorkerID, BlockSize: req.KVBlockSize, MaxBufferSize: int(h.MaxBufferSize)})
 		if err != nil {
 			return nil, errorf(CodeBadRequest, "create index: %v", err)
 		}
@@ -380,7 +381,7 @@ func (s *Server) startStream(cc *conn, st *stream, r *shm.Reader, h shm.Header, 
 		stop:     make(chan struct{}), done: make(chan struct{}), syncs: make(chan syncReq, 64),
 	}
 	st.att, st.alive = a, true
-	st.blockSize, st.maxBuffer, st.ringPath, st.epoch = req.KVBlockSize, req.MaxBufferSize, req.RingPath, h.Epoch
+	st.blockSize, st.maxBuffer, st.ringPath, st.epoch = req.KVBlockSize, h.MaxBufferSize, req.RingPath, h.Epoch
 	st.lastHeader, st.lastRing = h, r.Stats()
 	rep := AttachReply{WorkerID: req.WorkerID, Epoch: h.Epoch, StreamEpoch: st.streamEpoch, Resumed: resumed, Head: head}
 	st.mu.Unlock()
