@@ -232,9 +232,23 @@ def test_parent_killed_daemon_exits(ring_dir: Path) -> None:
     proc.kill()
     proc.wait()
     wait_for(lambda: pid_gone(info["pid"]), "the orphaned daemon to exit")
-    # The ring file cannot be removed by a process that was SIGKILLed; it is the only leftover (documented).
-    for leftover in ring_dir.iterdir():
-        leftover.unlink()
+    # Nothing in the killed process could remove its ring file and private directory: the next LocalIndexer on
+    # the machine does, and leaves alone what is not stale (a live producer's ring, other files).
+    assert [p.name for p in ring_dir.iterdir()] == [os.path.basename(info["ring"])]
+    other = ring_dir / "kvshm-notes.txt"
+    other.write_text("not a ring")
+    live = LocalIndexer(2, 4, ring_dir=ring_dir, ring_bytes=1 << 20)
+    try:
+        again = LocalIndexer(3, 4, ring_dir=ring_dir, ring_bytes=1 << 20)
+        again.shutdown()
+        assert sorted(p.name for p in ring_dir.iterdir()) == sorted(
+            [other.name, os.path.basename(live.stats()["ring_path"])]
+        )
+        assert not os.path.exists(os.path.dirname(info["socket"])), "the dead engine's daemon directory is left"
+        assert os.path.exists(os.path.dirname(live.stats()["socket_path"]))
+    finally:
+        live.shutdown()
+    other.unlink()
 
 
 def test_forked_child_gets_a_clear_error(make_indexer: IndexerFactory) -> None:

@@ -4,8 +4,9 @@
 static binary shipped in the wheel (``kvshm/_bin/kvshmd``), then ``PATH``.
 
 A :class:`PrivateDaemon` is a kvshmd owned by one Python process. It lives in a private directory made with
-:func:`tempfile.mkdtemp` (mode 0700, so no other user can reach its socket) holding ``kvshmd.sock`` and
-``kvshmd.log`` (the daemon's stdout and stderr). It is started as::
+:func:`tempfile.mkdtemp` (``$TMPDIR/kvshm-<pid>-XXXX``, mode 0700, so no other user can reach its socket) holding
+``kvshmd.sock`` and ``kvshmd.log`` (the daemon's stdout and stderr). Directories of processes that died without
+cleaning up (SIGKILL) are removed by the next PrivateDaemon (:func:`sweep_stale_dirs`). It is started as::
 
     kvshmd serve --socket DIR/kvshmd.sock --parent-pid <this process's pid>
 
@@ -22,8 +23,10 @@ Not thread-safe: the owner serializes start/stop/restart (LocalIndexer does it u
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -33,7 +36,7 @@ from typing import Final
 from ._client import Client, ClientError
 from ._errors import LauncherError
 
-__all__ = ["LauncherError", "PrivateDaemon", "find_kvshmd"]
+__all__ = ["PrivateDaemon", "find_kvshmd", "sweep_stale_dirs"]
 
 BIN_ENV: Final = "KVSHMD_BIN"
 SOCKET_NAME: Final = "kvshmd.sock"
@@ -65,6 +68,35 @@ def find_kvshmd() -> str:
     )
 
 
+_DIR_NAME: Final = re.compile(r"kvshm-(\d+)-[^/]+")
+
+
+def sweep_stale_dirs() -> list[str]:
+    """Remove private daemon directories (``$TMPDIR/kvshm-<pid>-*``, ours) whose creating process is gone: what a
+    SIGKILLed engine leaves (its daemon exits by itself through --parent-pid). Returns the removed paths."""
+    removed: list[str] = []
+    tmp = tempfile.gettempdir()
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return removed
+    uid = os.getuid()
+    for name in names:
+        m = _DIR_NAME.fullmatch(name)
+        if m is None:
+            continue
+        path = os.path.join(tmp, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if st.st_uid != uid or not stat.S_ISDIR(st.st_mode) or os.path.exists(f"/proc/{m.group(1)}"):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
 class PrivateDaemon:
     """A kvshmd started by, and tied to, this process (see the module docstring)."""
 
@@ -72,7 +104,8 @@ class PrivateDaemon:
         self.binary = binary if binary is not None else find_kvshmd()
         self.ready_timeout = ready_timeout
         self.stop_timeout = stop_timeout
-        self.dir = tempfile.mkdtemp(prefix="kvshm-")  # 0700, owned by us
+        sweep_stale_dirs()
+        self.dir = tempfile.mkdtemp(prefix=f"kvshm-{os.getpid()}-")  # 0700, owned by us
         self.socket_path = os.path.join(self.dir, SOCKET_NAME)
         self.log_path = os.path.join(self.dir, LOG_NAME)
         self.owner_pid = os.getpid()
