@@ -282,7 +282,7 @@ func (e *scriptEnv) send(hexBytes string) string {
 	var b strings.Builder
 	br := bufio.NewReader(c)
 	for {
-		_ = c.SetReadDeadline(time.Now().Add(time.Second))
+		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
 		f, _, err := ReadFrame(br, MaxResponse, nil)
 		if err != nil {
 			if isTimeout(err) {
