@@ -322,6 +322,7 @@ def test_stats_and_lifecycle(make_indexer: IndexerFactory) -> None:
     st = ix.stats()
     assert st["mode"] == "private" and st["attached"] and st["attaches"] == 1 and st["daemon_restarts"] == 0
     assert st["published_events"] == 0 and st["dropped_events"] == 0 and st["last_error"] is None
+    assert st["last_attach"]["worker_id"] == 5 and not st["last_attach"]["resumed"]
     assert os.path.exists(st["ring_path"]) and os.path.exists(st["socket_path"])
     ix.apply_cleared(0)
     assert ix.stats()["published_events"] == 1 and ix.stats()["ring"]["tail"] > 0

@@ -78,6 +78,7 @@ def test_private_daemon_sigkill_midstream(make_indexer: IndexerFactory) -> None:
             assert a["Error"].startswith("kvshm:")
     st = ix.stats()
     assert st["daemon_restarts"] == 1 and st["attaches"] == 2 and pid_gone(old_pid), (st, answers[-3:])
+    assert st["last_attach"]["resumed"] and st["last_attach"]["head"] > 0, st["last_attach"]
 
     # After recovery: the new daemon resumed the ring but lost the history before it: a dump is refused.
     nxt = result["next"]

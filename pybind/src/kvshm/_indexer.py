@@ -538,6 +538,7 @@ class LocalIndexer:
             "attaches": core.attaches,
             "daemon_pid": None if daemon is None else daemon.pid,
             "daemon_restarts": core.daemon_restarts,
+            "last_attach": dict(core.attach_reply),  # the daemon's ATTACH reply: epoch, stream_epoch, resumed, head
             "last_error": core.last_error,
             "published_events": ring.get("published_events"),
             "dropped_events": ring.get("dropped_events"),
