@@ -24,7 +24,8 @@ where the dead one stopped; it knows it has lost the history before that, so it 
 ``Error`` variant until a ``Cleared`` re-bases the state.
 
 Concurrency: publishing is serialized by a lock (uncontended, no system call), so any number of threads may
-publish; queries use their own connection and lock. A process forked from the owner gets
+publish; queries use their own connections (a small pool, so a slow dump does not hold up a quick Events query).
+The supervisor thread owns the ATTACH connection and the daemon's restarts. A process forked from the owner gets
 :class:`ForkedProcessError` from every method: the ring, its lock and the daemon belong to the parent.
 """
 
