@@ -76,11 +76,12 @@ PYPKG       := pybind
 KVSHMD_PKG  := $(PYPKG)/src/kvshm/_bin/kvshmd
 WHEEL_GLOB  := dist/kvshm-*-py3-none-*.whl
 TESTENV     := build/testenv
+PYVERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' $(PYPKG)/pyproject.toml)
 PYTEST_ARGS ?=
 wheel: venv
 	rm -rf $(PYPKG)/build $(PYPKG)/src/*.egg-info $(WHEEL_GLOB)
 	mkdir -p $(dir $(KVSHMD_PKG)) dist
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(KVSHMD_PKG) ./cmd/kvshmd
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w -X main.version=v$(PYVERSION)' -o $(KVSHMD_PKG) ./cmd/kvshmd
 	$(VPY) -m build --wheel --no-isolation --outdir dist $(PYPKG)
 	rm -rf $(PYPKG)/build $(PYPKG)/src/*.egg-info
 	@ls -l $(WHEEL_GLOB)

@@ -52,6 +52,9 @@ def test_packaged_kvshmd_is_a_static_x86_64_executable() -> None:
     assert os.access(binary, os.X_OK)
     types = program_header_types(binary)
     assert PT_INTERP not in types and PT_DYNAMIC not in types, "kvshmd is dynamically linked"
+    if INSTALLED:  # the wheel's daemon is stamped with the package version
+        out = subprocess.run([str(binary), "version"], capture_output=True, text=True, timeout=30)
+        assert out.stdout.strip() == f"v{kvshm.__version__}", out
 
 
 def test_typed_package_and_public_api() -> None:
