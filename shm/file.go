@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	mmap "github.com/edsrzf/mmap-go"
 	"io"
 	"os"
 	"strconv"
@@ -196,8 +197,10 @@ func writeZeros(f *os.File, size int64) error {
 	return f.Sync()
 }
 
+// mapFile maps the whole ring file shared and writable (mmap-go: MAP_SHARED, PROT_READ|PROT_WRITE). The mapping
+// is page-aligned, which the atomic offsets rely on (checked in checkAtomicAlignment).
 func mapFile(f *os.File, size int64) ([]byte, error) {
-	m, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	m, err := mmap.MapRegion(f, int(size), mmap.RDWR, 0, 0)
 	if err != nil {
 		return nil, fmt.Errorf("map ring file: %w", err)
 	}
@@ -205,7 +208,8 @@ func mapFile(f *os.File, size int64) ([]byte, error) {
 }
 
 func unmap(m []byte) error {
-	if err := unix.Munmap(m); err != nil {
+	mm := mmap.MMap(m)
+	if err := mm.Unmap(); err != nil {
 		return fmt.Errorf("unmap ring file: %w", err)
 	}
 	return nil
