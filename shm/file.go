@@ -5,12 +5,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	mmap "github.com/edsrzf/mmap-go"
 	"io"
 	"os"
 	"strconv"
 	"time"
 
+	mmap "github.com/edsrzf/mmap-go"
 	"golang.org/x/sys/unix"
 )
 
