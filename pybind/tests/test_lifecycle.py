@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -237,6 +238,9 @@ def test_parent_killed_daemon_exits(ring_dir: Path) -> None:
     # Nothing in the killed process could remove its ring file and private directory: the next LocalIndexer on
     # the machine does, and leaves alone what is not stale (a live producer's ring, other files).
     assert [p.name for p in ring_dir.iterdir()] == [os.path.basename(info["ring"])]
+    dead_dir = os.path.dirname(info["socket"])
+    old = time.time() - 120  # a daemon directory younger than a minute may belong to a daemon being started
+    os.utime(dead_dir, (old, old))
     other = ring_dir / "kvshm-notes.txt"
     other.write_text("not a ring")
     live = LocalIndexer(2, 4, ring_dir=ring_dir, ring_bytes=1 << 20)
@@ -452,3 +456,36 @@ def test_shared_daemon_busy_is_retried(short_dir: Path, make_indexer: IndexerFac
         assert variant(resp) == "Error" and "busy" in resp["Error"]
     finally:
         fake.close()
+
+
+def test_sweep_keeps_what_may_be_alive() -> None:
+    """Only old directories of pids that do not run here and where nothing listens are removed."""
+    import socket
+    import tempfile
+
+    from kvshm._launcher import sweep_stale_dirs
+
+    dead_pid = subprocess.Popen(["true"])  # a pid that just exited
+    dead_pid.wait()
+    tmp = Path(tempfile.gettempdir())
+    old = time.time() - 120
+    made = {}
+    for label in ("stale", "young", "listening", "alive"):
+        pid = os.getpid() if label == "alive" else dead_pid.pid
+        d = Path(tempfile.mkdtemp(prefix=f"kvshm-{pid}-", dir=tmp))
+        made[label] = d
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(made["listening"] / "kvshmd.sock"))
+    listener.listen(1)
+    try:
+        for label, d in made.items():
+            if label != "young":
+                os.utime(d, (old, old))
+        removed = sweep_stale_dirs()
+        assert str(made["stale"]) in removed and not made["stale"].exists()
+        for label in ("young", "listening", "alive"):
+            assert made[label].exists() and str(made[label]) not in removed, label
+    finally:
+        listener.close()
+        for d in made.values():
+            shutil.rmtree(d, ignore_errors=True)

@@ -42,6 +42,7 @@ BIN_ENV: Final = "KVSHMD_BIN"
 SOCKET_NAME: Final = "kvshmd.sock"
 LOG_NAME: Final = "kvshmd.log"
 _LOG_TAIL_BYTES: Final = 4000
+_STALE_DIR_AGE: Final = 60.0  # seconds a dead process's daemon directory is left alone
 
 
 def packaged_kvshmd() -> Path:
@@ -71,9 +72,11 @@ def find_kvshmd() -> str:
 _DIR_NAME: Final = re.compile(r"kvshm-(\d+)-[^/]+")
 
 
-def sweep_stale_dirs() -> list[str]:
-    """Remove private daemon directories (``$TMPDIR/kvshm-<pid>-*``, ours) whose creating process is gone: what a
-    SIGKILLed engine leaves (its daemon exits by itself through --parent-pid). Returns the removed paths."""
+def sweep_stale_dirs(min_age: float = _STALE_DIR_AGE) -> list[str]:
+    """Remove private daemon directories (``$TMPDIR/kvshm-<pid>-*``, ours) that a SIGKILLed engine left behind (its
+    daemon exits by itself through --parent-pid). A directory is stale when its creating pid does not run here,
+    nothing listens on its socket (a /tmp shared with another pid namespace may hold a live one) and it has not
+    changed for ``min_age`` seconds (a daemon being started). Returns the removed paths."""
     removed: list[str] = []
     tmp = tempfile.gettempdir()
     try:
@@ -81,6 +84,7 @@ def sweep_stale_dirs() -> list[str]:
     except OSError:
         return removed
     uid = os.getuid()
+    now = time.time()
     for name in names:
         m = _DIR_NAME.fullmatch(name)
         if m is None:
@@ -90,11 +94,26 @@ def sweep_stale_dirs() -> list[str]:
             st = os.lstat(path)
         except OSError:
             continue
-        if st.st_uid != uid or not stat.S_ISDIR(st.st_mode) or os.path.exists(f"/proc/{m.group(1)}"):
+        if (st.st_uid != uid or not stat.S_ISDIR(st.st_mode) or now - st.st_mtime < min_age
+                or os.path.exists(f"/proc/{m.group(1)}") or _listening(os.path.join(path, SOCKET_NAME))):
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
+
+
+def _listening(path: str) -> bool:
+    """Whether a daemon accepts connections on the Unix socket ``path``."""
+    if not os.path.exists(path):
+        return False
+    client = Client(path, connect_timeout=0.5)
+    try:
+        client.connect()
+        return True
+    except ClientError:
+        return False
+    finally:
+        client.close()
 
 
 class PrivateDaemon:
