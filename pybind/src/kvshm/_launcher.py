@@ -63,6 +63,8 @@ def find_kvshmd() -> str:
     found = shutil.which("kvshmd")
     if found:
         return found
+    if packaged.is_file():
+        raise LauncherError(f"kvshm: the packaged {packaged} is not executable (chmod +x it, or set {BIN_ENV})")
     raise LauncherError(
         f"kvshm: cannot find kvshmd: set {BIN_ENV}, install the kvshm wheel (it ships {packaged}), "
         "or put kvshmd on PATH"
