@@ -153,6 +153,7 @@ class PrivateDaemon:
             raise LauncherError("kvshm: the private kvshmd was stopped")
         if self._proc is not None:
             self._kill()
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)  # a /tmp cleaner may have removed it
         try:
             os.unlink(self.socket_path)  # stale socket of a dead daemon
         except FileNotFoundError:
