@@ -93,5 +93,16 @@ pytest: wheel
 	KVSHM_TEST_INSTALLED=1 $(TESTENV)/bin/pytest -p no:cacheprovider -ra --strict-markers --strict-config $(PYTEST_ARGS) $(PYPKG)/tests
 	cd $(PYPKG) && ../$(VPY) -m mypy --strict
 
+# --- the demo (README's first command) ----------------------------------------------------------------------
+# Fresh machine to a running system: Go modules and the pinned Python tools, the wheel with its static kvshmd,
+# a clean venv with the wheel installed, then an engine-like publisher driving kvshm and a global indexer's
+# recovery queries (through LocalIndexer and through `kvshmd serve --http`).
+DEMOENV := build/demoenv
+demo: wheel
+	rm -rf $(DEMOENV)
+	$(PYTHON) -m venv $(DEMOENV)
+	$(DEMOENV)/bin/python -m pip install -q $(WHEEL_GLOB)
+	cd build && ../$(DEMOENV)/bin/python ../pybind/examples/publisher_demo.py
+
 # --- the whole suite ---------------------------------------------------------------------------------------
 test: venv check-generate fmt vet gotest pytest

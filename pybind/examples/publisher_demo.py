@@ -12,10 +12,16 @@ the cache evicts (removes) and is reset once (cleared). Then the global indexer'
 from __future__ import annotations
 
 import json
+import os
 import random
+import socket
+import subprocess
+import tempfile
 import time
+import urllib.request
 
 from kvshm import LocalIndexer
+from kvshm._launcher import find_kvshmd
 
 BS = 16
 
@@ -85,6 +91,39 @@ def main() -> None:
         print(f"stats: published {st['published_events']}, dropped {st['dropped_events']}, "
               f"ring {st['ring']['capacity'] >> 20} MiB at {st['ring_path']}, daemon pid {st['daemon_pid']}")
     print("shut down: daemon stopped, socket and ring removed")
+    shared_daemon_over_http(rng)
+
+
+def shared_daemon_over_http(rng: random.Random) -> None:
+    """Part 2: a node-wide `kvshmd serve --http`, which the global indexer queries directly (GET /kv_recover)."""
+    with socket.socket() as probe:  # a free loopback port for the demo
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="kvshm-demo-") as tmp:
+        os.chmod(tmp, 0o700)
+        sock = os.path.join(tmp, "kvshmd.sock")
+        daemon = subprocess.Popen(
+            [find_kvshmd(), "serve", "--socket", sock, "--http", f"127.0.0.1:{port}", "--log-level", "warn"])
+        try:
+            with LocalIndexer(worker_id=42, kv_block_size=BS, socket_path=sock) as ix:
+                last = synthetic_stream(ix, 300, rng) - 1
+                ix.get_events_json(last)  # waits until the daemon has applied everything published
+                base = f"http://127.0.0.1:{port}"
+                print(f"\nshared kvshmd (pid {daemon.pid}) with HTTP on {base}; worker 42 published {last + 1} events")
+                for query in (f"start={last - 2}&end={last}", "", f"start={last + 9}"):
+                    with urllib.request.urlopen(f"{base}/kv_recover?{query}&worker_id=42", timeout=30) as resp:
+                        print(f"GET /kv_recover?{query} -> {resp.status} {summary(resp.read().decode())}")
+                with urllib.request.urlopen(f"{base}/metrics", timeout=30) as resp:
+                    wanted = ("kvshm_resident_blocks", "kvshm_buffered_events", "kvshm_newest_event_id",
+                              "kvshm_events_applied_total")
+                    for line in resp.read().decode().splitlines():
+                        if line.startswith(wanted) and not line.endswith(" 0"):
+                            print(f"  {line}")
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=30)
+    print("shared daemon stopped (SIGTERM: drained, exited 0)" if daemon.returncode == 0
+          else f"shared daemon exited {daemon.returncode}")
 
 
 if __name__ == "__main__":
