@@ -62,8 +62,19 @@ fuzz:
 	  done; \
 	done
 
-bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./index/ ./shm/ ./bench/...
+# Every performance goal, each printed with its baseline measured in the same run (see README "Performance").
+# Benchmarks never fail on a threshold: read the ratios. BENCH_GO adds flags (e.g. -count 5 for benchstat).
+BENCH_GO ?=
+bench: venv build
+	$(GO) test -run '^$$' -bench 'ApplyStored|ApplyRemoved|EventsReply' -benchmem -benchtime 1s $(BENCH_GO) ./index/
+	$(GO) test -run '^$$' -bench 'TreeDump|HeapPerBlock' -benchmem -benchtime 3x $(BENCH_GO) ./index/
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 1s $(BENCH_GO) ./proto/fbs/
+	$(GO) test -run '^$$' -bench 'Ring' -benchmem -benchtime 1s $(BENCH_GO) ./bench/
+	$(GO) test -run '^$$' -bench 'DaemonIngest' -benchtime 200000x $(BENCH_GO) ./bench/
+	$(GO) test -run '^$$' -bench 'DaemonIdleCPU' -benchtime 10x $(BENCH_GO) ./bench/
+	$(GO) test -run '^$$' -bench 'DaemonReach/gap=(0s|200µs|2ms)$$' -benchtime 2000x $(BENCH_GO) ./bench/
+	$(VPY) bench/publish_bench.py
+	PYTHONPATH=pybind/src KVSHMD_BIN=$(CURDIR)/build/kvshmd $(VPY) bench/local_indexer_bench.py
 
 # --- Python ------------------------------------------------------------------------------------------------
 # Builds the wheel (with a static kvshmd inside), installs it into a fresh virtual environment and runs the

@@ -1,6 +1,6 @@
 """Cost of one LocalIndexer publish call, against the ring writer alone and the floor, measured in the same run.
 
-    python pybind/bench/bench_local_indexer.py            # with the installed wheel (e.g. build/testenv/bin/python)
+    python bench/local_indexer_bench.py            # with the installed wheel (e.g. build/testenv/bin/python)
 
 Each case publishes into a live private kvshmd (which drains the ring meanwhile) and reports the median over
 REPEATS interleaved rounds of the mean per-call time of N calls:
