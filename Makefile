@@ -48,8 +48,10 @@ build:
 	mkdir -p build
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o build/kvshmd ./cmd/kvshmd
 
-gotest:
-	$(GO) test -race -count=1 ./...
+# The Python-producer stress test runs 2M events through a small ring (the Go-writer one 1M records); both need
+# the dev venv's Python for the producer.
+gotest: venv
+	KVSHM_STRESS_EVENTS=2000000 $(GO) test -race -count=1 -timeout 20m ./...
 
 testrace: gotest
 
