@@ -119,6 +119,12 @@ func (c *Client) Detach(ctx context.Context, workerID uint64) error {
 	return c.Call(ctx, KindDetach, WorkerRequest{WorkerID: &workerID}, nil)
 }
 
+// Forget drops a worker's stream (index, counters, metric series). The daemon refuses it (conflict) while a
+// producer is attached.
+func (c *Client) Forget(ctx context.Context, workerID uint64) error {
+	return c.Call(ctx, KindForget, WorkerRequest{WorkerID: &workerID}, nil)
+}
+
 // Events returns the WorkerKvQueryResponse JSON for [start, end] (nil = open). The bytes are a fresh copy.
 func (c *Client) Events(ctx context.Context, workerID, start, end *uint64) ([]byte, error) {
 	body, err := json.Marshal(EventsRequest{WorkerID: workerID, Start: start, End: end})

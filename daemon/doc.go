@@ -39,6 +39,9 @@
 //	same worker, new ring epoch (producer restart) replaced (its cache is empty)      stream_epoch+1, resets+1
 //	producer EOF / pid gone / ring state CLOSED    kept, queryable                    attached=false, producer_alive=false
 //	DETACH                                         kept, queryable                    same as above
+//	FORGET of a detached/dead worker               dropped with its metric series     not_found from then on; a
+//	                                                                                  later attach starts a new stream
+//	FORGET while a producer is attached            kept (refused)                     conflict
 //	SIGTERM / SIGINT / parent gone                 rings drained, head stored, exit 0
 //
 // Ending an attachment always drains the ring one last time (up to the tail seen at the stop), releases the head
@@ -66,9 +69,26 @@
 // length counts everything after the length field (4 + body). Requests: status 0, length ≤ 4 MiB (configurable);
 // replies echo the kind, length ≤ 1 GiB, status 0 OK or 1 ERROR with body {"error":"<message>","code":"<code>"}.
 // Bodies are JSON; request decoding is strict (unknown fields, trailing data, negative or fractional ids are
-// bad_request). Kinds: 1 ATTACH, 2 DETACH, 3 EVENTS, 4 DUMP, 5 STATS, 6 MATCH, 7 HEALTH (bodies in protocol.go).
-// worker_id null selects the only stream (conflict with several); for STATS null means every stream. EVENTS and
-// DUMP reply with the index's WorkerKvQueryResponse JSON bytes unchanged.
+// bad_request). Bodies are in protocol.go:
+//
+//	kind  name    request body                                      OK reply body
+//	1     ATTACH  {"ring_path","worker_id","kv_block_size",         {"worker_id","epoch","stream_epoch","resumed","head"}
+//	               "max_buffer_size"}
+//	2     DETACH  {"worker_id": u64}                                {}
+//	3     EVENTS  {"worker_id"?, "start"?, "end"?}                  WorkerKvQueryResponse JSON
+//	4     DUMP    {"worker_id"?}                                    WorkerKvQueryResponse JSON
+//	5     STATS   {"worker_id"?}                                    {"streams":[...]}
+//	6     MATCH   {"worker_id"?, "tokens", "lora_name"?, "is_eagle"} {"scores":[{"worker_id","dp_rank","blocks"}]}
+//	7     HEALTH  {}                                                {"status":"ok","version","streams"}
+//	8     FORGET  {"worker_id": u64}                                {}; not_found for an unknown worker, conflict
+//	                                                                while a producer is attached (a stream whose
+//	                                                                producer is detaching is forgotten after its
+//	                                                                final drain)
+//
+// worker_id null (or absent) selects the only stream (conflict with several); for STATS null means every stream.
+// EVENTS and DUMP reply with the index's WorkerKvQueryResponse JSON bytes unchanged. FORGET drops the stream's
+// index, counters and every metric series labelled with its worker_id, so a shared daemon does not keep the state
+// of departed workers forever; a later ATTACH of that worker starts a new stream (stream_epoch 1).
 //
 // # Failure outcomes
 //
@@ -107,5 +127,6 @@
 // Idle CPU grows with the number of idle streams (~0.3-0.6% of a core each on the VM measured); a doorbell
 // (futex in the ring header) would remove it but needs producer support. The pid backstop is only armed when the
 // attaching process is the ring's producer_pid (same pid namespace); otherwise socket EOF is the only death
-// signal. A stream's index is never dropped while the daemon runs (restart the daemon to forget workers).
+// signal. A stream's index is kept while the daemon runs until an operator sends FORGET (`kvshmd forget`); a
+// recovery query that selected the stream just before FORGET may re-create its recovery_* series once.
 package daemon

@@ -38,9 +38,10 @@ const (
 	KindStats  Kind = 5
 	KindMatch  Kind = 6
 	KindHealth Kind = 7
+	KindForget Kind = 8
 )
 
-var kindNames = [...]string{"", "attach", "detach", "events", "dump", "stats", "match", "health"}
+var kindNames = [...]string{"", "attach", "detach", "events", "dump", "stats", "match", "health", "forget"}
 
 func (k Kind) String() string {
 	if int(k) < len(kindNames) && k != 0 {
@@ -50,7 +51,7 @@ func (k Kind) String() string {
 }
 
 // known reports whether k is a request kind of this protocol version.
-func (k Kind) known() bool { return k >= KindAttach && k <= KindHealth }
+func (k Kind) known() bool { return k >= KindAttach && k <= KindForget }
 
 // Status is a reply status. Requests carry StatusOK.
 type Status uint16

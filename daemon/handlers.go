@@ -38,6 +38,15 @@ func (s *Server) dispatch(cc *conn, kind Kind, body []byte) ([]byte, error) {
 			return nil, errorf(CodeBadRequest, "detach needs a worker_id")
 		}
 		return []byte("{}"), s.detach(*req.WorkerID)
+	case KindForget:
+		var req WorkerRequest
+		if err := decodeStrict(body, &req); err != nil {
+			return nil, errorf(CodeBadRequest, "%v", err)
+		}
+		if req.WorkerID == nil {
+			return nil, errorf(CodeBadRequest, "forget needs a worker_id")
+		}
+		return []byte("{}"), s.forget(ctx, *req.WorkerID)
 	case KindEvents, KindDump:
 		var req EventsRequest
 		if kind == KindDump {
@@ -407,6 +416,39 @@ func (s *Server) detach(workerID uint64) error {
 	a.finish("detach requested")
 	<-a.done
 	return nil
+}
+
+// forget drops a stream whose producer is gone: its index, counters and metric series. A stream with an attached
+// producer is refused (conflict); one whose attachment is ending is forgotten after the final drain.
+func (s *Server) forget(ctx context.Context, workerID uint64) error {
+	for {
+		s.mu.Lock()
+		st := s.streams[workerID]
+		if st == nil {
+			s.mu.Unlock()
+			return errorf(CodeNotFound, "no stream for worker_id %d (%d known)", workerID, len(s.streams))
+		}
+		_, a := st.current()
+		if a == nil {
+			// Attach installs an attachment only under s.mu, so none can appear before the stream is gone.
+			delete(s.streams, workerID)
+			s.mu.Unlock()
+			s.m.forgetWorker(st.label())
+			s.log.Info("stream forgotten: index and metrics dropped", "worker_id", workerID)
+			return nil
+		}
+		s.mu.Unlock()
+		select {
+		case <-a.stop: // ending: wait for its final drain, then decide again
+		default:
+			return errorf(CodeConflict, "worker %d has an attached producer (pid %d): it must detach or exit first", workerID, a.hdr.ProducerPID)
+		}
+		select {
+		case <-a.done:
+		case <-ctx.Done():
+			return errorf(CodeBusy, "worker %d: the producer's final drain did not finish: %v", workerID, ctx.Err())
+		}
+	}
 }
 
 // addStats accumulates the cumulative counters of a replaced index.

@@ -61,6 +61,15 @@ func newMetrics(reg *prometheus.Registry, s *Server) (*metrics, error) {
 	return m, nil
 }
 
+// forgetWorker deletes the label-vector series of a forgotten worker (the per-stream collector stops emitting its
+// series by itself once the stream is gone).
+func (m *metrics) forgetWorker(w string) {
+	l := prometheus.Labels{"worker_id": w}
+	m.recoveries.DeletePartialMatch(l)
+	m.recoverySeconds.DeletePartialMatch(l)
+	m.recoveryBytes.DeletePartialMatch(l)
+}
+
 func desc(name, help string, labels ...string) *prometheus.Desc {
 	return prometheus.NewDesc(name, help, append([]string{"worker_id"}, labels...), nil)
 }

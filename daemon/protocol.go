@@ -27,7 +27,8 @@ type AttachReply struct {
 	Head        uint64 `json:"head"`
 }
 
-// WorkerRequest is the body of DETACH, DUMP and STATS requests (worker_id may be null, except for DETACH).
+// WorkerRequest is the body of DETACH, DUMP, STATS and FORGET requests (worker_id may be null, except for DETACH
+// and FORGET).
 type WorkerRequest struct {
 	WorkerID *uint64 `json:"worker_id"`
 }

@@ -375,7 +375,7 @@ func (s *Server) handleFrame(cc *conn, f Frame) bool {
 	case f.Status != StatusOK:
 		err = errorf(CodeBadRequest, "request status must be 0, got %d", f.Status)
 	case !f.Kind.known():
-		err = errorf(CodeUnknownKind, "unknown request kind %d (this daemon speaks kinds 1-7 of version %d)", f.Kind, Version)
+		err = errorf(CodeUnknownKind, "unknown request kind %d (this daemon speaks kinds 1-%d of version %d)", f.Kind, KindForget, Version)
 	default:
 		body, err = s.dispatch(cc, f.Kind, f.Body)
 	}

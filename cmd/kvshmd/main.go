@@ -43,6 +43,7 @@ Usage:
   kvshmd events  [--socket P] [--worker W] [--start N] [--end N]
   kvshmd dump    [--socket P] [--worker W]
   kvshmd match   [--socket P] [--worker W] --tokens 1,2,3 [--lora NAME] [--eagle]
+  kvshmd forget  [--socket P] --worker W  drop a worker whose producer is gone (its index and metrics)
   kvshmd inspect [--json] RINGFILE       read a ring file's header (no daemon needed)
   kvshmd version
 
@@ -63,7 +64,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch cmd {
 	case "serve":
 		return serve(rest, stderr)
-	case "health", "stats", "events", "dump", "match":
+	case "health", "stats", "events", "dump", "match", "forget":
 		return query(cmd, rest, stdout, stderr)
 	case "inspect":
 		return inspect(rest, stdout, stderr)
@@ -255,7 +256,11 @@ func query(cmd string, args []string, stdout, stderr io.Writer) int {
 	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
 	var worker, start, end optUint
 	if cmd != "health" {
-		fs.Var(&worker, "worker", "worker_id (default: the only stream)")
+		help := "worker_id (default: the only stream)"
+		if cmd == "forget" {
+			help = "worker_id of the stream to drop (required)"
+		}
+		fs.Var(&worker, "worker", help)
 	}
 	if cmd == "events" {
 		fs.Var(&start, "start", "first event id (inclusive; omit for a dump)")
@@ -276,6 +281,10 @@ func query(cmd string, args []string, stdout, stderr io.Writer) int {
 	}
 	if fs.NArg() != 0 {
 		fmt.Fprintf(stderr, "kvshmd %s: unexpected argument %q\n", cmd, fs.Arg(0))
+		return exitUsage
+	}
+	if cmd == "forget" && worker.v == nil {
+		fmt.Fprintln(stderr, "kvshmd forget: --worker is required (list the streams with `kvshmd stats`)")
 		return exitUsage
 	}
 	var toks []uint32
@@ -317,6 +326,10 @@ func query(cmd string, args []string, stdout, stderr io.Writer) int {
 		out, err = c.Events(ctx, worker.v, start.v, end.v)
 	case "dump":
 		out, err = c.Dump(ctx, worker.v)
+	case "forget":
+		if err = c.Forget(ctx, *worker.v); err == nil {
+			out = []byte("{}")
+		}
 	case "match":
 		req := daemon.MatchRequest{WorkerID: worker.v, Tokens: toks, IsEagle: *eagle}
 		if *lora != "" {
@@ -331,7 +344,9 @@ func query(cmd string, args []string, stdout, stderr io.Writer) int {
 		var re *daemon.RemoteError
 		if errors.As(err, &re) {
 			fmt.Fprintf(stderr, "kvshmd %s: the daemon refused: %s (code %s)\n", cmd, re.Message, re.Code)
-			if re.Code == daemon.CodeConflict || re.Code == daemon.CodeNotFound {
+			if cmd == "forget" && re.Code == daemon.CodeConflict {
+				fmt.Fprintf(stderr, "  a producer is attached to that worker: stop it (or let it exit) first\n")
+			} else if re.Code == daemon.CodeConflict || re.Code == daemon.CodeNotFound {
 				fmt.Fprintf(stderr, "  list the streams with `kvshmd stats` and pick one with --worker\n")
 			}
 			return exitFailure

@@ -2,9 +2,16 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"io"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/kvshm/kvshm/daemon"
+	"github.com/kvshm/kvshm/shm"
 )
 
 // TestUsage: every command-line mistake exits 2 with a message naming the problem; help exits 0.
@@ -47,4 +54,61 @@ func TestServeEnvErrors(t *testing.T) {
 	if code := run([]string{"serve"}, &out, &errb); code != exitUsage || !strings.Contains(errb.String(), "KVSHMD_IDLE_TIMEOUT") {
 		t.Fatalf("bad env: exit %d %q", code, errb.String())
 	}
+}
+
+// TestForgetCommand: `kvshmd forget` needs --worker, refuses an attached producer's worker (exit 1, conflict),
+// drops a detached one (exit 0) and then reports it unknown (exit 1, not_found).
+func TestForgetCommand(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"forget", "--socket", filepath.Join(t.TempDir(), "none.sock")}, &out, &errb); code != exitUsage || !strings.Contains(errb.String(), "--worker is required") {
+		t.Fatalf("forget without --worker: exit %d %q", code, errb.String())
+	}
+	dir := t.TempDir()
+	socket := filepath.Join(dir, "s", "kvshmd.sock")
+	srv, err := daemon.New(daemon.Config{SocketPath: socket, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	}()
+	ring := filepath.Join(dir, "w3.ring")
+	w, err := shm.Create(ring, shm.Options{Capacity: 1 << 16, WorkerID: 3, KVBlockSize: 4, MaxBufferSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	qctx, qcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer qcancel()
+	prod, err := daemon.Dial(qctx, socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	if _, err := prod.Attach(qctx, daemon.AttachRequest{RingPath: ring, WorkerID: 3, KVBlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	forget := func(want int, wantText string) {
+		t.Helper()
+		var out, errb bytes.Buffer
+		code := run([]string{"forget", "--socket", socket, "--worker", "3"}, &out, &errb)
+		if code != want || !strings.Contains(out.String()+errb.String(), wantText) {
+			t.Fatalf("kvshmd forget --worker 3: exit %d, output %q; want exit %d mentioning %q", code, out.String()+errb.String(), want, wantText)
+		}
+	}
+	forget(exitFailure, "code conflict")
+	if err := prod.Detach(qctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	forget(exitOK, "{}")
+	forget(exitFailure, "code not_found")
 }
