@@ -20,21 +20,24 @@ import (
 
 // Config configures a Server. Zero values select the documented defaults.
 type Config struct {
-	SocketPath       string        // default DefaultSocketPath()
-	SocketMode       os.FileMode   // default 0600
-	HTTPAddr         string        // "" = no HTTP listener
-	ParentPID        int           // > 0: shut down (after draining) when this process is gone
-	MaxRequestBytes  uint32        // request frame cap (length field); default DefaultMaxRequest
-	MaxConns         int           // concurrent connections; default 1024
-	IdleTimeout      time.Duration // a connection that never attached and sends nothing for this long is closed; default 5m
-	FrameTimeout     time.Duration // a started frame must be complete within this; default 10s
-	WriteTimeout     time.Duration // a reply must be written within this; default 60s
-	QueryTimeout     time.Duration // bound on one query (including waiting for the single-flight dump); default 120s
-	PIDCheckInterval time.Duration // producer pid backstop period; default 1s
-	ParentPoll       time.Duration // --parent-pid poll period; default 200ms
-	Version          string        // reported by HEALTH and kvshm_build_info
-	Logger           *slog.Logger  // default slog.Default()
-	Registry         *prometheus.Registry
+	SocketPath        string        // default DefaultSocketPath()
+	SocketMode        os.FileMode   // default 0600
+	HTTPAddr          string        // "" = no HTTP listener
+	ParentPID         int           // > 0: shut down (after draining) when this process is gone
+	MaxRequestBytes   uint32        // request frame cap (length field); default DefaultMaxRequest
+	MaxConns          int           // concurrent connections; default 1024
+	HTTPMaxConns      int           // concurrent HTTP connections; beyond it a client gets 503 and is closed; default 256
+	HTTPHeaderTimeout time.Duration // an HTTP request's headers must arrive within this; default 10s
+	HTTPIdleTimeout   time.Duration // an idle keep-alive HTTP connection is closed after this; default 2m
+	IdleTimeout       time.Duration // a connection that never attached and sends nothing for this long is closed; default 5m
+	FrameTimeout      time.Duration // a started frame must be complete within this; default 10s
+	WriteTimeout      time.Duration // a reply must be written within this; default 60s
+	QueryTimeout      time.Duration // bound on one query (including waiting for the single-flight dump); default 120s
+	PIDCheckInterval  time.Duration // producer pid backstop period; default 1s
+	ParentPoll        time.Duration // --parent-pid poll period; default 200ms
+	Version           string        // reported by HEALTH and kvshm_build_info
+	Logger            *slog.Logger  // default slog.Default()
+	Registry          *prometheus.Registry
 }
 
 func (c *Config) fill() {
@@ -49,6 +52,15 @@ func (c *Config) fill() {
 	}
 	if c.MaxConns <= 0 {
 		c.MaxConns = 1024
+	}
+	if c.HTTPMaxConns <= 0 {
+		c.HTTPMaxConns = 256
+	}
+	if c.HTTPHeaderTimeout <= 0 {
+		c.HTTPHeaderTimeout = 10 * time.Second
+	}
+	if c.HTTPIdleTimeout <= 0 {
+		c.HTTPIdleTimeout = 2 * time.Minute
 	}
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = 5 * time.Minute
@@ -131,8 +143,12 @@ func (s *Server) Listen() error {
 			_ = ln.Close()
 			return fmt.Errorf("listen http %s: %w", s.cfg.HTTPAddr, err)
 		}
-		s.httpLn = hl
-		s.httpS = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, WriteTimeout: s.cfg.QueryTimeout + s.cfg.WriteTimeout}
+		s.httpLn = &limitListener{Listener: hl, sem: make(chan struct{}, s.cfg.HTTPMaxConns), s: s}
+		s.httpS = &http.Server{
+			Handler: s.Handler(), ReadHeaderTimeout: s.cfg.HTTPHeaderTimeout, IdleTimeout: s.cfg.HTTPIdleTimeout,
+			WriteTimeout: s.cfg.QueryTimeout + s.cfg.WriteTimeout, MaxHeaderBytes: 64 << 10,
+			ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+		}
 	}
 	return nil
 }

@@ -101,7 +101,7 @@ func envOr(def string, names ...string) string {
 
 type serveOpts struct {
 	socket, http, mode, logLevel, logFormat             string
-	parentPID, maxConns                                 int
+	parentPID, maxConns, httpMaxConns                   int
 	maxRequest                                          uint
 	idle, frame, write, query, pidCheck, parentInterval time.Duration
 }
@@ -140,6 +140,7 @@ func serve(args []string, stderr io.Writer) int {
 	fs.DurationVar(&o.parentInterval, "parent-poll", dur("KVSHMD_PARENT_POLL", 200*time.Millisecond), "poll period of --parent-pid (env KVSHMD_PARENT_POLL)")
 	fs.UintVar(&o.maxRequest, "max-request-bytes", uint(num("KVSHMD_MAX_REQUEST_BYTES", daemon.DefaultMaxRequest)), "largest request frame accepted; larger ones get too_large and the connection is closed (env KVSHMD_MAX_REQUEST_BYTES)")
 	fs.IntVar(&o.maxConns, "max-conns", num("KVSHMD_MAX_CONNS", 1024), "concurrent socket connections; beyond it clients get busy (env KVSHMD_MAX_CONNS)")
+	fs.IntVar(&o.httpMaxConns, "http-max-conns", num("KVSHMD_HTTP_MAX_CONNS", 256), "concurrent HTTP connections; beyond it clients get 503 (env KVSHMD_HTTP_MAX_CONNS)")
 	fs.DurationVar(&o.idle, "idle-timeout", dur("KVSHMD_IDLE_TIMEOUT", 5*time.Minute), "close a non-producer connection that sends nothing for this long (env KVSHMD_IDLE_TIMEOUT)")
 	fs.DurationVar(&o.frame, "frame-timeout", dur("KVSHMD_FRAME_TIMEOUT", 10*time.Second), "a started request frame must arrive completely within this (env KVSHMD_FRAME_TIMEOUT)")
 	fs.DurationVar(&o.write, "write-timeout", dur("KVSHMD_WRITE_TIMEOUT", 60*time.Second), "a reply must be written within this, else the connection is closed (env KVSHMD_WRITE_TIMEOUT)")
@@ -200,7 +201,7 @@ Flags:
 	log := slog.New(h)
 	srv, err := daemon.New(daemon.Config{
 		SocketPath: o.socket, SocketMode: os.FileMode(mode), HTTPAddr: o.http, ParentPID: o.parentPID,
-		MaxRequestBytes: uint32(o.maxRequest), MaxConns: o.maxConns, IdleTimeout: o.idle, FrameTimeout: o.frame,
+		MaxRequestBytes: uint32(o.maxRequest), MaxConns: o.maxConns, HTTPMaxConns: o.httpMaxConns, IdleTimeout: o.idle, FrameTimeout: o.frame,
 		WriteTimeout: o.write, QueryTimeout: o.query, PIDCheckInterval: o.pidCheck, ParentPoll: o.parentInterval,
 		Version: buildVersion(), Logger: log,
 	})
