@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 )
@@ -194,5 +195,74 @@ func TestConnectionLimit(t *testing.T) {
 	}
 	if _, err := a.Health(ctxT(t)); err != nil {
 		t.Fatalf("admitted client broken: %v", err)
+	}
+}
+
+// TestUnreadReplyWriteTimeout: a client that asks for a large DUMP and never reads the reply is cut off by the
+// write timeout; meanwhile a bystander's queries and the producer's ingest go on, and its slot is freed.
+func TestUnreadReplyWriteTimeout(t *testing.T) {
+	ts := startServer(t, func(c *Config) { c.WriteTimeout = 500 * time.Millisecond })
+	p := newProducer(t, ts.SocketPath(), 1, 1, 1<<20)
+	bystander, err := Dial(ctxT(t), ts.SocketPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bystander.Close()
+	// ~20k resident blocks: the dump is several MB, far more than a Unix socket buffer holds.
+	const perEvent, events = 64, 320
+	for i := range uint64(events) {
+		hs := make([]uint64, perEvent)
+		for j := range hs {
+			hs[j] = i*perEvent + uint64(j) + 1
+		}
+		p.mustPublish(stored(i, 0, nil, hs, tokens(uint32(i*perEvent), perEvent, 1)))
+		if i%32 == 31 { // let the drain keep up (read-your-writes barrier)
+			if _, err := bystander.Stats(ctxT(t), u64p(1)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	full, err := bystander.Dump(ctxT(t), u64p(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(full) < 1<<20 {
+		t.Fatalf("dump of %d bytes is too small to fill the socket buffer", len(full))
+	}
+	before := ts.nconns.Load()
+
+	hostile, err := net.Dial("unix", ts.SocketPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hostile.Close()
+	if _, err := hostile.Write(req(KindDump, `{"worker_id":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	// While the daemon is stuck writing to the hostile client, the bystander is served and ingest continues.
+	p.mustPublish(stored(events, 0, nil, []uint64{1 << 40}, tokens(7, 1, 1)))
+	got, err := bystander.Events(ctxT(t), u64p(1), u64p(events), nil)
+	if err != nil || !strings.Contains(string(got), `"event_id":320`) {
+		t.Fatalf("bystander during the stall: %s %v", got, err)
+	}
+	// The daemon gives up on the hostile connection: the connection count returns to what it was.
+	deadline := time.Now().Add(20 * time.Second)
+	for ts.nconns.Load() != before {
+		if time.Now().After(deadline) {
+			t.Fatalf("hostile connection still open after 20 s (%d connections, want %d)", ts.nconns.Load(), before)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// What the hostile client can still read is a truncated reply followed by the end of the connection.
+	_ = hostile.SetReadDeadline(time.Now().Add(10 * time.Second))
+	n, err := io.Copy(io.Discard, hostile)
+	if isTimeout(err) {
+		t.Fatal("hostile connection not closed by the daemon")
+	}
+	if n >= int64(HeaderSize+len(full)) {
+		t.Fatalf("hostile client read %d bytes: the whole reply of %d was written", n, HeaderSize+len(full))
+	}
+	if _, err := bystander.Health(ctxT(t)); err != nil {
+		t.Fatalf("bystander after the cut-off: %v", err)
 	}
 }

@@ -102,8 +102,8 @@
 //	reply not written in 60 s                         connection closed
 //	more than 1024 connections                        busy frame (kind 0), connection closed
 //	more than 256 HTTP connections (--http-max-conns) 503 {"code":"busy"} at once, connection closed
-//	HTTP headers not complete in 10 s; keep-alive     connection closed (ReadHeaderTimeout; IdleTimeout 2 min)
-//	HTTP connection idle
+//	HTTP headers not complete in 10 s                 connection closed (ReadHeaderTimeout)
+//	HTTP keep-alive connection idle for 2 min         connection closed (IdleTimeout)
 //	peer of another uid                               forbidden frame (kind 0), connection closed; the 0600 socket
 //	                                                  in a 0700 directory normally stops it at connect() already
 //	query waits > 120 s (drain catch-up, dump build)  busy reply
