@@ -9,9 +9,10 @@ import struct
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from helpers import SharedDaemon
+from helpers import TESTDATA, SharedDaemon
 
 from kvshm._client import (
     MAX_REQUEST,
@@ -219,3 +220,60 @@ def test_refusal_at_accept_is_reported_when_our_write_fails(short_dir: Path) -> 
         c.attach("/dev/shm/x.ring", 1, 4, 10)
     assert info.value.code == "forbidden" and "peer uid" in info.value.message
     assert not c.connected
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Shared protocol vectors (testdata/protocol/frames.json, checked against the daemon's codec by
+# daemon/vectors_test.go).
+
+FRAMES = json.loads((TESTDATA / "protocol" / "frames.json").read_text())["frames"]
+REQUESTS = [v for v in FRAMES if v["direction"] == "request"]
+REPLIES = [v for v in FRAMES if v["direction"] == "reply"]
+
+
+def test_protocol_vectors_cover_every_python_kind() -> None:
+    assert {v["kind"] for v in REQUESTS} >= {int(k) for k in Kind}
+    for v in FRAMES:
+        if v["kind"] in {int(k) for k in Kind}:
+            assert Kind(v["kind"]).name.lower() == v["kind_name"]
+
+
+@pytest.mark.parametrize("vec", REQUESTS, ids=[v["name"] for v in REQUESTS])
+def test_protocol_vector_requests(scripted: Callable[[list[Handler]], str], vec: dict[str, Any]) -> None:
+    want = bytes.fromhex(vec["hex"])
+    assert encode_frame(vec["kind"], vec["body"].encode()) == want
+    length, version, kind, status = struct.unpack_from("<IBBH", want)
+    assert (length, version, kind, status) == (vec["length"], vec["version"], vec["kind"], vec["status"])
+    if not vec.get("method"):
+        return
+    # The typed client method, called with the body's fields, sends exactly these bytes.
+    seen: list[bytes] = []
+
+    def handler(conn: socket.socket, req: bytes) -> None:
+        seen.append(req)
+        conn.sendall(encode_frame(req[5], b"{}"))
+
+    with Client(scripted([handler]), timeout=10) as c:
+        getattr(c, vec["method"])(**json.loads(vec["body"]))
+    assert seen == [want]
+
+
+@pytest.mark.parametrize("vec", REPLIES, ids=[v["name"] for v in REPLIES])
+def test_protocol_vector_replies(scripted: Callable[[list[Handler]], str], vec: dict[str, Any]) -> None:
+    frame = bytes.fromhex(vec["hex"])
+    kind = Kind(vec["kind"]) if vec["kind"] != 0 else Kind.HEALTH
+    c = Client(scripted([lambda conn, req: conn.sendall(frame)]), timeout=10)
+    try:
+        if vec.get("read_error"):
+            with pytest.raises(FrameError, match="protocol version|length"):
+                c.call(kind, {})
+            assert not c.connected
+        elif vec["status"] == 1:
+            with pytest.raises(RemoteError) as info:
+                c.call(kind, {})
+            assert (info.value.code, info.value.message) == (vec["error_code"], vec["error_message"])
+            assert c.connected == (vec["kind"] != 0)  # a kind-0 refusal closes the connection
+        else:
+            assert c.call(kind, {}) == vec["body"].encode()
+    finally:
+        c.close()
