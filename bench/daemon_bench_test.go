@@ -26,6 +26,7 @@ import (
 //	go test -run '^$' -bench 'DaemonIngest' -benchtime 200000x ./bench/
 //	go test -run '^$' -bench 'DaemonIdleCPU' -benchtime 10x ./bench/        (10 windows of 200 ms)
 //	go test -run '^$' -bench 'DaemonReach' -benchtime 5000x ./bench/
+//	go test -run '^$' -bench 'DaemonColdReach' -benchtime 10x ./bench/     (one event per second: parked stream)
 //
 // Goals (issue 4): ingest under load ≥ 50% of unloaded (ratio_vs_unloaded), idle CPU ≤ 1% of a core
 // (pct_core), busy reach ~100 µs (p50_us/p99_us at gap=0 and gap=200us).
@@ -256,9 +257,20 @@ func BenchmarkDaemonIdleCPU(b *testing.B) {
 
 // BenchmarkDaemonReachLatency measures publish → applied (head released past the event) for one event at a time,
 // with a gap between events: gap=0 keeps the drain loop busy (spin phase), 200µs and 2ms find it in its warm
-// nanosleep backoff, 50ms at the 1 ms sleep cap, 300ms cold (waits of up to 10 ms).
+// nanosleep backoff, 50ms at the 1 ms sleep cap, 300ms parked on the ring's doorbell (woken by the publish).
 func BenchmarkDaemonReachLatency(b *testing.B) {
-	for _, gap := range []time.Duration{0, 200 * time.Microsecond, 2 * time.Millisecond, 50 * time.Millisecond, 300 * time.Millisecond} {
+	benchReach(b, []time.Duration{0, 200 * time.Microsecond, 2 * time.Millisecond, 50 * time.Millisecond, 300 * time.Millisecond})
+}
+
+// BenchmarkDaemonColdReach is BenchmarkDaemonReachLatency for a stream that has been idle a long time (1 s between
+// events, well past coldAfter and one park timeout): the drain loop sleeps in Reader.Park and the publish's
+// doorbell (FUTEX_WAKE) wakes it, so the first event after idle is reached in about one wakeup.
+func BenchmarkDaemonColdReach(b *testing.B) {
+	benchReach(b, []time.Duration{time.Second})
+}
+
+func benchReach(b *testing.B, gaps []time.Duration) {
+	for _, gap := range gaps {
 		b.Run(fmt.Sprintf("gap=%v", gap), func(b *testing.B) {
 			d := startBenchDaemon(b, 1<<20)
 			d.w, d.conn = d.attach(b, 1, 1<<20)

@@ -53,9 +53,14 @@
 // ApplyStoredTokens (the index hashes the token bytes in place) or Apply; LOSS → index.MarkLost(first, last);
 // then one Release (one head store) per pass, one update of the per-stream counters and a ring-stats snapshot.
 // Idle strategy (idle.go): spin ~30 µs, Gosched to ~60 µs, nanosleep 50 µs doubling to 1 ms, and after 100 ms
-// without records a cold sleep of 10 ms that a query or a stop interrupts (SIGURG to the drain thread).
-// Measured on a 2-vCPU VM: one idle stream costs ~0.6% of a core; busy reach is ~1 µs back-to-back and ~60 µs with
-// 200 µs between records (BenchmarkDaemonIdleCPU, BenchmarkDaemonReachLatency in bench/).
+// without records the stream parks on the ring's futex doorbell (shm.Reader.Park, up to 250 ms per park): the
+// producer's next publish wakes it (FUTEX_WAKE, only while the consumer is parked), a query barrier or a stop
+// wakes it with Reader.Wake, and the timeout bounds a wakeup the Python producer can lose (it cannot fence; see
+// shm/FORMAT.md, "Doorbell") and paces the idle housekeeping (heartbeat, ring stats, CLOSED check, pid check).
+// Measured on a 2-vCPU VM: a daemon with 8 idle streams uses ~0.5% of a core (0.3% with one, 0.1% with none);
+// busy reach is ~1 µs back-to-back and ~60 µs with 200 µs between records, and the first record after a long idle
+// period is reached in ~0.2 ms (one wakeup) (BenchmarkDaemonIdleCPU, BenchmarkDaemonReachLatency,
+// BenchmarkDaemonColdReach in bench/).
 //
 // # Frame protocol (Unix socket, SOCK_STREAM)
 //

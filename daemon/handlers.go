@@ -385,7 +385,7 @@ func (s *Server) startStream(cc *conn, st *stream, r *shm.Reader, h shm.Header, 
 	}
 	st.mu.Lock()
 	a := &attachment{
-		st: st, r: r, hdr: h, ix: st.ix, log: log,
+		st: st, r: r, hdr: h, ix: st.ix, log: log, idl: idler{r: r},
 		checkPID: h.ProducerPID != 0 && int32(h.ProducerPID) == cc.pid,
 		stop:     make(chan struct{}), done: make(chan struct{}), syncs: make(chan syncReq, 64),
 	}

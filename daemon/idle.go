@@ -1,18 +1,19 @@
 package daemon
 
 import (
-	"os"
 	"runtime"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvshm/kvshm/shm"
 )
 
-// Idle strategy of a drain goroutine (Aeron's BackoffIdleStrategy, with the sleeps done by nanosleep):
+// Idle strategy of a drain goroutine (Aeron's BackoffIdleStrategy, with the sleeps done by nanosleep, ending in a
+// futex doorbell):
 //
-//	after the last record: 0 ─ spinFor ─ yieldFor ──── warm: nanosleep 50µs,100µs,…,1ms ──── coldAfter ── cold ──►
-//	                       busy poll    Gosched polls  poll after each sleep                    wait ≤ coldSleep
+//	after the last record: 0 ─ spinFor ─ yieldFor ──── warm: nanosleep 50µs,100µs,…,1ms ──── coldAfter ── parked ──►
+//	                       busy poll    Gosched polls  poll after each sleep                    Reader.Park ≤ parkFor
 //
 // Go timers cannot sleep below about 1 ms on an idle Linux process (the netpoller waits in whole milliseconds), so
 // the warm sleeps go through nanosleep(2) on the drain goroutine's own locked OS thread, whose timer slack is
@@ -20,27 +21,31 @@ import (
 // coming a record is reached within about one sleep period (~100 µs at a few thousand records per second).
 //
 // Each wakeup costs ~10-40 µs of CPU on a virtual machine (measured: a C nanosleep(1 ms) loop uses 0.7% of a core
-// there, the same loop in Go 2-4%, a Go timer wakeup ~100 µs), so sleeping 1 ms forever cannot meet "≤ 1% of a
-// core when idle". After coldAfter without records the stream turns cold: it sleeps coldSleep per poll with
-// nanosleep (cheaper than a Go timer), and a query barrier or a stop interrupts that sleep by sending SIGURG to
-// the drain thread (the Go runtime ignores a SIGURG it did not ask for; the syscall returns EINTR). The first
-// record after a cold period is reached within coldSleep, the ones after it at warm speed again.
-// BenchmarkDaemonIdleCPU and BenchmarkDaemonReachLatency print the figures.
+// there, the same loop in Go 2-4%), so sleeping 1 ms forever cannot meet "≤ 1% of a core when idle". After
+// coldAfter without records the stream parks: shm.Reader.Park sets the ring's consumer_parked word and sleeps in
+// FUTEX_WAIT on the tail word; the producer's next publish sees the flag and rings (FUTEX_WAKE), so the first
+// record after an idle period is reached in about one wakeup, and an idle stream costs one wakeup per parkFor. A
+// query barrier or a stop interrupts the park with Reader.Wake. The park timeout bounds what a missed doorbell can
+// cost: the Python producer cannot fence between its tail store and its load of consumer_parked, so (rarely) its
+// wakeup is lost and that record waits for the timeout (FORMAT.md, "Doorbell"); it is also the period of the idle
+// stream's housekeeping (heartbeat and ring statistics, the CLOSED-state check, the producer pid check, which
+// therefore runs every max(parkFor, PIDCheckInterval)). 250 ms keeps those four well under a second while an idle
+// stream wakes 4 times a second (~0.01% of a core). BenchmarkDaemonIdleCPU and BenchmarkDaemonReachLatency print
+// the figures.
 const (
 	spinFor   = 30 * time.Microsecond
 	yieldFor  = 60 * time.Microsecond
 	minSleep  = 50 * time.Microsecond
 	maxSleep  = time.Millisecond
 	coldAfter = 100 * time.Millisecond
-	coldSleep = 10 * time.Millisecond
+	parkFor   = 250 * time.Millisecond
 )
 
 // idler is owned by one drain goroutine, except wake, which any goroutine may call.
 type idler struct {
+	r        *shm.Reader // the drain goroutine's ring; Wake is safe from any goroutine
 	lastWork time.Time
 	sleep    time.Duration
-	tid      atomic.Int32 // the drain goroutine's OS thread. Updated atomically.
-	parked   atomic.Bool  // true while in a cold sleep. Updated atomically.
 }
 
 // lockThread pins the calling goroutine to its OS thread and lowers the thread's timer slack. The goroutine
@@ -48,7 +53,6 @@ type idler struct {
 func (i *idler) lockThread() {
 	runtime.LockOSThread()
 	_ = unix.Prctl(unix.PR_SET_TIMERSLACK, 1000, 0, 0, 0) // best effort: a failure only costs latency
-	i.tid.Store(int32(unix.Gettid()))
 }
 
 // worked records that the last poll found records.
@@ -57,8 +61,9 @@ func (i *idler) worked(now time.Time) {
 	i.sleep = minSleep
 }
 
-// idle waits a little after an empty poll: spins, yields, sleeps with exponential backoff, and when cold sleeps
-// coldSleep (interruptible by wake). It reports whether it slept (the caller does its periodic checks only then).
+// idle waits a little after an empty poll (the caller has released the head): spins, yields, sleeps with
+// exponential backoff, and when cold parks on the ring's doorbell for up to parkFor (interrupted by a publish or by
+// wake). It reports whether it slept (the caller does its periodic checks only then).
 func (i *idler) idle(now time.Time) bool {
 	since := now.Sub(i.lastWork)
 	switch {
@@ -72,20 +77,13 @@ func (i *idler) idle(now time.Time) bool {
 		i.sleep = min(2*i.sleep, maxSleep)
 		return true
 	}
-	i.parked.Store(true) // before the sleep: a wake from now on interrupts it (or arrives just before; ≤ coldSleep)
-	nanosleep(coldSleep)
-	i.parked.Store(false)
+	i.r.Park(parkFor) // returns early on a publish, a wake, or (rarely) a signal; the caller polls either way
 	return true
 }
 
-// wake interrupts a cold sleep so a barrier or a stop is seen at once. Safe for concurrent use.
-func (i *idler) wake() {
-	if i.parked.Load() {
-		if tid := i.tid.Load(); tid != 0 {
-			_ = unix.Tgkill(os.Getpid(), int(tid), unix.SIGURG)
-		}
-	}
-}
+// wake interrupts a park (or makes the next one return at once) so a barrier or a stop is seen at once. Safe for
+// concurrent use, also after the drain goroutine closed the ring.
+func (i *idler) wake() { i.r.Wake() }
 
 func nanosleep(d time.Duration) {
 	ts := unix.NsecToTimespec(int64(d))

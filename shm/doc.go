@@ -22,7 +22,7 @@
 //	0x080 tail    producer: the commit word  record: [u32 length][u32 type][payload][pad to 8]
 //	0x100 head    consumer: persisted        length = 8 + len(payload) <= max_record
 //	0x180 loss accounting (producer)         types: EVENT 1, LOSS 2, PADDING 0xFFFFFFFF
-//	0x200 consumer heartbeat
+//	0x200 consumer heartbeat, 0x208 consumer_parked (doorbell)
 //
 // Publication: the producer writes a record's payload, then its header, then stores the tail. The tail is the only
 // commit word, so whatever lies past it (a half-written record of a producer that died) is invisible. One tail
@@ -38,6 +38,14 @@
 // dropped seqs; then loss_pending returns to 0. An event larger than max_record is dropped and counted the same way
 // (ErrTooLarge).
 //
+// Doorbell: a consumer with nothing to read can sleep in Reader.Park instead of polling. Park stores
+// consumer_parked = 1 (0x208), re-checks the tail, and sleeps in FUTEX_WAIT (shared, not private: the producer is
+// another process) on the low 32 bits of the tail word, with a timeout; Reader.Wake, from any goroutine, interrupts
+// it. After each tail store a producer loads consumer_parked and, only when it is set, calls FUTEX_WAKE on the tail
+// word (Writer.Publish; the Python writer likewise through ctypes). Between Go peers no wakeup is lost (Go's atomic
+// stores are full fences on amd64); the Python writer cannot fence between its tail store and its load of the flag,
+// so its wakeup can be lost, and the Park timeout bounds that delay. FORMAT.md, "Doorbell", has the argument.
+//
 // # Usage
 //
 //	w, err := shm.Create(path, shm.Options{Capacity: 16 << 20, WorkerID: 1})  // producer
@@ -46,7 +54,7 @@
 //	r, err := shm.Open(path)                                                  // consumer
 //	for {
 //		rec, err := r.Next()
-//		if errors.Is(err, shm.ErrEmpty) { r.Release(); /* back off, poll again */ continue }
+//		if errors.Is(err, shm.ErrEmpty) { r.Release(); r.Park(250 * time.Millisecond); continue } // or back off
 //		var ce *shm.CorruptionError
 //		if errors.As(err, &ce) { r.SkipToTail(); /* mark history unknown */ continue }
 //		handle(rec) // rec.Payload aliases the ring
@@ -58,8 +66,10 @@
 //
 // # Concurrency
 //
-// A Writer and a Reader are each owned by one goroutine; the two sides synchronize only through the tail
-// (release store by the producer, acquire load by the consumer) and the head (the converse). There must be one
+// A Writer and a Reader are each owned by one goroutine, except Reader.Wake, which any goroutine may call at any
+// time (also after Close). The two sides synchronize only through the tail (release store by the producer, acquire
+// load by the consumer) and the head (the converse); consumer_parked and the futex only decide when the consumer
+// looks again, never what it may read. There must be one
 // producer per ring (enforced with flock by Create and by the Python writer) and one consumer (not enforced).
 //
 // # Failure outcomes
@@ -74,6 +84,8 @@
 //     (naming both versions) or ErrHeader.
 //   - Second producer on the same file: Create refuses with ErrLocked (ErrExist for a stale file nobody holds).
 //   - File system full (tmpfs): Create refuses with ErrNoSpace; the file is preallocated, so no SIGBUS later.
+//   - A lost doorbell (Python producer, see above): the parked consumer reaches the record when Park times out.
+//     A consumer that died parked leaves consumer_parked = 1 (one futex call per publication) until Open resets it.
 //
 // # Caveats
 //

@@ -43,7 +43,8 @@ const (
 	offLossFirstSeq  = offDroppedBytes + 8
 	offLossLastSeq   = offLossFirstSeq + 8
 	offLossPending   = offLossLastSeq + 8
-	offHeartbeat     = 4 * slotSize // 0x200, consumer
+	offHeartbeat     = 4 * slotSize     // 0x200, consumer
+	offParked        = offHeartbeat + 8 // 0x208, consumer: u32 doorbell flag (4 reserved bytes after it)
 
 	// RecordHeaderSize is the size of the [u32 length][u32 type] record header.
 	RecordHeaderSize = 8

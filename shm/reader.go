@@ -5,6 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Record is one EVENT or LOSS record returned by Reader.Next. Payload aliases the mapping: it is valid until the
@@ -26,7 +32,8 @@ func (r Record) Loss() (first, last, count uint64, ok bool) {
 }
 
 // Reader is the consumer side of a ring. It is owned by one goroutine: no method may run concurrently with
-// another. It never blocks and never reads outside the mapping, whatever the producer wrote.
+// another, except Wake, which any goroutine may call at any time (also during Park and after Close). It never
+// reads outside the mapping, whatever the producer wrote, and blocks only in Park.
 type Reader struct {
 	f     *os.File // nil for in-memory images and after Close
 	m     []byte   // the whole mapping; nil after Close
@@ -43,6 +50,12 @@ type Reader struct {
 	pos  uint64 // next record to read. Owned by the reader.
 	head uint64 // last head stored into the header. Owned by the reader.
 	tail uint64 // last valid tail loaded from the header. Owned by the reader.
+
+	// Doorbell (Park, Wake).
+	wakeMu  sync.Mutex  // held by Wake while it rings and by Close while it drops futex
+	futex   *uint32     // low half of the tail word; nil after Close. Written under wakeMu by the owner.
+	parking atomic.Bool // Park is between its wake check and its return. Updated atomically.
+	wakeReq atomic.Bool // a Wake that Park has not consumed yet. Updated atomically.
 }
 
 // Open maps an existing ring for its consumer. It validates the magic (ErrMagic), the version (ErrVersion), the
@@ -92,10 +105,12 @@ func newReader(m []byte, release func([]byte) error) (*Reader, error) {
 	if err := checkPositions(head, tail, h.Capacity); err != nil {
 		return nil, err
 	}
+	// A consumer that died in Park left consumer_parked = 1, which would cost the producer a futex call per publish.
+	storeParked(m, 0)
 	return &Reader{
 		m: m, data: m[HeaderSize:], unmap: release, hdr: h,
 		capacity: h.Capacity, mask: h.Capacity - 1, maxRecord: uint64(h.MaxRecord),
-		pos: head, head: head, tail: head,
+		pos: head, head: head, tail: head, futex: tailFutex(m),
 	}, nil
 }
 
@@ -241,6 +256,72 @@ func (r *Reader) Heartbeat(unixNano int64) {
 	storeCounter(r.m, offHeartbeat, uint64(unixNano))
 }
 
+// Park blocks until the producer publishes past the read position, Wake is called, or timeout passes, and reports
+// whether there may be something to do: true when records are published past the read position or a Wake arrived
+// (before or during the call), false on timeout. It may return false early (a signal, a spurious futex wakeup):
+// the caller polls Next and parks again. Call it only after Next returned ErrEmpty (with unread records it returns
+// true at once), and Release first: the producer cannot reuse unreleased bytes while the consumer sleeps.
+//
+// The doorbell (FORMAT.md, "Doorbell"): Park stores consumer_parked = 1, loads the tail again, and only if nothing
+// new is there sleeps in FUTEX_WAIT on the low 32 bits of the tail word, expecting the value it loaded; then it
+// stores consumer_parked = 0. A producer loads consumer_parked after each tail store and, when it is set, calls
+// FUTEX_WAKE on the tail word. The Go Writer's tail store and Park's parked store are both full fences on amd64,
+// so between Go peers no wakeup is lost; the Python writer cannot fence (its store(tail) -> load(parked) may be
+// reordered), so a wakeup can be lost, and timeout is what bounds that delay. An invalid tail word (corruption)
+// does not count as new records: Park waits for the producer to change it.
+func (r *Reader) Park(timeout time.Duration) bool {
+	woken, _ := r.park(timeout)
+	return woken
+}
+
+// park is Park; timedOut reports that the futex wait ended with ETIMEDOUT (tests assert a wake never needs it).
+func (r *Reader) park(timeout time.Duration) (woken, timedOut bool) {
+	if r.m == nil {
+		return false, false
+	}
+	if r.pos != r.tail {
+		return true, false
+	}
+	r.parking.Store(true) // from here on a Wake keeps ringing until park returns (see Wake)
+	defer r.parking.Store(false)
+	if r.wakeReq.Swap(false) {
+		return true, false
+	}
+	storeParked(r.m, 1) // seq-cst: visible before the tail load below (consumer half of the Dekker pair)
+	t := loadTail(r.m)
+	if !r.tailMoved(t) && !r.wakeReq.Load() {
+		// EAGAIN at once if the tail's low half changed since the load. (A change by exactly a multiple of 2^32
+		// bytes in between would go unnoticed until a wake or the timeout: impossible in practice.)
+		timedOut = futexWaitTimeout(r.futex, uint32(t), timeout) == unix.ETIMEDOUT
+		t = loadTail(r.m)
+	}
+	storeParked(r.m, 0)
+	return r.wakeReq.Swap(false) || r.tailMoved(t), timedOut
+}
+
+// tailMoved reports whether t, a tail word loaded at the read position r.pos == r.tail, publishes new records.
+func (r *Reader) tailMoved(t uint64) bool { return t != r.tail && r.checkTail(t) == nil }
+
+// Wake makes the current Park return (true) at once, or the next one if none is in progress. Safe for concurrent
+// use with every method, including Close; it does nothing to the ring. A FUTEX_WAKE can reach the kernel before
+// Park's FUTEX_WAIT does (the tail word did not change, so the wait still starts), so Wake repeats it until Park
+// has returned; that window is a few instructions, longer only if Park's thread is descheduled right there.
+func (r *Reader) Wake() {
+	r.wakeReq.Store(true) // seq-cst, before the parking load: pairs with Park's parking store and wakeReq swap
+	r.wakeMu.Lock()
+	defer r.wakeMu.Unlock()
+	for i := 0; r.futex != nil && r.parking.Load(); i++ {
+		if futexWakeAll(r.futex) > 0 {
+			return // the ring's one consumer is awake (one consumer per ring)
+		}
+		if i < 16 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+}
+
 // Stats returns a snapshot of the shared counters; ReadPos is the position of the next Next.
 func (r *Reader) Stats() RingStats {
 	if r.m == nil {
@@ -255,6 +336,9 @@ func (r *Reader) Close() error {
 	if r.m == nil {
 		return ErrClosed
 	}
+	r.wakeMu.Lock() // no Wake may ring an address that is about to be unmapped
+	r.futex = nil
+	r.wakeMu.Unlock()
 	var err error
 	if r.unmap != nil {
 		err = r.unmap(r.m)

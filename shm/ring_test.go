@@ -28,6 +28,7 @@ func TestLayoutOffsets(t *testing.T) {
 		{"head", offHead, 0x100}, {"dropped_events", offDroppedEvents, 0x180}, {"dropped_bytes", offDroppedBytes, 0x188},
 		{"loss_first_seq", offLossFirstSeq, 0x190}, {"loss_last_seq", offLossLastSeq, 0x198},
 		{"loss_pending", offLossPending, 0x1A0}, {"consumer_heartbeat", offHeartbeat, 0x200},
+		{"consumer_parked", offParked, 0x208},
 	} {
 		if c.got != c.want {
 			t.Errorf("offset of %s = %#x, want %#x", c.name, c.got, c.want)

@@ -25,7 +25,8 @@ func word64(m []byte, off int) *uint64 {
 	return (*uint64)(unsafe.Pointer(&m[off]))
 }
 
-// word32 returns the 4-byte word at off (the state word). Same proof as word64, with 4-byte alignment.
+// word32 returns the 4-byte word at off (the state word, consumer_parked, and the low half of the tail word, the
+// futex of the doorbell). Same proof as word64, with 4-byte alignment.
 func word32(m []byte, off int) *uint32 {
 	return (*uint32)(unsafe.Pointer(&m[off]))
 }
@@ -49,8 +50,10 @@ func checkAtomicAlignment(m []byte) error {
 			return fmt.Errorf("kvshm/shm: atomic word at offset %#x is not 8-byte aligned", off)
 		}
 	}
-	if (base+offState)%4 != 0 {
-		return fmt.Errorf("kvshm/shm: state word at offset %#x is not 4-byte aligned", offState)
+	for _, off := range [...]int{offState, offParked} {
+		if (base+uintptr(off))%4 != 0 {
+			return fmt.Errorf("kvshm/shm: 4-byte atomic word at offset %#x is not 4-byte aligned", off)
+		}
 	}
 	return nil
 }
@@ -95,3 +98,19 @@ func storeCounter(m []byte, off int, v uint64) { atomic.StoreUint64(word64(m, of
 
 // loadCounter reads a loss-accounting word or the heartbeat (acquire); see storeCounter.
 func loadCounter(m []byte, off int) uint64 { return atomic.LoadUint64(word64(m, off)) }
+
+// storeParked writes consumer_parked (the consumer's doorbell flag). It is sequentially consistent: on amd64 an
+// XCHG, a full fence, so the consumer's store parked=1 is globally visible before its following loadTail (the
+// consumer half of the Dekker pair; see Reader.Park). On arm64 an STLR, which a later LDAR cannot pass.
+func storeParked(m []byte, v uint32) { atomic.StoreUint32(word32(m, offParked), v) }
+
+// loadParked reads consumer_parked. The Go Writer calls it right after storeTail, whose XCHG orders the tail store
+// before this load (the producer half of the Dekker pair), so a Go producer never misses a parked consumer.
+func loadParked(m []byte) uint32 { return atomic.LoadUint32(word32(m, offParked)) }
+
+// tailFutex returns the address of the low 32 bits of the tail word (little-endian: the first 4 bytes at offTail),
+// the futex word of the doorbell. It stays valid while the mapping is mapped; the kernel, not Go, dereferences it.
+func tailFutex(m []byte) *uint32 { return word32(m, offTail) }
+
+// uintptrOf is the address of a futex word, for tests that find it in /proc/self/task/*/syscall.
+func uintptrOf(p *uint32) uintptr { return uintptr(unsafe.Pointer(p)) }

@@ -144,7 +144,8 @@ func (w *Writer) reserve(length uint64) (uint64, bool) {
 	return idx, true
 }
 
-// Publish makes every staged record visible to the consumer with one tail store. It does nothing when nothing is
+// Publish makes every staged record visible to the consumer with one tail store, then rings the doorbell if the
+// consumer is parked (one FUTEX_WAKE system call; none while the consumer polls). It does nothing when nothing is
 // staged.
 func (w *Writer) Publish() {
 	if w.m == nil || w.tail == w.published {
@@ -152,6 +153,9 @@ func (w *Writer) Publish() {
 	}
 	storeTail(w.m, w.tail) // release: publishes every record byte staged since the last Publish
 	w.published = w.tail
+	if loadParked(w.m) != 0 { // after the tail store (a full fence on amd64): producer half of the Dekker pair
+		futexWakeAll(tailFutex(w.m))
+	}
 }
 
 // WriteEvent stages a LOSS record if a loss is pending, then an EVENT record with payload, and publishes both with
