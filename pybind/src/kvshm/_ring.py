@@ -37,12 +37,24 @@ Usage contract (stable; kvshm's LocalIndexer is the caller)::
   across the several stores of one publish).
 
 Hot path of a publish: the encoder converts the lists (``array('I')``/``array('Q')``), one ``pack_into`` writes the
-record header and every non-vector byte, slice copies write the vectors, one 8-byte store publishes. The head word
-(the consumer's) is read only when the cached head says the ring is full.
+record header and every non-vector byte, slice copies write the vectors, one 8-byte store publishes, one 8-byte load
+checks the doorbell. The head word (the consumer's) is read only when the cached head says the ring is full.
+
+Doorbell (FORMAT.md, "Doorbell"): a consumer with nothing to read for a while stores ``consumer_parked = 1`` (u32 at
+0x208), re-checks the tail and sleeps in ``FUTEX_WAIT`` on the low 32 bits of the tail word, with a timeout. After
+each tail store the writer loads ``consumer_parked`` (one memoryview item read) and, only when it is set, calls
+``FUTEX_WAKE`` on the tail word through ``ctypes`` (``syscall(SYS_futex=202, addr, FUTEX_WAKE=1, ...)``, ~1-2 µs;
+shared, not FUTEX_PRIVATE: the consumer is another process). That is the classic Dekker pair: store(tail) then
+load(parked) here against store(parked) then load(tail) in the consumer. x86-TSO may reorder a store with a later
+load (the store waits in the store buffer) and Python cannot issue a fence, so both sides can miss each other: the
+consumer sleeps although the record is published. The consumer therefore always parks with a timeout (kvshmd:
+250 ms), which bounds that rare delay; no record is ever lost, only reached late. Where ``ctypes`` or ``syscall``
+is unavailable the writer never rings and the timeout is the only wakeup.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import mmap
@@ -81,6 +93,7 @@ OFF_LOSS_FIRST: Final = 0x190
 OFF_LOSS_LAST: Final = 0x198
 OFF_LOSS_PENDING: Final = 0x1A0
 OFF_HEARTBEAT: Final = 0x200
+OFF_PARKED: Final = 0x208  # u32, consumer: the doorbell flag (the u64 at 0x208 is the flag plus 4 zero bytes)
 STATE_INIT: Final = 0
 STATE_READY: Final = 1
 STATE_CLOSED: Final = 2
@@ -99,6 +112,30 @@ _LOSS: Final = struct.Struct("<IIQQQ")
 
 _U32: Final = (1 << 32) - 1
 _U64: Final = (1 << 64) - 1
+
+# futex(2) on x86-64 (the only platform RingWriter runs on): SYS_futex = 202, FUTEX_WAKE = 1 (no FUTEX_PRIVATE_FLAG:
+# the waiter is another process sharing the mapping).
+SYS_FUTEX: Final = 202
+FUTEX_WAKE: Final = 1
+_INT_MAX: Final = (1 << 31) - 1
+
+
+def _load_syscall() -> Any:
+    """libc's ``syscall`` through ctypes (it releases the GIL during the call), or None where it is unavailable."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_long
+    return fn
+
+
+_SYSCALL: Final = _load_syscall()
+# The arguments of the FUTEX_WAKE call, as full 64-bit C longs (syscall() is variadic and reads longs).
+_C_SYS_FUTEX: Final = ctypes.c_long(SYS_FUTEX)
+_C_FUTEX_WAKE: Final = ctypes.c_long(FUTEX_WAKE)
+_C_WAKE_ALL: Final = ctypes.c_long(_INT_MAX)
+_C_ZERO: Final = ctypes.c_long(0)
 
 
 class RingError(Exception):
@@ -180,8 +217,8 @@ class RingWriter:
     __slots__ = (
         "_mm", "_q", "_cap", "_mask", "_max_record", "_tail", "_head_cache", "_forked", "_closed",
         "_loss_pending", "_loss_first", "_loss_last", "_loss_count", "_dropped_events", "_dropped_bytes",
-        "_too_large", "_published", "_fd", "_pid", "path", "epoch", "worker_id", "kv_block_size",
-        "max_buffer_size", "__weakref__",
+        "_too_large", "_published", "_fd", "_pid", "_tail_word", "_tail_addr", "path", "epoch", "worker_id",
+        "kv_block_size", "max_buffer_size", "__weakref__",
     )
     _mm: mmap.mmap
     _q: memoryview  # the whole mapping as u64 words: the tail store, head load and counters
@@ -202,6 +239,8 @@ class RingWriter:
     _published: int
     _fd: int  # holds the flock
     _pid: int  # creating process
+    _tail_word: ctypes.c_char | None  # exports mm (the tail word's address for FUTEX_WAKE); dropped before close
+    _tail_addr: ctypes.c_void_p
     path: str
     epoch: int
     worker_id: int
@@ -296,6 +335,8 @@ class RingWriter:
         w._dropped_events = w._dropped_bytes = w._too_large = w._published = 0
         w._fd = fd
         w._pid = pid
+        w._tail_word = ctypes.c_char.from_buffer(mm, OFF_TAIL)
+        w._tail_addr = ctypes.c_void_p(ctypes.addressof(w._tail_word))
         w.path = path
         w.epoch = epoch
         w.worker_id = worker_id
@@ -358,10 +399,19 @@ class RingWriter:
             _RECORD_HEADER.pack_into(mm, HEADER_SIZE + idx, pad, TYPE_PADDING)
             idx = 0
         p[1](mm, HEADER_SIZE + idx, p)  # payload and record header
-        self._q[16] = end  # OFF_TAIL / 8. Release (x86-TSO): publishes the bytes written above.
+        q = self._q
+        q[16] = end  # OFF_TAIL / 8. Release (x86-TSO): publishes the bytes written above.
+        if q[65]:  # OFF_PARKED / 8: the consumer sleeps on the doorbell (see the module docstring)
+            self._ring_doorbell()
         self._tail = end
         self._published += 1
         return True
+
+    def _ring_doorbell(self) -> None:
+        """FUTEX_WAKE on the tail word: wakes the parked consumer. Errors are ignored (the consumer's park timeout
+        is the fallback)."""
+        if _SYSCALL is not None:
+            _SYSCALL(_C_SYS_FUTEX, self._tail_addr, _C_FUTEX_WAKE, _C_WAKE_ALL, _C_ZERO, _C_ZERO, _C_ZERO)
 
     def _refresh_head(self, end: int) -> bool:
         """Loads the consumer's head (acquire on x86) and says whether ``end`` fits. A head no correct consumer
@@ -408,6 +458,8 @@ class RingWriter:
         p[1](self._mm, HEADER_SIZE + idx, p)
         q = self._q
         q[16] = end  # Release: publishes the LOSS record and the event.
+        if q[OFF_PARKED >> 3]:
+            self._ring_doorbell()
         self._tail = end
         self._published += 1
         # After the tail store: the LOSS record in the stream is authoritative, the header fields are gauges.
@@ -498,6 +550,7 @@ class RingWriter:
         if owner:
             self._store_state(STATE_CLOSED)
         self._q.release()  # mmap.close() refuses while a memoryview is exported
+        self._tail_word = None  # the ctypes object exports the buffer too
         self._mm.close()
         os.close(self._fd)  # releases the flock (in a child: only the child's descriptor)
 
