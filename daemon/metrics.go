@@ -79,6 +79,7 @@ var (
 	dProducerUp      = desc("kvshm_producer_up", "1 while the stream's producer is attached and alive.")
 	dEventsReceived  = desc("kvshm_events_received_total", "Events read from the ring, by type.", "type")
 	dBlocksReceived  = desc("kvshm_blocks_received_total", "Blocks carried by events read from the ring, by type.", "type")
+	dBlocksApplied   = desc("kvshm_blocks_applied_total", "Blocks of events applied to the index, by type and the event's tree status (a block counts under its event's status; rejected events are not applied).", "type", "status")
 	dEventsApplied   = desc("kvshm_events_applied_total", "Events applied to the index, by type and tree status (Dynamo's statuses).", "type", "status")
 	dEventsRejected  = desc("kvshm_events_rejected_total", "Events refused as invalid input (token count), counted as lost.")
 	dRingUsed        = desc("kvshm_ring_used_bytes", "Bytes published and not yet consumed in the stream's ring.")
@@ -110,7 +111,7 @@ var kindLabels = [3]string{"stored", "removed", "cleared"}
 type streamCollector struct{ s *Server }
 
 func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{dStreams, dProducerUp, dEventsReceived, dBlocksReceived, dEventsApplied,
+	for _, d := range []*prometheus.Desc{dStreams, dProducerUp, dEventsReceived, dBlocksReceived, dEventsApplied, dBlocksApplied,
 		dEventsRejected, dRingUsed, dRingCapacity, dRingDropped, dRingDroppedB, dLostEvents, dSeqGaps, dIDResets,
 		dUnknownHistory, dStreamResets, dStreamEpoch, dTainted, dResidentBlocks, dBuffered, dOldestID, dNewestID,
 		dDumpBuilds, dDumpCacheHits, dCorruptRecords, dMalformedEvents, dLossRecords, dDrainBatches} {
@@ -138,6 +139,7 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 			emit(dBlocksReceived, C, float64(st.blocksRecv[k].Load()), name)
 			for j := range is.Applied[k] {
 				emit(dEventsApplied, C, float64(is.Applied[k][j]), name, statusName(j))
+				emit(dBlocksApplied, C, float64(st.blocksAppl[k][j].Load()), name, statusName(j))
 			}
 		}
 		emit(dEventsRejected, C, float64(is.Rejected))

@@ -28,6 +28,7 @@ type stream struct {
 	// Counters updated by the drain goroutine once per batch. Updated atomically.
 	eventsRecv  [3]atomic.Uint64 // by kind-1
 	blocksRecv  [3]atomic.Uint64
+	blocksAppl  [3][index.NumStatuses]atomic.Uint64 // blocks of applied events, by kind-1 and tree status
 	corrupt     atomic.Uint64
 	malformed   atomic.Uint64
 	batches     atomic.Uint64
@@ -165,35 +166,22 @@ func (a *attachment) run() {
 // records consumed.
 func (a *attachment) drainBatch() int {
 	st := a.st
-	var evs, blks [3]uint64
+	var c batchCounts
 	var n int
-	for n < maxBatch {
-		rec, err := a.r.Next()
-		if err != nil {
-			if errors.Is(err, shm.ErrEmpty) {
-				break
-			}
-			a.corruption(err)
-			break
-		}
-		n++
-		switch rec.Type {
-		case shm.TypeEvent:
-			a.applyEvent(rec, &evs, &blks)
-		case shm.TypeLoss:
-			first, last, count, _ := rec.Loss() // length validated by the Reader
-			a.ix.MarkLost(first, last, fmt.Sprintf("producer dropped %d events (ring full)", count))
-			st.lossRecords.Add(1)
-		}
-	}
+	a.drainRecords(&n, &c)
 	if n == 0 {
 		return 0
 	}
 	a.r.Release()
-	for k := range evs {
-		if evs[k] != 0 {
-			st.eventsRecv[k].Add(evs[k])
-			st.blocksRecv[k].Add(blks[k])
+	for k := range c.evs {
+		if c.evs[k] != 0 {
+			st.eventsRecv[k].Add(c.evs[k])
+			st.blocksRecv[k].Add(c.blks[k])
+			for j := range c.appl[k] {
+				if c.appl[k][j] != 0 {
+					st.blocksAppl[k][j].Add(c.appl[k][j])
+				}
+			}
 		}
 	}
 	st.batches.Add(1)
@@ -201,7 +189,35 @@ func (a *attachment) drainBatch() int {
 	return n
 }
 
-func (a *attachment) applyEvent(rec shm.Record, evs, blks *[3]uint64) {
+// batchCounts are the per-batch counters of drainBatch, added to the stream's atomics once per batch.
+type batchCounts struct {
+	evs, blks [3]uint64                    // events and blocks received, by kind-1
+	appl      [3][index.NumStatuses]uint64 // blocks of applied events, by kind-1 and the event's tree status
+}
+
+// drainRecords applies records until the batch is full (n reaches maxBatch), the ring is empty or corrupt.
+func (a *attachment) drainRecords(n *int, c *batchCounts) {
+	for *n < maxBatch {
+		rec, err := a.r.Next()
+		if err != nil {
+			if !errors.Is(err, shm.ErrEmpty) {
+				a.corruption(err)
+			}
+			return
+		}
+		*n++
+		switch rec.Type {
+		case shm.TypeEvent:
+			a.applyEvent(rec, c)
+		case shm.TypeLoss:
+			first, last, count, _ := rec.Loss() // length validated by the Reader
+			a.ix.MarkLost(first, last, fmt.Sprintf("producer dropped %d events (ring full)", count))
+			a.st.lossRecords.Add(1)
+		}
+	}
+}
+
+func (a *attachment) applyEvent(rec shm.Record, c *batchCounts) {
 	v := &a.view
 	if err := fbs.Decode(rec.Payload, v); err != nil {
 		a.st.malformed.Add(1)
@@ -213,22 +229,27 @@ func (a *attachment) applyEvent(rec shm.Record, evs, blks *[3]uint64) {
 	if k < 0 || k > 2 {
 		return // Decode accepts only the three kinds
 	}
-	evs[k]++
+	c.evs[k]++
+	nb := uint64(v.NumBlocks())
+	c.blks[k] += nb
+	var res index.ApplyResult
 	var err error
 	switch v.Kind {
 	case fbs.KindStored:
-		blks[k] += uint64(v.NumBlocks())
-		_, err = a.ix.ApplyStoredTokens(v.Seq, v.DpRank, v.HasParent, v.ParentHash, v.BlockHashes, v.TokenIDs, v.LoraName, v.IsEagle)
+		res, err = a.ix.ApplyStoredTokens(v.Seq, v.DpRank, v.HasParent, v.ParentHash, v.BlockHashes, v.TokenIDs, v.LoraName, v.IsEagle)
 	case fbs.KindRemoved:
-		nb := v.NumBlocks()
-		blks[k] += uint64(nb)
 		a.hashes = a.hashes[:0]
-		for i := range nb {
+		for i := range int(nb) {
 			a.hashes = append(a.hashes, v.BlockHash(i))
 		}
-		_, err = a.ix.Apply(&index.Event{ID: v.Seq, DpRank: v.DpRank, Kind: index.KindRemoved, Hashes: a.hashes})
+		res, err = a.ix.Apply(&index.Event{ID: v.Seq, DpRank: v.DpRank, Kind: index.KindRemoved, Hashes: a.hashes})
 	case fbs.KindCleared:
-		_, err = a.ix.Apply(&index.Event{ID: v.Seq, DpRank: v.DpRank, Kind: index.KindCleared})
+		res, err = a.ix.Apply(&index.Event{ID: v.Seq, DpRank: v.DpRank, Kind: index.KindCleared})
+	}
+	// An error with status OK is an input rejection (not applied); a tree status other than OK was applied (and
+	// logged) with that status. Each block counts under its event's status.
+	if err == nil || res.Status != index.StatusOK {
+		c.appl[k][res.Status] += nb
 	}
 	if err != nil && a.log.Enabled(context.Background(), slog.LevelDebug) {
 		// Tree errors (parent/block not found) are normal under eviction races and counted by the index.
