@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -168,7 +169,9 @@ func (a *attachment) drainBatch() int {
 	st := a.st
 	var c batchCounts
 	var n int
-	a.drainRecords(&n, &c)
+	for n < maxBatch && a.drainRecords(&n, &c) {
+		// drainRecords returned true: a record panicked and was skipped; go on with the next one.
+	}
 	if n == 0 {
 		return 0
 	}
@@ -195,17 +198,30 @@ type batchCounts struct {
 	appl      [3][index.NumStatuses]uint64 // blocks of applied events, by kind-1 and the event's tree status
 }
 
-// drainRecords applies records until the batch is full (n reaches maxBatch), the ring is empty or corrupt.
-func (a *attachment) drainRecords(n *int, c *batchCounts) {
+// drainRecords applies records until the batch is full (n reaches maxBatch), the ring is empty or corrupt; then
+// it returns false. A panic while applying one record (a bug in the decoder or the index) is contained here: the
+// record is counted as malformed, logged with its stack, the history is marked unknown, and it returns true so
+// drainBatch continues with the next record. The deferred recover costs once per batch, not per record. A panic
+// outside a record's decode/apply (in the Reader) ends the batch instead: retrying at once could repeat it forever.
+func (a *attachment) drainRecords(n *int, c *batchCounts) (retry bool) {
+	var pos uint64
+	inRecord := false
+	defer func() {
+		if r := recover(); r != nil {
+			a.recordPanic(pos, inRecord, r)
+			retry = inRecord
+		}
+	}()
 	for *n < maxBatch {
 		rec, err := a.r.Next()
 		if err != nil {
 			if !errors.Is(err, shm.ErrEmpty) {
 				a.corruption(err)
 			}
-			return
+			return false
 		}
 		*n++
+		pos, inRecord = rec.Pos, true
 		switch rec.Type {
 		case shm.TypeEvent:
 			a.applyEvent(rec, c)
@@ -214,8 +230,28 @@ func (a *attachment) drainRecords(n *int, c *batchCounts) {
 			a.ix.MarkLost(first, last, fmt.Sprintf("producer dropped %d events (ring full)", count))
 			a.st.lossRecords.Add(1)
 		}
+		inRecord = false
 	}
+	return false
 }
+
+// recordPanic handles a panic recovered in the drain path: inRecord, while applying the record at pos.
+func (a *attachment) recordPanic(pos uint64, inRecord bool, r any) {
+	a.st.malformed.Add(1)
+	if inRecord {
+		a.log.Error("panic while applying a ring record: record skipped, state before the next event is unknown",
+			"pos", pos, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+		a.ix.MarkUnknownHistory(fmt.Sprintf("internal error applying the record at ring position %d", pos))
+		return
+	}
+	a.log.Error("panic while reading the ring: batch ended, state before the next event is unknown",
+		"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+	a.ix.MarkUnknownHistory("internal error reading the ring")
+}
+
+// applyHook, when set (tests only), is called with the worker id and seq of every decoded event before it is
+// applied; tests make it panic to exercise drainRecords' containment.
+var applyHook atomic.Pointer[func(worker, seq uint64)]
 
 func (a *attachment) applyEvent(rec shm.Record, c *batchCounts) {
 	v := &a.view
@@ -228,6 +264,9 @@ func (a *attachment) applyEvent(rec shm.Record, c *batchCounts) {
 	k := int(v.Kind) - 1
 	if k < 0 || k > 2 {
 		return // Decode accepts only the three kinds
+	}
+	if h := applyHook.Load(); h != nil {
+		(*h)(a.st.workerID, v.Seq)
 	}
 	c.evs[k]++
 	nb := uint64(v.NumBlocks())
