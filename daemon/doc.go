@@ -61,9 +61,9 @@
 // producer's next publish wakes it (FUTEX_WAKE, only while the consumer is parked), a query barrier or a stop
 // wakes it with Reader.Wake, and the timeout bounds a wakeup the Python producer can lose (it cannot fence; see
 // shm/FORMAT.md, "Doorbell") and paces the idle housekeeping (heartbeat, ring stats, CLOSED check, pid check).
-// Measured on a 2-vCPU VM: a daemon with 8 idle streams uses ~0.5% of a core (0.3% with one, 0.1% with none);
+// Measured on a 2-vCPU VM: a daemon with 8 idle streams uses ~0.45% of a core (~0.2% with one, ~0.1% with none);
 // busy reach is ~1 µs back-to-back and ~60 µs with 200 µs between records, and the first record after a long idle
-// period is reached in ~0.2 ms (one wakeup) (BenchmarkDaemonIdleCPU, BenchmarkDaemonReachLatency,
+// period is reached in ~0.2-0.3 ms, one wakeup (BenchmarkDaemonIdleCPU, BenchmarkDaemonReachLatency,
 // BenchmarkDaemonColdReach in bench/).
 //
 // # Frame protocol (Unix socket, SOCK_STREAM)
