@@ -75,6 +75,7 @@ bench: venv build
 	$(GO) test -run '^$$' -bench 'DaemonIngest' -benchtime 200000x $(BENCH_GO) ./bench/
 	$(GO) test -run '^$$' -bench 'DaemonIdleCPU' -benchtime 10x $(BENCH_GO) ./bench/
 	$(GO) test -run '^$$' -bench 'DaemonReach/gap=(0s|200µs|2ms)$$' -benchtime 2000x $(BENCH_GO) ./bench/
+	$(GO) test -run '^$$' -bench 'DaemonColdReach' -benchtime 20x $(BENCH_GO) ./bench/
 	$(VPY) bench/publish_bench.py
 	PYTHONPATH=pybind/src KVSHMD_BIN=$(CURDIR)/build/kvshmd $(VPY) bench/local_indexer_bench.py
 
