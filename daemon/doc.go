@@ -142,6 +142,6 @@
 // attaching process is the ring's producer_pid (same pid namespace); otherwise socket EOF is the only death
 // signal. A stream's index is kept while the daemon runs until an operator sends FORGET (`kvshmd forget`); a
 // recovery query that selected the stream just before FORGET may re-create its recovery_* series once. Panic
-// containment cannot help a panic raised inside the index while it holds its lock (index.Indexer unlocks without
-// defer): that stream's drain would then block in MarkUnknownHistory and its queries answer busy.
+// containment relies on the index releasing its lock when a panic unwinds through it (its writer paths unlock
+// with defer), so the following MarkUnknownHistory can take the lock again.
 package daemon

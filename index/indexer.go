@@ -134,7 +134,24 @@ func (ix *Indexer) Apply(ev *Event) (ApplyResult, error) {
 }
 
 func (ix *Indexer) apply(id uint64, dp uint32, kind Kind, hasParent bool, parent uint64, blocks []Block, hashes []uint64) (ApplyResult, error) {
+	res := ix.applyLocked(id, dp, kind, hasParent, parent, blocks, hashes)
+	switch res.Status {
+	case StatusParentNotFound:
+		return res, fmt.Errorf("apply %s event %d (dp_rank %d): parent %d: %w", kind, id, dp, parent, ErrParentNotFound)
+	case StatusBlockNotFound:
+		return res, fmt.Errorf("apply %s event %d (dp_rank %d): %w", kind, id, dp, ErrBlockNotFound)
+	case StatusInvalidBlockSequence:
+		return res, fmt.Errorf("apply %s event %d (dp_rank %d): %w", kind, id, dp, ErrInvalidBlockSequence)
+	}
+	return res, nil
+}
+
+// applyLocked applies one event to the tree and the log under the write lock. The unlock is deferred so that a
+// panic (a bug) cannot leave the index locked: the daemon contains such a panic and then marks the history
+// unknown, which needs the lock again.
+func (ix *Indexer) applyLocked(id uint64, dp uint32, kind Kind, hasParent bool, parent uint64, blocks []Block, hashes []uint64) ApplyResult {
 	ix.mu.Lock()
+	defer ix.mu.Unlock()
 	res := ix.recordIDLocked(id)
 	s := ix.tree.slot(dp)
 	switch kind {
@@ -150,16 +167,7 @@ func (ix *Indexer) apply(id uint64, dp uint32, kind Kind, hasParent bool, parent
 	ix.treeVersion++
 	ix.c.applied[kind-1][res.Status]++
 	ix.log.append(id, dp, kind, hasParent, parent, blocks, hashes)
-	ix.mu.Unlock()
-	switch res.Status {
-	case StatusParentNotFound:
-		return res, fmt.Errorf("apply %s event %d (dp_rank %d): parent %d: %w", kind, id, dp, parent, ErrParentNotFound)
-	case StatusBlockNotFound:
-		return res, fmt.Errorf("apply %s event %d (dp_rank %d): %w", kind, id, dp, ErrBlockNotFound)
-	case StatusInvalidBlockSequence:
-		return res, fmt.Errorf("apply %s event %d (dp_rank %d): %w", kind, id, dp, ErrInvalidBlockSequence)
-	}
-	return res, nil
+	return res
 }
 
 // recordIDLocked checks id against the ids seen: a gap records the skipped ids as lost; a backwards or
