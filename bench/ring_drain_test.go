@@ -37,17 +37,7 @@ func BenchmarkRingDrain(b *testing.B) {
 }
 
 func benchRingDrain(b *testing.B, size int) {
-	path := filepath.Join(b.TempDir(), "drain.ring")
-	w, err := shm.Create(path, shm.Options{Capacity: benchCapacity})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer w.Close()
-	r, err := shm.Open(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer r.Close()
+	path, w, r := newBenchRing(b, "drain.ring")
 	mapped := mapDataArea(b, path)
 	payload := make([]byte, size)
 	for i := range payload {
@@ -186,17 +176,7 @@ func BenchmarkRingWriteEvent(b *testing.B) {
 }
 
 func benchRingWrite(b *testing.B, size int) {
-	path := filepath.Join(b.TempDir(), "write.ring")
-	w, err := shm.Create(path, shm.Options{Capacity: benchCapacity})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer w.Close()
-	r, err := shm.Open(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer r.Close()
+	_, w, r := newBenchRing(b, "write.ring")
 	payload := make([]byte, size)
 	recSize := (8 + size + 7) &^ 7
 	perFill := benchCapacity/recSize - 1 // always fits, padding included
@@ -245,4 +225,22 @@ func benchRingWrite(b *testing.B, size int) {
 	ringNs := float64(b.Elapsed().Nanoseconds()) / float64(ops)
 	b.ReportMetric(baseNs, "baseline-ns/op")
 	b.ReportMetric(ringNs/baseNs, "x-baseline")
+}
+
+// newBenchRing creates a benchCapacity ring in a temporary directory with its writer and reader, both closed when
+// the benchmark ends.
+func newBenchRing(b *testing.B, name string) (string, *shm.Writer, *shm.Reader) {
+	b.Helper()
+	path := filepath.Join(b.TempDir(), name)
+	w, err := shm.Create(path, shm.Options{Capacity: benchCapacity})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { w.Close() })
+	r, err := shm.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { r.Close() })
+	return path, w, r
 }

@@ -24,11 +24,7 @@ func scrape(t *testing.T, s *Server) string {
 func TestForget(t *testing.T) {
 	ts := startServer(t, nil)
 	socket := ts.SocketPath()
-	q, err := Dial(ctxT(t), socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close()
+	q := dialT(t, socket)
 
 	p1 := newProducer(t, socket, 1, 4, 1<<16)
 	p2 := newProducer(t, socket, 2, 4, 1<<16)

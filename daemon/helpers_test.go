@@ -340,3 +340,14 @@ func removed(seq uint64, dp uint32, hashes ...uint64) fbs.EventSpec {
 func cleared(seq uint64) fbs.EventSpec { return fbs.EventSpec{Seq: seq, Kind: fbs.KindCleared} }
 
 func u64p(v uint64) *uint64 { return &v }
+
+// dialT connects a query client to socket, failing the test if it cannot, and closes it when the test ends.
+func dialT(t testing.TB, socket string) *Client {
+	t.Helper()
+	c, err := Dial(ctxT(t), socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}

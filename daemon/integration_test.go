@@ -233,11 +233,7 @@ func TestIntegrationProcess(t *testing.T) {
 
 func assertDumpPrefix(t *testing.T, socket, prefix string) {
 	t.Helper()
-	c, err := Dial(ctxT(t), socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialT(t, socket)
 	b, err := c.Dump(ctxT(t), nil)
 	if err != nil || !bytes.HasPrefix(b, []byte(prefix)) {
 		t.Fatalf("dump = %.200s (%v), want prefix %s", b, err, prefix)

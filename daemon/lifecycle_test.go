@@ -151,11 +151,7 @@ func TestKillRestartResumes(t *testing.T) {
 // checkStats polls STATS of worker until ok accepts it (up to 10 s) and returns it.
 func checkStats(t *testing.T, socket string, worker uint64, ok func(StreamStats) bool) StreamStats {
 	t.Helper()
-	c, err := Dial(ctxT(t), socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialT(t, socket)
 	var last StreamStats
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		r, err := c.Stats(ctxT(t), &worker)
@@ -230,11 +226,7 @@ func TestOtherUID(t *testing.T) {
 		t.Errorf("refusal not logged:\n%s", d.log)
 	}
 	// The daemon still serves its own user.
-	c, err := Dial(ctxT(t), socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialT(t, socket)
 	if _, err := c.Health(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}

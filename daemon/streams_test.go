@@ -29,11 +29,7 @@ func eventsEqual(t *testing.T, c *Client, p *producer, start *uint64, what strin
 func TestProducerLifecycle(t *testing.T) {
 	ts := startServer(t, nil)
 	socket := ts.SocketPath()
-	q, err := Dial(ctxT(t), socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close()
+	q := dialT(t, socket)
 	stats := func() StreamStats {
 		t.Helper()
 		r, err := q.Stats(ctxT(t), u64p(1))
@@ -77,11 +73,7 @@ func TestProducerLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w2.Close()
-	c2, err := Dial(ctxT(t), socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
+	c2 := dialT(t, socket)
 	_, err = c2.Attach(ctxT(t), AttachRequest{RingPath: other, WorkerID: 1, KVBlockSize: 4, MaxBufferSize: p.maxBuf})
 	if !IsCode(err, CodeConflict) {
 		t.Fatalf("second live producer: %v, want conflict", err)
@@ -205,11 +197,7 @@ func TestAttachValidation(t *testing.T) {
 func TestRingLossAndCorruption(t *testing.T) {
 	ts := startServer(t, nil)
 	socket := ts.SocketPath()
-	q, err := Dial(ctxT(t), socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close()
+	q := dialT(t, socket)
 	p := newProducer(t, socket, 4, 4, 1<<16) // 64 KiB: fills quickly
 	p.mustPublish(cleared(0))
 	if err := q.Detach(ctxT(t), 4); err != nil { // nobody drains now
