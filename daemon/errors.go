@@ -17,6 +17,9 @@ var (
 	ErrAlreadyRunning = errors.New("kvshm/daemon: another kvshmd is already listening on the socket")
 	// ErrUnsafeDir is returned when the socket directory is not owned by the daemon's user or is writable by others.
 	ErrUnsafeDir = errors.New("kvshm/daemon: unsafe socket directory")
+	// ErrUnsafeStateDir is returned by Listen when the --state-dir directory is not owned by the daemon's user or
+	// grants any permission to group or others (it must be 0700).
+	ErrUnsafeStateDir = errors.New("kvshm/daemon: unsafe state directory")
 	// ErrNotSocket is returned when the socket path exists and is not a Unix socket (it is never removed).
 	ErrNotSocket = errors.New("kvshm/daemon: socket path exists and is not a socket")
 	// ErrRemote is wrapped by every *RemoteError: the daemon answered with an error reply.

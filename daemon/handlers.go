@@ -304,6 +304,17 @@ func (s *Server) attach(cc *conn, req AttachRequest) (AttachReply, error) {
 		return AttachReply{}, errorf(CodeBadRequest, "ring header max_buffer_size %d does not match the request's %d", h.MaxBufferSize, req.MaxBufferSize)
 	}
 	head := r.Stats().Head
+	// Resuming a ring this daemon does not know: look for the checkpoint of a gracefully stopped daemon. Read outside
+	// s.mu (it may be large); startStream decides under the lock whether it applies.
+	var ck *ckptLoad
+	s.mu.Lock()
+	known := s.streams[req.WorkerID] != nil
+	s.mu.Unlock()
+	if s.cfg.StateDir != "" && head > 0 && !known {
+		l := s.loadCheckpoint(req.WorkerID, h.Epoch, head,
+			index.Config{WorkerID: req.WorkerID, BlockSize: req.KVBlockSize, MaxBufferSize: int(h.MaxBufferSize)})
+		ck = &l
+	}
 	for {
 		s.mu.Lock()
 		if s.closed {
@@ -328,7 +339,7 @@ func (s *Server) attach(cc *conn, req AttachRequest) (AttachReply, error) {
 			s.mu.Unlock()
 			return AttachReply{}, errorf(CodeConflict, "worker %d already has a live producer (pid %d, ring %s)", req.WorkerID, old.hdr.ProducerPID, old.st.ringPath)
 		}
-		rep, err := s.startStream(cc, st, r, h, req, head)
+		rep, err := s.startStream(cc, st, r, h, req, head, ck)
 		s.mu.Unlock()
 		if err != nil {
 			return AttachReply{}, err
@@ -339,7 +350,8 @@ func (s *Server) attach(cc *conn, req AttachRequest) (AttachReply, error) {
 }
 
 // startStream installs the attachment. Called with s.mu held.
-func (s *Server) startStream(cc *conn, st *stream, r *shm.Reader, h shm.Header, req AttachRequest, head uint64) (AttachReply, error) {
+// ck is the checkpoint lookup done by attach (nil when none was made).
+func (s *Server) startStream(cc *conn, st *stream, r *shm.Reader, h shm.Header, req AttachRequest, head uint64, ck *ckptLoad) (AttachReply, error) {
 	newIndex := func() (*index.Indexer, error) {
 		// The header's max_buffer_size is authoritative (the request's, when nonzero, was checked against it).
 		ix, err := index.New(index.Config{WorkerID: req.WorkerID, BlockSize: req.KVBlockSize, MaxBufferSize: int(h.MaxBufferSize)})
@@ -349,19 +361,38 @@ func (s *Server) startStream(cc *conn, st *stream, r *shm.Reader, h shm.Header, 
 		return ix, nil
 	}
 	log := s.log.With("worker_id", req.WorkerID)
-	resumed := false
+	resumed, restored := false, false
 	switch {
 	case st == nil: // first producer for this worker since the daemon started
 		ix, err := newIndex()
 		if err != nil {
 			return AttachReply{}, err
 		}
+		if head > 0 && ck != nil && ck.ix != nil {
+			ix, restored = ck.ix, true
+		}
 		st = &stream{workerID: req.WorkerID, srv: s, ix: ix, streamEpoch: 1}
 		s.streams[req.WorkerID] = st
-		if head > 0 {
+		if ck != nil {
+			s.m.ckptRestores.WithLabelValues(ck.result).Inc()
+		}
+		// Any checkpoint of this worker is now consumed (restored) or stale (another epoch, head or content).
+		s.removeCheckpoints(req.WorkerID)
+		switch {
+		case restored:
+			resumed = true
+			log.Info("resuming a ring from the checkpoint of a gracefully stopped daemon: nothing lost", "head", head, "epoch", h.Epoch)
+		case head > 0:
 			resumed = true
 			ix.MarkUnknownHistory(fmt.Sprintf("daemon resumed ring at head %d: events consumed by an earlier daemon are gone", head))
-			log.Warn("resuming a ring consumed by an earlier daemon: earlier state is unknown until a Cleared", "head", head, "epoch", h.Epoch)
+			why := "no --state-dir"
+			if s.cfg.StateDir != "" {
+				why = "checkpoint not looked up (the stream existed when the attach began)"
+			}
+			if ck != nil {
+				why = ck.why
+			}
+			log.Warn("resuming a ring consumed by an earlier daemon: earlier state is unknown until a Cleared", "head", head, "epoch", h.Epoch, "checkpoint", why)
 		}
 	case h.Epoch == st.epoch: // same producer incarnation reattached: continue the same index
 		resumed = true
@@ -377,6 +408,7 @@ func (s *Server) startStream(cc *conn, st *stream, r *shm.Reader, h shm.Header, 
 		st.streamEpoch++
 		st.mu.Unlock()
 		st.resets.Add(1)
+		s.removeCheckpoints(req.WorkerID)
 		if head > 0 {
 			resumed = true
 			ix.MarkUnknownHistory(fmt.Sprintf("new ring epoch resumed at head %d", head))
@@ -392,13 +424,13 @@ func (s *Server) startStream(cc *conn, st *stream, r *shm.Reader, h shm.Header, 
 	st.att, st.alive = a, true
 	st.blockSize, st.maxBuffer, st.ringPath, st.epoch = req.KVBlockSize, h.MaxBufferSize, req.RingPath, h.Epoch
 	st.lastHeader, st.lastRing = h, r.Stats()
-	rep := AttachReply{WorkerID: req.WorkerID, Epoch: h.Epoch, StreamEpoch: st.streamEpoch, Resumed: resumed, Head: head}
+	rep := AttachReply{WorkerID: req.WorkerID, Epoch: h.Epoch, StreamEpoch: st.streamEpoch, Resumed: resumed, Head: head, Restored: restored}
 	st.mu.Unlock()
 	cc.att = a
 	if !a.checkPID {
 		log.Info("producer pid check disabled: the attaching process is not the ring's producer_pid (or another pid namespace)", "peer_pid", cc.pid, "producer_pid", h.ProducerPID)
 	}
-	log.Info("producer attached", "ring", req.RingPath, "epoch", h.Epoch, "stream_epoch", rep.StreamEpoch, "resumed", resumed, "head", head, "producer_pid", h.ProducerPID)
+	log.Info("producer attached", "ring", req.RingPath, "epoch", h.Epoch, "stream_epoch", rep.StreamEpoch, "resumed", resumed, "restored", restored, "head", head, "producer_pid", h.ProducerPID)
 	go a.run()
 	return rep, nil
 }
@@ -432,6 +464,7 @@ func (s *Server) forget(ctx context.Context, workerID uint64) error {
 		if a == nil {
 			// Attach installs an attachment only under s.mu, so none can appear before the stream is gone.
 			delete(s.streams, workerID)
+			s.removeCheckpoints(workerID)
 			s.mu.Unlock()
 			s.m.forgetWorker(st.label())
 			s.log.Info("stream forgotten: index and metrics dropped", "worker_id", workerID)

@@ -18,6 +18,8 @@ type metrics struct {
 	recoveries      *prometheus.CounterVec   // kvshm_recovery_requests_total{worker_id,result}
 	recoverySeconds *prometheus.HistogramVec // kvshm_recovery_duration_seconds{worker_id}
 	recoveryBytes   *prometheus.HistogramVec // kvshm_recovery_response_bytes{worker_id}
+	ckptWrites      *prometheus.CounterVec   // kvshm_checkpoint_writes_total{result}
+	ckptRestores    *prometheus.CounterVec   // kvshm_checkpoint_restores_total{result}
 }
 
 func newMetrics(reg *prometheus.Registry, s *Server) (*metrics, error) {
@@ -39,6 +41,18 @@ func newMetrics(reg *prometheus.Registry, s *Server) (*metrics, error) {
 			Name: "kvshm_recovery_response_bytes", Help: "Size of recovery responses (WorkerKvQueryResponse JSON).",
 			Buckets: prometheus.ExponentialBuckets(64, 4, 13),
 		}, []string{"worker_id"}),
+		ckptWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvshm_checkpoint_writes_total", Help: "Index checkpoints written at shutdown (--state-dir), by result (ok, failed).",
+		}, []string{"result"}),
+		ckptRestores: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvshm_checkpoint_restores_total", Help: "Checkpoint lookups when a ring is resumed (--state-dir), by result (restored, missing, stale, corrupt, error).",
+		}, []string{"result"}),
+	}
+	for _, r := range []string{"ok", "failed"} {
+		m.ckptWrites.WithLabelValues(r)
+	}
+	for _, r := range ckptResults {
+		m.ckptRestores.WithLabelValues(r)
 	}
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "kvshm_build_info", Help: "Build information; always 1.",
@@ -49,7 +63,7 @@ func newMetrics(reg *prometheus.Registry, s *Server) (*metrics, error) {
 		Name: "kvshm_connections", Help: "Open socket connections (producers and query clients).",
 	}, func() float64 { return float64(s.nconns.Load()) })
 	for _, c := range []prometheus.Collector{
-		m.requests, m.rejected, m.recoveries, m.recoverySeconds, m.recoveryBytes, build, conns,
+		m.requests, m.rejected, m.recoveries, m.recoverySeconds, m.recoveryBytes, m.ckptWrites, m.ckptRestores, build, conns,
 		&streamCollector{s: s},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

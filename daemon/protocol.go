@@ -25,6 +25,9 @@ type AttachReply struct {
 	StreamEpoch uint32 `json:"stream_epoch"`
 	Resumed     bool   `json:"resumed"`
 	Head        uint64 `json:"head"`
+	// Restored is true when the index was restored from the checkpoint a gracefully stopped daemon wrote for this
+	// ring epoch and head (--state-dir): nothing was lost. Resumed without Restored means unknown history.
+	Restored bool `json:"restored"`
 }
 
 // WorkerRequest is the body of DETACH, DUMP, STATS and FORGET requests (worker_id may be null, except for DETACH

@@ -35,6 +35,7 @@ type Config struct {
 	QueryTimeout      time.Duration // bound on one query (including waiting for the single-flight dump); default 120s
 	PIDCheckInterval  time.Duration // producer pid backstop period; default 1s
 	ParentPoll        time.Duration // --parent-pid poll period; default 200ms
+	StateDir          string        // "" = no checkpoints; else indexes are checkpointed here at shutdown (created 0700)
 	Version           string        // reported by HEALTH and kvshm_build_info
 	Logger            *slog.Logger  // default slog.Default()
 	Registry          *prometheus.Registry
@@ -129,6 +130,11 @@ func New(cfg Config) (*Server, error) {
 
 // Listen binds the Unix socket (and the HTTP address when configured). After it returns, clients can connect.
 func (s *Server) Listen() error {
+	if s.cfg.StateDir != "" {
+		if err := prepareStateDir(s.cfg.StateDir); err != nil {
+			return err
+		}
+	}
 	ln, stale, err := listenUnix(s.cfg.SocketPath, s.cfg.SocketMode)
 	if err != nil {
 		return err
@@ -185,7 +191,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	if s.cfg.ParentPID > 0 {
 		go s.watchParent(ctx, cancel)
 	}
-	s.log.Info("kvshmd serving", "socket", s.cfg.SocketPath, "http", s.HTTPAddr(), "version", s.cfg.Version, "parent_pid", s.cfg.ParentPID)
+	s.log.Info("kvshmd serving", "socket", s.cfg.SocketPath, "http", s.HTTPAddr(), "version", s.cfg.Version, "parent_pid", s.cfg.ParentPID, "state_dir", s.cfg.StateDir)
 	var err error
 	select {
 	case <-ctx.Done():
@@ -220,6 +226,20 @@ func (s *Server) shutdown() {
 	for c := range s.conns {
 		conns = append(conns, c)
 	}
+	// The attachments live now are checkpointed after their final drain, whichever way it comes (closing the
+	// producer connections below usually ends them first). No attachment can start once closed is set.
+	type live struct {
+		st *stream
+		a  *attachment
+	}
+	var attached []live
+	for _, st := range s.streams {
+		st.mu.Lock()
+		if st.att != nil {
+			attached = append(attached, live{st, st.att})
+		}
+		st.mu.Unlock()
+	}
 	s.mu.Unlock()
 	_ = s.ln.Close() // unlinks the socket file
 	if s.httpS != nil {
@@ -239,6 +259,13 @@ func (s *Server) shutdown() {
 		if a != nil {
 			a.finish("daemon shutting down")
 			<-a.done
+		}
+	}
+	if s.cfg.StateDir != "" {
+		sort.Slice(attached, func(i, j int) bool { return attached[i].st.workerID < attached[j].st.workerID })
+		for _, l := range attached {
+			<-l.a.done
+			s.writeCheckpoint(l.st, l.a) // after the final drain and head release: the index matches the ring head
 		}
 	}
 	s.log.Info("kvshmd stopped: rings drained")

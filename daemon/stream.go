@@ -70,6 +70,7 @@ type attachment struct {
 	lastCorrupt uint64 // position of the last corruption reported
 	corruptSeen bool   // lastCorrupt is valid
 	corruptPass bool   // the current drain pass hit corruption
+	finalHead   uint64 // ring head released by the final drain; read by others after done is closed
 	view        fbs.EventView
 	hashes      []uint64
 	pending     []syncReq
@@ -368,6 +369,7 @@ func (a *attachment) finalDrain() {
 		why = *p
 	}
 	rs := a.r.Stats()
+	a.finalHead = rs.Head
 	if err := a.r.Close(); err != nil {
 		a.log.Warn("close ring", "err", err)
 	}

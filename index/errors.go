@@ -25,4 +25,7 @@ var (
 	// ErrInvalidBlockSequence is returned when a Stored event would make a block its own parent or ancestor;
 	// the blocks before it stay applied (Dynamo's InvalidBlockSequence). The event is still logged.
 	ErrInvalidBlockSequence = errors.New("kvshm/index: invalid block sequence")
+	// ErrCheckpoint is returned (wrapped in a *CheckpointError) by ReadCheckpoint when a checkpoint is corrupt,
+	// truncated, of another format version or fails its checksum.
+	ErrCheckpoint = errors.New("kvshm/index: invalid checkpoint")
 )

@@ -100,7 +100,7 @@ func envOr(def string, names ...string) string {
 }
 
 type serveOpts struct {
-	socket, http, mode, logLevel, logFormat             string
+	socket, http, mode, logLevel, logFormat, stateDir   string
 	parentPID, maxConns, httpMaxConns                   int
 	maxRequest                                          uint
 	idle, frame, write, query, pidCheck, parentInterval time.Duration
@@ -136,6 +136,7 @@ func serve(args []string, stderr io.Writer) int {
 	fs.StringVar(&o.socket, "socket", envOr(daemon.DefaultSocketPath(), "KVSHMD_SOCKET"), "Unix socket path; its directory is created 0700 and must be owned by you and not group/other writable (env KVSHMD_SOCKET)")
 	fs.StringVar(&o.mode, "socket-mode", envOr("0600", "KVSHMD_SOCKET_MODE"), "socket file mode, octal (env KVSHMD_SOCKET_MODE)")
 	fs.StringVar(&o.http, "http", envOr("", "KVSHMD_HTTP"), "HTTP listen address for /kv_recover, /metrics, /healthz, e.g. 127.0.0.1:9400; off when empty (env KVSHMD_HTTP)")
+	fs.StringVar(&o.stateDir, "state-dir", envOr("", "KVSHMD_STATE_DIR"), "directory for index checkpoints: written at SIGTERM/SIGINT after the final drain, restored when a producer reattaches the same ring, so a planned restart loses nothing; created 0700, must be owned by you with no group/other permissions; off when empty (env KVSHMD_STATE_DIR)")
 	fs.IntVar(&o.parentPID, "parent-pid", num("KVSHMD_PARENT_PID", 0), "drain and exit when this process is gone, polled every --parent-poll (env KVSHMD_PARENT_PID)")
 	fs.DurationVar(&o.parentInterval, "parent-poll", dur("KVSHMD_PARENT_POLL", 200*time.Millisecond), "poll period of --parent-pid (env KVSHMD_PARENT_POLL)")
 	fs.UintVar(&o.maxRequest, "max-request-bytes", uint(num("KVSHMD_MAX_REQUEST_BYTES", daemon.DefaultMaxRequest)), "largest request frame accepted; larger ones get too_large and the connection is closed (env KVSHMD_MAX_REQUEST_BYTES)")
@@ -154,6 +155,13 @@ func serve(args []string, stderr io.Writer) int {
 Runs the daemon. Producers attach their rings over the socket; queries (events, dump, stats, match, health) use
 the same socket. Readiness: the socket answers HEALTH. SIGTERM or SIGINT: stop accepting, drain every ring one
 last time, exit 0. Every flag has an environment variable; the flag wins.
+
+Restarts: a new daemon resumes each ring at the head the old one stored. Without --state-dir the index state before
+that head is gone: the stream reports unknown history (dumps answer Error) until the engine sends a Cleared. With
+--state-dir, a SIGTERM/SIGINT shutdown writes one checkpoint per attached stream (w<worker>-<ring epoch>.ckpt) and
+the next daemon restores it when that producer reattaches the same ring at the same head: nothing is lost. A crash
+(SIGKILL, OOM) writes none and still reports unknown history; a checkpoint that is corrupt or does not match the
+ring is logged, counted (kvshm_checkpoint_restores_total) and ignored.
 
 Flags:
 `)
@@ -203,7 +211,7 @@ Flags:
 		SocketPath: o.socket, SocketMode: os.FileMode(mode), HTTPAddr: o.http, ParentPID: o.parentPID,
 		MaxRequestBytes: uint32(o.maxRequest), MaxConns: o.maxConns, HTTPMaxConns: o.httpMaxConns, IdleTimeout: o.idle, FrameTimeout: o.frame,
 		WriteTimeout: o.write, QueryTimeout: o.query, PIDCheckInterval: o.pidCheck, ParentPoll: o.parentInterval,
-		Version: buildVersion(), Logger: log,
+		StateDir: o.stateDir, Version: buildVersion(), Logger: log,
 	})
 	if err != nil {
 		log.Error("cannot start", "err", err)
@@ -216,6 +224,8 @@ Flags:
 			hint = "stop the other daemon or use another --socket"
 		case errors.Is(err, daemon.ErrUnsafeDir):
 			hint = "use a directory you own with mode 0700 (or let kvshmd create it)"
+		case errors.Is(err, daemon.ErrUnsafeStateDir):
+			hint = "--state-dir must be a directory you own with mode 0700 (or let kvshmd create it)"
 		case errors.Is(err, daemon.ErrNotSocket):
 			hint = "the path is a regular file or directory; remove it or choose another --socket"
 		}

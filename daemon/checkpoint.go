@@ -1,0 +1,197 @@
+package daemon
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvshm/kvshm/index"
+)
+
+// Checkpoints (--state-dir): at a graceful shutdown, after a stream's final drain and head release, its index is
+// written to <state-dir>/w<worker_id>-<ring epoch>.ckpt (index.WriteCheckpoint, with ckptMeta naming the worker, the
+// ring epoch and the ring head the index corresponds to). The first ATTACH of that worker after a restart restores
+// the index when the file's epoch and head equal the ring's, instead of marking the history unknown. A checkpoint is
+// removed once read (restored or not) and whenever its worker's stream is replaced or forgotten, so none is applied
+// twice. Failures are logged and counted (kvshm_checkpoint_writes_total, kvshm_checkpoint_restores_total) and never
+// stop a shutdown or an attach.
+
+// ckptMeta is the daemon's part of a checkpoint (the index's opaque meta). Wire format: never change without
+// changing ckptMagic.
+const (
+	ckptMagic    = "KVSHMD\x00\x01"
+	ckptMetaSize = len(ckptMagic) + 3*8 // magic, worker_id, ring epoch, ring head
+	ckptSuffix   = ".ckpt"
+)
+
+// Checkpoint restore results (the result label of kvshm_checkpoint_restores_total).
+const (
+	ckptRestored = "restored" // the index was restored
+	ckptMissing  = "missing"  // no checkpoint for this worker and ring epoch (e.g. the daemon was killed)
+	ckptStale    = "stale"    // the checkpoint's head, worker or index config does not match the ring
+	ckptCorrupt  = "corrupt"  // the file failed validation (index.ErrCheckpoint)
+	ckptError    = "error"    // the file could not be read
+)
+
+var ckptResults = []string{ckptRestored, ckptMissing, ckptStale, ckptCorrupt, ckptError}
+
+func encodeCkptMeta(worker, epoch, head uint64) []byte {
+	b := append(make([]byte, 0, ckptMetaSize), ckptMagic...)
+	b = binary.LittleEndian.AppendUint64(b, worker)
+	b = binary.LittleEndian.AppendUint64(b, epoch)
+	return binary.LittleEndian.AppendUint64(b, head)
+}
+
+func ckptName(worker, epoch uint64) string { return fmt.Sprintf("w%d-%d%s", worker, epoch, ckptSuffix) }
+
+// prepareStateDir creates dir 0700 when missing and checks that it is a directory owned by the daemon's user with no
+// group/other permissions (a checkpoint holds every worker's block hashes). Leftover temporary files of a write that
+// was interrupted by a crash are removed.
+func prepareStateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create state directory %s: %w", dir, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return fmt.Errorf("stat state directory %s: %w", dir, err)
+	}
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+		return fmt.Errorf("state directory %s is not a directory: %w", dir, ErrUnsafeStateDir)
+	case int(st.Uid) != os.Getuid():
+		return fmt.Errorf("state directory %s is owned by uid %d, not %d: %w", dir, st.Uid, os.Getuid(), ErrUnsafeStateDir)
+	case st.Mode&0o077 != 0:
+		return fmt.Errorf("state directory %s has mode %04o (want 0700): %w", dir, st.Mode&0o7777, ErrUnsafeStateDir)
+	}
+	tmps, _ := filepath.Glob(filepath.Join(dir, "w*"+ckptSuffix+".tmp*"))
+	for _, p := range tmps {
+		_ = os.Remove(p)
+	}
+	return nil
+}
+
+// writeCheckpoint saves the index of a stream whose attachment a has ended (final drain done, head released):
+// temporary file 0600, fsync, rename, fsync of the directory. Errors are logged and counted, never returned.
+func (s *Server) writeCheckpoint(st *stream, a *attachment) {
+	dir := s.cfg.StateDir
+	name := ckptName(st.workerID, a.hdr.Epoch)
+	log := s.log.With("worker_id", st.workerID, "checkpoint", filepath.Join(dir, name))
+	size, err := writeFileAtomic(dir, name, func(w *bufio.Writer) error {
+		return a.ix.WriteCheckpoint(w, encodeCkptMeta(st.workerID, a.hdr.Epoch, a.finalHead))
+	})
+	if err != nil {
+		s.m.ckptWrites.WithLabelValues("failed").Inc()
+		log.Error("cannot write checkpoint: the next daemon will report unknown history for this worker", "err", err)
+		return
+	}
+	s.m.ckptWrites.WithLabelValues("ok").Inc()
+	log.Info("checkpoint written", "epoch", a.hdr.Epoch, "head", a.finalHead, "bytes", size)
+}
+
+func writeFileAtomic(dir, name string, fill func(*bufio.Writer) error) (int64, error) {
+	f, err := os.CreateTemp(dir, name+".tmp*") // mode 0600
+	if err != nil {
+		return 0, fmt.Errorf("create temporary file: %w", err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = f.Close()
+			_ = os.Remove(f.Name())
+		}
+	}()
+	bw := bufio.NewWriterSize(f, 1<<20)
+	if err := fill(bw); err != nil {
+		return 0, err
+	}
+	if err := bw.Flush(); err != nil {
+		return 0, fmt.Errorf("write %s: %w", f.Name(), err)
+	}
+	if err := f.Sync(); err != nil {
+		return 0, fmt.Errorf("fsync %s: %w", f.Name(), err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("stat %s: %w", f.Name(), err)
+	}
+	if err := f.Close(); err != nil {
+		return 0, fmt.Errorf("close %s: %w", f.Name(), err)
+	}
+	if err := os.Rename(f.Name(), filepath.Join(dir, name)); err != nil {
+		return 0, fmt.Errorf("rename into place: %w", err)
+	}
+	ok = true
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync() // make the rename durable
+		_ = d.Close()
+	}
+	return fi.Size(), nil
+}
+
+// ckptLoad is the outcome of looking for a stream's checkpoint at ATTACH.
+type ckptLoad struct {
+	ix     *index.Indexer // nil unless result is ckptRestored
+	result string
+	why    string // for the log when not restored
+}
+
+// loadCheckpoint reads <state-dir>/w<worker>-<epoch>.ckpt and accepts it when it was written for this worker, ring
+// epoch and head, with the index configuration the ring asks for. It does not remove the file (see
+// removeCheckpoints).
+func (s *Server) loadCheckpoint(worker, epoch, head uint64, cfg index.Config) ckptLoad {
+	path := filepath.Join(s.cfg.StateDir, ckptName(worker, epoch))
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return ckptLoad{result: ckptMissing, why: "no checkpoint for this worker and ring epoch (the previous daemon did not shut down gracefully, or ran without --state-dir)"}
+	}
+	if err != nil {
+		return ckptLoad{result: ckptError, why: fmt.Sprintf("open checkpoint: %v", err)}
+	}
+	defer f.Close()
+	ix, meta, err := index.ReadCheckpoint(bufio.NewReaderSize(f, 1<<20))
+	switch {
+	case errors.Is(err, index.ErrCheckpoint):
+		return ckptLoad{result: ckptCorrupt, why: fmt.Sprintf("corrupt checkpoint %s: %v", path, err)}
+	case err != nil:
+		return ckptLoad{result: ckptError, why: fmt.Sprintf("read checkpoint %s: %v", path, err)}
+	case len(meta) != ckptMetaSize || string(meta[:len(ckptMagic)]) != ckptMagic:
+		return ckptLoad{result: ckptCorrupt, why: fmt.Sprintf("checkpoint %s lacks the daemon's metadata", path)}
+	}
+	mw := binary.LittleEndian.Uint64(meta[len(ckptMagic):])
+	me := binary.LittleEndian.Uint64(meta[len(ckptMagic)+8:])
+	mh := binary.LittleEndian.Uint64(meta[len(ckptMagic)+16:])
+	switch {
+	case mw != worker || me != epoch:
+		return ckptLoad{result: ckptStale, why: fmt.Sprintf("checkpoint was written for worker %d ring epoch %d", mw, me)}
+	case mh != head:
+		return ckptLoad{result: ckptStale, why: fmt.Sprintf("checkpoint head %d differs from the ring's head %d (another daemon consumed the ring since)", mh, head)}
+	case ix.Config() != cfg:
+		return ckptLoad{result: ckptStale, why: fmt.Sprintf("checkpoint index config %+v differs from the ring's %+v", ix.Config(), cfg)}
+	}
+	return ckptLoad{ix: ix, result: ckptRestored}
+}
+
+// removeCheckpoints deletes every checkpoint of worker (any ring epoch): it was consumed, or its stream was replaced
+// or forgotten. Errors are logged.
+func (s *Server) removeCheckpoints(worker uint64) {
+	if s.cfg.StateDir == "" {
+		return
+	}
+	paths, _ := filepath.Glob(filepath.Join(s.cfg.StateDir, fmt.Sprintf("w%d-*%s", worker, ckptSuffix)))
+	for _, p := range paths {
+		if rest := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(p), fmt.Sprintf("w%d-", worker)), ckptSuffix); strings.ContainsFunc(rest, func(r rune) bool { return r < '0' || r > '9' }) {
+			continue // another worker's file or not ours (w1-2.ckpt must not match w1-*-x.ckpt patterns)
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			s.log.Warn("cannot remove checkpoint", "path", p, "err", err)
+		} else if err == nil {
+			s.log.Debug("checkpoint removed", "path", p)
+		}
+	}
+}

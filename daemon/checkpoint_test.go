@@ -1,0 +1,245 @@
+package daemon
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvshm/kvshm/proto/fbs"
+	"github.com/kvshm/kvshm/shm"
+)
+
+// ckptEvents returns the events with ids from..to-1: chains on three dp_ranks, shared prefixes, removes (one of a
+// block the rank does not hold), so the tree has shared nodes, detached nodes and several lookups.
+func ckptEvents(from, to uint64) []fbs.EventSpec {
+	var out []fbs.EventSpec
+	for id := from; id < to; id++ {
+		dp := uint32(id % 3)
+		switch {
+		case id%7 == 5:
+			out = append(out, removed(id, dp, 1000+id-3, 999999))
+		case id%4 == 0 || id < 3:
+			out = append(out, stored(id, dp, nil, []uint64{1000 + id, 2000 + id}, tokens(uint32(id%5)*8, 2, 4)))
+		default:
+			out = append(out, stored(id, dp, u64p(2000+id-3), []uint64{1000 + id}, tokens(uint32(id)*4, 1, 4)))
+		}
+	}
+	return out
+}
+
+func publishAll(p *producer, evs []fbs.EventSpec) {
+	p.t.Helper()
+	for _, ev := range evs {
+		p.mustPublish(ev)
+	}
+}
+
+// ckptFile is the checkpoint path the daemon uses for p's ring.
+func ckptFile(state string, p *producer) string {
+	return filepath.Join(state, fmt.Sprintf("w%d-%d.ckpt", p.worker, p.w.Header().Epoch))
+}
+
+// metricsText scrapes /metrics of a daemon started with --http.
+func metricsText(t *testing.T, d *daemonProc) string {
+	t.Helper()
+	resp, err := http.Get("http://" + d.http + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func wantMetric(t *testing.T, d *daemonProc, line string) {
+	t.Helper()
+	if m := metricsText(t, d); !strings.Contains(m, line+"\n") {
+		t.Errorf("metrics lack %q:\n%s", line, grepLines(m, "kvshm_checkpoint"))
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// lastID waits until the daemon applied event id last of p's worker.
+func lastID(t *testing.T, socket string, p *producer, last uint64) StreamStats {
+	t.Helper()
+	return checkStats(t, socket, p.worker, func(s StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == last })
+}
+
+// TestCheckpointRestart: a daemon with --state-dir is stopped with SIGTERM while its producer lives on and keeps
+// publishing; a new daemon on the same socket and state directory restores the index when the producer reattaches
+// the same ring: the stream is not tainted, every query answers as an oracle index fed the same events, before and
+// after further events, and the checkpoint is consumed.
+func TestCheckpointRestart(t *testing.T) {
+	dir := t.TempDir()
+	socket := filepath.Join(dir, "run", "kvshmd.sock")
+	state := filepath.Join(dir, "state")
+	d1 := startDaemon(t, socket, "--state-dir", state)
+	p := newProducer(t, socket, 7, 4, 1<<20)
+	publishAll(p, ckptEvents(0, 20))
+	lastID(t, socket, p, 19)
+	if code := d1.terminate(t); code != 0 {
+		t.Fatalf("exit code %d\n%s", code, d1.log)
+	}
+	fi, err := os.Stat(ckptFile(state, p))
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("checkpoint after SIGTERM: %v (mode %v)\n%s", err, fi, d1.log)
+	}
+	if di, err := os.Stat(state); err != nil || di.Mode().Perm() != 0o700 {
+		t.Fatalf("state directory: %v %v", err, di)
+	}
+	_, ring, _ := shm.Inspect(p.path)
+	publishAll(p, ckptEvents(20, 28)) // published while no daemon runs: the next one applies them after the restore
+
+	d2 := startDaemon(t, socket, "--state-dir", state, "--http", "127.0.0.1:0")
+	rep := p.attach()
+	if !rep.Resumed || !rep.Restored || rep.Head != ring.Head || rep.StreamEpoch != 1 {
+		t.Fatalf("attach after a graceful restart = %+v, want resumed and restored at head %d\n%s", rep, ring.Head, d2.log)
+	}
+	st := lastID(t, socket, p, 27)
+	if st.Tainted || st.FirstEventID == nil || *st.FirstEventID != 0 {
+		t.Fatalf("restored stream: %+v, want untainted with events from 0", st)
+	}
+	assertDumpPrefix(t, socket, `{"TreeDump":`)
+	checkAgainstOracle(t, p, socket, d2.http, "restored")
+	if _, err := os.Stat(ckptFile(state, p)); !os.IsNotExist(err) {
+		t.Errorf("the consumed checkpoint is still there: %v", err)
+	}
+	publishAll(p, ckptEvents(28, 40))
+	lastID(t, socket, p, 39)
+	checkAgainstOracle(t, p, socket, d2.http, "after further events")
+	wantMetric(t, d2, `kvshm_checkpoint_restores_total{result="restored"} 1`)
+
+	// A second graceful restart checkpoints the restored-and-continued index again.
+	if code := d2.terminate(t); code != 0 {
+		t.Fatalf("exit code %d\n%s", code, d2.log)
+	}
+	startDaemon(t, socket, "--state-dir", state)
+	if rep := p.attach(); !rep.Restored {
+		t.Fatalf("second restart: attach %+v, want restored", rep)
+	}
+	lastID(t, socket, p, 39)
+	// A restored index has no dump cache, so its next dump is built from the tree, while the oracle's cached dump
+	// was extended with the log tail (whose stores carry the engine's block hashes where the tree kept an older
+	// node's): compare with an oracle that builds afresh too, as after any cache invalidation.
+	p.newOracle()
+	for _, ev := range ckptEvents(0, 40) {
+		p.applyOracle(ev)
+	}
+	checkAgainstOracle(t, p, socket, "", "second restart")
+}
+
+// restartUnknown attaches p to d after a restart that could not restore and checks the unknown-history outcome:
+// resumed but not restored, tainted, dump = Error, the reason logged, the result counted, the checkpoint removed.
+func restartUnknown(t *testing.T, d *daemonProc, p *producer, next uint64, state, logWant, result string) {
+	t.Helper()
+	rep := p.attach()
+	if !rep.Resumed || rep.Restored || rep.Head == 0 {
+		t.Fatalf("attach = %+v, want resumed, not restored\n%s", rep, d.log)
+	}
+	st := checkStats(t, d.socket, p.worker, func(s StreamStats) bool { return s.Attached })
+	if !st.Tainted {
+		t.Errorf("stream not tainted after an unrestored resume: %+v", st)
+	}
+	assertDumpPrefix(t, d.socket, `{"Error":`)
+	if !strings.Contains(d.log.String(), logWant) {
+		t.Errorf("log lacks %q:\n%s", logWant, d.log)
+	}
+	wantMetric(t, d, fmt.Sprintf(`kvshm_checkpoint_restores_total{result=%q} 1`, result))
+	if paths, _ := filepath.Glob(filepath.Join(state, "*")); len(paths) != 0 {
+		t.Errorf("state directory still holds %v", paths)
+	}
+	// The daemon goes on: later events are applied.
+	publishAll(p, ckptEvents(next, next+3))
+	lastID(t, d.socket, p, next+2)
+}
+
+// TestCheckpointKilled: SIGKILL writes no checkpoint: the next daemon reports unknown history (missing).
+func TestCheckpointKilled(t *testing.T) {
+	dir := t.TempDir()
+	socket, state := filepath.Join(dir, "kvshmd.sock"), filepath.Join(dir, "state")
+	d1 := startDaemon(t, socket, "--state-dir", state)
+	p := newProducer(t, socket, 8, 4, 1<<20)
+	publishAll(p, ckptEvents(0, 10))
+	lastID(t, socket, p, 9)
+	d1.kill()
+	d2 := startDaemon(t, socket, "--state-dir", state, "--http", "127.0.0.1:0")
+	restartUnknown(t, d2, p, 10, state, "no checkpoint for this worker and ring epoch", ckptMissing)
+}
+
+// TestCheckpointHeadMismatch: a checkpoint whose head is behind the ring (a daemon without --state-dir consumed
+// more in between) is not applied.
+func TestCheckpointHeadMismatch(t *testing.T) {
+	dir := t.TempDir()
+	socket, state := filepath.Join(dir, "kvshmd.sock"), filepath.Join(dir, "state")
+	d1 := startDaemon(t, socket, "--state-dir", state)
+	p := newProducer(t, socket, 9, 4, 1<<20)
+	publishAll(p, ckptEvents(0, 10))
+	lastID(t, socket, p, 9)
+	d1.terminate(t)
+	if _, err := os.Stat(ckptFile(state, p)); err != nil {
+		t.Fatal(err)
+	}
+	d2 := startDaemon(t, socket) // no --state-dir: consumes more, writes nothing
+	if rep := p.attach(); rep.Restored {
+		t.Fatalf("a daemon without --state-dir restored: %+v", rep)
+	}
+	publishAll(p, ckptEvents(10, 15))
+	lastID(t, socket, p, 14)
+	d2.terminate(t)
+	d3 := startDaemon(t, socket, "--state-dir", state, "--http", "127.0.0.1:0")
+	restartUnknown(t, d3, p, 15, state, "differs from the ring's head", ckptStale)
+}
+
+// TestCheckpointCorrupt: a corrupted checkpoint file is refused (logged, counted, removed) without a crash.
+func TestCheckpointCorrupt(t *testing.T) {
+	dir := t.TempDir()
+	socket, state := filepath.Join(dir, "kvshmd.sock"), filepath.Join(dir, "state")
+	d1 := startDaemon(t, socket, "--state-dir", state)
+	p := newProducer(t, socket, 10, 4, 1<<20)
+	publishAll(p, ckptEvents(0, 10))
+	lastID(t, socket, p, 9)
+	d1.terminate(t)
+	path := ckptFile(state, p)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0x10
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d2 := startDaemon(t, socket, "--state-dir", state, "--http", "127.0.0.1:0")
+	restartUnknown(t, d2, p, 10, state, "corrupt checkpoint", ckptCorrupt)
+}
+
+// TestStateDirUnsafe: a state directory open to group or others is refused at startup.
+func TestStateDirUnsafe(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	if err := os.Mkdir(state, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Chmod(state, 0o755)
+	cmd := exec.Command(kvshmdBin, "serve", "--socket", filepath.Join(dir, "s.sock"), "--state-dir", state)
+	out, _ := cmd.CombinedOutput()
+	if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "unsafe state directory") {
+		t.Errorf("serve with a 0755 state directory: exit %d\n%s", cmd.ProcessState.ExitCode(), out)
+	}
+}
