@@ -1,10 +1,8 @@
 package index
 
 import (
-	"bufio"
 	"encoding/binary"
 	"fmt"
-	"hash"
 	"hash/crc32"
 	"io"
 	"math"
@@ -51,7 +49,7 @@ func (ix *Indexer) WriteCheckpoint(w io.Writer, meta []byte) error {
 	}
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	e := &ckEnc{w: bufio.NewWriterSize(w, 256<<10), crc: crc32.New(crcTable)}
+	e := &ckEnc{w: w, buf: make([]byte, 0, ckChunk+64)}
 	e.bytes([]byte(checkpointMagic))
 	e.u32(checkpointVersion)
 	e.u32(uint32(len(meta)))
@@ -157,23 +155,45 @@ func (ix *Indexer) WriteCheckpoint(w io.Writer, meta []byte) error {
 	return e.finish()
 }
 
-// ckEnc encodes little-endian values into a buffered writer and checksums them; the first error sticks.
+// ckChunk is the size of the encoder's buffer: it is checksummed and written whenever it fills.
+const ckChunk = 256 << 10
+
+// ckEnc appends little-endian values to a buffer that it checksums and writes in chunks; the first write error
+// sticks.
 type ckEnc struct {
-	w   *bufio.Writer
-	crc hash.Hash32
-	b   [8]byte
+	w   io.Writer
+	buf []byte
+	crc uint32
 	err error
 }
 
-func (e *ckEnc) bytes(p []byte) {
-	if e.err != nil {
-		return
+func (e *ckEnc) flush() {
+	e.crc = crc32.Update(e.crc, crcTable, e.buf)
+	if e.err == nil {
+		_, e.err = e.w.Write(e.buf)
 	}
-	_, _ = e.crc.Write(p)
-	_, e.err = e.w.Write(p)
+	e.buf = e.buf[:0]
 }
 
-func (e *ckEnc) u8(v uint8) { e.b[0] = v; e.bytes(e.b[:1]) }
+func (e *ckEnc) bytes(p []byte) {
+	for len(p) > 0 {
+		n := min(len(p), ckChunk-len(e.buf))
+		e.buf = append(e.buf, p[:n]...)
+		p = p[n:]
+		if len(e.buf) >= ckChunk {
+			e.flush()
+		}
+	}
+}
+
+// The fixed-size appenders may overrun ckChunk by a few bytes (the buffer has room); they flush after.
+func (e *ckEnc) u8(v uint8) {
+	e.buf = append(e.buf, v)
+	if len(e.buf) >= ckChunk {
+		e.flush()
+	}
+}
+
 func (e *ckEnc) bool(v bool) {
 	if v {
 		e.u8(1)
@@ -181,8 +201,20 @@ func (e *ckEnc) bool(v bool) {
 		e.u8(0)
 	}
 }
-func (e *ckEnc) u32(v uint32) { binary.LittleEndian.PutUint32(e.b[:], v); e.bytes(e.b[:4]) }
-func (e *ckEnc) u64(v uint64) { binary.LittleEndian.PutUint64(e.b[:], v); e.bytes(e.b[:8]) }
+
+func (e *ckEnc) u32(v uint32) {
+	e.buf = binary.LittleEndian.AppendUint32(e.buf, v)
+	if len(e.buf) >= ckChunk {
+		e.flush()
+	}
+}
+
+func (e *ckEnc) u64(v uint64) {
+	e.buf = binary.LittleEndian.AppendUint64(e.buf, v)
+	if len(e.buf) >= ckChunk {
+		e.flush()
+	}
+}
 
 func (e *ckEnc) str(s string) {
 	if len(s) > maxReasonLen {
@@ -200,12 +232,9 @@ func (e *ckEnc) lostRange(r LostRange) {
 }
 
 func (e *ckEnc) finish() error {
+	e.flush()
 	if e.err == nil {
-		binary.LittleEndian.PutUint32(e.b[:], e.crc.Sum32())
-		_, e.err = e.w.Write(e.b[:4])
-	}
-	if e.err == nil {
-		e.err = e.w.Flush()
+		_, e.err = e.w.Write(binary.LittleEndian.AppendUint32(nil, e.crc))
 	}
 	if e.err != nil {
 		return fmt.Errorf("write checkpoint: %w", e.err)

@@ -109,6 +109,21 @@
 // reference's literal examples byte for byte, plus one response of each variant (see its README). Response.JSON
 // is read-only: a cached dump is shared between callers.
 //
+// # Checkpoints
+//
+// WriteCheckpoint saves the whole state (config, the node arena with its free list, worker masks and dp_rank slots,
+// lookups, the event log, last seen id, lost ranges, taint and its reason, counters) plus the caller's opaque meta;
+// ReadCheckpoint restores an index that answers every query (Recover, FindMatches, Stats) exactly as the original
+// and goes on identically under the same further events. The dump cache is not saved: the first dump after a
+// restore is built from the tree. The format is versioned and ends with a CRC-32C; ReadCheckpoint validates every
+// count, link and id (the tree must be a forest reached exactly once through child lists) and returns a
+// *CheckpointError wrapping ErrCheckpoint, never panicking. Byte diagram and the full list of checks:
+// CHECKPOINT.md. Cost at 1M resident blocks: ~53 B per block, write ~0.17 s, read ~0.4 s (BenchmarkCheckpoint).
+//
+//	var buf bytes.Buffer
+//	err := ix.WriteCheckpoint(&buf, meta)     // holds the read lock: call it with ingest stopped
+//	ix2, meta, err := index.ReadCheckpoint(&buf)
+//
 // # Corruption and errors
 //
 // The index trusts nothing about event content: counts are validated, hashes are opaque, hostile block hash
