@@ -154,7 +154,7 @@ func (s *Server) loadCheckpoint(worker, epoch, head uint64, cfg index.Config) ck
 		return ckptLoad{result: ckptError, why: fmt.Sprintf("open checkpoint: %v", err)}
 	}
 	defer f.Close()
-	ix, meta, err := index.ReadCheckpoint(bufio.NewReaderSize(f, 1<<20))
+	ix, meta, err := index.ReadCheckpoint(f) // sized from Stat: one allocation for the file's bytes
 	switch {
 	case errors.Is(err, index.ErrCheckpoint):
 		return ckptLoad{result: ckptCorrupt, why: fmt.Sprintf("corrupt checkpoint %s: %v", path, err)}

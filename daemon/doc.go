@@ -68,7 +68,7 @@
 // unknown history, as before. Write and read failures are logged and counted, never stop a shutdown or an attach;
 // an unsafe state directory (not ours, or any group/other permission) stops Listen with ErrUnsafeStateDir, and
 // leftover temporary files of an interrupted write are removed at Listen. It is off by default: it writes ~53 bytes
-// per resident block per worker (53 MB for 1M blocks; ~0.2 s to write, ~0.4 s to read), which an operator should
+// per resident block per worker (53 MB for 1M blocks; ~0.2 s to write, ~0.3 s to read), which an operator should
 // place deliberately (a tmpfs like the socket's directory loses it at reboot, with the rings themselves).
 //
 // # Drain loop

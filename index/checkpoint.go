@@ -1,10 +1,12 @@
 package index
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
 	"io"
+	"io/fs"
 	"math"
 	"slices"
 )
@@ -246,13 +248,23 @@ func (e *ckEnc) finish() error {
 // written with. Every count, index and reference is validated (the tree must be a forest whose nodes are each
 // reachable exactly once, lookups must point at live nodes, log ids must increase, the checksum must match, no
 // byte may follow); any violation is a *CheckpointError wrapping ErrCheckpoint. Errors reading r are returned
-// wrapped as they are. It never panics on any input.
+// wrapped as they are. It never panics on any input. The whole checkpoint is read into memory first (sized once
+// when r is an *os.File or has a Len method, as *bytes.Reader does).
 func ReadCheckpoint(r io.Reader) (*Indexer, []byte, error) {
-	buf, err := io.ReadAll(r)
-	if err != nil {
+	size := int64(0)
+	switch v := r.(type) {
+	case interface{ Stat() (fs.FileInfo, error) }:
+		if fi, err := v.Stat(); err == nil && fi.Mode().IsRegular() {
+			size = fi.Size()
+		}
+	case interface{ Len() int }:
+		size = int64(v.Len())
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, min(size, 1<<40)+bytes.MinRead))
+	if _, err := buf.ReadFrom(r); err != nil {
 		return nil, nil, fmt.Errorf("read checkpoint: %w", err)
 	}
-	return decodeCheckpoint(buf)
+	return decodeCheckpoint(buf.Bytes())
 }
 
 // ckDec decodes little-endian values from a byte slice; the first error sticks and later reads return zeros.
@@ -507,6 +519,15 @@ func (d *ckDec) decodeTree(t *tree) bool {
 	root := &t.nodes[rootNode]
 	if state[rootNode] != 0 || root.parent != nilNode || root.nextSib != nilNode || root.workers != 0 {
 		return bad(0, "invalid root")
+	}
+	// Size the child table once for every node (it would grow to about this while the tree was built).
+	size := 16
+	for size*3 < nn*4 {
+		size *= 2
+	}
+	t.children.slots = make([]uint32, size)
+	for i := range t.children.slots {
+		t.children.slots[i] = nilNode
 	}
 	stack := make([]uint32, 0, 64)
 	live := 0

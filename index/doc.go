@@ -118,7 +118,7 @@
 // restore is built from the tree. The format is versioned and ends with a CRC-32C; ReadCheckpoint validates every
 // count, link and id (the tree must be a forest reached exactly once through child lists) and returns a
 // *CheckpointError wrapping ErrCheckpoint, never panicking. Byte diagram and the full list of checks:
-// CHECKPOINT.md. Cost at 1M resident blocks: ~53 B per block, write ~0.17 s, read ~0.4 s (BenchmarkCheckpoint).
+// CHECKPOINT.md. Cost at 1M resident blocks: ~53 B per block, write ~0.17 s, read ~0.27 s (BenchmarkCheckpoint).
 //
 //	var buf bytes.Buffer
 //	err := ix.WriteCheckpoint(&buf, meta)     // holds the read lock: call it with ingest stopped
