@@ -243,3 +243,42 @@ func TestStateDirUnsafe(t *testing.T) {
 		t.Errorf("serve with a 0755 state directory: exit %d\n%s", cmd.ProcessState.ExitCode(), out)
 	}
 }
+
+// TestCheckpointFilesRemoved: a worker's checkpoints are deleted when a new ring of that worker attaches (they are
+// stale) and when the worker is forgotten; other workers' files stay; temporary files of an interrupted write are
+// removed at Listen.
+func TestCheckpointFilesRemoved(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	if err := os.Mkdir(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	touch := func(name string) string {
+		p := filepath.Join(state, name)
+		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
+	tmp := touch("w11-5.ckpt.tmp123")
+	old := touch("w11-5.ckpt")
+	other := touch("w111-5.ckpt")
+	ts := startServer(t, func(c *Config) { c.StateDir = state })
+	if exists(tmp) {
+		t.Error("Listen left a temporary checkpoint file")
+	}
+	p := newProducer(t, ts.SocketPath(), 11, 4, 1<<16) // a new ring (head 0): checkpoints of worker 11 are stale
+	if exists(old) || !exists(other) {
+		t.Errorf("after a new ring attached: worker 11's file exists=%v (want false), worker 111's exists=%v (want true)", exists(old), exists(other))
+	}
+	again := touch(fmt.Sprintf("w11-%d.ckpt", p.w.Header().Epoch))
+	if err := dialT(t, ts.SocketPath()).Detach(ctxT(t), 11); err != nil {
+		t.Fatal(err)
+	}
+	if err := dialT(t, ts.SocketPath()).Forget(ctxT(t), 11); err != nil {
+		t.Fatal(err)
+	}
+	if exists(again) || !exists(other) {
+		t.Errorf("after FORGET: worker 11's file exists=%v (want false), worker 111's exists=%v (want true)", exists(again), exists(other))
+	}
+}
