@@ -85,3 +85,15 @@ def test_runtime_needs_no_flatbuffers(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
     if INSTALLED:
         assert importlib.metadata.requires("kvshm") == ['flatbuffers==25.12.19; extra == "fbs"']
+
+
+@pytest.mark.skipif(not INSTALLED, reason="set by `make pytest`, which runs the suite against the installed wheel")
+def test_kvshmd_console_command_runs_the_packaged_daemon() -> None:
+    script = Path(sys.executable).parent / "kvshmd"
+    assert script.is_file(), f"the wheel installs no kvshmd command next to {sys.executable}"
+    env = {k: v for k, v in os.environ.items() if k != "KVSHMD_BIN"}
+    out = subprocess.run([str(script), "version"], capture_output=True, text=True, timeout=30, env=env)
+    assert out.returncode == 0, out.stderr
+    assert kvshm.__version__ in out.stdout, out.stdout
+    usage = subprocess.run([str(script), "no-such-command"], capture_output=True, text=True, timeout=30, env=env)
+    assert usage.returncode == 2, (usage.returncode, usage.stderr)  # the Go binary's usage exit code, passed through

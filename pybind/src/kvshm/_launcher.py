@@ -28,10 +28,11 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Final
+from typing import Final, NoReturn
 
 from ._client import Client, ClientError
 from ._errors import LauncherError
@@ -69,6 +70,17 @@ def find_kvshmd() -> str:
         f"kvshm: cannot find kvshmd: set {BIN_ENV}, install the kvshm wheel (it ships {packaged}), "
         "or put kvshmd on PATH"
     )
+
+
+def exec_kvshmd() -> NoReturn:
+    """The ``kvshmd`` console command of the wheel: replaces this process with the packaged daemon binary (or
+    ``$KVSHMD_BIN``) run with the same arguments, so ``kvshmd serve``/``stats``/... work after ``pip install``."""
+    binary = os.environ.get(BIN_ENV) or str(packaged_kvshmd())
+    if os.path.realpath(binary) == os.path.realpath(sys.argv[0]):
+        sys.exit(f"kvshm: {BIN_ENV}={binary!r} points at this wrapper script, not at the kvshmd binary")
+    if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+        sys.exit(f"kvshm: {binary} is not an executable kvshmd (reinstall the kvshm wheel or set {BIN_ENV})")
+    os.execv(binary, [binary, *sys.argv[1:]])
 
 
 _DIR_NAME: Final = re.compile(r"kvshm-(\d+)-[^/]+")
