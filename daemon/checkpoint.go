@@ -16,9 +16,11 @@ import (
 
 // Checkpoints (--state-dir): at a graceful shutdown, after a stream's final drain and head release, its index is
 // written to <state-dir>/w<worker_id>-<ring epoch>.ckpt (index.WriteCheckpoint, with ckptMeta naming the worker, the
-// ring epoch and the ring head the index corresponds to). The first ATTACH of that worker after a restart restores
-// the index when the file's epoch and head equal the ring's, instead of marking the history unknown. A checkpoint is
-// removed once read (restored or not) and whenever its worker's stream is replaced or forgotten, so none is applied
+// ring epoch and the ring head the index corresponds to). With --checkpoint-interval the drain goroutine also writes
+// one while the stream runs and releases the ring head only up to it (stream.go, attachment.checkpoint). The first
+// ATTACH of that worker after a restart restores the index when the file's epoch and head equal the ring's, instead
+// of marking the history unknown. A checkpoint is removed once read (restored or not; with --checkpoint-interval a
+// restored one is kept until replaced) and whenever its worker's stream is replaced or forgotten, so none is applied
 // twice. Failures are logged and counted (kvshm_checkpoint_writes_total, kvshm_checkpoint_restores_total) and never
 // stop a shutdown or an attach.
 
@@ -79,19 +81,31 @@ func prepareStateDir(dir string) error {
 // writeCheckpoint saves the index of a stream whose attachment a has ended (final drain done, head released):
 // temporary file 0600, fsync, rename, fsync of the directory. Errors are logged and counted, never returned.
 func (s *Server) writeCheckpoint(st *stream, a *attachment) {
+	_ = s.saveCheckpoint(st.workerID, a.hdr.Epoch, a.ix, a.finalHead, "shutdown")
+}
+
+// saveCheckpoint writes ix as the checkpoint of worker's ring epoch at ring position head (the index must hold
+// exactly the records before head) and logs and counts the outcome. Holding the index's read lock only while the
+// bytes are serialized (WriteCheckpoint), it lets queries run meanwhile; fsync and rename happen after.
+func (s *Server) saveCheckpoint(worker, epoch uint64, ix *index.Indexer, head uint64, trigger string) error {
 	dir := s.cfg.StateDir
-	name := ckptName(st.workerID, a.hdr.Epoch)
-	log := s.log.With("worker_id", st.workerID, "checkpoint", filepath.Join(dir, name))
+	name := ckptName(worker, epoch)
+	log := s.log.With("worker_id", worker, "checkpoint", filepath.Join(dir, name))
 	size, err := writeFileAtomic(dir, name, func(w *bufio.Writer) error {
-		return a.ix.WriteCheckpoint(w, encodeCkptMeta(st.workerID, a.hdr.Epoch, a.finalHead))
+		return ix.WriteCheckpoint(w, encodeCkptMeta(worker, epoch, head))
 	})
 	if err != nil {
 		s.m.ckptWrites.WithLabelValues("failed").Inc()
-		log.Error("cannot write checkpoint: the next daemon will report unknown history for this worker", "err", err)
-		return
+		log.Error("cannot write checkpoint: the next daemon will report unknown history for this worker", "err", err, "trigger", trigger)
+		return err
 	}
 	s.m.ckptWrites.WithLabelValues("ok").Inc()
-	log.Info("checkpoint written", "epoch", a.hdr.Epoch, "head", a.finalHead, "bytes", size)
+	if trigger == "shutdown" || trigger == "final" {
+		log.Info("checkpoint written", "epoch", epoch, "head", head, "bytes", size, "trigger", trigger)
+	} else {
+		log.Debug("checkpoint written", "epoch", epoch, "head", head, "bytes", size, "trigger", trigger)
+	}
+	return nil
 }
 
 func writeFileAtomic(dir, name string, fill func(*bufio.Writer) error) (int64, error) {
@@ -179,7 +193,11 @@ func (s *Server) loadCheckpoint(worker, epoch, head uint64, cfg index.Config) ck
 
 // removeCheckpoints deletes every checkpoint of worker (any ring epoch): it was consumed, or its stream was replaced
 // or forgotten. Errors are logged.
-func (s *Server) removeCheckpoints(worker uint64) {
+func (s *Server) removeCheckpoints(worker uint64) { s.removeCheckpointsBut(worker, "") }
+
+// removeCheckpointsBut is removeCheckpoints sparing the file named keep (a restored checkpoint that stays valid
+// under --checkpoint-interval: the head is released only after a newer one replaced it).
+func (s *Server) removeCheckpointsBut(worker uint64, keep string) {
 	if s.cfg.StateDir == "" {
 		return
 	}
@@ -187,6 +205,9 @@ func (s *Server) removeCheckpoints(worker uint64) {
 	for _, p := range paths {
 		if rest := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(p), fmt.Sprintf("w%d-", worker)), ckptSuffix); strings.ContainsFunc(rest, func(r rune) bool { return r < '0' || r > '9' }) {
 			continue // another worker's file or not ours (w1-2.ckpt must not match w1-*-x.ckpt patterns)
+		}
+		if filepath.Base(p) == keep {
+			continue
 		}
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			s.log.Warn("cannot remove checkpoint", "path", p, "err", err)

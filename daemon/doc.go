@@ -34,9 +34,12 @@
 //	Outcome                                        index                              reply / stats
 //	first attach of the worker, head = 0           new                                stream_epoch 1, resumed false
 //	first attach, head > 0, a checkpoint for this  restored from the checkpoint       resumed true, restored true,
-//	worker, ring epoch and head (--state-dir)                                         nothing lost; checkpoint deleted
+//	worker, ring epoch and head (--state-dir;                                         nothing lost; checkpoint deleted
+//	with --checkpoint-interval also after a crash,                                    (with --checkpoint-interval
+//	the ring replaying the records after it)                                          kept until replaced)
 //	first attach, head > 0, no usable checkpoint   new + MarkUnknownHistory           resumed true, tainted: dumps say
-//	(crash, no --state-dir, head moved, corrupt)                                      Error until a Cleared re-bases
+//	(crash without --checkpoint-interval, no                                          Error until a Cleared re-bases
+//	--state-dir, head moved, corrupt)
 //	same worker, same ring epoch (reattach)        kept; continues at the head         resumed true, same stream_epoch
 //	same worker, new ring epoch (producer restart) replaced (its cache is empty)      stream_epoch+1, resets+1,
 //	                                                                                  the worker's checkpoints deleted
@@ -47,10 +50,13 @@
 //	FORGET while a producer is attached            kept (refused)                     conflict
 //	SIGTERM / SIGINT / parent gone                 rings drained, head stored, then   exit 0
 //	                                               (--state-dir) each stream attached
-//	                                               at the stop is checkpointed
+//	                                               at the stop is checkpointed (with
+//	                                               --checkpoint-interval: before the
+//	                                               head is stored, by the final drain)
 //
 // Ending an attachment always drains the ring one last time (up to the tail seen at the stop), releases the head
-// and unmaps the ring; the head persisted in the ring is where a later daemon resumes.
+// (with --checkpoint-interval after writing a checkpoint of it) and unmaps the ring; the head persisted in the ring
+// is where a later daemon resumes.
 //
 // # Checkpoints (--state-dir)
 //
@@ -71,11 +77,50 @@
 // per resident block per worker (53 MB for 1M blocks; ~0.2 s to write, ~0.3 s to read), which an operator should
 // place deliberately (a tmpfs like the socket's directory loses it at reboot, with the rings themselves).
 //
+// # Continuous checkpoints (--checkpoint-interval D, requires --state-dir)
+//
+// The second step: a crash loses nothing either. The drain goroutine applies records as always, but no longer
+// releases the ring head after each pass: it releases only right after it has durably written (as above: temporary
+// file, fsync, rename, directory fsync) a checkpoint whose recorded head is exactly the position it releases. So at
+// every moment the head persisted in the ring equals the head recorded in the newest checkpoint file, and the ring
+// still holds every record since. After a SIGKILL or OOM the next daemon restores that checkpoint (the head matches)
+// and replays the ring from there: restored true, not tainted. A checkpoint is written, between two drain passes:
+//
+//	D has passed since the last one and records were applied since   trigger "interval" (an idle stream writes none)
+//	the applied-but-unreleased bytes exceed half the ring's capacity  trigger "half-ring", so under normal load the
+//	                                                                  producer never finds the ring full because of it
+//	a corrupt record made the drain skip to the tail (which released) trigger "corruption": the file matches the head
+//	                                                                  again (its index is the tainted one, honestly)
+//	the attachment ends (EOF, DETACH, CLOSED, shutdown)               trigger "final"; Shutdown then writes none itself
+//
+// The write runs on the drain goroutine, not a helper: shm.Reader.Release can only publish the read position, so a
+// checkpoint of head P can be released only if no record after P has been read, and a helper writing P while the
+// drain goroutine reads on would leave P unreleasable. Ingest is not stopped by it: the producer keeps publishing
+// into the free part of the ring (at least half of it, given the trigger), the index is serialized under its read
+// lock (index.WriteCheckpoint), so EVENTS/DUMP/STATS/MATCH of data already applied are answered meanwhile, and the
+// fsync and rename happen after the lock is dropped; but applying pauses for the write (~0.2 s per million resident
+// blocks), and a query's read-your-writes barrier waits for it. Barriers and the final drain measure progress by
+// the read position (applied), not the released head; STATS' ring head is the released one, so it lags the applied
+// records by up to half the ring.
+//
+// A restored checkpoint is kept (it stays valid until a newer one replaces it, which happens before the head moves),
+// so a second crash before the next checkpoint restores it again. A failed write (disk full, I/O error) is logged
+// and counted (kvshm_checkpoint_writes_total{result="failed"}), the worker's checkpoints are deleted, and the head is
+// released anyway, so the producer never stalls on the disk: a crash before the next good checkpoint then reports
+// unknown history, honestly, instead of restoring an index without the released records (the head check at restore
+// refuses such a file too). A crash while a file is written leaves a temporary file (removed at the next Listen) and
+// the previous checkpoint, whose head is still the ring's: it is restored and the ring replayed.
+//
+// The price is ring capacity: up to half of each ring (plus what the producer publishes during a write) holds
+// records that are applied but not released, so the ring absorbs a stopped or restarting daemon for only the rest
+// of it before the producer drops events (counted, reported as lost ids). Size rings for twice the outage you want
+// to absorb. The disk cost is one checkpoint write per stream per D while events flow, plus one per half ring.
+//
 // # Drain loop
 //
 // Per pass: up to 256 records via Reader.Next, read in place; EVENT → fbs.Decode (zero-copy) → index
 // ApplyStoredTokens (the index hashes the token bytes in place) or Apply; LOSS → index.MarkLost(first, last);
-// then one Release (one head store) per pass, one update of the per-stream counters (events and blocks received,
+// then one Release (one head store) per pass (with --checkpoint-interval only after a checkpoint), one update of the per-stream counters (events and blocks received,
 // blocks applied by the event's tree status) and a ring-stats snapshot. A panic while decoding or applying one
 // record (a bug in fbs or index) is recovered (one deferred recover per pass, not per record: BenchmarkDrainBatch
 // measured no difference): the record is skipped, counted as malformed, logged with its stack, the index is marked
@@ -156,12 +201,20 @@
 //	                                                  drain, restored at reattach (restored: true), nothing lost
 //	daemon SIGKILLed / crashed, then restarted        ring resumed at the stored head, unknown history (dumps Error
 //	                                                  until a Cleared); kvshm_checkpoint_restores_total{result=missing}
+//	the same with --checkpoint-interval               the newest checkpoint (head = stored head) is restored and the
+//	                                                  ring replayed: restored, not tainted, nothing lost
+//	crash while a checkpoint is being written         temporary file removed at Listen; the previous checkpoint
+//	(--checkpoint-interval)                           still matches the head: restored, nothing lost
 //	checkpoint head behind the ring (another daemon   unknown history, logged, counted {result=stale}, file deleted
 //	consumed it without --state-dir), other config
 //	checkpoint corrupt (checksum, truncation, bad     unknown history, logged, counted {result=corrupt}, file
 //	structure)                                        deleted; never a crash
 //	checkpoint write fails (disk full, permissions)   logged, kvshm_checkpoint_writes_total{result=failed}; shutdown
 //	                                                  goes on; the next daemon reports unknown history
+//	the same during a run (--checkpoint-interval)     also: the worker's checkpoints deleted, the head released
+//	                                                  anyway; a crash before the next good checkpoint reports unknown
+//	                                                  history ({result=missing})
+//	--checkpoint-interval without --state-dir, or < 0 New fails with ErrCheckpointInterval (serve: usage error)
 //
 // # Metrics
 //
@@ -173,6 +226,8 @@
 //
 // Record payloads alias the ring mapping and are valid only until the drain goroutine's next Release: nothing
 // in this package keeps them (the index copies what it stores). Each attached stream holds one locked OS thread.
+// With --checkpoint-interval a ring holds up to half its capacity of applied-but-unreleased records (see
+// "Continuous checkpoints"), and applying pauses while a checkpoint is written.
 // Checkpoints: use one --state-dir per daemon (files are named by worker id and ring epoch only, and a stream reset
 // deletes every file of its worker). Only streams with an attached producer at the stop are checkpointed; a file
 // whose producer never comes back stays until an operator removes it (FORGET reaches only streams the running

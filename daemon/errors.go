@@ -20,6 +20,8 @@ var (
 	// ErrUnsafeStateDir is returned by Listen when the --state-dir directory is not owned by the daemon's user or
 	// grants any permission to group or others (it must be 0700).
 	ErrUnsafeStateDir = errors.New("kvshm/daemon: unsafe state directory")
+	// ErrCheckpointInterval is returned by New for a negative CheckpointInterval or a positive one without StateDir.
+	ErrCheckpointInterval = errors.New("kvshm/daemon: checkpoint interval needs a state directory and must not be negative")
 	// ErrNotSocket is returned when the socket path exists and is not a Unix socket (it is never removed).
 	ErrNotSocket = errors.New("kvshm/daemon: socket path exists and is not a socket")
 	// ErrRemote is wrapped by every *RemoteError: the daemon answered with an error reply.

@@ -376,8 +376,14 @@ func (s *Server) startStream(cc *conn, st *stream, r *shm.Reader, h shm.Header, 
 		if ck != nil {
 			s.m.ckptRestores.WithLabelValues(ck.result).Inc()
 		}
-		// Any checkpoint of this worker is now consumed (restored) or stale (another epoch, head or content).
-		s.removeCheckpoints(req.WorkerID)
+		// Any checkpoint of this worker is now consumed (restored) or stale (another epoch, head or content). With
+		// --checkpoint-interval the restored one stays: it matches the persisted head until a newer one replaces it
+		// (the head is released only after that), so a crash before then restores it again.
+		if restored && s.cfg.CheckpointInterval > 0 {
+			s.removeCheckpointsBut(req.WorkerID, ckptName(req.WorkerID, h.Epoch))
+		} else {
+			s.removeCheckpoints(req.WorkerID)
+		}
 		switch {
 		case restored:
 			resumed = true
@@ -420,6 +426,7 @@ func (s *Server) startStream(cc *conn, st *stream, r *shm.Reader, h shm.Header, 
 		st: st, r: r, hdr: h, ix: st.ix, log: log, idl: idler{r: r},
 		checkPID: h.ProducerPID != 0 && int32(h.ProducerPID) == cc.pid,
 		stop:     make(chan struct{}), done: make(chan struct{}), syncs: make(chan syncReq, 64),
+		ckptEvery: s.cfg.CheckpointInterval, lastCkpt: time.Now(), ckptHead: head,
 	}
 	st.att, st.alive = a, true
 	st.blockSize, st.maxBuffer, st.ringPath, st.epoch = req.KVBlockSize, h.MaxBufferSize, req.RingPath, h.Epoch

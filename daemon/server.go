@@ -36,9 +36,12 @@ type Config struct {
 	PIDCheckInterval  time.Duration // producer pid backstop period; default 1s
 	ParentPoll        time.Duration // --parent-pid poll period; default 200ms
 	StateDir          string        // "" = no checkpoints; else indexes are checkpointed here at shutdown (created 0700)
-	Version           string        // reported by HEALTH and kvshm_build_info
-	Logger            *slog.Logger  // default slog.Default()
-	Registry          *prometheus.Registry
+	// CheckpointInterval > 0 (requires StateDir): also checkpoint each stream while it runs and release its ring head
+	// only up to a written checkpoint, so a crash loses nothing (see doc.go, "Continuous checkpoints"). 0 = off.
+	CheckpointInterval time.Duration
+	Version            string       // reported by HEALTH and kvshm_build_info
+	Logger             *slog.Logger // default slog.Default()
+	Registry           *prometheus.Registry
 }
 
 func (c *Config) fill() {
@@ -118,6 +121,9 @@ type Server struct {
 // New validates cfg and builds a Server; Listen binds it.
 func New(cfg Config) (*Server, error) {
 	cfg.fill()
+	if cfg.CheckpointInterval < 0 || (cfg.CheckpointInterval > 0 && cfg.StateDir == "") {
+		return nil, fmt.Errorf("checkpoint interval %v: %w", cfg.CheckpointInterval, ErrCheckpointInterval)
+	}
 	s := &Server{cfg: cfg, log: cfg.Logger, uid: os.Getuid(), streams: map[uint64]*stream{}, conns: map[*conn]struct{}{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	m, err := newMetrics(cfg.Registry, s)
@@ -261,7 +267,7 @@ func (s *Server) shutdown() {
 			<-a.done
 		}
 	}
-	if s.cfg.StateDir != "" {
+	if s.cfg.StateDir != "" && s.cfg.CheckpointInterval == 0 { // with an interval, each final drain wrote its checkpoint
 		sort.Slice(attached, func(i, j int) bool { return attached[i].st.workerID < attached[j].st.workerID })
 		for _, l := range attached {
 			<-l.a.done

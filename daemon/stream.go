@@ -67,10 +67,14 @@ type attachment struct {
 	idl      idler // owned by the drain goroutine; wake is called by others
 
 	// Owned by the drain goroutine.
-	lastCorrupt uint64 // position of the last corruption reported
-	corruptSeen bool   // lastCorrupt is valid
-	corruptPass bool   // the current drain pass hit corruption
-	finalHead   uint64 // ring head released by the final drain; read by others after done is closed
+	lastCorrupt uint64        // position of the last corruption reported
+	corruptSeen bool          // lastCorrupt is valid
+	corruptPass bool          // the current drain pass hit corruption
+	finalHead   uint64        // ring head released by the final drain; read by others after done is closed
+	ckptEvery   time.Duration // --checkpoint-interval; 0: release after every batch (no continuous checkpoints)
+	lastCkpt    time.Time     // last continuous checkpoint (or the attach)
+	ckptHead    uint64        // head of the last continuous checkpoint (or the attach head)
+	ckptForce   bool          // the head moved without a checkpoint (corruption skip): write one at once
 	view        fbs.EventView
 	hashes      []uint64
 	pending     []syncReq
@@ -132,6 +136,9 @@ func (a *attachment) run() {
 		default:
 		}
 		now := time.Now()
+		if a.ckptEvery > 0 {
+			a.periodicCheckpoint(now)
+		}
 		if n > 0 {
 			a.idl.worked(now)
 			continue
@@ -176,7 +183,11 @@ func (a *attachment) drainBatch() int {
 	if n == 0 {
 		return 0
 	}
-	a.r.Release()
+	if a.ckptEvery == 0 {
+		a.r.Release()
+	} else if rs := a.r.Stats(); rs.ReadPos-rs.Head > rs.Capacity/2 {
+		a.checkpoint("half-ring")
+	}
 	for k := range c.evs {
 		if c.evs[k] != 0 {
 			st.eventsRecv[k].Add(c.evs[k])
@@ -313,7 +324,10 @@ func (a *attachment) corruption(err error) {
 		a.log.Error("ring corruption: skipping to the tail; state before the next event is unknown", "err", err)
 		a.ix.MarkUnknownHistory(fmt.Sprintf("ring corruption: %v", err))
 	}
+	// SkipToTail releases the head past the last checkpoint: with --checkpoint-interval the next pass writes one at
+	// the new head (not again while an unrepairable tail word repeats the error without moving the head).
 	a.r.SkipToTail()
+	a.ckptForce = a.ckptEvery > 0 && a.r.Stats().Head != a.ckptHead
 }
 
 // takeSync records a barrier: it is satisfied once the head reaches the tail observed now (the request was sent
@@ -337,7 +351,7 @@ func (a *attachment) completeSyncs() {
 	if len(a.pending) == 0 {
 		return
 	}
-	head := a.r.Stats().Head
+	head := a.r.Stats().ReadPos // applied (released or not)
 	keep := a.pending[:0]
 	for _, p := range a.pending {
 		if head >= p.target {
@@ -352,10 +366,13 @@ func (a *attachment) completeSyncs() {
 // finalDrain applies what the producer published before the stop, releases, and closes the ring.
 func (a *attachment) finalDrain() {
 	target := a.r.Stats().Tail
-	for a.r.Stats().Head < target {
+	for a.r.Stats().ReadPos < target {
 		if a.drainBatch() == 0 {
 			break
 		}
+	}
+	if a.ckptEvery > 0 {
+		a.checkpoint("final") // even with nothing unreleased: the shutdown's checkpoint (Shutdown writes none then)
 	}
 	a.snapshot()
 	a.completeSyncs()
@@ -380,6 +397,40 @@ func (a *attachment) finalDrain() {
 	}
 	st.mu.Unlock()
 	a.log.Info("producer detached; ring drained, index stays queryable", "reason", why, "head", rs.Head, "tail", rs.Tail)
+}
+
+// periodicCheckpoint writes a checkpoint (and releases) when the interval has passed since the last one and records
+// were applied since, or when one is forced.
+func (a *attachment) periodicCheckpoint(now time.Time) {
+	if a.ckptForce {
+		a.checkpoint("corruption")
+		return
+	}
+	if now.Sub(a.lastCkpt) < a.ckptEvery {
+		return
+	}
+	if rs := a.r.Stats(); rs.ReadPos == rs.Head {
+		a.lastCkpt = now // nothing to cover: the checkpoint on disk (if any) still matches the head
+		return
+	}
+	a.checkpoint("interval")
+}
+
+// checkpoint writes the index as the checkpoint of the read position (every record before it is applied and none
+// after) and then releases the head to exactly that position, so the persisted head always equals the head of the
+// newest checkpoint on disk. It runs on the drain goroutine between two passes: shm.Reader.Release can only publish
+// the read position, so no record may be read between the snapshot and the release. If the write fails the head is
+// released anyway (the producer must not stall on a full disk) and the worker's checkpoints are deleted first: a
+// crash before the next good checkpoint then reports unknown history instead of restoring an index that lacks the
+// released records (the head check at restore would refuse it too).
+func (a *attachment) checkpoint(trigger string) {
+	srv := a.st.srv
+	head := a.r.Stats().ReadPos
+	if err := srv.saveCheckpoint(a.st.workerID, a.hdr.Epoch, a.ix, head, trigger); err != nil {
+		srv.removeCheckpoints(a.st.workerID)
+	}
+	a.r.Release()
+	a.lastCkpt, a.ckptHead, a.ckptForce = time.Now(), head, false
 }
 
 // snapshot publishes the ring statistics for STATS and metrics.

@@ -104,6 +104,7 @@ type serveOpts struct {
 	parentPID, maxConns, httpMaxConns                   int
 	maxRequest                                          uint
 	idle, frame, write, query, pidCheck, parentInterval time.Duration
+	ckptInterval                                        time.Duration
 }
 
 func serve(args []string, stderr io.Writer) int {
@@ -137,6 +138,7 @@ func serve(args []string, stderr io.Writer) int {
 	fs.StringVar(&o.mode, "socket-mode", envOr("0600", "KVSHMD_SOCKET_MODE"), "socket file mode, octal (env KVSHMD_SOCKET_MODE)")
 	fs.StringVar(&o.http, "http", envOr("", "KVSHMD_HTTP"), "HTTP listen address for /kv_recover, /metrics, /healthz, e.g. 127.0.0.1:9400; off when empty (env KVSHMD_HTTP)")
 	fs.StringVar(&o.stateDir, "state-dir", envOr("", "KVSHMD_STATE_DIR"), "directory for index checkpoints: written at SIGTERM/SIGINT after the final drain, restored when a producer reattaches the same ring, so a planned restart loses nothing; created 0700, must be owned by you with no group/other permissions; off when empty (env KVSHMD_STATE_DIR)")
+	fs.DurationVar(&o.ckptInterval, "checkpoint-interval", dur("KVSHMD_CHECKPOINT_INTERVAL", 0), "with --state-dir: also checkpoint each stream while it runs, when this long has passed since its last checkpoint with records applied since, or when they fill half its ring, and release the ring head only up to a written checkpoint, so a crash (SIGKILL, OOM) loses nothing either; 0 = only at shutdown (env KVSHMD_CHECKPOINT_INTERVAL)")
 	fs.IntVar(&o.parentPID, "parent-pid", num("KVSHMD_PARENT_PID", 0), "drain and exit when this process is gone, polled every --parent-poll (env KVSHMD_PARENT_PID)")
 	fs.DurationVar(&o.parentInterval, "parent-poll", dur("KVSHMD_PARENT_POLL", 200*time.Millisecond), "poll period of --parent-pid (env KVSHMD_PARENT_POLL)")
 	fs.UintVar(&o.maxRequest, "max-request-bytes", uint(num("KVSHMD_MAX_REQUEST_BYTES", daemon.DefaultMaxRequest)), "largest request frame accepted; larger ones get too_large and the connection is closed (env KVSHMD_MAX_REQUEST_BYTES)")
@@ -160,8 +162,15 @@ Restarts: a new daemon resumes each ring at the head the old one stored. Without
 that head is gone: the stream reports unknown history (dumps answer Error) until the engine sends a Cleared. With
 --state-dir, a SIGTERM/SIGINT shutdown writes one checkpoint per attached stream (w<worker>-<ring epoch>.ckpt) and
 the next daemon restores it when that producer reattaches the same ring at the same head: nothing is lost. A crash
-(SIGKILL, OOM) writes none and still reports unknown history; a checkpoint that is corrupt or does not match the
-ring is logged, counted (kvshm_checkpoint_restores_total) and ignored.
+(SIGKILL, OOM) writes none and still reports unknown history, unless --checkpoint-interval D is set too: then each
+stream is also checkpointed while it runs (D after its last checkpoint when records were applied since, or as soon
+as the applied-but-unreleased records fill half its ring) and the ring head is released only right after a
+checkpoint of exactly that head is on disk. The ring keeps every record since the newest checkpoint, so after a
+crash the next daemon restores it and replays the ring: nothing is lost. The price: up to half of each ring (more
+while a checkpoint is written) holds applied records, so a stopped daemon is absorbed by correspondingly less ring
+before the producer drops events. A checkpoint that is corrupt or does not match the ring is logged, counted
+(kvshm_checkpoint_restores_total) and ignored; a failed write is counted (kvshm_checkpoint_writes_total) and the head
+is released anyway, so a crash before the next good checkpoint reports unknown history.
 
 Flags:
 `)
@@ -206,12 +215,16 @@ Flags:
 		fmt.Fprintf(stderr, "kvshmd serve: --log-format %q: want text or json\n", o.logFormat)
 		return exitUsage
 	}
+	if o.ckptInterval < 0 || (o.ckptInterval > 0 && o.stateDir == "") {
+		fmt.Fprintf(stderr, "kvshmd serve: --checkpoint-interval %v: want 0 (off) or a positive duration together with --state-dir\n", o.ckptInterval)
+		return exitUsage
+	}
 	log := slog.New(h)
 	srv, err := daemon.New(daemon.Config{
 		SocketPath: o.socket, SocketMode: os.FileMode(mode), HTTPAddr: o.http, ParentPID: o.parentPID,
 		MaxRequestBytes: uint32(o.maxRequest), MaxConns: o.maxConns, HTTPMaxConns: o.httpMaxConns, IdleTimeout: o.idle, FrameTimeout: o.frame,
 		WriteTimeout: o.write, QueryTimeout: o.query, PIDCheckInterval: o.pidCheck, ParentPoll: o.parentInterval,
-		StateDir: o.stateDir, Version: buildVersion(), Logger: log,
+		StateDir: o.stateDir, CheckpointInterval: o.ckptInterval, Version: buildVersion(), Logger: log,
 	})
 	if err != nil {
 		log.Error("cannot start", "err", err)

@@ -44,10 +44,37 @@ def publish_stream(ix: LocalIndexer, first: int, n: int, stop: threading.Event |
     return seq
 
 
+def stream_dump_set(first: int, nxt: int) -> set[tuple[int, int | None, int]]:
+    """What the tree holds after publish_stream's events first..nxt-1 on a fresh index, as (dp_rank, parent_hash,
+    block_hash): a store is applied only when its dp_rank holds the parent (else ParentBlockNotFound), a remove only
+    removes what its dp_rank (0) holds."""
+    held: dict[tuple[int, int], int | None] = {}
+    for seq in range(first, nxt):
+        if seq % 7 == 6:
+            held.pop((0, seq * 10 - 10), None)
+            continue
+        parent = None if seq % 10 == 0 else seq * 10 - 10
+        if parent is None or (seq % 2, parent) in held:
+            held[(seq % 2, seq * 10)] = parent
+    return {(dp, parent, bh) for (dp, bh), parent in held.items()}
+
+
+def dump_set(resp: Any) -> set[tuple[int, int | None, int]]:
+    got = set()
+    for e in resp["TreeDump"]["events"]:
+        (blk,) = e["event"]["data"]["stored"]["blocks"]
+        got.add((e["event"]["dp_rank"], e["event"]["data"]["stored"]["parent_hash"], blk["block_hash"]))
+    return got
+
+
 def test_private_daemon_sigkill_midstream(make_indexer: IndexerFactory) -> None:
+    # 4 MiB holds more than every event below (~110 B each): the ring can never fill, nothing is dropped.
     ix = make_indexer(worker_id=2, kv_block_size=4, ring_bytes=4 << 20)
     seq = publish_stream(ix, 0, 50)
-    assert variant(query(ix)) == "TreeDump"
+    resp = query(ix)
+    assert variant(resp) == "TreeDump" and dump_set(resp) == stream_dump_set(0, seq), resp
+    # The private daemon checkpoints (--checkpoint-interval 1s) and only then releases the ring head: wait for one.
+    wait_for(lambda: ix.stats()["ring"]["head"] > 0, "the first periodic checkpoint")
     old_pid = ix.stats()["daemon_pid"]
 
     # A publisher thread keeps going while the daemon is killed; queries in the meantime never raise.
@@ -80,13 +107,21 @@ def test_private_daemon_sigkill_midstream(make_indexer: IndexerFactory) -> None:
     st = ix.stats()
     assert st["daemon_restarts"] == 1 and st["attaches"] == 2 and pid_gone(old_pid), (st, answers[-3:])
     assert st["last_attach"]["resumed"] and st["last_attach"]["head"] > 0, st["last_attach"]
+    # The new daemon restored the checkpoint of the killed one and replayed the ring after it: nothing was lost.
+    assert st["last_attach"]["restored"] is True, st["last_attach"]
+    assert st["dropped_events"] == 0, st
 
-    # After recovery: the new daemon resumed the ring but lost the history before it: a dump is refused.
     nxt = result["next"]
-    ix.apply_stored(nxt, toks(0, 4), [1])
     resp = query(ix)
-    assert variant(resp) == "Error" and resp["Error"].startswith("kvshm:"), (str(resp)[:300], ix.stats())
-    # A Cleared re-bases the state: answers are complete again.
+    assert variant(resp) == "TreeDump", (str(resp)[:300], ix.stats())
+    assert resp["TreeDump"]["last_event_id"] == nxt - 1
+    assert dump_set(resp) == stream_dump_set(0, nxt)
+    recent = max(0, nxt - 500)
+    assert event_ids(query(ix, recent)) == list(range(recent, nxt))  # the event log survived too
+    ix.apply_stored(nxt, toks(95000, 4), [1])
+    resp = query(ix)
+    assert variant(resp) == "TreeDump" and dump_set(resp) == stream_dump_set(0, nxt) | {(0, None, 1)}, str(resp)[:300]
+    # A Cleared still re-bases the state.
     ix.apply_cleared(nxt + 1)
     ix.apply_stored(nxt + 2, toks(90000, 4), [42])
     ix.apply_stored(nxt + 3, toks(90004, 4), [43], parent_hash=42)
@@ -102,14 +137,18 @@ def test_private_daemon_sigkill_midstream(make_indexer: IndexerFactory) -> None:
 def test_private_daemon_killed_while_idle_is_restarted(make_indexer: IndexerFactory) -> None:
     ix = make_indexer(worker_id=3)
     ix.apply_stored(0, toks(0, 4), [1])
-    assert event_ids(query(ix, 0)) == [0]  # the daemon consumed the event (and persisted its head)
-    assert ix.stats()["ring"]["head"] > 0
+    assert event_ids(query(ix, 0)) == [0]  # the daemon applied the event
+    # ... and, idle, its periodic checkpoint covers it and releases the ring head.
+    wait_for(lambda: ix.stats()["ring"]["head"] > 0, "the periodic checkpoint")
     pid = ix.stats()["daemon_pid"]
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: (st := ix.stats())["attached"] and st["attaches"] == 2, "the restart")
     assert ix.stats()["daemon_pid"] != pid
-    # History before the restart is gone: the answer says so instead of dumping a partial tree.
-    assert variant(query(ix)) == "Error"
+    # The restarted daemon restored that checkpoint: the history is complete. (A daemon without --state-dir
+    # reports it unknown instead: test_shared_daemon_killed_and_restarted.)
+    assert ix.stats()["last_attach"]["restored"] is True
+    resp = query(ix)
+    assert variant(resp) == "TreeDump" and resp["TreeDump"]["last_event_id"] == 0 and dump_set(resp) == {(0, None, 1)}
     ix.apply_cleared(1)
     assert query(ix) == {"TreeDump": {"events": [], "last_event_id": 1}}
 
