@@ -19,6 +19,8 @@ from helpers import SharedDaemon
 from kvshm import LocalIndexer
 
 os.environ.setdefault("KVSHMD_LOG_LEVEL", "warn")  # keep the private daemons' logs short
+# Private daemons checkpoint every second here (default 10 s) so the crash tests need not wait for the first one.
+os.environ.setdefault("KVSHM_CHECKPOINT_INTERVAL", "1s")
 
 
 @pytest.fixture(autouse=True)
