@@ -48,10 +48,10 @@ build:
 	mkdir -p build
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o build/kvshmd ./cmd/kvshmd
 
-# The Python-producer stress test runs 2M events through a small ring (the Go-writer one 1M records); both need
-# the dev venv's Python for the producer.
+# The cross-process stress tests run 2M events from a Python producer and 3M records from a Go writer process
+# through small rings (many wraparounds); the Python one needs the dev venv.
 gotest: venv
-	KVSHM_STRESS_EVENTS=2000000 $(GO) test -race -count=1 -timeout 20m ./...
+	KVSHM_STRESS_EVENTS=2000000 KVSHM_STRESS_RECORDS=3000000 $(GO) test -race -count=1 -timeout 20m ./...
 
 testrace: gotest
 

@@ -269,12 +269,20 @@ func (s *stressReader) readUntil(t *testing.T, n uint64, child *childWriter) {
 	s.r.Release()
 }
 
-// TestCrossProcessStress streams a million records of random sizes from a Go writer process through many
-// wraparounds and checks every record: contiguous seqs, checksums, no torn values, nothing dropped.
+// TestCrossProcessStress streams a million records (KVSHM_STRESS_RECORDS overrides; `make test` runs 3M) of random
+// sizes from a Go writer process through many wraparounds and checks every record: contiguous seqs, checksums, no
+// torn values, nothing dropped.
 func TestCrossProcessStress(t *testing.T) {
 	count := uint64(1 << 20)
 	if testing.Short() {
 		count = 100_000
+	}
+	if s := os.Getenv("KVSHM_STRESS_RECORDS"); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil || n == 0 {
+			t.Fatalf("KVSHM_STRESS_RECORDS=%q: want a positive count", s)
+		}
+		count = n
 	}
 	path := filepath.Join(t.TempDir(), "stress.ring")
 	child := startChildWriter(t, "stream", path, count)
