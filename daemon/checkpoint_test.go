@@ -158,9 +158,7 @@ func restartUnknown(t *testing.T, d *daemonProc, p *producer, next uint64, state
 		t.Errorf("stream not tainted after an unrestored resume: %+v", st)
 	}
 	assertDumpPrefix(t, d.socket, `{"Error":`)
-	if !strings.Contains(d.log.String(), logWant) {
-		t.Errorf("log lacks %q:\n%s", logWant, d.log)
-	}
+	d.waitLog(t, logWant)
 	wantMetric(t, d, fmt.Sprintf(`kvshm_checkpoint_restores_total{result=%q} 1`, result))
 	if paths, _ := filepath.Glob(filepath.Join(state, "*")); len(paths) != 0 {
 		t.Errorf("state directory still holds %v", paths)

@@ -190,6 +190,19 @@ func (p *daemonProc) terminate(t testing.TB) int {
 	return p.cmd.ProcessState.ExitCode()
 }
 
+// waitLog waits until the daemon's output contains want: the daemon logs a refusal after sending it, so a client
+// can see the refusal before the log line has crossed the pipe. Fails the test after a generous bound.
+func (p *daemonProc) waitLog(t testing.TB, want string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(p.log.String(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon log lacks %q:\n%s", want, p.log)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func (p *daemonProc) kill() {
 	_ = p.cmd.Process.Kill()
 	<-p.waited

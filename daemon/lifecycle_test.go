@@ -75,9 +75,7 @@ func TestStaleSocket(t *testing.T) {
 		t.Fatalf("SIGKILL should leave the socket file behind: %v", err)
 	}
 	d2 := startDaemon(t, socket) // fails the test if it cannot answer HEALTH
-	if !strings.Contains(d2.log.String(), "removed stale socket") {
-		t.Errorf("second daemon did not log the stale socket:\n%s", d2.log)
-	}
+	d2.waitLog(t, "removed stale socket")
 
 	// A live daemon on the path: the newcomer exits 1 with an actionable message.
 	cmd := exec.Command(kvshmdBin, "serve", "--socket", socket)
@@ -143,9 +141,7 @@ func TestKillRestartResumes(t *testing.T) {
 		t.Errorf("stats after resume = %+v, want tainted with events 10..19", st)
 	}
 	assertDumpPrefix(t, socket, `{"Error":`)
-	if !strings.Contains(d2.log.String(), "earlier state is unknown") {
-		t.Errorf("restart not logged:\n%s", d2.log)
-	}
+	d2.waitLog(t, "earlier state is unknown")
 }
 
 // checkStats polls STATS of worker until ok accepts it (up to 10 s) and returns it.
@@ -222,9 +218,7 @@ func TestOtherUID(t *testing.T) {
 	if code, out := asNobody(socket); code == 0 || !strings.Contains(out, "forbidden") {
 		t.Errorf("other uid on a 0666 socket: exit %d %s, want a forbidden refusal", code, out)
 	}
-	if !strings.Contains(d.log.String(), "refusing connection from another user") {
-		t.Errorf("refusal not logged:\n%s", d.log)
-	}
+	d.waitLog(t, "refusing connection from another user")
 	// The daemon still serves its own user.
 	c := dialT(t, socket)
 	if _, err := c.Health(ctxT(t)); err != nil {
