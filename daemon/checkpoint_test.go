@@ -168,14 +168,21 @@ func restartUnknown(t *testing.T, d *daemonProc, p *producer, next uint64, state
 	lastID(t, d.socket, p, next+2)
 }
 
-// TestCheckpointKilled: SIGKILL writes no checkpoint: the next daemon reports unknown history (missing).
-func TestCheckpointKilled(t *testing.T) {
+// startCheckpointed starts a daemon with a --state-dir, attaches a producer for worker and has events 0..9 applied.
+func startCheckpointed(t *testing.T, worker uint64) (socket, state string, d *daemonProc, p *producer) {
+	t.Helper()
 	dir := t.TempDir()
-	socket, state := filepath.Join(dir, "kvshmd.sock"), filepath.Join(dir, "state")
-	d1 := startDaemon(t, socket, "--state-dir", state)
-	p := newProducer(t, socket, 8, 4, 1<<20)
+	socket, state = filepath.Join(dir, "kvshmd.sock"), filepath.Join(dir, "state")
+	d = startDaemon(t, socket, "--state-dir", state)
+	p = newProducer(t, socket, worker, 4, 1<<20)
 	publishAll(p, ckptEvents(0, 10))
 	lastID(t, socket, p, 9)
+	return socket, state, d, p
+}
+
+// TestCheckpointKilled: SIGKILL writes no checkpoint: the next daemon reports unknown history (missing).
+func TestCheckpointKilled(t *testing.T) {
+	socket, state, d1, p := startCheckpointed(t, 8)
 	d1.kill()
 	d2 := startDaemon(t, socket, "--state-dir", state, "--http", "127.0.0.1:0")
 	restartUnknown(t, d2, p, 10, state, "no checkpoint for this worker and ring epoch", ckptMissing)
@@ -184,12 +191,7 @@ func TestCheckpointKilled(t *testing.T) {
 // TestCheckpointHeadMismatch: a checkpoint whose head is behind the ring (a daemon without --state-dir consumed
 // more in between) is not applied.
 func TestCheckpointHeadMismatch(t *testing.T) {
-	dir := t.TempDir()
-	socket, state := filepath.Join(dir, "kvshmd.sock"), filepath.Join(dir, "state")
-	d1 := startDaemon(t, socket, "--state-dir", state)
-	p := newProducer(t, socket, 9, 4, 1<<20)
-	publishAll(p, ckptEvents(0, 10))
-	lastID(t, socket, p, 9)
+	socket, state, d1, p := startCheckpointed(t, 9)
 	d1.terminate(t)
 	if _, err := os.Stat(ckptFile(state, p)); err != nil {
 		t.Fatal(err)
@@ -207,12 +209,7 @@ func TestCheckpointHeadMismatch(t *testing.T) {
 
 // TestCheckpointCorrupt: a corrupted checkpoint file is refused (logged, counted, removed) without a crash.
 func TestCheckpointCorrupt(t *testing.T) {
-	dir := t.TempDir()
-	socket, state := filepath.Join(dir, "kvshmd.sock"), filepath.Join(dir, "state")
-	d1 := startDaemon(t, socket, "--state-dir", state)
-	p := newProducer(t, socket, 10, 4, 1<<20)
-	publishAll(p, ckptEvents(0, 10))
-	lastID(t, socket, p, 9)
+	socket, state, d1, p := startCheckpointed(t, 10)
 	d1.terminate(t)
 	path := ckptFile(state, p)
 	b, err := os.ReadFile(path)
