@@ -332,6 +332,7 @@ func (ix *Indexer) Stats() Stats {
 		ResidentBlocks: ix.tree.residentBlocks(),
 		Nodes:          ix.tree.live,
 		Tainted:        ix.tainted,
+		Incomplete:     ix.tainted,
 		LostRanges:     slices.Clone(ix.lost),
 		LostIDs:        ix.c.lostIDs,
 		Gaps:           ix.c.gaps,
@@ -377,4 +378,13 @@ func (ix *Indexer) taintMessageLocked() string {
 		msg += fmt.Sprintf(" and %d later loss(es)", ix.taintMore)
 	}
 	return msg
+}
+
+// SetPolicies changes the loss policy and dump shape (Config.OnLoss, Config.DumpShape), for an index restored
+// by ReadCheckpoint, which does not save them (they are the daemon's flags, not state). It drops the dump cache.
+func (ix *Indexer) SetPolicies(onLoss LossPolicy, shape DumpShape) {
+	ix.mu.Lock()
+	ix.cfg.OnLoss, ix.cfg.DumpShape = onLoss, shape
+	ix.gen.Add(1)
+	ix.mu.Unlock()
 }

