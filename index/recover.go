@@ -14,7 +14,8 @@ func (ix *Indexer) Recover(ctx context.Context, start, end *uint64) (Response, e
 }
 
 // RecoverRank answers a recovery query with the view of one dp_rank of a stream that carries several ranks:
-// Events are the suffix filtered to that rank's events plus every Cleared (a Cleared clears the whole stream);
+// Events are the suffix filtered to that rank's events plus every Cleared (a Cleared clears the whole stream;
+// it is written with dpRank);
 // a TreeDump holds that rank's blocks only; last_event_id is the stream's. The classification is Recover's.
 // Rank dumps are built per query (not cached).
 func (ix *Indexer) RecoverRank(ctx context.Context, start, end *uint64, dpRank uint32) (Response, error) {
