@@ -41,6 +41,9 @@ func publishAll(p *producer, evs []fbs.EventSpec) {
 
 // ckptFile is the checkpoint path the daemon uses for p's ring.
 func ckptFile(state string, p *producer) string {
+	if p.rank != nil {
+		return filepath.Join(state, fmt.Sprintf("w%dr%d-%d.ckpt", p.worker, *p.rank, p.w.Header().Epoch))
+	}
 	return filepath.Join(state, fmt.Sprintf("w%d-%d.ckpt", p.worker, p.w.Header().Epoch))
 }
 
