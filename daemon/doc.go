@@ -53,8 +53,7 @@
 //	the ring replaying the records after it)                                          kept until replaced)
 //	first attach, head > 0, no usable checkpoint   new + MarkUnknownHistory           resumed true, incomplete: dumps are
 //	(crash without --checkpoint-interval, no                                          incomplete (Error with --on-loss=
-//	                                                                                  error) until a Cleared re-bases
-//	--state-dir, head moved, corrupt)
+//	--state-dir, head moved, corrupt)                                                 error) until a Cleared re-bases
 //	same worker, same ring epoch (reattach)        kept; continues at the head         resumed true, same stream_epoch
 //	same worker, new ring epoch (producer restart) replaced (its cache is empty)      stream_epoch+1, resets+1,
 //	                                                                                  the worker's checkpoints deleted
