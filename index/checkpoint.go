@@ -515,6 +515,9 @@ func (d *ckDec) decodeTree(t *tree) bool {
 	t.nodes = make([]node, nn)
 	for i := range t.nodes {
 		p := d.take(nodeBytes)
+		if p == nil { // the count was checked before free_head was read: the last node may still be cut
+			return false
+		}
 		t.nodes[i] = node{
 			blockHash: binary.LittleEndian.Uint64(p), tokensHash: binary.LittleEndian.Uint64(p[8:]),
 			workers: binary.LittleEndian.Uint64(p[16:]), parent: binary.LittleEndian.Uint32(p[24:]),

@@ -315,7 +315,11 @@ func (ix *Indexer) buildDump(f rankFilter) (*dumpSnap, string) {
 		slices.SortFunc(ts.order, func(a, b int) int { return int64cmp(int64(ts.dps[a]), int64(ts.dps[b])) })
 	}
 
-	buf := make([]byte, 0, len(jsTreeDumpHead)+ts.blocks*260+64)
+	perBlock := 100 // a chain's block; its event's head is amortized
+	if snap.shape == DumpBlocks {
+		perBlock = 260
+	}
+	buf := make([]byte, 0, len(jsTreeDumpHead)+ts.blocks*perBlock+64)
 	buf = append(buf, jsTreeDumpHead...)
 	if snap.shape == DumpBlocks {
 		buf, snap.events = ts.appendBFS(buf, ix.cfg.WorkerID)
