@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvshm/kvshm/index"
+	"github.com/kvshm/kvshm/shm"
 )
 
 // dropUntil publishes single-block Stored events from seq on until drops events were dropped (ring full); it
@@ -209,5 +211,39 @@ func TestRateLog(t *testing.T) {
 		if ok != s.ok || n != s.suppressed {
 			t.Fatalf("step %d (at %v): allow = %d, %v; want %d, %v", i, s.at, n, ok, s.suppressed, s.ok)
 		}
+	}
+}
+
+// TestHeaderLossGrowsThenReported: a pending episode that grows after the drain marked it (an event too large for
+// the ring is dropped even when the ring is empty) is marked up to its new last seq at the next answer, and the LOSS
+// record that finally reports the whole episode adds nothing: every dropped id is lost exactly once.
+func TestHeaderLossGrowsThenReported(t *testing.T) {
+	ts := httpServer(t, nil)
+	p, first, last := stalledLoss(t, ts, index.LossBestEffort)
+	c := dialT(t, ts.SocketPath())
+	if _, err := c.Stats(ctxT(t), nil); err != nil { // marks first..last
+		t.Fatal(err)
+	}
+	big := last + 1
+	if err := p.publish(stored(big, 0, nil, []uint64{1000 + big}, tokens(0, 1000, p.bs))); !errors.Is(err, shm.ErrTooLarge) {
+		t.Fatalf("publishing a 16 KB event into a 64 KiB ring: %v, want ErrTooLarge", err)
+	}
+	p.oracle.MarkLost(big, big, headerLossReason)
+	sr, err := c.Stats(ctxT(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := sr.Streams[0]; s.LostEvents != big-first+1 || !s.LossPending {
+		t.Fatalf("after the episode grew: lost=%d ranges=%+v pending=%v; want %d lost, still pending in the header", s.LostEvents, s.LostRanges, s.LossPending, big-first+1)
+	}
+	next := big + 1
+	p.mustPublish(stored(next, 0, nil, []uint64{1000 + next}, tokens(uint32(next), 1, p.bs))) // carries LOSS first..big
+	s := checkStats(t, ts.SocketPath(), 4, func(s StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == next })
+	if s.LostEvents != big-first+1 || s.LossPending {
+		t.Fatalf("after the LOSS record: lost=%d ranges=%+v pending=%v; want %d lost once", s.LostEvents, s.LostRanges, s.LossPending, big-first+1)
+	}
+	code, h, body := httpGet(t, ts.HTTPAddr(), "/kv_recover?start=&end=")
+	if want := oracleJSON(t, p, nil, nil, nil); code != http.StatusOK || body != string(want) || h.Get(HeaderState) != "incomplete" {
+		t.Fatalf("dump = %d %v %.200s, want the oracle's incomplete dump %.200s", code, h, body, want)
 	}
 }
