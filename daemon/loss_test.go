@@ -5,7 +5,9 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -245,5 +247,36 @@ func TestHeaderLossGrowsThenReported(t *testing.T) {
 	code, h, body := httpGet(t, ts.HTTPAddr(), "/kv_recover?start=&end=")
 	if want := oracleJSON(t, p, nil, nil, nil); code != http.StatusOK || body != string(want) || h.Get(HeaderState) != "incomplete" {
 		t.Fatalf("dump = %d %v %.200s, want the oracle's incomplete dump %.200s", code, h, body, want)
+	}
+}
+
+// TestKnownLossAfterSIGSTOP is issue 10 item 1 as reported, with the real kvshmd: a shared daemon is stopped
+// (SIGSTOP), the producer fills its 64 KiB ring and drops 50 events, the daemon continues (SIGCONT) and nothing more
+// is published. The very next /kv_recover answer says the dump misses those events (before the fix: a silent
+// TreeDump and stats with loss_pending true, tainted false, indefinitely).
+func TestKnownLossAfterSIGSTOP(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "kvshmd.sock")
+	d := startDaemon(t, socket, "--http", "127.0.0.1:0")
+	p := newProducer(t, socket, 12, 4, 1<<16)
+	p.mustPublish(cleared(0))
+	checkStats(t, socket, 12, func(s StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == 0 })
+	if err := d.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitStopped(t, d.cmd.Process.Pid)
+	_, first, last := dropUntil(t, p, 1, 50)
+	if err := d.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	code, h, body := httpGet(t, d.http, "/kv_recover?start=&end=")
+	if code != http.StatusOK || !strings.HasPrefix(body, `{"TreeDump":`) || h.Get(HeaderState) != "incomplete" || h.Get(HeaderLostEvents) != lostRange(first, last) {
+		t.Fatalf("first dump after SIGCONT = %d %v %.120s; want an incomplete TreeDump losing %s", code, h, body, lostRange(first, last))
+	}
+	sr, err := dialT(t, socket).Stats(ctxT(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := sr.Streams[0]; !s.Incomplete || s.LostEvents != 50 || s.DroppedEvents != 50 {
+		t.Fatalf("stats after SIGCONT: incomplete=%v lost=%d dropped=%d; want incomplete, 50 lost and dropped", s.Incomplete, s.LostEvents, s.DroppedEvents)
 	}
 }
