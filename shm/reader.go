@@ -241,7 +241,10 @@ func (r *Reader) SkipToTail() {
 		return
 	}
 	t := loadTail(r.m) // acquire, as in Next
-	if t%RecordAlign != 0 || t < r.head {
+	// A tail word no producer can have stored (misaligned, behind head, more than capacity ahead of it) is not a
+	// position to skip to: storing it as head would leave the producer a ring it can never write again. Stay, and
+	// let the producer's next publish rewrite the word.
+	if t%RecordAlign != 0 || t < r.head || t-r.head > r.capacity {
 		return
 	}
 	r.pos, r.tail = t, t

@@ -414,9 +414,16 @@ class RingWriter:
             _SYSCALL(_C_SYS_FUTEX, self._tail_addr, _C_FUTEX_WAKE, _C_WAKE_ALL, _C_ZERO, _C_ZERO, _C_ZERO)
 
     def _refresh_head(self, end: int) -> bool:
-        """Loads the consumer's head (acquire on x86) and says whether ``end`` fits. A head no correct consumer
-        stores (ahead of the tail, misaligned, moving back) is treated as a full ring, never trusted."""
+        """Loads the consumer's head (acquire on x86) and says whether ``end`` fits. A head ahead of the tail by at
+        most a ring re-bases the writer there (shm/FORMAT.md, "Failure outcomes"); any other head no correct
+        consumer stores (further ahead, misaligned, moving back) is treated as a full ring, never trusted."""
         head = self._q[32]  # OFF_HEAD / 8
+        if head > self._tail and not head & 7 and head - self._tail <= self._cap:
+            # The consumer skipped to a corrupt tail word that lay ahead of ours: it abandoned every position
+            # before ``head``, so write from there on. This event is dropped (counted, reported by the next LOSS
+            # record), which keeps the repair to one rule (as the Go Writer does).
+            self._tail = self._head_cache = head
+            return False
         if head > self._tail or head & 7 or head < self._head_cache:
             return False
         self._head_cache = head
