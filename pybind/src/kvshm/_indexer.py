@@ -70,6 +70,9 @@ _FORKED: Final = 2
 _BACKOFF_MIN: Final = 0.05
 _BACKOFF_MAX: Final = 2.0
 _ATTACH_TIMEOUT: Final = 10.0
+# The constructor's attach to a shared daemon: a daemon that accepts but does not answer (hung, SIGSTOPped) costs
+# the engine's start-up at most this long; the supervisor then keeps trying in the background.
+_FIRST_ATTACH_TIMEOUT: Final = 2.0
 _QUERY_TIMEOUT: Final = 120.0  # the global indexer's own recovery deadline (Dynamo fork: 120 s)
 _DETACH_TIMEOUT: Final = 5.0
 _JOIN_TIMEOUT: Final = 5.0
@@ -138,6 +141,13 @@ class _Core:
         self.idle_queries: list[Client] = []  # protected by query_lock; connections for queries, reused
         self.closing = threading.Event()
         self.supervisor: threading.Thread | None = None
+        # The wake pipe and the attach connection are the supervisor's while it runs. close() closes them itself
+        # only once the supervisor has exited; if it is still inside an attach after the join timeout they are
+        # handed over (handoff) and the supervisor closes them on its way out, so no descriptor it may still use is
+        # closed under it (and reused by the application). Both flags are protected by fd_lock.
+        self.fd_lock = threading.Lock()
+        self.supervisor_done = False
+        self.handoff = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         _cores.add(self)
@@ -155,7 +165,7 @@ class _Core:
                 raise KvshmError(f"kvshm: the private kvshmd refused the ring {self.ring.path}: {e}") from e
         else:
             try:
-                self._attach()
+                self._attach(_FIRST_ATTACH_TIMEOUT)
             except RemoteError as e:
                 if e.code in _PERMANENT:
                     raise KvshmError(f"kvshm: kvshmd at {self.socket_path} refused the ring {self.ring.path}: {e}") from e
@@ -169,14 +179,18 @@ class _Core:
         )
         self.supervisor.start()
 
-    def _attach(self) -> None:
-        """Connect and ATTACH; on success the connection becomes the producer's lease."""
-        client = Client(self.socket_path, connect_timeout=2.0, timeout=_ATTACH_TIMEOUT)
+    def _attach(self, timeout: float | None = None) -> None:
+        """Connect and ATTACH (within ``timeout``, default _ATTACH_TIMEOUT); on success the connection becomes the
+        producer's lease (unless shutdown began meanwhile: then it is closed, and the supervisor exits)."""
+        client = Client(self.socket_path, connect_timeout=2.0, timeout=_ATTACH_TIMEOUT if timeout is None else timeout)
         try:
             reply = client.attach(self.ring.path, self.worker_id, self.kv_block_size, self.max_buffer_size)
         except BaseException:
             client.close()
             raise
+        if self.closing.is_set():
+            client.close()
+            return
         self.attach_conn = client
         self.attach_reply = reply
         self.attaches += 1
@@ -223,6 +237,26 @@ class _Core:
 
     def _supervise(self) -> None:
         """Owns the attach connection: watches it for EOF and reattaches (restarting a private daemon)."""
+        try:
+            self._supervise_loop()
+        finally:
+            with self.fd_lock:
+                self.supervisor_done = True
+                if self.handoff:
+                    self._close_supervisor_fds()
+
+    def _close_supervisor_fds(self) -> None:
+        """Close the attach connection and the wake pipe (with fd_lock held, once the supervisor is done)."""
+        conn, self.attach_conn = self.attach_conn, None
+        if conn is not None:
+            conn.close()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _supervise_loop(self) -> None:
         backoff = _BACKOFF_MIN
         failures = 0
         while not self.closing.is_set():
@@ -300,19 +334,17 @@ class _Core:
             idle, self.idle_queries = self.idle_queries, []
         for client in idle:
             client.close()
-        if self.attach_conn is not None:
-            self.attach_conn.close()
+        with self.fd_lock:
+            if self.supervisor_done or self.supervisor is None:
+                self._close_supervisor_fds()
+            else:  # still inside an attach (at most _ATTACH_TIMEOUT): it closes them when it returns
+                self.handoff = True
         if self.daemon is not None:
             self.daemon.stop()
         try:
             self.ring.unlink()
         except OSError as e:
             log.warning("kvshm: removing the ring %s: %s", self.ring.path, e)
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
         _cores.discard(self)
 
     def raise_unusable(self) -> None:
