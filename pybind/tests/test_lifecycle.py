@@ -619,3 +619,31 @@ def test_sweep_keeps_what_may_be_alive() -> None:
         listener.close()
         for d in made.values():
             shutil.rmtree(d, ignore_errors=True)
+
+
+def test_truncated_ring_does_not_kill_the_engine(ring_dir: Path) -> None:
+    """Issue 10, defect 5: another process truncates the ring file. The supervisor notices within
+    _RING_CHECK_INTERVAL and from then on every publish is dropped and counted instead of faulting (SIGBUS would
+    kill the engine, exit -7). Runs the engine in a child process so a SIGBUS cannot take pytest with it."""
+    script = textwrap.dedent(f"""
+        import json, os, time
+        import kvshm._indexer
+        from kvshm import LocalIndexer
+        kvshm._indexer._RING_CHECK_INTERVAL = 0.05
+        ix = LocalIndexer(3, 4, ring_dir={str(ring_dir)!r}, ring_bytes=1 << 20)
+        for seq in range(10):
+            ix.apply_stored(seq, list(range(4)), [seq + 1], parent_hash=seq if seq else None)
+        os.truncate(ix.stats()["ring_path"], 0)
+        deadline = time.monotonic() + 30
+        while not ix.stats()["ring_truncated"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for seq in range(10, 20):  # would be a SIGBUS without the guard
+            ix.apply_stored(seq, list(range(4)), [seq + 1], parent_hash=seq)
+        st = ix.stats()
+        print(json.dumps({{"truncated": st["ring_truncated"], "dropped": st["dropped_events"]}}))
+        ix.shutdown()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, f"the engine died (status {out.returncode}):\n{out.stderr}"
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["truncated"] and res["dropped"] == 10, res

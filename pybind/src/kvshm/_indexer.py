@@ -76,6 +76,7 @@ _FIRST_ATTACH_TIMEOUT: Final = 2.0
 _QUERY_TIMEOUT: Final = 120.0  # the global indexer's own recovery deadline (Dynamo fork: 120 s)
 _DETACH_TIMEOUT: Final = 5.0
 _JOIN_TIMEOUT: Final = 5.0
+_RING_CHECK_INTERVAL: Final = 1.0  # how often the supervisor checks that the ring file was not cut short
 # ATTACH refusals that retrying cannot fix (configuration errors): raised by the constructor.
 _PERMANENT: Final = frozenset({"bad_request", "forbidden", "unsupported_version", "unknown_kind", "too_large"})
 _IDLE_QUERY_CONNS: Final = 2  # query connections kept open between queries
@@ -126,6 +127,7 @@ class _Core:
         self.state = _OPEN
         self.lock = threading.Lock()  # serializes ring writes; guards state transitions
         self.published_detached = 0  # protected by lock; publish calls made while no daemon was attached
+        self.ring_truncated = False  # protected by lock; see _check_ring
         # Daemon side. attached is written by the supervisor (and shutdown), read racily by anyone.
         self.shared = socket_path is not None
         self.daemon: PrivateDaemon | None = None
@@ -260,9 +262,10 @@ class _Core:
         backoff = _BACKOFF_MIN
         failures = 0
         while not self.closing.is_set():
+            self._check_ring()
             conn = self.attach_conn
             if conn is not None:
-                if not self._wait_readable(conn.fileno(), None) or self.closing.is_set():
+                if not self._wait_readable(conn.fileno(), _RING_CHECK_INTERVAL) or self.closing.is_set():
                     continue
                 # The daemon never writes on this connection after ATTACH: readable means EOF (it died or
                 # dropped us) or a protocol violation. Either way the lease is gone.
@@ -291,6 +294,17 @@ class _Core:
                 self.last_error = str(e)
                 self._sleep(backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX)
+
+    def _check_ring(self) -> None:
+        """Issue 10, defect 5: a ring file truncated by another process would make the next publish a SIGBUS that
+        kills the engine. Checked under the publishing lock, so no publish is halfway through the mapping."""
+        with self.lock:
+            if self.state != _OPEN or self.ring_truncated or self.ring.check_file():
+                return
+            self.ring_truncated = True
+        self.last_error = (f"the ring file {self.ring.path} was truncated by another process: every publish is "
+                           f"dropped from now on (restart the engine to get a new ring)")
+        log.error("kvshm: worker %d: %s", self.worker_id, self.last_error)
 
     def forked_in_child(self) -> None:
         """Called in a forked child (single-threaded): make every method fail and drop inherited sockets."""
@@ -588,6 +602,7 @@ class LocalIndexer:
             "published_events": ring.get("published_events"),
             "dropped_events": ring.get("dropped_events"),
             "published_while_detached": detached,
+            "ring_truncated": core.ring_truncated,  # the ring file was cut short: every publish is dropped
             "ring": ring,
         }
 
