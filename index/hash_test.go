@@ -1,9 +1,12 @@
 package index
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
 
@@ -110,7 +113,7 @@ func TestHashErrors(t *testing.T) {
 	}
 }
 
-func TestStoredCountErrors(t *testing.T) {
+func TestStoredTokenCounts(t *testing.T) {
 	bh := func(n int) []byte { // distinct hashes (equal ones would be an InvalidBlockSequence)
 		b := make([]byte, 8*n)
 		for i := range n {
@@ -118,41 +121,69 @@ func TestStoredCountErrors(t *testing.T) {
 		}
 		return b
 	}
+	// A count mismatch is applied as Dynamo 1.6.1 applies it: complete windows only, zipped with the block
+	// hashes (the shorter decides); counted, never refused (contract decision 2). Tokens are distinct per
+	// position so every stored tokens hash can be checked against HashTokens of the same tokens.
 	tests := []struct {
-		name    string
-		hashes  []byte
-		ntok    int
-		eagle   bool
-		wantErr error
+		name       string
+		hashes     []byte
+		ntok       int
+		eagle      bool
+		wantBlocks int
+		mismatch   bool
+		wantErr    error
 	}{
-		{"ok", bh(2), 8, false, nil},
-		{"ok eagle", bh(2), 9, true, nil},
-		{"ok empty", bh(0), 0, false, nil},
-		{"ok empty eagle", bh(0), 0, true, nil},
-		{"too few", bh(2), 7, false, ErrTokenCount},
-		{"too many", bh(2), 9, false, ErrTokenCount},
-		{"tokens without blocks", bh(0), 4, false, ErrTokenCount},
-		{"eagle without lookahead", bh(2), 8, true, ErrEagleTooShort},
-		{"eagle too few", bh(2), 5, true, ErrTokenCount},
-		{"eagle too many", bh(2), 10, true, ErrTokenCount},
-		{"hash bytes", make([]byte, 9), 4, false, ErrBlockHashBytes},
+		{"ok", bh(2), 8, false, 2, false, nil},
+		{"ok eagle", bh(2), 9, true, 2, false, nil},
+		{"ok empty", bh(0), 0, false, 0, false, nil},
+		{"ok empty eagle", bh(0), 0, true, 0, false, nil},
+		{"too few", bh(2), 7, false, 1, true, nil},
+		{"too many", bh(2), 9, false, 2, true, nil},
+		{"tokens without blocks", bh(0), 4, false, 0, true, nil},
+		{"blocks without tokens", bh(2), 0, false, 0, true, nil},
+		{"eagle without lookahead", bh(2), 8, true, 1, true, nil},
+		{"eagle too few", bh(2), 5, true, 1, true, nil},
+		{"eagle too many", bh(2), 10, true, 2, true, nil},
+		{"eagle one window short", bh(2), 4, true, 0, true, nil},
+		{"hash bytes", make([]byte, 9), 4, false, 0, false, ErrBlockHashBytes},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			ix, _ := New(Config{WorkerID: 1, BlockSize: 4, MaxBufferSize: 8})
-			_, err := ix.ApplyStoredTokens(1, 0, false, 0, tc.hashes, make([]byte, 4*tc.ntok), nil, tc.eagle)
-			if tc.wantErr == nil {
-				if err != nil {
-					t.Fatalf("err = %v, want nil", err)
+			toks := make([]uint32, tc.ntok)
+			for i := range toks {
+				toks[i] = uint32(100 + i)
+			}
+			res, err := ix.ApplyStoredTokens(1, 0, false, 0, tc.hashes, tokensToLE(nil, toks), nil, tc.eagle)
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("err = %v, want %v", err, tc.wantErr)
+				}
+				st := ix.Stats()
+				if st.Buffered != 0 || st.Rejected != 1 || !st.Tainted || st.LostIDs != 1 {
+					t.Fatalf("rejected event: stats %+v, want nothing buffered, 1 rejected, tainted, 1 lost id", st)
 				}
 				return
 			}
-			if !errors.Is(err, tc.wantErr) {
-				t.Fatalf("err = %v, want %v", err, tc.wantErr)
+			if err != nil {
+				t.Fatalf("err = %v, want nil", err)
 			}
 			st := ix.Stats()
-			if st.Buffered != 0 || st.Rejected != 1 || !st.Tainted || st.LostIDs != 1 {
-				t.Fatalf("rejected event: stats %+v, want nothing buffered, 1 rejected, tainted, 1 lost id", st)
+			if res.TokenMismatch != tc.mismatch || st.TokenMismatches != map[bool]uint64{false: 0, true: 1}[tc.mismatch] {
+				t.Fatalf("TokenMismatch %v, Stats.TokenMismatches %d; want %v", res.TokenMismatch, st.TokenMismatches, tc.mismatch)
+			}
+			if st.ResidentBlocks != tc.wantBlocks || st.Buffered != 1 || st.Tainted {
+				t.Fatalf("stats %+v: want %d resident blocks, 1 buffered, not tainted", st, tc.wantBlocks)
+			}
+			hs, err := HashTokens(toks, 4, "", tc.eagle)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range tc.wantBlocks {
+				got := ix.FindMatches(hs[:i+1], false)
+				if len(got) != 1 || got[0].Blocks != uint32(i+1) {
+					t.Fatalf("block %d: FindMatches = %v, want the stored prefix", i, got)
+				}
 			}
 		})
 	}
@@ -258,5 +289,74 @@ func TestSharedHashVectors(t *testing.T) {
 	}
 	if !twoEagleWindows {
 		t.Error("no Eagle vector with two windows")
+	}
+}
+
+// TestZipVectors: ../testdata/hash/zip.json (written by dynamo-kv-router 1.6.1, see its README) lists Stored
+// events whose token count is not blocks × block_size and the blocks 1.6.1 stores for them; the index must store
+// exactly those (block hash, tokens hash) pairs, in order, and flag the mismatch.
+func TestZipVectors(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "testdata", "hash", "zip.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Comment string `json:"comment"`
+		Vectors []struct {
+			Name        string   `json:"name"`
+			BlockSize   uint32   `json:"block_size"`
+			Tokens      []uint32 `json:"tokens"`
+			BlockHashes []uint64 `json:"block_hashes"`
+			LoraName    *string  `json:"lora_name"`
+			IsEagle     bool     `json:"is_eagle"`
+			Stored      []struct {
+				BlockHash  uint64 `json:"block_hash"`
+				TokensHash uint64 `json:"tokens_hash"`
+			} `json:"stored"`
+		} `json:"vectors"`
+	}
+	d := json.NewDecoder(bytes.NewReader(data))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&doc); err != nil || len(doc.Vectors) == 0 {
+		t.Fatalf("decode zip.json: %v (%d vectors)", err, len(doc.Vectors))
+	}
+	for _, v := range doc.Vectors {
+		t.Run(v.Name, func(t *testing.T) {
+			ix, _ := New(Config{WorkerID: 1, BlockSize: v.BlockSize, MaxBufferSize: 4})
+			var lora []byte
+			if v.LoraName != nil {
+				lora = []byte(*v.LoraName)
+			}
+			res, err := ix.ApplyStoredTokens(1, 0, false, 0, hashesLE(v.BlockHashes...), tokensToLE(nil, v.Tokens), lora, v.IsEagle)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := TokenCountMismatch(len(v.BlockHashes), len(v.Tokens), v.BlockSize, v.IsEagle); res.TokenMismatch != want {
+				t.Fatalf("TokenMismatch %v, want %v", res.TokenMismatch, want)
+			}
+			r, err := ix.Recover(context.Background(), nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, resp, err := decodeResponse(r.JSON)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []Block
+			for _, e := range resp.(jsEventList).Events {
+				_, ev, err := decodeRouterEvent(mustMarshal(t, e))
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, ev.Blocks...)
+			}
+			var want []Block
+			for _, b := range v.Stored {
+				want = append(want, Block{b.BlockHash, b.TokensHash})
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("stored %v, 1.6.1 stored %v", got, want)
+			}
+		})
 	}
 }
