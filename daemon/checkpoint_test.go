@@ -270,7 +270,7 @@ func TestCheckpointFilesRemoved(t *testing.T) {
 		t.Errorf("after a new ring attached: worker 11's file exists=%v (want false), worker 111's exists=%v (want true)", exists(old), exists(other))
 	}
 	again := touch(fmt.Sprintf("w11-%d.ckpt", p.w.Header().Epoch))
-	if err := dialT(t, ts.SocketPath()).Detach(ctxT(t), 11); err != nil {
+	if err := p.conn.Detach(ctxT(t), 11); err != nil {
 		t.Fatal(err)
 	}
 	if err := dialT(t, ts.SocketPath()).Forget(ctxT(t), 11); err != nil {

@@ -38,7 +38,7 @@ func (s *Server) dispatch(cc *conn, kind Kind, body []byte) ([]byte, error) {
 		if req.WorkerID == nil {
 			return nil, errorf(CodeBadRequest, "detach needs a worker_id")
 		}
-		return []byte("{}"), s.detach(*req.WorkerID, req.DpRank)
+		return []byte("{}"), s.detach(cc, *req.WorkerID, req.DpRank)
 	case KindForget:
 		var req WorkerRequest
 		if err := decodeStrict(body, &req); err != nil {
@@ -464,7 +464,7 @@ func (s *Server) startStream(cc *conn, st *stream, key streamKey, r *shm.Reader,
 	st.mu.Lock()
 	is := st.ix.Stats()
 	a := &attachment{
-		st: st, r: r, hdr: h, ix: st.ix, log: log, idl: idler{r: r},
+		st: st, r: r, hdr: h, ix: st.ix, log: log, idl: idler{r: r}, lease: cc,
 		checkPID: h.ProducerPID != 0 && int32(h.ProducerPID) == cc.pid,
 		stop:     make(chan struct{}), done: make(chan struct{}), syncs: make(chan syncReq, 64),
 		ckptEvery: s.cfg.CheckpointInterval, lastCkpt: time.Now(), ckptHead: head,
@@ -486,7 +486,7 @@ func (s *Server) startStream(cc *conn, st *stream, key streamKey, r *shm.Reader,
 
 // detach ends the attachment of the stream (worker, rank) (see selectExactLocked) after a final drain; the index
 // stays queryable.
-func (s *Server) detach(worker uint64, rank *uint32) error {
+func (s *Server) detach(cc *conn, worker uint64, rank *uint32) error {
 	s.mu.Lock()
 	st, err := s.selectExactLocked(worker, rank)
 	s.mu.Unlock()
@@ -496,6 +496,11 @@ func (s *Server) detach(worker uint64, rank *uint32) error {
 	_, a := st.current()
 	if a == nil {
 		return nil // already detached: idempotent
+	}
+	if a.lease != cc {
+		// Another client ending a live producer's stream would leave it publishing into a ring nobody reads.
+		return errorf(CodeForbidden, "%s is attached by producer pid %d: only the producer detaches it, on its ATTACH "+
+			"connection (FORGET drops a worker whose producer is gone)", st.key, a.hdr.ProducerPID)
 	}
 	a.finish("detach requested")
 	<-a.done

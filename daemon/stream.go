@@ -62,6 +62,11 @@ type attachment struct {
 	ix       *index.Indexer // the index this attachment feeds
 	checkPID bool           // the header's producer_pid is valid in our pid namespace
 	log      *slog.Logger
+	// lease is the producer's ATTACH connection. Only the producer ends its stream: by closing it, or by DETACH
+	// on it (another client's DETACH is refused). The daemon itself ends an attachment only when the lease is
+	// gone, the producer's pid is gone, or at shutdown (which closes every connection).
+	lease        *conn
+	closedLogged bool // owned by the drain goroutine: the CLOSED-while-leased warning was logged
 
 	stopOnce sync.Once
 	stop     chan struct{} // closed to ask the drain goroutine to finish (final drain, close ring)
@@ -175,9 +180,11 @@ func (a *attachment) run() {
 		if now.Sub(lastSnap) >= snapshotPeriod {
 			lastSnap = now
 			a.snapshot()
-			if a.hdrClosed() {
-				a.finish("producer closed the ring")
-				continue
+			if a.hdrClosed() && !a.closedLogged {
+				// The producer says goodbye by closing its connection (or DETACH on it); a state word that reads
+				// CLOSED while that connection is open is corruption (or a goodbye about to come): keep reading.
+				a.closedLogged = true
+				a.log.Warn("ring state is CLOSED while the producer's connection is open: ignored, still draining")
 			}
 		}
 		if a.checkPID && now.Sub(lastPID) >= pidEvery {

@@ -647,3 +647,24 @@ def test_truncated_ring_does_not_kill_the_engine(ring_dir: Path) -> None:
     assert out.returncode == 0, f"the engine died (status {out.returncode}):\n{out.stderr}"
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["truncated"] and res["dropped"] == 10, res
+
+
+def test_only_the_producer_detaches_its_stream(shared_daemon: SharedDaemon, make_indexer: IndexerFactory) -> None:
+    """Issue 10, defect 2: any same-user client could DETACH a live producer, which then published into a ring
+    nobody read while reporting itself attached. Now another client's DETACH is refused; shutdown() detaches on the
+    producer's own ATTACH connection, after the daemon applied everything."""
+    from kvshm._client import RemoteError
+
+    ix = make_indexer(worker_id=21, socket_path=shared_daemon.socket_path)
+    ix.apply_stored(0, toks(0, 4), [1])
+    with Client(shared_daemon.socket_path) as c:
+        with pytest.raises(RemoteError, match="only the producer detaches it") as e:
+            c.detach(21)
+        assert e.value.code == "forbidden"
+    for seq in range(1, 50):
+        ix.apply_stored(seq, toks(4 * seq, 4), [seq + 1], parent_hash=seq)
+    assert ix.stats()["attached"]
+    assert event_ids(query(ix, 0)) == list(range(50)), "events after the refused DETACH were not applied"
+    ix.shutdown()
+    st = daemon_stream(shared_daemon.socket_path, 21)
+    assert not st["attached"] and st["last_event_id"] == 49

@@ -335,14 +335,15 @@ class _Core:
         except Exception as e:  # noqa: BLE001 - teardown must go on
             log.warning("kvshm: closing the ring %s: %s", self.ring.path, e)
         if self.shared and self.attached:
-            # Let the shared daemon apply everything we published before it forgets the producer.
-            client = self.take_query_client()
-            try:
-                client.detach(self.worker_id, timeout=_DETACH_TIMEOUT)
-            except ClientError as e:
-                log.warning("kvshm: detaching worker %d from kvshmd: %s", self.worker_id, e)
-            finally:
-                client.close()
+            # Let the shared daemon apply everything we published before it forgets the producer. DETACH goes on the
+            # ATTACH connection (the lease): the daemon takes it only from the producer (issue 10, defect 2).
+            with self.fd_lock:
+                lease = self.attach_conn if self.supervisor_done or self.supervisor is None else None
+            if lease is not None:
+                try:
+                    lease.detach(self.worker_id, timeout=_DETACH_TIMEOUT)
+                except ClientError as e:
+                    log.warning("kvshm: detaching worker %d from kvshmd: %s", self.worker_id, e)
         self.attached = False
         with self.query_lock:
             idle, self.idle_queries = self.idle_queries, []
