@@ -173,15 +173,20 @@ type ckptLoad struct {
 func (s *Server) loadCheckpoint(k streamKey, epoch, head uint64, cfg index.Config) ckptLoad {
 	worker := k.worker
 	path := filepath.Join(s.cfg.StateDir, ckptName(k, epoch))
-	f, err := os.Open(path)
+	// Only a regular file is read, and at most its size: a symlink (to /dev/zero, say) is not followed, and a FIFO
+	// or device neither blocks the open (O_NONBLOCK) nor is read.
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return ckptLoad{result: ckptMissing, why: "no checkpoint for this worker and ring epoch (the previous daemon did not shut down gracefully, or ran without --state-dir)"}
 	}
 	if err != nil {
-		return ckptLoad{result: ckptError, why: fmt.Sprintf("open checkpoint: %v", err)}
+		return ckptLoad{result: ckptError, why: fmt.Sprintf("open checkpoint %s: not a regular file, or unreadable: %v", path, err)}
 	}
 	defer f.Close()
-	ix, meta, err := index.ReadCheckpoint(f) // sized from Stat: one allocation for the file's bytes
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return ckptLoad{result: ckptError, why: fmt.Sprintf("checkpoint %s is not a regular file (%v)", path, err)}
+	}
+	ix, meta, err := index.ReadCheckpoint(f) // sized from Stat: one allocation for the file's bytes, read to its size
 	switch {
 	case errors.Is(err, index.ErrCheckpoint):
 		return ckptLoad{result: ckptCorrupt, why: fmt.Sprintf("corrupt checkpoint %s: %v", path, err)}

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/kvshm/kvshm/proto/fbs"
@@ -278,5 +279,32 @@ func TestCheckpointFilesRemoved(t *testing.T) {
 	}
 	if exists(again) || !exists(other) {
 		t.Errorf("after FORGET: worker 11's file exists=%v (want false), worker 111's exists=%v (want true)", exists(again), exists(other))
+	}
+}
+
+// TestCheckpointNotRegular is issue 10's defect 7: a checkpoint path that is a symlink to /dev/zero, or a FIFO, was
+// read without limit (5.7 GiB in 12 s, SIGTERM ignored). Now it is refused at once (not followed, not opened for a
+// blocking read), logged, counted and removed, and the daemon goes on with unknown history.
+func TestCheckpointNotRegular(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		make func(path string) error
+	}{
+		{"symlink to /dev/zero", func(path string) error { return os.Symlink("/dev/zero", path) }},
+		{"fifo", func(path string) error { return syscall.Mkfifo(path, 0o600) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			socket, state, d1, p := startCheckpointed(t, 12)
+			d1.terminate(t)
+			path := ckptFile(state, p)
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.make(path); err != nil {
+				t.Fatal(err)
+			}
+			d2 := startDaemon(t, socket, "--state-dir", state, "--http", "127.0.0.1:0")
+			restartUnknown(t, d2, p, 10, state, "not a regular file", ckptError)
+		})
 	}
 }
