@@ -344,9 +344,16 @@ func (s *Server) attach(cc *conn, req AttachRequest) (AttachReply, error) {
 	s.mu.Lock()
 	known := s.streams[key] != nil
 	s.mu.Unlock()
-	if s.cfg.StateDir != "" && head > 0 && !known {
-		l := s.loadCheckpoint(key, h.Epoch, head, s.indexConfig(req.WorkerID, req.KVBlockSize, h.MaxBufferSize))
-		ck = &l
+	if s.cfg.StateDir != "" && !known {
+		// Even at head 0: the first checkpoint of a ring may have been written just before a crash that kept its
+		// head from being released. A fresh ring with no checkpoint is not a "missing" restore.
+		l := s.loadCheckpoint(key, h.Epoch, r, s.indexConfig(req.WorkerID, req.KVBlockSize, h.MaxBufferSize))
+		if head > 0 || l.result != ckptMissing {
+			ck = &l
+		}
+		if l.ix != nil {
+			head = l.head
+		}
 	}
 	for {
 		s.mu.Lock()
@@ -442,6 +449,11 @@ func (s *Server) startStream(cc *conn, st *stream, key streamKey, r *shm.Reader,
 		}
 	case h.Epoch == st.epoch: // same producer incarnation reattached: continue the same index
 		resumed = true
+		if ck != nil && ck.moved {
+			// Another attach created the stream while this one read a checkpoint ahead of the ring's head, so the
+			// records the reader skipped for it reach no index.
+			st.ix.MarkUnknownHistory(fmt.Sprintf("ring resumed at checkpoint head %d, but the checkpoint was not used", head))
+		}
 		log.Info("producer reattached the same ring; continuing", "head", head, "epoch", h.Epoch)
 	default: // producer restarted: its cache is empty
 		ix, err := newIndex()
