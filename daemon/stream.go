@@ -62,6 +62,11 @@ type attachment struct {
 	ix       *index.Indexer // the index this attachment feeds
 	checkPID bool           // the header's producer_pid is valid in our pid namespace
 	log      *slog.Logger
+	// lease is the producer's ATTACH connection. Only the producer ends its stream: by closing it, or by DETACH
+	// on it (another client's DETACH is refused). The daemon itself ends an attachment only when the lease is
+	// gone, the producer's pid is gone, or at shutdown (which closes every connection).
+	lease        *conn
+	closedLogged bool // owned by the drain goroutine: the CLOSED-while-leased warning was logged
 
 	stopOnce sync.Once
 	stop     chan struct{} // closed to ask the drain goroutine to finish (final drain, close ring)
@@ -138,6 +143,18 @@ func (a *attachment) sync(ctx context.Context) error {
 // run is the drain goroutine.
 func (a *attachment) run() {
 	defer close(a.done)
+	// A ring file cut short by another process makes any access to the mapping a SIGBUS, which would kill the
+	// whole daemon (every worker). On this goroutine, the only one that touches the mapping after ATTACH, it is a
+	// panic instead, and ringFault ends just this attachment.
+	debug.SetPanicOnFault(true)
+	defer func() {
+		if r := recover(); r != nil {
+			if !isMemoryFault(r) {
+				panic(r)
+			}
+			a.ringFault(r)
+		}
+	}()
 	a.idl.lockThread()
 	a.idl.worked(time.Now())
 	lastSnap := time.Now()
@@ -175,9 +192,11 @@ func (a *attachment) run() {
 		if now.Sub(lastSnap) >= snapshotPeriod {
 			lastSnap = now
 			a.snapshot()
-			if a.hdrClosed() {
-				a.finish("producer closed the ring")
-				continue
+			if a.hdrClosed() && !a.closedLogged {
+				// The producer says goodbye by closing its connection (or DETACH on it); a state word that reads
+				// CLOSED while that connection is open is corruption (or a goodbye about to come): keep reading.
+				a.closedLogged = true
+				a.log.Warn("ring state is CLOSED while the producer's connection is open: ignored, still draining")
 			}
 		}
 		if a.checkPID && now.Sub(lastPID) >= pidEvery {
@@ -308,6 +327,9 @@ func (a *attachment) drainRecords(n *int, c *batchCounts, empty *bool) (retry bo
 	inRecord := false
 	defer func() {
 		if r := recover(); r != nil {
+			if isMemoryFault(r) {
+				panic(r) // the mapping itself is gone: run's handler ends the attachment
+			}
 			a.recordPanic(pos, inRecord, r)
 			retry = inRecord
 		}
@@ -338,6 +360,37 @@ func (a *attachment) drainRecords(n *int, c *batchCounts, empty *bool) (retry bo
 }
 
 // recordPanic handles a panic recovered in the drain path: inRecord, while applying the record at pos.
+// isMemoryFault reports whether a recovered panic is a memory fault (SetPanicOnFault): the runtime's error for
+// it carries the faulting address.
+func isMemoryFault(r any) bool {
+	_, ok := r.(interface{ Addr() uintptr })
+	return ok
+}
+
+// ringFault ends an attachment whose ring mapping faulted (the file was truncated): nothing more can be read, so the
+// history after the last applied record is unknown (kept queryable, marked, counted), the mapping is released without
+// touching it again (no final drain, no head store), and the producer's connection is closed so that it learns of
+// it. Runs on the drain goroutine, in run's deferred handler.
+func (a *attachment) ringFault(r any) {
+	a.st.corrupt.Add(1)
+	a.log.Error("ring mapping fault (the ring file was truncated?): attachment ended, state after the last applied "+
+		"event is unknown", "panic", fmt.Sprint(r))
+	a.ix.MarkUnknownHistory(fmt.Sprintf("ring mapping fault: %v", r))
+	a.finish("ring mapping fault") // barriers waiting on it are released by run closing done
+	if err := a.r.Close(); err != nil {
+		a.log.Warn("close ring", "err", err)
+	}
+	st := a.st
+	st.mu.Lock()
+	if st.att == a {
+		st.att, st.alive = nil, false
+	}
+	st.mu.Unlock()
+	if a.lease != nil {
+		_ = a.lease.c.Close()
+	}
+}
+
 func (a *attachment) recordPanic(pos uint64, inRecord bool, r any) {
 	a.st.malformed.Add(1)
 	if inRecord {
