@@ -734,7 +734,7 @@ func TestSkipTo(t *testing.T) {
 		}
 		ends = append(ends, w.Stats().Tail)
 	}
-	for _, bad := range []uint64{ends[1] + 8, ends[4] + 8, ends[4] + 1 << 20, ends[0] - 8} {
+	for _, bad := range []uint64{ends[1] + 8, ends[4] + 8, ends[4] + 1<<20, ends[0] - 8} {
 		if err := r.SkipTo(bad); !errors.Is(err, ErrCorrupt) {
 			t.Fatalf("SkipTo(%d) = %v, want ErrCorrupt (record ends %v)", bad, err, ends)
 		}
