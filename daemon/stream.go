@@ -67,6 +67,14 @@ type attachment struct {
 	// gone, the producer's pid is gone, or at shutdown (which closes every connection).
 	lease        *conn
 	closedLogged bool // owned by the drain goroutine: the CLOSED-while-leased warning was logged
+	// applied is the ring position up to which every record is applied, stored by the drain goroutine after each
+	// pass (updated atomically); with the producer's tail equal to it and no loss pending, a query needs no round
+	// trip to the drain goroutine (sync's fast path). mapMu guards the mapping's lifetime for that read: the drain
+	// goroutine write-locks it to close the Reader, sync's fast path read-locks it.
+	applied   atomic.Uint64
+	syncWaits atomic.Uint64 // syncs that needed the drain goroutine (tests read it)
+	mapMu     sync.RWMutex
+	mapGone bool // protected by mapMu: the Reader is closed
 
 	stopOnce sync.Once
 	stop     chan struct{} // closed to ask the drain goroutine to finish (final drain, close ring)
@@ -121,6 +129,10 @@ func (a *attachment) finish(reason string) {
 
 // sync blocks until every record published before the call has been applied, the attachment ended, or ctx ends.
 func (a *attachment) sync(ctx context.Context) error {
+	if a.appliedAll() {
+		return nil
+	}
+	a.syncWaits.Add(1)
 	req := syncReq{done: make(chan struct{})}
 	select {
 	case a.syncs <- req:
@@ -137,6 +149,39 @@ func (a *attachment) sync(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+}
+
+// appliedAll reports whether every record the producer has published is applied and no loss is pending in the
+// ring header: then sync has nothing to wait for. It reads two header words, so it runs with SetPanicOnFault (a
+// truncated ring file faults: the answer is then false, and sync takes the drain goroutine's path).
+func (a *attachment) appliedAll() (all bool) {
+	a.mapMu.RLock()
+	defer a.mapMu.RUnlock()
+	if a.mapGone {
+		return false
+	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if !isMemoryFault(r) {
+				panic(r)
+			}
+			all = false
+		}
+	}()
+	tail, lossPending := a.r.Published()
+	return !lossPending && tail == a.applied.Load()
+}
+
+// closeRing closes the Reader (drain goroutine only), once no appliedAll is reading its mapping.
+func (a *attachment) closeRing() {
+	a.mapMu.Lock()
+	a.mapGone = true
+	err := a.r.Close()
+	a.mapMu.Unlock()
+	if err != nil {
+		a.log.Warn("close ring", "err", err)
 	}
 }
 
@@ -229,6 +274,7 @@ func (a *attachment) drainBatch() int {
 	if empty && hdr.LossPending {
 		a.headerLoss(hdr.LossFirstSeq, hdr.LossLastSeq)
 	}
+	a.applied.Store(a.r.Stats().ReadPos) // release: after every record before it was applied
 	if n == 0 {
 		return 0
 	}
@@ -377,9 +423,7 @@ func (a *attachment) ringFault(r any) {
 		"event is unknown", "panic", fmt.Sprint(r))
 	a.ix.MarkUnknownHistory(fmt.Sprintf("ring mapping fault: %v", r))
 	a.finish("ring mapping fault") // barriers waiting on it are released by run closing done
-	if err := a.r.Close(); err != nil {
-		a.log.Warn("close ring", "err", err)
-	}
+	a.closeRing()
 	st := a.st
 	st.mu.Lock()
 	if st.att == a {
@@ -548,9 +592,7 @@ func (a *attachment) finalDrain() {
 	}
 	rs := a.r.Stats()
 	a.finalHead = rs.Head
-	if err := a.r.Close(); err != nil {
-		a.log.Warn("close ring", "err", err)
-	}
+	a.closeRing()
 	st.mu.Lock()
 	if st.att == a {
 		st.att = nil

@@ -280,6 +280,15 @@ func (r *Reader) SkipTo(pos uint64) error {
 	return nil
 }
 
+// Published returns the producer's tail word (acquire) and whether its header reports a pending loss. Unlike the
+// other methods it may be called from any goroutine, provided the caller keeps Close from running meanwhile; a
+// consumer uses it to see that it has already applied everything published (tail == its read position, no loss
+// pending) without a round trip to the goroutine that owns the Reader.
+func (r *Reader) Published() (tail uint64, lossPending bool) {
+	tail = loadTail(r.m) // acquire: pairs with the producer's tail store
+	return tail, loadCounter(r.m, offLossPending) != 0
+}
+
 // Heartbeat stores the consumer heartbeat word (unix ns of the last drain pass; informational only).
 func (r *Reader) Heartbeat(unixNano int64) {
 	if r.m == nil {
