@@ -74,7 +74,7 @@ type attachment struct {
 	applied   atomic.Uint64
 	syncWaits atomic.Uint64 // syncs that needed the drain goroutine (tests read it)
 	mapMu     sync.RWMutex
-	mapGone bool // protected by mapMu: the Reader is closed
+	mapGone   bool // protected by mapMu: the Reader is closed
 
 	stopOnce sync.Once
 	stop     chan struct{} // closed to ask the drain goroutine to finish (final drain, close ring)
