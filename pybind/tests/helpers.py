@@ -47,6 +47,20 @@ def event_ids(resp: Any) -> list[int]:
     return [int(e["event"]["event_id"]) for e in body["events"]]
 
 
+def dump_blocks(resp: Any) -> set[tuple[int, int | None, int, int]]:
+    """What a consumer rebuilds from a TreeDump, as (dp_rank, parent_hash, block_hash, tokens_hash), whatever the
+    dump's shape: Dynamo 1.6.1's merged chains (a Stored event's blocks chain under its parent_hash, each the
+    parent of the next) or one block per event."""
+    got = set()
+    for e in resp["TreeDump"]["events"]:
+        stored = e["event"]["data"]["stored"]
+        parent = stored["parent_hash"]
+        for blk in stored["blocks"]:
+            got.add((e["event"]["dp_rank"], parent, blk["block_hash"], blk["tokens_hash"]))
+            parent = blk["block_hash"]
+    return got
+
+
 def daemon_stream(socket_path: str, worker_id: int) -> dict[str, Any]:
     """The daemon's STATS entry for ``worker_id``."""
     with Client(socket_path, timeout=10) as c:
