@@ -413,3 +413,25 @@ def test_concurrent_queries(make_indexer: IndexerFactory) -> None:
     for th in threads:
         th.join(60)
     assert not errors and not any(th.is_alive() for th in threads)
+
+
+def test_compat_signatures() -> None:
+    """kv_local_indexer.LocalIndexer keeps the old extension's positional parameters (new ones are keyword-only)."""
+    import inspect
+
+    cls = kv_local_indexer.LocalIndexer
+    assert cls is LocalIndexer
+
+    def positional(fn: Any) -> list[str]:
+        return [p.name for p in inspect.signature(fn).parameters.values()
+                if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.name != "self"]
+
+    assert positional(cls) == ["worker_id", "kv_block_size", "max_buffer_size"]
+    assert positional(cls.apply_stored) == [
+        "seq", "token_ids", "block_hashes", "parent_hash", "dp_rank", "lora_name", "is_eagle"
+    ]
+    assert positional(cls.apply_removed) == ["seq", "block_hashes", "dp_rank"]
+    assert positional(cls.apply_cleared) == ["seq", "dp_rank"]
+    assert positional(cls.get_events_json) == ["start", "end"]
+    kwonly = [p.name for p in inspect.signature(cls).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert kwonly == ["socket_path", "ring_dir", "ring_bytes", "dp_rank"]
