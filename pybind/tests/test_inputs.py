@@ -111,3 +111,52 @@ def test_localindexer_takes_numpy(make_indexer: IndexerFactory) -> None:
         np_start = None if start is None else np.int64(start)
         np_end = None if end is None else np.uint64(end)
         assert a.get_events_json(np_start, np_end) == b.get_events_json(start, end)
+
+
+SIGNED = [NEG, 7, -(1 << 63), (1 << 63) - 1]
+UNSIGNED = [h % U64 for h in SIGNED]
+
+
+@pytest.mark.parametrize(
+    "hashes",
+    [
+        np.array(SIGNED, dtype=np.int64),  # buffer path: the bytes are the u64s
+        np.array(UNSIGNED, dtype=np.uint64),
+        np.array(SIGNED, dtype=">i8"),  # big-endian: the checked tolist() path
+        np.array([x for h in SIGNED for x in (h, 0)], dtype=np.int64)[::2],  # strided: not contiguous
+        np.array([[h] for h in SIGNED], dtype=np.int64)[:, 0],  # a column: strided too
+    ],
+    ids=["int64", "uint64", "big-endian", "strided", "column"],
+)
+def test_hash_arrays_every_layout(hashes: Any) -> None:
+    assert _encode.encode_removed(1, hashes) == _encode.encode_removed(1, UNSIGNED)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "exc"),
+    [
+        (np.array([1, 2, 3], dtype=np.uint32), None),  # buffer path
+        (np.array([1, 2, 3], dtype=np.int32), None),
+        (np.array([1, 2, 3], dtype=">u4"), None),
+        (np.array([1, 0, 2, 0, 3, 0], dtype=np.uint32)[::2], None),
+        (np.array([1, -2, 3], dtype=np.int32), ValueError),
+        (np.array([1, 1 << 32, 3], dtype=np.uint64), ValueError),
+    ],
+    ids=["uint32", "int32", "big-endian", "strided", "negative", "too large"],
+)
+def test_token_arrays_every_layout(tokens: Any, exc: type[Exception] | None) -> None:
+    if exc is not None:
+        with pytest.raises(exc, match="kvshm"):
+            _encode.encode_stored(1, tokens, [5], None)
+        return
+    assert _encode.encode_stored(1, tokens, [5], None) == _encode.encode_stored(1, [1, 2, 3], [5], None)
+
+
+def test_buffers_are_released() -> None:
+    """The buffer path leaves no export behind: the caller may resize its array right after the call."""
+    from array import array
+
+    hashes, tokens = array("q", SIGNED), array("I", [1, 2, 3])
+    _encode.encode_stored(1, tokens, hashes, None)
+    hashes.append(1)  # BufferError if a memoryview were still exported
+    tokens.append(4)
