@@ -152,9 +152,9 @@
 //     and its descendants are detached when no worker holds it. Dumps can differ in state only when an engine
 //     evicts a block before its descendants (the differential run above, with such evictions: 4 of 2393 answers
 //     for one rank, 42 of 2438 for two).
-//   - A store that reaches a block no worker holds through its tokens alone (a root store of the same tokens, or
-//     from the end of an edge): 1.6.1 keeps the old block hash in its edge (the stale hash of decision 3 by
-//     another path); here the new hash, always.
+//   - A store whose tokens reach a block no worker holds inside an edge (an uncovered block after a held one,
+//     matched by tokens from the edge's start, e.g. a root store of the whole sequence again): 1.6.1 keeps the
+//     edge's old block hash (the stale hash of decision 3 by another path); here the new hash, always.
 //   - A store whose parent hash names a second copy of known tokens (a hash the lookup maps to a node under
 //     another hash): applied here; 1.6.1 answers ParentBlockNotFound and drops the child (issue 8 item 6).
 //   - Backwards or duplicate ids (id <= last seen): the event is applied to the tree (the engine's cache did
