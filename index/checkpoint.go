@@ -121,6 +121,9 @@ func (ix *Indexer) writeCheckpoint(w io.Writer, meta []byte, version uint32) err
 		e.u32(nd.firstChild)
 		e.u32(nd.nextSib)
 	}
+	if version != checkpointV1 {
+		e.bytes(t.flags)
+	}
 	keys := make([]uint32, 0, len(t.extra))
 	for n := range t.extra {
 		keys = append(keys, n)
@@ -264,29 +267,40 @@ func (e *ckEnc) finish() error {
 // reachable exactly once, lookups must point at live nodes, log ids must increase, the checksum must match, no
 // byte may follow); any violation is a *CheckpointError wrapping ErrCheckpoint. Errors reading r are returned
 // wrapped as they are. It never panics on any input. The whole checkpoint is read into memory first (sized once
-// when r is an *os.File or has a Len method, as *bytes.Reader does).
+// when r is an *os.File or has a Len method, as *bytes.Reader does), and never more than that size, or than
+// MaxCheckpointBytes when the size is unknown: a reader that never ends (a device, a pipe) is a *CheckpointError, not
+// an unbounded read.
 func ReadCheckpoint(r io.Reader) (*Indexer, []byte, error) {
-	size := int64(0)
+	limit := int64(MaxCheckpointBytes)
 	switch v := r.(type) {
 	case interface{ Stat() (fs.FileInfo, error) }:
 		if fi, err := v.Stat(); err == nil && fi.Mode().IsRegular() {
-			size = fi.Size()
+			limit = min(fi.Size(), limit)
 		}
 	case interface{ Len() int }:
-		size = int64(v.Len())
+		limit = min(int64(v.Len()), limit)
 	}
-	buf := bytes.NewBuffer(make([]byte, 0, min(size, 1<<40)+bytes.MinRead))
-	if _, err := buf.ReadFrom(r); err != nil {
+	buf := bytes.NewBuffer(make([]byte, 0, min(limit, 1<<30)+bytes.MinRead))
+	n, err := buf.ReadFrom(io.LimitReader(r, limit+1))
+	if err != nil {
 		return nil, nil, fmt.Errorf("read checkpoint: %w", err)
+	}
+	if n > limit {
+		return nil, nil, &CheckpointError{Offset: limit, Reason: fmt.Sprintf("more than %d bytes (its size, or MaxCheckpointBytes)", limit)}
 	}
 	return decodeCheckpoint(buf.Bytes())
 }
 
+// MaxCheckpointBytes bounds what ReadCheckpoint reads from a reader of unknown size: 64 GiB, a billion resident
+// blocks at ~53 B each, far beyond any index.
+const MaxCheckpointBytes = 1 << 36
+
 // ckDec decodes little-endian values from a byte slice; the first error sticks and later reads return zeros.
 type ckDec struct {
-	b   []byte
-	off int
-	err *CheckpointError
+	b       []byte
+	off     int
+	err     *CheckpointError
+	version uint32
 }
 
 func (d *ckDec) fail(format string, args ...any) {
@@ -381,6 +395,7 @@ func (d *ckDec) decode() (*Indexer, []byte) {
 	}
 	d.off = len(checkpointMagic)
 	version := d.u32()
+	d.version = version
 	if version != checkpointVersion && version != checkpointV1 {
 		d.off -= 4
 		d.fail("unsupported format version %d (this build reads %d and %d)", version, checkpointV1, checkpointVersion)
@@ -522,6 +537,28 @@ func (d *ckDec) decodeTree(t *tree) bool {
 			blockHash: binary.LittleEndian.Uint64(p), tokensHash: binary.LittleEndian.Uint64(p[8:]),
 			workers: binary.LittleEndian.Uint64(p[16:]), parent: binary.LittleEndian.Uint32(p[24:]),
 			firstChild: binary.LittleEndian.Uint32(p[28:]), nextSib: binary.LittleEndian.Uint32(p[32:]),
+		}
+	}
+	flagsAt := d.off
+	if d.version == checkpointV1 {
+		// Version 1 had no edge flags: every block is an edge of its own (the dump then groups blocks by worker
+		// sets alone).
+		t.flags = make([]uint8, nn)
+		for i := 1; i < nn; i++ {
+			t.flags[i] = flagEdge
+		}
+	} else {
+		f := d.take(nn)
+		if f == nil {
+			return false
+		}
+		t.flags = slices.Clone(f)
+		for i, v := range t.flags {
+			if v&^(flagEdge|flagInternal) != 0 || (i == 0 && v != 0) {
+				d.off = flagsAt + i
+				d.fail("node %d: unknown edge flags %#x", i, v)
+				return false
+			}
 		}
 	}
 	bad := func(i int, format string, args ...any) bool {
