@@ -92,7 +92,10 @@ def test_shared_daemon_two_workers_per_worker_urls(
     ambiguous = http_get(port, "/kv_recover?start=0&end=1")
     assert ambiguous.status == 409, ambiguous
     assert b"/workers/1/kv_recover" in ambiguous.body and b"/workers/2/kv_recover" in ambiguous.body
-    for path, want in (("/workers/1/kv_recover?start=0&end=0", want_a), ("/workers/2/kv_recover?start=0&end=1", want_b)):
+    for path, want in (
+        ("/workers/1/kv_recover?start=0&end=0", want_a),
+        ("/workers/2/kv_recover?start=0&end=1", want_b),
+    ):
         reply = http_get(port, path)
         assert reply.status == 200 and reply.body == want.encode(), (path, reply)
     cold = http_get(port, "/workers/2/kv_recover?start=0&end=5")  # a cold start after b's buffer: still Events

@@ -662,11 +662,12 @@ class LocalIndexer:
         of this producer's stream (one STATS round trip on the Unix socket, bounded by a 2 s deadline; with
         ``daemon=False`` none: local fields only, no I/O, for tight loops or a daemon that may be stopped).
 
-        The daemon's fields are None when it is away or not asked: ``incomplete`` (True while answers miss events kvshm lost:
-        ring full, corrupt record, unknown history; see ``lost_ranges``), ``lost_ranges`` (``[{"first", "last",
-        "reason"}]``, newest last), ``token_mismatches`` (Stored events whose token count was not blocks x
-        block_size), ``daemon_stream`` (the daemon's whole STATS entry for this stream). Never raises because
-        the daemon is unreachable.
+        The daemon's fields are None when it is away or not asked: ``incomplete`` (True while answers miss events
+        kvshm lost: ring full, corrupt record, unknown history; until a Cleared), ``lost_ranges`` (``[{"first",
+        "last", "reason"}]``, newest last; an unknown history is named in ``daemon_stream["taint_reason"]``),
+        ``token_mismatches`` (Stored events whose token count was not blocks x block_size), ``daemon_stream`` (the
+        daemon's whole STATS entry for this stream). ``dp_rank`` is the indexer's rank (None: every rank). Never
+        raises because the daemon is unreachable.
         """
         core = self._core
         if core.state == _FORKED:
