@@ -354,6 +354,7 @@ func (ix *Indexer) Stats() Stats {
 		Tainted:         ix.tainted,
 		Incomplete:      ix.tainted,
 		LostRanges:      slices.Clone(ix.lost),
+		Missing:         slices.Clone(ix.taintLost),
 		LostIDs:         ix.c.lostIDs,
 		Gaps:            ix.c.gaps,
 		Losses:          ix.c.losses,

@@ -699,6 +699,7 @@ class LocalIndexer:
             "ring": ring,
             "incomplete": None if stream is None else stream.get("incomplete"),
             "lost_ranges": None if stream is None else stream.get("lost_ranges"),
+            "missing": None if stream is None else stream.get("missing"),  # what incomplete answers miss
             "token_mismatches": None if stream is None else stream.get("token_mismatches"),
             "daemon_stream": stream,
         }
