@@ -51,7 +51,7 @@ build:
 # The cross-process stress tests run 2M events from a Python producer and 3M records from a Go writer process
 # through small rings (many wraparounds); the Python one needs the dev venv.
 gotest: venv
-	KVSHM_STRESS_EVENTS=2000000 KVSHM_STRESS_RECORDS=3000000 $(GO) test -race -count=1 -timeout 20m ./...
+	KVSHM_REQUIRE_TOOLS=1 KVSHM_STRESS_EVENTS=2000000 KVSHM_STRESS_RECORDS=3000000 $(GO) test -race -count=1 -timeout 20m ./...
 
 testrace: gotest
 

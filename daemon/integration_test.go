@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvshm/kvshm/internal/testenv"
 )
 
 // queryCase is one recovery query; nil bounds are open.
@@ -279,9 +281,7 @@ func assertDumpPrefix(t *testing.T, socket, prefix string) {
 func promtool(t *testing.T, metrics []byte) {
 	t.Helper()
 	path, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Fatalf("promtool not found: install Debian's prometheus package (apt-get install prometheus), as .ci/run does")
-	}
+	testenv.Require(t, err, "promtool", "install Debian's prometheus package (apt-get install prometheus), as .ci/run does")
 	cmd := exec.Command(path, "check", "metrics")
 	cmd.Stdin = bytes.NewReader(metrics)
 	out, err := cmd.CombinedOutput()
