@@ -136,6 +136,11 @@ func (t *mTree) remove(dp uint32, hashes []uint64) Status {
 			st = StatusBlockNotFound
 			continue
 		}
+		if x.bh != h && lk[x.bh] == x { // a second hash of a block the rank holds under its own: only it goes
+			delete(lk, h)
+			st = StatusBlockNotFound
+			continue
+		}
 		delete(x.workers, dp)
 		if len(x.workers) == 0 {
 			t.clearChildren(x)

@@ -415,6 +415,15 @@ func (t *tree) remove(s int, hashes []uint64) Status {
 			st = StatusBlockNotFound
 			continue
 		}
+		if own := t.nodes[x].blockHash; own != h && lk[own] == x {
+			// h is a second hash of a block this rank still holds under its own hash (the same tokens stored
+			// again under the same parent): the rank keeps the block. Only the alias goes (1.6.1 never indexed
+			// it: BlockNotFound, nothing changes).
+			delete(lk, h)
+			t.unref(x)
+			st = StatusBlockNotFound
+			continue
+		}
 		t.removeWorker(x, s)
 		if t.noWorkers(x) {
 			t.prune(x)

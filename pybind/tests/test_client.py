@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import TESTDATA, SharedDaemon
 
 from kvshm._client import (
     MAX_REQUEST,
@@ -25,6 +24,8 @@ from kvshm._client import (
     RequestTimeout,
     encode_frame,
 )
+
+from helpers import TESTDATA, SharedDaemon
 
 Handler = Callable[[socket.socket, bytes], object]
 

@@ -14,12 +14,13 @@ import threading
 from typing import Any
 
 import pytest
-from conftest import IndexerFactory
-from helpers import TESTDATA, daemon_stream, dump_blocks, event_ids, query, toks, variant, wait_for
 
 import kv_local_indexer
 import kvshm
 from kvshm import ClosedError, LocalIndexer
+
+from conftest import IndexerFactory
+from helpers import TESTDATA, daemon_stream, dump_blocks, event_ids, query, toks, variant, wait_for
 
 U64 = 1 << 64
 

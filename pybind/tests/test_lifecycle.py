@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import IndexerFactory
-from helpers import SharedDaemon, daemon_stream, dump_blocks, event_ids, pid_gone, query, toks, variant, wait_for
 
 import kvshm
 import kvshm._indexer
@@ -28,6 +26,9 @@ import kvshm._launcher
 from kvshm import ForkedProcessError, LauncherError, LocalIndexer
 from kvshm._client import Client
 from kvshm._launcher import PrivateDaemon, find_kvshmd
+
+from conftest import IndexerFactory
+from helpers import SharedDaemon, daemon_stream, dump_blocks, event_ids, pid_gone, query, toks, variant, wait_for
 
 
 def publish_stream(ix: LocalIndexer, first: int, n: int, stop: threading.Event | None = None) -> int:

@@ -50,7 +50,6 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Sequence
 from typing import Any, Final, SupportsIndex
 
 from ._client import Client, ClientError, RemoteError
