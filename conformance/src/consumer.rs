@@ -45,12 +45,21 @@ use crate::trace::Op;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Observation {
     /// First seq of this `(worker, dp_rank)`; the listener recovers `[0, got)` when `got > 0`.
-    Initial { got: u64 },
-    Contiguous { got: u64 },
+    Initial {
+        got: u64,
+    },
+    Contiguous {
+        got: u64,
+    },
     /// Seqs `expected..got` are missing.
-    Gap { expected: u64, got: u64 },
+    Gap {
+        expected: u64,
+        got: u64,
+    },
     /// Not newer than the watermark: dropped.
-    Stale { got: u64 },
+    Stale {
+        got: u64,
+    },
 }
 
 impl Observation {
@@ -233,7 +242,8 @@ pub fn canonical_state(dump: &[RouterEvent]) -> String {
     // Edges are shared between workers, so a block hash's path is known once any worker's
     // event has carried it.
     let mut paths: HashMap<u64, Vec<PathStep>> = HashMap::new();
-    let mut per_worker: BTreeMap<(u64, u32), BTreeSet<(Vec<PathStep>, u64)>> = BTreeMap::new();
+    type Blocks = BTreeSet<(Vec<PathStep>, u64)>;
+    let mut per_worker: BTreeMap<(u64, u32), Blocks> = BTreeMap::new();
     for event in dump {
         let KvCacheEventData::Stored(store) = &event.event.data else {
             continue;
@@ -251,7 +261,9 @@ pub fn canonical_state(dump: &[RouterEvent]) -> String {
             .or_default();
         for block in &store.blocks {
             path.push(PathStep::Hash(block.tokens_hash.0));
-            paths.entry(block.block_hash.0).or_insert_with(|| path.clone());
+            paths
+                .entry(block.block_hash.0)
+                .or_insert_with(|| path.clone());
             blocks.insert((path.clone(), block.block_hash.0));
         }
     }

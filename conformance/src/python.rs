@@ -32,7 +32,9 @@ fn items<T>(
     what: &str,
     f: impl Fn(&Bound<'_, PyAny>) -> PyResult<T>,
 ) -> PyResult<Vec<T>> {
-    if ob.is_instance_of::<PyString>() || ob.is_instance_of::<PyBytes>() || ob.is_instance_of::<PyDict>()
+    if ob.is_instance_of::<PyString>()
+        || ob.is_instance_of::<PyBytes>()
+        || ob.is_instance_of::<PyDict>()
     {
         return Err(PyTypeError::new_err(format!(
             "{what} must be a sequence of ints, not {}",
@@ -104,8 +106,15 @@ impl LocalIndexer {
     ) -> PyResult<()> {
         let hashes = items(block_hashes, "block_hashes", hash_of)?;
         let inner = &self.inner;
-        py.detach(|| inner.apply(trace::removed_event(inner.worker_id(), seq, dp_rank, &hashes)))
-            .map_err(|e| PyRuntimeError::new_err(format!("apply_removed failed: {e}")))
+        py.detach(|| {
+            inner.apply(trace::removed_event(
+                inner.worker_id(),
+                seq,
+                dp_rank,
+                &hashes,
+            ))
+        })
+        .map_err(|e| PyRuntimeError::new_err(format!("apply_removed failed: {e}")))
     }
 
     #[pyo3(signature = (seq, dp_rank=0))]
@@ -116,7 +125,12 @@ impl LocalIndexer {
     }
 
     #[pyo3(signature = (start=None, end=None))]
-    fn get_events_json(&self, py: Python<'_>, start: Option<u64>, end: Option<u64>) -> PyResult<String> {
+    fn get_events_json(
+        &self,
+        py: Python<'_>,
+        start: Option<u64>,
+        end: Option<u64>,
+    ) -> PyResult<String> {
         let inner = &self.inner;
         py.detach(|| inner.query_json(start, end)).map_err(py_err)
     }

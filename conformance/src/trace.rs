@@ -10,9 +10,8 @@
 //! stored, so a short token list never panics (the old extension did) and a long one is cut.
 
 use dynamo_kv_router::protocols::{
-    BlockHashOptions, ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData,
-    KvCacheRemoveData, KvCacheStoreData, KvCacheStoredBlockData, RouterEvent,
-    compute_block_hash_for_seq,
+    BlockHashOptions, ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData,
+    KvCacheStoreData, KvCacheStoredBlockData, RouterEvent, compute_block_hash_for_seq,
 };
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -166,7 +165,12 @@ pub fn stored_blocks(input: &StoredInput<'_>) -> Vec<KvCacheStoredBlockData> {
 }
 
 /// `RouterEvent::new` (device tier, worker residency) around a Stored event with `event_id = seq`.
-pub fn stored_event(worker_id: u64, seq: u64, dp_rank: u32, input: &StoredInput<'_>) -> RouterEvent {
+pub fn stored_event(
+    worker_id: u64,
+    seq: u64,
+    dp_rank: u32,
+    input: &StoredInput<'_>,
+) -> RouterEvent {
     RouterEvent::new(
         worker_id,
         KvCacheEvent {
@@ -188,7 +192,11 @@ pub fn removed_event(worker_id: u64, seq: u64, dp_rank: u32, hashes: &[u64]) -> 
         KvCacheEvent {
             event_id: seq,
             data: KvCacheEventData::Removed(KvCacheRemoveData {
-                block_hashes: hashes.iter().copied().map(ExternalSequenceBlockHash).collect(),
+                block_hashes: hashes
+                    .iter()
+                    .copied()
+                    .map(ExternalSequenceBlockHash)
+                    .collect(),
             }),
             dp_rank,
         },

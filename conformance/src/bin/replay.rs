@@ -31,12 +31,15 @@ fn run() -> Result<(), String> {
             continue;
         }
         let op = Op::parse(&line).map_err(|e| format!("line {n}: {e}"))?;
-        match reference.apply_op(&op).map_err(|e| format!("line {n}: {e}"))? {
+        match reference
+            .apply_op(&op)
+            .map_err(|e| format!("line {n}: {e}"))?
+        {
             None => writeln!(out, "{line}").map_err(|e| e.to_string())?,
             Some(answer) => {
                 let answer = serde_json::to_string(&answer).map_err(|e| e.to_string())?;
-                let Value::Object(fields) = serde_json::from_str::<Value>(&line)
-                    .map_err(|e| format!("line {n}: {e}"))?
+                let Value::Object(fields) =
+                    serde_json::from_str::<Value>(&line).map_err(|e| format!("line {n}: {e}"))?
                 else {
                     return Err(format!("line {n}: op is not an object"));
                 };
