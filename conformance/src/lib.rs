@@ -35,6 +35,16 @@
 //!     ValueError when it does not parse (or types is unknown).
 //! ```
 //!
+//! # Building and testing
+//!
+//! ```text
+//! cd conformance
+//! CARGO_TARGET_DIR=/work/cargo-target cargo test --release --locked    # Rust tests, no Python needed
+//! cargo run --release --locked --bin replay < trace.jsonl > answered.jsonl
+//! pip install -r requirements.txt && maturin build --release --locked -o ../build/confwheel
+//! pip install ../build/confwheel/kvshm_conformance-*.whl && pytest tests/test_module.py
+//! ```
+//!
 //! Errors: every fallible call returns [`Error`]; Python maps `BadOp`, `Parse` and
 //! `BadArgument` to `ValueError`, `Indexer` and `Runtime` to `RuntimeError`.
 
