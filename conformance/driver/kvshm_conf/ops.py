@@ -58,7 +58,7 @@ Event: TypeAlias = Stored | Removed | Cleared
 Op: TypeAlias = Stored | Removed | Cleared | Query
 
 
-@dataclass(frozen=True)
+@dataclass
 class Header:
     """A trace's first line: the LocalIndexer's constructor arguments."""
 
@@ -66,6 +66,9 @@ class Header:
     worker_id: int
     block_size: int
     max_buffer_size: int
+    # Deviation id -> index (0-based, among the op lines) of the first op from which that documented difference
+    # may explain an answer (conformance/README.md). Optional; readers that do not know it ignore it.
+    deviations: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -138,7 +141,14 @@ def op_from_dict(d: dict[str, Any]) -> Op:
 
 def dump_trace(trace: Trace) -> str:
     h = trace.header
-    head = {"trace": h.name, "worker_id": h.worker_id, "block_size": h.block_size, "max_buffer_size": h.max_buffer_size}
+    head: dict[str, Any] = {
+        "trace": h.name,
+        "worker_id": h.worker_id,
+        "block_size": h.block_size,
+        "max_buffer_size": h.max_buffer_size,
+    }
+    if h.deviations:
+        head["deviations"] = dict(sorted(h.deviations.items()))
     lines = [json.dumps(head, separators=(",", ":"))]
     lines.extend(op_json(op) for op in trace.ops)
     return "\n".join(lines) + "\n"
@@ -153,6 +163,7 @@ def load_trace(lines: Iterable[str]) -> Trace:
             worker_id=int(head["worker_id"]),
             block_size=int(head["block_size"]),
             max_buffer_size=int(head["max_buffer_size"]),
+            deviations={str(k): int(v) for k, v in head.get("deviations", {}).items()},
         )
     )
     trace.ops.extend(op_from_dict(json.loads(ln)) for ln in it)

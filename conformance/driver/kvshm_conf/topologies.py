@@ -299,12 +299,13 @@ def publish(
 ) -> bool:
     """Hand one event to its producer (kvshm), then to the truth (every event, live)."""
     err = feed(p.ix, ev)
+    # The truth is the engine's cache: it holds the event whether or not kvshm took it.
+    deliver_truth(truth, p, ev, t.block_size)
+    history.append((p, ev))
+    p.next_seq = ev.seq + 1
     if err is not None:
         row.add("FAIL", f"{t.name}: kvshm refused {ev}: {err}")
         return False
-    p.next_seq = ev.seq + 1
-    deliver_truth(truth, p, ev, t.block_size)
-    history.append((p, ev))
     return True
 
 
