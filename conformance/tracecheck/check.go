@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/kvshm/kvshm/index"
 )
@@ -147,7 +146,8 @@ func deviationAt(h Header, i int) string {
 }
 
 // rebuild primes a fresh Model with the live events before start (all of them when start is nil), feeds it each
-// rank's share of the answer and returns its state with the answer's variant.
+// rank's share of the answer and returns its state (the variant is not part of it: a TreeDump that rebuilds what
+// the Events would have is as good for the consumer).
 func rebuild(h Header, ranks []uint32, fed []Op, start *uint64, answer []byte) (string, error) {
 	a, err := ParseAnswer(answer)
 	if err != nil {
@@ -167,9 +167,5 @@ func rebuild(h Header, ranks []uint32, fed []Op, start *uint64, answer []byte) (
 	for _, r := range ranks {
 		m.Recover(r, SplitRank(a, r))
 	}
-	var sb strings.Builder
-	sb.WriteString(a.Variant)
-	sb.WriteByte('\n')
-	sb.WriteString(m.State())
-	return sb.String(), nil
+	return m.State(), nil
 }

@@ -30,8 +30,8 @@
 // first resets the rank, TooNew/InvalidRange/Error change nothing, and the watermark becomes last_event_id. Each
 // answer is split per rank (each rank's events under its own key; a Cleared only for its rank, as in 1.6.1), and
 // the consumer is first primed live with the trace's events before the query's start (every event so far for a
-// query without a start). Two answers rebuild the same state when the variant, the watermark and every rank's
-// map are equal. The model ignores what the map cannot express: the order of a dump's events, its grouping into
+// query without a start). Two answers rebuild the same state when every rank's watermark and map are equal (the
+// variants may differ). The model ignores what the map cannot express: the order of a dump's events, its grouping into
 // chains, and 1.6.1's compressed-edge bookkeeping; the Python driver (`make conformance`) judges with the crate's
 // own consumer and tree instead.
 //
