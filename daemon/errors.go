@@ -22,6 +22,8 @@ var (
 	ErrUnsafeStateDir = errors.New("kvshm/daemon: unsafe state directory")
 	// ErrCheckpointInterval is returned by New for a negative CheckpointInterval or a positive one without StateDir.
 	ErrCheckpointInterval = errors.New("kvshm/daemon: checkpoint interval needs a state directory and must not be negative")
+	// ErrRankPorts is returned by New for a RankPortsBase outside 1..65535 or without an HTTP address.
+	ErrRankPorts = errors.New("kvshm/daemon: rank ports need an HTTP address and a base port in 1..65535")
 	// ErrNotSocket is returned when the socket path exists and is not a Unix socket (it is never removed).
 	ErrNotSocket = errors.New("kvshm/daemon: socket path exists and is not a socket")
 	// ErrRemote is wrapped by every *RemoteError: the daemon answered with an error reply.
