@@ -48,8 +48,11 @@ def run(args: argparse.Namespace) -> int:
         for name in TOPOLOGIES:
             row = report.row(f"topology/{name}")
             for k in range(args.seeds):
-                with topology(name, kvshmd, seed + k) as t:
-                    run_topology(t, seed + k, row)
+                try:
+                    with topology(name, kvshmd, seed + k) as t:
+                        run_topology(t, seed + k, row)
+                except (OSError, RuntimeError, TypeError, ValueError) as e:
+                    row.add("FAIL", f"seed={seed + k}: the topology could not run: {type(e).__name__}: {e}")
             log(f"  topology {name}: done")
     print()
     print(report.table())
