@@ -31,9 +31,10 @@
 // answer is split per rank (each rank's events under its own key; a Cleared only for its rank, as in 1.6.1), and
 // the consumer is first primed live with the trace's events before the query's start (every event so far for a
 // query without a start). Two answers rebuild the same state when every rank's watermark and map are equal (the
-// variants may differ). The model ignores what the map cannot express: the order of a dump's events, its grouping into
-// chains, and 1.6.1's compressed-edge bookkeeping; the Python driver (`make conformance`) judges with the crate's
-// own consumer and tree instead.
+// variants may differ: a TreeDump that rebuilds what the Events would have serves the consumer as well). The model
+// ignores what the map cannot express: the order of a dump's events, its grouping into chains, and 1.6.1's
+// compressed-edge bookkeeping; the Python driver (`make conformance`) judges with the crate's own consumer and tree
+// instead.
 //
 // Failure outcomes: a trace that does not parse fails the test with the file and line; an answer kvshm gives that
 // the model cannot parse is a Fail.
