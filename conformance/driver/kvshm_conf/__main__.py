@@ -12,7 +12,7 @@ from pathlib import Path
 import kvshm
 import kvshm_conformance as ref
 
-from .differential import feed, run_stream
+from .differential import feed, run_inputs, run_stream
 from .gen import PROFILES, Profile, generate
 from .ops import Header, Query, Trace, dump_trace
 from .report import Report
@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
             row = report.row(f"differential/{prof.name}")
             for k in range(args.seeds):
                 run_stream(generate(prof, seed + k), row, log)
+        run_inputs(report.row("differential/input"))
     if args.part in ("all", "topologies"):
         kvshmd = kvshmd_path()
         for name in TOPOLOGIES:

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Protocol
+from array import array
+from typing import Any, Protocol
 
 import kvshm
 import kvshm_conformance as ref
 
-from .gen import Stream
+from .gen import Profile, Stream
 from .ops import Event, Query, Removed, Stored
 from .rebuild import rebuild
 from .report import Row
@@ -101,7 +102,8 @@ def classify(stream: Stream, index: int, q: Query, fed: list[Event], ours: str, 
 
 def run_stream(stream: Stream, row: Row, log: Callable[[str], None]) -> None:
     p = stream.profile
-    ours = kvshm.LocalIndexer(p.worker_id, p.block_size, p.max_buffer_size)
+    per_rank: dict[str, Any] = {} if p.producer_rank is None else {"dp_rank": p.producer_rank}
+    ours = kvshm.LocalIndexer(p.worker_id, p.block_size, p.max_buffer_size, **per_rank)
     theirs = ref.LocalIndexer(p.worker_id, p.block_size, p.max_buffer_size)
     try:
         fed: list[Event] = []
@@ -123,5 +125,56 @@ def run_stream(stream: Stream, row: Row, log: Callable[[str], None]) -> None:
         log(f"  {p.name} seed={stream.seed}: {len(stream.ops)} ops")
     finally:
         ours.shutdown()
-        del theirs
+        theirs.shutdown()
 
+
+
+#: Arguments the old extension took or refused (issue 8, "input"): each call goes to both sides; both must accept
+#: or both refuse it (TypeError for bytes, str and dict as hash lists; ValueError/OverflowError out of range).
+INPUT_CALLS: tuple[tuple[str, tuple[Any, ...]], ...] = (
+    ("apply_stored", (0, [1, 2], [5])),
+    ("apply_stored", (1, [3, 4], b"a")),
+    ("apply_stored", (2, [3, 4], "a")),
+    ("apply_stored", (3, [3, 4], {5: 1})),
+    ("apply_stored", (4, [3, 4], (-1,))),
+    ("apply_stored", (5, [5, 6], [2**64 - 1], -1)),
+    ("apply_stored", (6, [5, 6], [2**64])),
+    ("apply_stored", (7, [5, 6], [-(2**63) - 1])),
+    ("apply_stored", (8, range(7, 11), array("q", [11, 12]), 5)),
+    ("apply_stored", (9, [1, 2, 3], [13, 14], None, 0, "lora", None)),
+    ("apply_stored", (10, [1, 2, 3, 4, 5], [15, 16], None, 1, None, True)),
+    ("apply_stored", (11, [], [])),
+    ("apply_removed", (12, b"ab")),
+    ("apply_removed", (13, array("Q", [2**64 - 1]))),
+    ("apply_removed", (14, [11, 999])),
+    ("apply_removed", (15, [], 1)),
+)
+
+
+def run_inputs(row: Row) -> None:
+    """The INPUT_CALLS on both sides, then every kind of query on what they kept."""
+    p = Profile("input", worker_id=3, block_size=2, max_buffer_size=8)
+    ours = kvshm.LocalIndexer(p.worker_id, p.block_size, p.max_buffer_size)
+    theirs = ref.LocalIndexer(p.worker_id, p.block_size, p.max_buffer_size)
+    try:
+        for i, (method, args) in enumerate(INPUT_CALLS):
+            errs: list[str | None] = []
+            for ix in (ours, theirs):
+                try:
+                    getattr(ix, method)(*args)
+                    errs.append(None)
+                except (TypeError, ValueError, OverflowError) as e:
+                    errs.append(type(e).__name__)
+            if (errs[0] is None) != (errs[1] is None):
+                row.add("FAIL", f"input #{i} {method}{args!r}: kvshm raised {errs[0]}, Dynamo raised {errs[1]}")
+            else:
+                row.add("identical")
+        queries = [Query(None, None), Query(0, None), Query(9, 12), Query(20, None), Query(5, 4)]
+        stream = Stream(p, 0, list(queries), {})
+        for i, q in enumerate(queries):
+            a, b = ours.get_events_json(q.start, q.end), theirs.get_events_json(q.start, q.end)
+            outcome, detail = classify(stream, i, q, [], a, b)
+            row.add(outcome, detail)
+    finally:
+        ours.shutdown()
+        theirs.shutdown()

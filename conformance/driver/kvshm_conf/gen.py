@@ -41,6 +41,8 @@ class Profile:
     dup_parent: bool = False
     query_rate: float = 0.25
     clear_rate: float = 0.08
+    # kvshm's LocalIndexer gets dp_rank=producer_rank (a per-rank stream, vLLM); ranks must then be (that rank,).
+    producer_rank: int | None = None
     first_seq: int = 0
 
 
@@ -257,6 +259,7 @@ PROFILES: tuple[Profile, ...] = (
     Profile("skipped-ids", skips=True, first_seq=100),
     Profile("multi-rank", ranks=(0, 1, 2), lora=True),
     Profile("multi-rank-cleared", ranks=(0, 1), cleared_single_rank_only=False, query_rate=0.35),
+    Profile("per-rank-stream", ranks=(2,), producer_rank=2, skips=True, mismatch=True),
     Profile("dup-parent", dup_parent=True, cleared=False),
     Profile("everything", ranks=(0, 1, 3), lora=True, eagle=True, mismatch=True, skips=True, max_buffer_size=12),
 )
