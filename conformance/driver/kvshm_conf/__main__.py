@@ -75,6 +75,7 @@ TRACES: tuple[tuple[Profile, int], ...] = (
     (Profile("multi-rank", ranks=(0, 1, 2), lora=True, events=60, query_rate=0.15), 6),
     (Profile("multi-rank-cleared", ranks=(0, 1), cleared_single_rank_only=False, events=60, query_rate=0.2), 7),
     (Profile("dup-parent", dup_parent=True, cleared=False, events=50, query_rate=0.15), 8),
+    (Profile("twins", twins=True, events=60, query_rate=0.2), 9),
 )
 
 

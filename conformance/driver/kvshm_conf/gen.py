@@ -39,6 +39,8 @@ class Profile:
     cleared_single_rank_only: bool = True
     # Store a child under a second copy of its parent's tokens (new hashes): deviation D3.
     dup_parent: bool = False
+    # Store a second copy of a resident block (same parent, same tokens, new hash), then remove either: twins.
+    twins: bool = False
     query_rate: float = 0.25
     clear_rate: float = 0.08
     # kvshm's LocalIndexer gets dp_rank=producer_rank (a per-rank stream, vLLM); ranks must then be (that rank,).
@@ -52,12 +54,27 @@ class _Block:
     tokens: tuple[int, ...]  # this block's window (block_size tokens)
     parent: int | None
     lora: str | None
+    # Where the block sits in the tree: its parent's node and its own window (two resident hashes with the same
+    # node are "twins": one tree node holds both).
+    node: tuple[object, ...] = ()
 
 
 @dataclass
 class _Rank:
     resident: dict[int, _Block] = field(default_factory=dict)
     removed: list[_Block] = field(default_factory=list)
+    # node -> the hash that first took it (1.6.1 keeps it as the node's hash); None once that one was removed.
+    owners: dict[tuple[object, ...], int | None] = field(default_factory=dict)
+
+    def add(self, b: _Block) -> None:
+        self.resident[b.hash] = b
+        self.owners.setdefault(b.node, b.hash)
+
+    def drop(self, h: int) -> None:
+        b = self.resident.pop(h)
+        self.removed.append(b)
+        if self.owners.get(b.node) == h:
+            self.owners[b.node] = None
 
 
 class _Gen:
@@ -103,7 +120,10 @@ class _Gen:
         parent: _Block | None = None
         roll = rng.random()
         if st.resident and roll < 0.55:
-            parent = rng.choice(list(st.resident.values()))
+            candidates = list(st.resident.values())
+            if p.twins:  # only under a node's first hash: the twin bug, not D2's pattern
+                candidates = [b for b in candidates if st.owners.get(b.node) == b.hash] or candidates
+            parent = rng.choice(candidates)
             lora = parent.lora
         n = rng.choice((1, 1, 2, 3, 4, 6))
         windows = [self.tokens(p.block_size) for _ in range(n)]
@@ -134,14 +154,18 @@ class _Gen:
                 flat = flat + [7]  # a partial window at the end
         seq = self.next_seq()
         is_eagle = True if eagle else rng.choice((None, False)) if p.eagle else None
+        self.mark_twin_parent(st, parent_hash)
         self.emit(Stored(seq, r, tuple(flat), tuple(hashes), parent_hash, lora, is_eagle))
         # Track what the tree will hold (approximately: enough to pick plausible parents and removes).
         if parent_hash is None or parent_hash in st.resident:
             prev = parent_hash
+            node: tuple[object, ...] = () if parent_hash is None else st.resident[parent_hash].node
             # Dynamo zips hashes with complete windows: only that many blocks are stored.
             complete = (len(flat) - (1 if eagle else 0)) // p.block_size
             for i, h in enumerate(hashes[: min(n, complete)]):
-                st.resident[h] = _Block(h, windows[i] if i < len(windows) else (), prev, lora)
+                window = windows[i] if i < len(windows) else ()
+                node = (node, lora, window)
+                st.add(_Block(h, window, prev, lora, node))
                 prev = h
         if p.dup_parent and parent is not None and rng.random() < 0.3:
             # A second copy of the parent's tokens under a new hash at the same place, then a child under it.
@@ -153,18 +177,37 @@ class _Gen:
             ctoks = self.tokens(p.block_size)
             self.emit(Stored(self.next_seq(), r, ctoks, (child,), copy_hash, parent.lora, None))
             self.marks.setdefault("D2", len(self.ops) - 1)
+        if p.twins and st.resident and rng.random() < 0.3:
+            b = rng.choice(list(st.resident.values()))
+            if b.parent is None or b.parent in st.resident:
+                twin = self.fresh_hash()
+                self.mark_twin_parent(st, b.parent)
+                self.emit(Stored(self.next_seq(), r, b.tokens, (twin,), b.parent, b.lora, None))
+                st.add(_Block(twin, b.tokens, b.parent, b.lora, b.node))
+
+    def mark_twin_parent(self, st: _Rank, parent_hash: int | None) -> None:
+        """A store under a hash that is not its node's first hash (a second copy of the same tokens at the same
+        place) is deviation D2's pattern."""
+        if parent_hash is None or parent_hash not in st.resident:
+            return
+        if st.owners.get(st.resident[parent_hash].node) != parent_hash:
+            self.marks.setdefault("D2", len(self.ops))
 
     def removed(self) -> None:
         rng = self.rng
         r = rng.choice(self.p.ranks)
         st = self.ranks[r]
         hashes: list[int] = []
-        if st.resident:
+        twins = [b for b in st.resident.values() if st.owners.get(b.node) != b.hash] if self.p.twins else []
+        if twins and rng.random() < 0.6:
+            b = rng.choice(twins)  # the second copy goes; the node's first hash (and its subtree) stays
+            hashes.append(b.hash)
+            st.drop(b.hash)
+        elif st.resident:
             k = min(len(st.resident), rng.choice((1, 1, 2, 3)))
             for b in rng.sample(list(st.resident.values()), k):
                 hashes.append(b.hash)
-                del st.resident[b.hash]
-                st.removed.append(b)
+                st.drop(b.hash)
         if not hashes or rng.random() < 0.1:
             hashes.append(self.fresh_hash())  # BlockNotFound: best-effort, the rest still applies
         self.emit(Removed(self.next_seq(), r, tuple(hashes)))
@@ -261,5 +304,6 @@ PROFILES: tuple[Profile, ...] = (
     Profile("multi-rank-cleared", ranks=(0, 1), cleared_single_rank_only=False, query_rate=0.35),
     Profile("per-rank-stream", ranks=(2,), producer_rank=2, skips=True, mismatch=True),
     Profile("dup-parent", dup_parent=True, cleared=False),
+    Profile("twins", twins=True),
     Profile("everything", ranks=(0, 1, 3), lora=True, eagle=True, mismatch=True, skips=True, max_buffer_size=12),
 )

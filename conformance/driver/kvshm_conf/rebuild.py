@@ -98,3 +98,21 @@ def rebuild(
         variants.append(f.recover(r, filter_rank(body, r) if split_ranks else body))
         marks.append(f.watermark(r))
     return f.state(), variants, marks
+
+
+def state_diff(ours: str, want: str, limit: int = 3) -> str:
+    """A short description of how two canonical states differ: per key, the blocks only one side holds."""
+    def keyed(state: str) -> dict[tuple[int, int], list[Any]]:
+        return {(w["worker_id"], w["dp_rank"]): list(w["blocks"]) for w in json.loads(state)["workers"]}
+
+    a, b = keyed(ours), keyed(want)
+    parts: list[str] = []
+    for key in sorted(set(a) | set(b)):
+        xa, xb = a.get(key, []), b.get(key, [])
+        only_a = [x for x in xa if x not in xb]
+        only_b = [x for x in xb if x not in xa]
+        if only_a or only_b:
+            parts.append(
+                f"{key}: {len(xa)} vs {len(xb)} blocks; only rebuilt {only_a[:limit]}; only expected {only_b[:limit]}"
+            )
+    return "; ".join(parts) or "equal"

@@ -45,7 +45,7 @@ import kvshm
 from .differential import feed
 from .gen import Profile, generate
 from .ops import Cleared, Event, Query
-from .rebuild import Follower
+from .rebuild import Follower, state_diff
 from .report import Row
 
 
@@ -244,6 +244,7 @@ class Topology:
     producers: list[Producer]
     endpoint: Endpoint
     block_size: int = 4
+    seed: int = 0
 
 
 def deliver_truth(truth: dict[int, Follower], p: Producer, ev: Event, block_size: int) -> None:
@@ -341,11 +342,8 @@ def check(t: Topology, truth: dict[int, Follower], listeners: list[Listener], ro
         if lst.state() == truth_state(truth):
             row.add("same-state")
         else:
-            row.add(
-                "FAIL",
-                f"{t.name}/{lst.name} {what}: rebuilt state differs from the truth\n"
-                f"    truth:   {truth_state(truth)[:400]}\n    rebuilt: {lst.state()[:400]}",
-            )
+            diffs = [state_diff(lst.followers[w].state(), truth[w].state()) for w in sorted(truth) if w in lst.followers]
+            row.add("FAIL", f"{t.name}/{lst.name} seed={t.seed} {what}: rebuilt state differs from the truth: {diffs}")
 
 
 def lost_ids(header: str) -> set[int]:
@@ -421,8 +419,8 @@ def forced_loss(
     else:
         row.add(
             "FAIL",
-            f"{t.name}: best-effort answer after a loss does not rebuild the applied events' state\n"
-            f"    applied: {applied[p.worker_id].state()[:400]}\n    rebuilt: {f.state()[:400]}",
+            f"{t.name} seed={seed}: the best-effort answer after a loss of ids {sorted(lost)[:3]}..{max(lost)} "
+            f"does not rebuild the applied events' state: {state_diff(f.state(), applied[p.worker_id].state())}",
         )
     # The engine's next Cleared re-bases the stream; then recovery is exact again.
     rebase = Cleared(p.next_seq, p.ranks[0])
@@ -481,7 +479,7 @@ def topology(name: str, kvshmd: str, seed: int) -> Iterator[Topology]:
                 ]
         else:
             raise ValueError(f"kvshm_conf: unknown topology {name!r}")
-        yield Topology(name, d, producers, endpoint, bs)
+        yield Topology(name, d, producers, endpoint, bs, seed)
     finally:
         for p in producers:
             p.ix.shutdown()
