@@ -17,7 +17,8 @@
 //
 //  1. Identical: the same bytes as Dynamo's;
 //  2. SameState: not the same bytes, but the small consumer model below rebuilds the same state from both;
-//  3. a Deviation (its id): the trace's header marked that deviation before this query;
+//  3. a Deviation (its id): the trace's header marked that deviation before this query, and both answers leave
+//     the consumer at the same watermarks;
 //  4. otherwise Fail: the test reports the trace, the op and both answers.
 //
 // # The consumer model (what "same state" means here)

@@ -207,6 +207,20 @@ func (m *Model) State() string {
 	return sb.String()
 }
 
+// Watermarks is the canonical text of the per-rank watermarks alone.
+func (m *Model) Watermarks() string {
+	ranks := make([]uint32, 0, len(m.marks))
+	for r := range m.marks {
+		ranks = append(ranks, r)
+	}
+	slices.Sort(ranks)
+	var sb strings.Builder
+	for _, r := range ranks {
+		fmt.Fprintf(&sb, "%d:%d ", r, m.marks[r])
+	}
+	return sb.String()
+}
+
 func cmpU64(a, b uint64) int {
 	switch {
 	case a < b:
