@@ -116,7 +116,7 @@ func TestCheckCatchesTampering(t *testing.T) {
 		a := op.Answer
 		switch {
 		case bytes.HasPrefix(a, []byte(`{"TreeDump"`)) && bytes.Contains(a, []byte(`"tokens_hash":`)):
-			op.Answer = bytes.Replace(a, []byte(`"tokens_hash":`), []byte(`"tokens_hash":1`), 1)
+			op.Answer = tamperTokensHash(a)
 		case bytes.HasPrefix(a, []byte(`{"Events"`)):
 			op.Answer = bytes.Replace(a, []byte(`"last_event_id":`), []byte(`"last_event_id":9`), 1)
 		default:
@@ -139,6 +139,42 @@ func TestCheckCatchesTampering(t *testing.T) {
 	}
 	if fails != tampered {
 		t.Errorf("tampered with %d answers, %d failed", tampered, fails)
+	}
+}
+
+// tamperTokensHash sets the first tokens_hash of an answer to 1 (a block at another place in the tree).
+func tamperTokensHash(a []byte) []byte {
+	loc := regexp.MustCompile(`"tokens_hash":[0-9]+`).FindIndex(a)
+	return slices.Concat(a[:loc[0]], []byte(`"tokens_hash":1`), a[loc[1]:])
+}
+
+// TestDeviationKeepsWatermarks: a deviation mark does not excuse an answer that moves the consumer's watermark.
+func TestDeviationKeepsWatermarks(t *testing.T) {
+	tr := readTrace(t, filepath.Join(tracesDir, "basic.jsonl"))
+	tr.Header.Deviations = map[string]int{"D1": 0}
+	var events, dumps int
+	for i := range tr.Ops {
+		op := &tr.Ops[i]
+		switch {
+		case op.Kind != "query":
+		case bytes.HasPrefix(op.Answer, []byte(`{"Events"`)):
+			op.Answer = bytes.Replace(op.Answer, []byte(`"last_event_id":`), []byte(`"last_event_id":9`), 1)
+			events++
+		case bytes.HasPrefix(op.Answer, []byte(`{"TreeDump"`)) && bytes.Contains(op.Answer, []byte(`"tokens_hash":`)):
+			op.Answer = tamperTokensHash(op.Answer)
+			dumps++
+		}
+	}
+	results, err := Check(context.Background(), tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[Outcome]int{}
+	for _, r := range results {
+		got[r.Outcome]++
+	}
+	if got[Fail] != events || got["D1"] != dumps {
+		t.Errorf("%d Events answers with a moved watermark and %d dumps with changed content: got %v", events, dumps, got)
 	}
 }
 
