@@ -20,7 +20,8 @@ the per-rank views at the same two places.
 
 The forced loss: the daemon is stopped (SIGSTOP), one producer publishes more than its 64 KiB ring holds, the daemon
 resumes. The next recovery must carry ``Kvshm-State: incomplete`` and ``Kvshm-Lost-Events`` naming as many ids as the
-producer dropped, and rebuild the state of a consumer that saw every event except those (deviation D3). After the
+producer dropped (and ``stats()`` says ``incomplete`` with the lost ranges), and rebuild the state of a consumer that
+saw every event except those (deviation D3). After the
 producer's next Cleared, the recovered state equals the truth again.
 """
 
@@ -409,6 +410,10 @@ def forced_loss(
             return
         f.recover(r, a.body)
         lst.answers.append(a)
+    st = p.ix.stats()
+    if st.get("incomplete") is not True or not st.get("lost_ranges"):
+        row.add("FAIL", f"{t.name}: stats() after the loss: incomplete={st.get('incomplete')!r} "
+                f"lost_ranges={st.get('lost_ranges')!r}")
     # What Dynamo would answer from the events kvshm did apply: every event of this worker but the lost ones.
     applied: dict[int, Follower] = {}
     for q, ev in history:
