@@ -20,6 +20,7 @@ type goldenOp struct {
 	dp        uint32
 	tokLo     int // Stored: tokens tokLo, tokLo+1, ..., tokLo+tokN-1
 	tokN      int
+	tokExtra  []uint32 // more tokens after those
 	hashes    []uint64
 	hasParent bool
 	parent    uint64
@@ -51,6 +52,9 @@ func TestDynamo161Goldens(t *testing.T) {
 	lora.lora = "my-adapter"
 	eagle := gStored(3, 0, 200, 9, 5, 6).under(4)
 	eagle.eagle = true
+	// Tokens 8..11 (block 3 again), then 60..63 (a new block 5).
+	splitTail := goldenOp{kind: KindStored, id: 4, tokLo: 8, tokN: 4, hashes: []uint64{3, 5}, hasParent: true, parent: 2,
+		tokExtra: []uint32{60, 61, 62, 63}}
 	tail := gQuery("cache_tail.json", nil, nil)
 	tail.cacheHit = true
 	// 1.6.1 keeps an edge whose tail was removed as an edge of its own: [1] then [2] under 1 (not [1,2]).
@@ -75,6 +79,12 @@ func TestDynamo161Goldens(t *testing.T) {
 			gStored(4, 0, 4, 4, 103).under(101), gQuery("stale_hash.json", nil, nil)},
 		"chain_cutoff": {gStored(1, 0, 0, 12, 1, 2, 3), gStored(2, 0, 40, 4, 4).under(1), gRemoved(3, 0, 4),
 			gRemoved(4, 0, 3), cutoff},
+		"cleared_restore": {gStored(1, 0, 0, 12, 41, 42, 43), gStored(2, 0, 40, 4, 44).under(41),
+			{kind: KindCleared, id: 3}, gStored(4, 0, 0, 8, 41, 45), gQuery("cleared_restore.json", nil, nil)},
+		"recover_tail": {gStored(1, 0, 0, 16, 1, 2, 3, 4), gRemoved(2, 0, 4), gRemoved(3, 0, 3),
+			gStored(4, 0, 8, 8, 3, 4).under(2), gQuery("recover_tail.json", nil, nil)},
+		"split_after_tail": {gStored(1, 0, 0, 16, 1, 2, 3, 4), gRemoved(2, 0, 4), gRemoved(3, 0, 3),
+			splitTail, gQuery("split_after_tail.json", nil, nil)},
 		"chain_prefix_rank": {gStored(1, 0, 0, 12, 1, 2, 3), gStored(2, 1, 0, 4, 1), prefix},
 	}
 	for name, ops := range scenarios {
@@ -87,7 +97,7 @@ func TestDynamo161Goldens(t *testing.T) {
 				switch o.kind {
 				case KindStored:
 					_, err = ix.ApplyStoredTokens(o.id, o.dp, o.hasParent, o.parent, hashesLE(o.hashes...),
-						toksLE(o.tokLo, o.tokN), []byte(o.lora), o.eagle)
+						tokensToLE(toksLE(o.tokLo, o.tokN), o.tokExtra), []byte(o.lora), o.eagle)
 				case KindRemoved, KindCleared:
 					_, err = ix.Apply(&Event{ID: o.id, DpRank: o.dp, Kind: o.kind, Hashes: o.hashes})
 				default:

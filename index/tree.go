@@ -2,19 +2,21 @@ package index
 
 import "math/bits"
 
-// The radix tree (Dynamo's variant A, one node per block) of one worker, stored as a compact arena.
+// The radix tree (one node per block, with 1.6.1's compressed edges recorded as node flags) of one stream,
+// stored as a compact arena.
 //
 // Node identity is a uint32 index into tree.nodes; index 0 is the root. A node's children are linked through
 // firstChild/nextSib (for the breadth-first dump and for detaching them) and found through one tree-wide
-// open-addressing table keyed by (parent index, tokens hash) (childTable). The worker set of a node is a bitmask over the tree's dp_rank slots
-// (slot i = the i-th dp_rank seen); slots 64 and above live in the sparse tree.extra map. Per slot, a lookup map
-// sends a block hash to the node that holds it.
+// open-addressing table keyed by (parent index, tokens hash) (childTable). The worker set of a node is a bitmask
+// over the tree's dp_rank slots (slot i = the i-th dp_rank seen); slots 64 and above live in the sparse tree.extra
+// map. Per slot, a lookup map sends a block hash to the node that holds it. tree.flags holds each node's edge flags.
 //
-// Lifetime (what Dynamo's reference counting gives): a node lives while it is attached (in its parent's children)
-// or referenced by a lookup entry (node.refs). A node that loses its last worker has its children detached; a
+// Lifetime (what reference counting gives Dynamo): a node lives while it is attached (in its parent's children)
+// or referenced by a lookup entry (node.refs). A node that loses its last worker has its children detached, except
+// an unheld, unreferenced block that continues its edge (kept, as 1.6.1 keeps uncovered blocks in an edge); a
 // detached node without lookup references is freed with its detached subtree, and its index goes on a free list.
-// An attached node without workers stays (Dynamo keeps it in its parent's map and reuses it, with its old block
-// hash, when the same tokens hash is stored under that parent again).
+// An attached node without workers stays; a store reaching it by its tokens reuses it in place with the new block
+// hash (1.6.1 would have pruned it and made a new node).
 //
 // Owned by the Indexer; protected by Indexer.mu.
 
