@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"sync"
 	"time"
 )
@@ -20,14 +21,22 @@ type Client struct {
 	buf  []byte
 }
 
-// Dial connects to the daemon socket at path.
+// Dial connects to the daemon socket at path. It refuses (ErrUntrustedServer, nothing sent) a socket in a
+// directory that is not this user's and private, and a socket served by another user (SO_PEERCRED).
 func Dial(ctx context.Context, path string) (*Client, error) {
+	if err := checkSocketDir(filepath.Dir(path)); err != nil {
+		return nil, fmt.Errorf("dial kvshmd socket %s: %w: %w", path, ErrUntrustedServer, err)
+	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
 		return nil, fmt.Errorf("dial kvshmd socket %s: %w", path, err)
 	}
 	uc := c.(*net.UnixConn)
+	if err := checkServerCred(uc); err != nil {
+		_ = uc.Close()
+		return nil, fmt.Errorf("dial kvshmd socket %s: %w", path, err)
+	}
 	return &Client{conn: uc, br: bufio.NewReaderSize(uc, 64<<10)}, nil
 }
 

@@ -22,6 +22,9 @@ var (
 	ErrUnsafeStateDir = errors.New("kvshm/daemon: unsafe state directory")
 	// ErrCheckpointInterval is returned by New for a negative CheckpointInterval or a positive one without StateDir.
 	ErrCheckpointInterval = errors.New("kvshm/daemon: checkpoint interval needs a state directory and must not be negative")
+	// ErrUntrustedServer is returned by Dial when the socket is served by another user, or lies in a directory
+	// that is not the client user's own and private (checkSocketDir).
+	ErrUntrustedServer = errors.New("kvshm/daemon: socket not served by this user")
 	// ErrRankPorts is returned by New for a RankPortsBase outside 1..65535 or without an HTTP address.
 	ErrRankPorts = errors.New("kvshm/daemon: rank ports need an HTTP address and a base port in 1..65535")
 	// ErrNotSocket is returned when the socket path exists and is not a Unix socket (it is never removed).

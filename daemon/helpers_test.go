@@ -25,6 +25,9 @@ import (
 
 var verbose = flag.Bool("daemon.log", false, "show daemon logs in tests")
 
+// otherUserBin plays another local user in the tests that run a process as another uid (testdata/otheruser).
+var otherUserBin string
+
 // kvshmdBin is the kvshmd binary built by TestMain for tests that need a real process.
 var kvshmdBin string
 
@@ -41,10 +44,13 @@ func TestMain(m *testing.M) {
 	// World-readable so a setuid child (TestOtherUID) can execute it.
 	_ = os.Chmod(dir, 0o755)
 	kvshmdBin = filepath.Join(dir, "kvshmd")
-	out, err := exec.Command("go", "build", "-o", kvshmdBin, "../cmd/kvshmd").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build kvshmd: %v\n%s", err, out)
-		os.Exit(1)
+	otherUserBin = filepath.Join(dir, "otheruser")
+	for bin, pkg := range map[string]string{kvshmdBin: "../cmd/kvshmd", otherUserBin: "./testdata/otheruser"} {
+		out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", pkg, err, out)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	_ = os.RemoveAll(dir)

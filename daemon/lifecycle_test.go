@@ -1,7 +1,10 @@
 package daemon
 
 import (
+	"bufio"
 	"bytes"
+	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -209,20 +212,84 @@ func TestOtherUID(t *testing.T) {
 
 	socket := filepath.Join(mk(), "kvshmd.sock")
 	startDaemon(t, socket) // default 0600
-	if code, out := asNobody(socket); code != 3 || !strings.Contains(out, "permission denied") {
-		t.Errorf("other uid on a 0600 socket: exit %d %s, want 3 and permission denied", code, out)
+	if code, out := asNobody(socket); code != 3 || !strings.Contains(out, "not served by this user") {
+		t.Errorf("kvshmd health as another uid: exit %d %s, want 3 and its client's refusal of our directory", code, out)
+	}
+	raw := exec.Command(otherUserBin, "health", socket)
+	raw.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	if out, err := raw.CombinedOutput(); !strings.Contains(string(out), "permission denied") {
+		t.Errorf("other uid on a 0600 socket: %v %s, want permission denied", err, out)
 	}
 
+	// kvshmd's own client refuses a directory that is not its user's (TestClientRefusesImpostor), so the other
+	// user speaks the protocol by hand here: a HEALTH frame, [u32 length 4][version 1][kind 7][status 0].
 	socket = filepath.Join(mk(), "kvshmd.sock")
 	d := startDaemon(t, socket, "--socket-mode", "0666")
-	if code, out := asNobody(socket); code == 0 || !strings.Contains(out, "forbidden") {
-		t.Errorf("other uid on a 0666 socket: exit %d %s, want a forbidden refusal", code, out)
+	raw = exec.Command(otherUserBin, "health", socket)
+	raw.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	if out, err := raw.CombinedOutput(); !strings.Contains(string(out), "forbidden") {
+		t.Errorf("other uid on a 0666 socket: %v %s, want a forbidden refusal", err, out)
 	}
 	d.waitLog(t, "refusing connection from another user")
 	// The daemon still serves its own user.
 	c := dialT(t, socket)
 	if _, err := c.Health(ctxT(t)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestClientRefusesImpostor is issue 10's defect 3: a client must not talk to a socket another user controls. (a)
+// The socket directory belongs to another user (who made the per-user temp directory first): Dial refuses before
+// connecting. (b) The directory is ours but the listener is another user's process (it called listen(2) on a
+// socket we bound and handed over, the only way it can sit in our private directory): SO_PEERCRED names it, and
+// Dial refuses before sending a byte. Needs root to run a process as another uid.
+func TestClientRefusesImpostor(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to start a child process with another uid (SysProcAttr.Credential)")
+	}
+	const nobody = 65534
+	theirs := t.TempDir()
+	if err := os.Chown(theirs, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Dial(ctxT(t), filepath.Join(theirs, "kvshmd.sock")); !errors.Is(err, ErrUntrustedServer) {
+		t.Fatalf("Dial into another user's directory = %v, want ErrUntrustedServer", err)
+	}
+
+	ours := t.TempDir()
+	_ = os.Chmod(ours, 0o700)
+	path := filepath.Join(ours, "kvshmd.sock")
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Bind(fd, &syscall.SockaddrUnix{Name: path}); err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "bound")
+	defer f.Close()
+	impostor := exec.Command(otherUserBin, "listen")
+	impostor.ExtraFiles = []*os.File{f}
+	impostor.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	stdout, err := impostor.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := impostor.Start(); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(stdout)
+	if line, err := br.ReadString('\n'); err != nil || line != "listening\n" {
+		t.Fatalf("impostor did not start: %q %v", line, err)
+	}
+	_, err = Dial(ctxT(t), path)
+	if !errors.Is(err, ErrUntrustedServer) || !strings.Contains(err.Error(), "uid 65534") {
+		t.Fatalf("Dial to another user's listener = %v, want ErrUntrustedServer naming uid 65534", err)
+	}
+	rest, _ := io.ReadAll(br)
+	_ = impostor.Wait()
+	if string(rest) != "received 0\n" {
+		t.Fatalf("the impostor got %q, want nothing sent", rest)
 	}
 }
 

@@ -48,7 +48,7 @@ func stalledLoss(t *testing.T, ts *testServer, policy index.LossPolicy) (p *prod
 	}
 	p.oracle = ix
 	p.mustPublish(cleared(0))
-	if err := dialT(t, ts.SocketPath()).Detach(ctxT(t), 4); err != nil { // nobody drains now
+	if err := p.conn.Detach(ctxT(t), 4); err != nil { // nobody drains now
 		t.Fatal(err)
 	}
 	_, first, last = dropUntil(t, p, 1, 50)

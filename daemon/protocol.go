@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"reflect"
+	"strings"
 )
 
 // Request and reply bodies (JSON). Wire format: field names never change; new optional fields may be added.
-// Request decoding is strict: unknown fields and trailing data are bad_request (a misspelled "start" must not
-// silently turn an events query into a dump).
+// Request decoding is strict: unknown fields, keys in another case, duplicate keys, null and trailing data are
+// bad_request (a misspelled "start" must not silently turn an events query into a dump).
 
 // AttachRequest is the body of an ATTACH request.
 type AttachRequest struct {
@@ -146,10 +148,15 @@ type errorBody struct {
 	Code  string `json:"code"`
 }
 
-// decodeStrict decodes a request body into v: unknown fields and trailing data are errors; an empty body is {}.
+// decodeStrict decodes a request body (a JSON object) into v, a pointer to a struct: unknown fields, keys that
+// match a field only when case is ignored, duplicate keys, a non-object (null included) and trailing data are
+// errors; an empty body is {}. encoding/json alone would accept the middle three.
 func decodeStrict(body []byte, v any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		body = []byte("{}")
+	}
+	if err := checkObjectKeys(body, v); err != nil {
+		return fmt.Errorf("invalid JSON body: %v", err)
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -160,6 +167,53 @@ func decodeStrict(body []byte, v any) error {
 		return fmt.Errorf("invalid JSON body: trailing data after the object")
 	}
 	return nil
+}
+
+// checkObjectKeys checks that body is one JSON object whose keys are each exactly (case included) the json name of
+// one of v's struct fields, at most once. Values are left to json.Decoder.
+func checkObjectKeys(body []byte, v any) error {
+	fields := jsonFieldNames(reflect.TypeOf(v).Elem())
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil {
+		return err
+	} else if tok != json.Delim('{') {
+		return fmt.Errorf("want a JSON object, got %v", tok)
+	}
+	seen := make(map[string]bool, len(fields))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		key := tok.(string) // an object key is always a string token
+		switch {
+		case !fields[key]:
+			return fmt.Errorf("unknown field %q", key)
+		case seen[key]:
+			return fmt.Errorf("duplicate field %q", key)
+		}
+		seen[key] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// jsonFieldNames returns the json names of a struct type's fields.
+func jsonFieldNames(t reflect.Type) map[string]bool {
+	names := make(map[string]bool, t.NumField())
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" {
+			name = f.Name
+		}
+		if name != "-" {
+			names[name] = true
+		}
+	}
+	return names
 }
 
 func encodeErrorBody(code, msg string) []byte {

@@ -27,6 +27,13 @@ func prepareSocketDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create socket directory %s: %w", dir, err)
 	}
+	return checkSocketDir(dir)
+}
+
+// checkSocketDir checks that dir is a directory owned by this process's user and not writable by group or others.
+// Both ends check it: the daemon before it listens, a client before it connects (so that nobody else can have put
+// the socket there).
+func checkSocketDir(dir string) error {
 	var st unix.Stat_t
 	if err := unix.Lstat(dir, &st); err != nil {
 		return fmt.Errorf("stat socket directory %s: %w", dir, err)
@@ -164,4 +171,18 @@ func lastIndexByte(b []byte, c byte) int {
 		}
 	}
 	return -1
+}
+
+// checkServerCred checks that the process listening on c runs as this process's user. A client checks it before
+// sending anything: another local user who bound the socket path first (say, in a shared temp directory) must
+// learn nothing (a ring path, a query) and answer nothing.
+func checkServerCred(c *net.UnixConn) error {
+	cred, err := peerCred(c)
+	if err != nil {
+		return err
+	}
+	if int(cred.Uid) != os.Getuid() {
+		return fmt.Errorf("kvshmd socket served by uid %d (pid %d), not by uid %d: %w", cred.Uid, cred.Pid, os.Getuid(), ErrUntrustedServer)
+	}
+	return nil
 }

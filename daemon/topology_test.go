@@ -182,7 +182,10 @@ func TestPerRankProducers(t *testing.T) {
 	if err := c.Detach(ctxT(t), 5); !IsCode(err, CodeConflict) {
 		t.Fatalf("DETACH worker 5 without dp_rank = %v, want conflict (two per-rank streams)", err)
 	}
-	if err := c.DetachStream(ctxT(t), WorkerRequest{WorkerID: u64p(5), DpRank: u32p(1)}); err != nil {
+	if err := c.DetachStream(ctxT(t), WorkerRequest{WorkerID: u64p(5), DpRank: u32p(1)}); !IsCode(err, CodeForbidden) {
+		t.Fatalf("DETACH of rank 1 from another client = %v, want forbidden (only its producer detaches it)", err)
+	}
+	if err := r1.conn.DetachStream(ctxT(t), WorkerRequest{WorkerID: u64p(5), DpRank: u32p(1)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.ForgetStream(ctxT(t), WorkerRequest{WorkerID: u64p(5), DpRank: u32p(1)}); err != nil {

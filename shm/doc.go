@@ -79,7 +79,12 @@
 //     LOSS record before the next event.
 //   - Corrupt record or position word: Next returns a *CorruptionError{Pos, Reason} (errors.Is ErrCorrupt) without
 //     reading outside the mapping; it repeats until the consumer calls SkipToTail, which drops the unread bytes.
-//     The consumer must then treat its state as unknown history.
+//     The consumer must then treat its state as unknown history. SkipToTail never moves head to a tail word no
+//     producer can have stored (misaligned, behind head, more than capacity ahead): it stays until the producer's
+//     next publish rewrites the word. A corrupt word within capacity ahead cannot be told from a real tail; when
+//     the producer later finds the consumer's head ahead of its own tail (by at most a ring, aligned) it re-bases
+//     there, dropping and reporting one event, so a scribbled tail word costs at most a ring of events, never the
+//     stream.
 //   - Magic or version mismatch, invalid header fields or file size: Open refuses with ErrMagic, ErrVersion
 //     (naming both versions) or ErrHeader.
 //   - Second producer on the same file: Create refuses with ErrLocked (ErrExist for a stale file nobody holds).

@@ -241,11 +241,52 @@ func (r *Reader) SkipToTail() {
 		return
 	}
 	t := loadTail(r.m) // acquire, as in Next
-	if t%RecordAlign != 0 || t < r.head {
+	// A tail word no producer can have stored (misaligned, behind head, more than capacity ahead of it) is not a
+	// position to skip to: storing it as head would leave the producer a ring it can never write again. Stay, and
+	// let the producer's next publish rewrite the word.
+	if t%RecordAlign != 0 || t < r.head || t-r.head > r.capacity {
 		return
 	}
 	r.pos, r.tail = t, t
 	r.Release()
+}
+
+// SkipTo moves the read position forward to pos without returning the records before it, and releases the head
+// there. pos must be where walking the published records from the read position ends a record (so it is the end
+// of a record the producer wrote, never the middle of one); otherwise SkipTo returns an error wrapping ErrCorrupt
+// and leaves the Reader as it was. A consumer uses it to resume a ring at a position it had durably recorded (its
+// checkpoint) but not yet released when it died.
+func (r *Reader) SkipTo(pos uint64) error {
+	if r.m == nil {
+		return ErrClosed
+	}
+	from, tail := r.pos, r.tail
+	for r.pos < pos {
+		if _, err := r.Next(); err != nil {
+			published := r.tail
+			r.pos, r.tail = from, tail
+			if errors.Is(err, ErrEmpty) {
+				return corruptf(from, "skip to %d: the records published end at %d", pos, published)
+			}
+			return fmt.Errorf("skip to %d: %w", pos, err)
+		}
+	}
+	if r.pos != pos {
+		end := r.pos
+		r.pos, r.tail = from, tail
+		return corruptf(from, "skip to %d: not the end of a record (one ends at %d)", pos, end)
+	}
+	r.Release()
+	return nil
+}
+
+// Published returns the producer's tail word (acquire) and whether its header reports a pending loss. Unlike the
+// other methods it may be called from any goroutine, provided the caller keeps Close from running meanwhile; a
+// consumer uses it to see that it has already applied everything published (tail == its read position, no loss
+// pending) without a round trip to the goroutine that owns the Reader.
+func (r *Reader) Published() (tail uint64, lossPending bool) {
+	tail = loadTail(r.m) // acquire: pairs with the producer's tail store
+	return tail, loadCounter(r.m, offLossPending) != 0
 }
 
 // Heartbeat stores the consumer heartbeat word (unix ns of the last drain pass; informational only).

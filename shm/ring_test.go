@@ -634,3 +634,122 @@ func TestCreateWithoutFallocate(t *testing.T) {
 		t.Fatalf("Create with ENOSPC = %v, want ErrNoSpace", err)
 	}
 }
+
+// TestCorruptTailAheadHeals is issue 10's defect 8: a tail word scribbled to a value ahead of the producer's tail
+// must not wedge the stream. Beyond head+capacity SkipToTail stays put and the producer's next publish rewrites the
+// word. Within it SkipToTail moves head there (it cannot tell the word from a real tail); the reader then refuses
+// the producer's smaller tails (never re-reading old bytes) until the producer, finding its ring full, re-bases at
+// that head: at most one ring's worth of events is unreadable (the daemon marks the history unknown), one drop is
+// reported by a LOSS record, and events flow again.
+func TestCorruptTailAheadHeals(t *testing.T) {
+	const capacity = 64 << 10
+	const payload = 120 // 128-byte records
+	for _, c := range []struct {
+		name    string
+		bad     func(tail uint64) uint64
+		skipped bool // SkipToTail moves head to the bad word
+		rebase  bool // the producer must re-base at that head (its cached head is too old to reach it)
+	}{
+		{"more than capacity ahead", func(tail uint64) uint64 { return tail + 4*capacity }, false, false},
+		{"far beyond", func(uint64) uint64 { return 1 << 62 }, false, false},
+		{"within capacity ahead, between records", func(tail uint64) uint64 { return tail + capacity/4 + 8 }, true, false},
+		{"exactly capacity ahead", func(tail uint64) uint64 { return tail + capacity }, true, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w, r, _ := newTestRing(t, Options{Capacity: capacity})
+			// Half a ring of events, drained: the producer's cached head stays at 0, the consumer's head moves on.
+			for seq := range uint64(capacity / 2 / (payload + 8)) {
+				if err := w.WriteEvent(seq, payloadOf(int(seq), payload)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			drain(t, r)
+			good := r.Stats().Tail
+			bad := c.bad(good)
+			storeTail(r.m, bad) // a third party scribbles over the tail word
+			if _, err := r.Next(); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("Next with tail %d = %v, want ErrCorrupt", bad, err)
+			}
+			r.SkipToTail()
+			wantHead := good
+			if c.skipped {
+				wantHead = bad
+			}
+			if h := r.Stats().Head; h != wantHead {
+				t.Fatalf("head after SkipToTail = %d, want %d", h, wantHead)
+			}
+			// The producer goes on; the reader skips on corruption as the daemon does. Within two rings' worth of
+			// events the stream must be healthy again: every one of the last 10 events delivered.
+			const n = 2*capacity/(payload+8) + 10
+			delivered, losses := make(map[uint64]bool), 0
+			const first = capacity / 2 / (payload + 8)
+			for seq := uint64(first); seq < first+n; seq++ {
+				_ = w.WriteEvent(seq, payloadOf(int(seq), payload))
+				for {
+					rec, err := r.Next()
+					if errors.Is(err, ErrEmpty) {
+						break
+					}
+					if errors.Is(err, ErrCorrupt) {
+						r.SkipToTail()
+						break
+					}
+					if err != nil {
+						t.Fatalf("seq %d: Next = %v", seq, err)
+					}
+					if rec.Type == TypeLoss {
+						losses++
+						continue
+					}
+					if !bytes.Equal(rec.Payload, payloadOf(int(seq), payload)) {
+						t.Fatalf("seq %d: delivered a record that is not the event just published", seq)
+					}
+					delivered[seq] = true
+				}
+				r.Release()
+			}
+			for seq := uint64(first + n - 10); seq < first+n; seq++ {
+				if !delivered[seq] {
+					t.Fatalf("event %d of the last 10 not delivered: the stream is wedged (%d delivered in all)", seq, len(delivered))
+				}
+			}
+			if wantLosses := map[bool]int{true: 1}[c.rebase]; losses != wantLosses {
+				t.Fatalf("%d LOSS records, want %d (one for the event dropped when the producer re-bases)", losses, wantLosses)
+			}
+			if !c.skipped && len(delivered) != n {
+				t.Fatalf("delivered %d of %d events, want all (the producer rewrites the tail word)", len(delivered), n)
+			}
+		})
+	}
+}
+
+// TestSkipTo: the read position moves only to the end of a published record, and the head is released there;
+// anything else is an error that leaves the Reader as it was.
+func TestSkipTo(t *testing.T) {
+	w, r, _ := newTestRing(t, Options{Capacity: MinCapacity})
+	var ends []uint64 // end position of each record
+	for i := range 5 {
+		if err := w.WriteEvent(uint64(i), payloadOf(i, 40+i)); err != nil {
+			t.Fatal(err)
+		}
+		ends = append(ends, w.Stats().Tail)
+	}
+	for _, bad := range []uint64{ends[1] + 8, ends[4] + 8, ends[4] + 1<<20, ends[0] - 8} {
+		if err := r.SkipTo(bad); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("SkipTo(%d) = %v, want ErrCorrupt (record ends %v)", bad, err, ends)
+		}
+		if st := r.Stats(); st.ReadPos != 0 || st.Head != 0 {
+			t.Fatalf("a refused SkipTo moved the reader: %+v", st)
+		}
+	}
+	if err := r.SkipTo(ends[2]); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Stats(); st.ReadPos != ends[2] || st.Head != ends[2] {
+		t.Fatalf("after SkipTo(%d): %+v", ends[2], st)
+	}
+	rec, err := r.Next()
+	if err != nil || !bytes.Equal(rec.Payload, payloadOf(3, 43)) {
+		t.Fatalf("Next after SkipTo = %v, want record 3", err)
+	}
+}

@@ -126,6 +126,13 @@ func (w *Writer) reserve(length uint64) (uint64, bool) {
 	need := size + pad
 	if w.tail+need-w.headCache > w.capacity {
 		h := loadHead(w.m) // acquire; see loadHead
+		if h > w.published && h%RecordAlign == 0 && h-w.published <= w.capacity && w.tail == w.published {
+			// The consumer skipped to a corrupt tail word that lay ahead of ours: it abandoned every position
+			// before h, so write from h on. This record is dropped (counted, reported by the next LOSS record)
+			// rather than written into the same reservation, which keeps the repair to one rule.
+			w.tail, w.published, w.headCache = h, h, h
+			return 0, false
+		}
 		if h > w.published || h%RecordAlign != 0 || h < w.headCache {
 			// A head no correct consumer can store: keep the producer safe by treating the ring as full.
 			return 0, false
@@ -172,7 +179,7 @@ func (w *Writer) WriteEvent(seq uint64, payload []byte) error {
 		w.Publish()
 		return ErrTooLarge
 	}
-	mark := w.tail
+	mark, pub := w.tail, w.published
 	if w.lossPending {
 		le := binary.LittleEndian
 		le.PutUint64(w.lossBuf[0:], w.lossFirst)
@@ -185,7 +192,9 @@ func (w *Writer) WriteEvent(seq uint64, payload []byte) error {
 		}
 	}
 	if !w.Append(TypeEvent, payload) {
-		w.tail = mark // unstage the LOSS record (never published)
+		if w.published == pub { // else reserve re-based the ring at the consumer's head: nothing to unstage
+			w.tail = mark // unstage the LOSS record (never published)
+		}
 		w.drop(seq, len(payload))
 		w.Publish()
 		return ErrFull

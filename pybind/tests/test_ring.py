@@ -309,6 +309,42 @@ def test_ring_full_drops_and_reports_loss(ring_dir: str) -> None:
         w.close()
 
 
+@pytest.mark.parametrize("ahead,rebased", [(1 << 20, False), ((64 << 10) + 4, False), (64 << 10, True)])
+def test_rebases_at_a_head_ahead_of_the_tail(ring_dir: str, ahead: int, rebased: bool) -> None:
+    """Issue 10, defect 8: a consumer that skipped to a corrupt tail word ahead of ours stores it as head. The
+    writer re-bases there (dropping and reporting one event) instead of treating the ring as full for good; a head
+    more than a ring ahead, or misaligned, is still never trusted."""
+    w = new_writer(ring_dir)
+    c = Consumer(w.path)
+    try:
+        cap = w.stats()["capacity"]
+        toks, hashes = list(range(64)), list(range(4))
+        seq = 0
+        while w.stats()["tail"] < cap // 2:  # half a ring, drained: the writer's cached head stays at 0
+            seq += 1
+            assert w.publish_stored(seq, toks, hashes, None, 0, None, False)
+        c.drain()
+        bad = w.stats()["tail"] + ahead
+        c.q[0x100 // 8] = bad
+        results = []
+        for _ in range(2 * cap // 300):  # more than a ring's worth: the writer must look at the head
+            seq += 1
+            results.append(w.publish_stored(seq, toks, hashes, None, 0, None, False))
+            if results[-1] and False in results:
+                break
+        if not rebased:
+            assert w.stats()["tail"] <= cap and not results[-1], f"trusted head {bad}"
+            return
+        assert w.stats()["tail"] > bad, "the writer did not re-base at the consumer's head"
+        assert results.count(False) == 1, "exactly the event that found the head is dropped"
+        ring = read(w.path, head=bad)
+        assert [r["type"] for r in ring.records[:2]] == [2, 1], "a LOSS record for the dropped event, then events"
+        assert ring.records[0]["count"] == 1
+    finally:
+        c.close()
+        w.close()
+
+
 def test_loss_record_and_event_both_need_room(ring_dir: str) -> None:
     """With a loss pending, the LOSS record and the event are published together or not at all."""
     w = new_writer(ring_dir)
@@ -470,17 +506,20 @@ def test_constructor_is_private() -> None:
 
 
 def test_head_from_a_broken_consumer_is_not_trusted(ring_dir: str) -> None:
-    """A head past the tail (no correct consumer stores it) makes the ring look full: drops, never overwrites."""
+    """A head no consumer can store (misaligned, more than a ring ahead) makes the ring look full: drops, never
+    overwrites."""
     w = new_writer(ring_dir)
     c = Consumer(w.path)
     try:
         while w.publish_cleared(1, 0):
             pass
-        c.q[0x100 // 8] = w.stats()["tail"] + 64
-        assert not w.publish_cleared(2, 0)
         c.q[0x100 // 8] = 12  # misaligned
+        assert not w.publish_cleared(2, 0)
+        c.q[0x100 // 8] = w.stats()["tail"] + 2 * w.stats()["capacity"]  # more than a ring ahead
         assert not w.publish_cleared(3, 0)
         assert w.stats()["dropped_events"] == 3
+        # (A head ahead by at most a ring is a consumer that skipped to a corrupt tail word: the writer re-bases
+        # there, see test_rebases_at_a_head_ahead_of_the_tail.)
     finally:
         c.close()
         w.close()

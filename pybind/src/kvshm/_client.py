@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import socket
+import stat
 import struct
 import time
 from collections.abc import Mapping
@@ -39,6 +41,7 @@ __all__ = [
     "Kind",
     "RemoteError",
     "RequestTimeout",
+    "UntrustedServerError",
 ]
 
 PROTOCOL_VERSION: Final = 1
@@ -72,6 +75,11 @@ class ClientError(Exception):
 
 class ConnectError(ClientError):
     """The daemon's socket could not be connected to (no daemon, stale socket file, permission)."""
+
+
+class UntrustedServerError(ConnectError):
+    """The socket is not this user's own: its directory belongs to another user or is writable by others, or the
+    process listening on it runs as another user (SO_PEERCRED). Nothing was sent."""
 
 
 class ConnectionLost(ClientError):
@@ -134,13 +142,19 @@ class Client:
         """Open the connection if it is not open; raises :class:`ConnectError`."""
         if self._sock is not None:
             return
+        _check_socket_dir(self.path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(self.connect_timeout)
             sock.connect(self.path)
+            _pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
         except OSError as e:
             sock.close()
             raise ConnectError(f"connect to kvshmd at {self.path}: {e.strerror or e}") from e
+        if uid != os.getuid():
+            sock.close()
+            raise UntrustedServerError(f"kvshmd socket {self.path} is served by uid {uid} (pid {_pid}), not by uid "
+                                       f"{os.getuid()}: refusing to talk to it")
         self._sock = sock
 
     def close(self) -> None:
@@ -289,6 +303,23 @@ class Client:
         """MATCH: ``{"scores": [{"worker_id", "dp_rank", "blocks"}]}``."""
         body = {"worker_id": worker_id, "tokens": tokens, "lora_name": lora_name, "is_eagle": is_eagle}
         return self.call_json(Kind.MATCH, body)
+
+
+_PEERCRED: Final = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def _check_socket_dir(path: str) -> None:
+    """Raises :class:`UntrustedServerError` unless the socket's directory is a directory of this user that group
+    and others cannot write (the daemon checks the same before it listens: daemon/socket.go)."""
+    d = os.path.dirname(os.path.abspath(path))
+    try:
+        st = os.lstat(d)
+    except OSError as e:
+        raise ConnectError(f"connect to kvshmd at {path}: {e.strerror or e}") from e
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise UntrustedServerError(
+            f"kvshmd socket directory {d} (uid {st.st_uid}, mode {stat.filemode(st.st_mode)}) is not this user's "
+            f"private directory: refusing to connect")
 
 
 def _recv_exact(sock: socket.socket, n: int, deadline: float, name: str, *, first: bool = True) -> bytes:

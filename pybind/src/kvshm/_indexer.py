@@ -19,9 +19,17 @@ The ATTACH connection stays open for the producer's lifetime: it is the liveness
 supervisor thread watches it; when the daemon goes away it reattaches by itself (restarting the private daemon
 if that is the one that died), with a capped exponential backoff. Meanwhile publishing goes on into the ring
 (events beyond its capacity are dropped and counted: the ring tells the daemon exactly which ids were lost) and
-``get_events_json`` returns ``{"Error": "kvshm: ..."}`` instead of raising. A restarted daemon resumes the ring
-where the dead one stopped; it knows it has lost the history before that, so it answers dumps with the JSON
-``Error`` variant until a ``Cleared`` re-bases the state.
+``get_events_json`` returns ``{"Error": "kvshm: ..."}`` instead of raising. A restarted daemon restores its
+checkpoint and replays the ring (private daemons), or resumes the ring where the dead one stopped and knows it has
+lost the history before that. After any loss the daemon answers, by default, with the best state it has (as Dynamo
+would from the events it applied) and reports the loss: ``stats()["incomplete"]`` and ``stats()["lost_ranges"]``,
+until a ``Cleared`` re-bases the state (``kvshmd --on-loss=error``: the ``Error`` variant instead).
+
+Inputs are the old extension's (Dynamo 1.6.1 decides what they mean): a token count that is not blocks x
+kv_block_size is published as given and hashed by the daemon as Dynamo does (complete windows zipped with the
+hashes); numpy integer scalars and arrays are taken wherever ints and id lists are (see :mod:`kvshm._encode`);
+``bytes``, ``str`` and mappings are refused as id lists. With ``dp_rank=r`` the indexer is the producer of one
+attention-DP rank (kvshmd keeps a stream per ``(worker_id, r)``), and an event of another rank is refused.
 
 Concurrency: publishing is serialized by a lock (uncontended, no system call), so any number of threads may
 publish; queries use their own connections (a small pool, so a slow dump does not hold up a quick Events query).
@@ -77,10 +85,14 @@ _FORKED: Final = 2
 _BACKOFF_MIN: Final = 0.05
 _BACKOFF_MAX: Final = 2.0
 _ATTACH_TIMEOUT: Final = 10.0
+# The constructor's attach to a shared daemon: a daemon that accepts but does not answer (hung, SIGSTOPped) costs
+# the engine's start-up at most this long; the supervisor then keeps trying in the background.
+_FIRST_ATTACH_TIMEOUT: Final = 2.0
 _QUERY_TIMEOUT: Final = 120.0  # the global indexer's own recovery deadline (Dynamo fork: 120 s)
 _DETACH_TIMEOUT: Final = 5.0
 _STATS_TIMEOUT: Final = 2.0
 _JOIN_TIMEOUT: Final = 5.0
+_RING_CHECK_INTERVAL: Final = 1.0  # how often the supervisor checks that the ring file was not cut short
 # ATTACH refusals that retrying cannot fix (configuration errors): raised by the constructor.
 _PERMANENT: Final = frozenset({"bad_request", "forbidden", "unsupported_version", "unknown_kind", "too_large"})
 _IDLE_QUERY_CONNS: Final = 2  # query connections kept open between queries
@@ -133,6 +145,7 @@ class _Core:
         self.state = _OPEN
         self.lock = threading.Lock()  # serializes ring writes; guards state transitions
         self.published_detached = 0  # protected by lock; publish calls made while no daemon was attached
+        self.ring_truncated = False  # protected by lock; see _check_ring
         # Daemon side. attached is written by the supervisor (and shutdown), read racily by anyone.
         self.shared = socket_path is not None
         self.daemon: PrivateDaemon | None = None
@@ -148,6 +161,13 @@ class _Core:
         self.idle_queries: list[Client] = []  # protected by query_lock; connections for queries, reused
         self.closing = threading.Event()
         self.supervisor: threading.Thread | None = None
+        # The wake pipe and the attach connection are the supervisor's while it runs. close() closes them itself
+        # only once the supervisor has exited; if it is still inside an attach after the join timeout they are
+        # handed over (handoff) and the supervisor closes them on its way out, so no descriptor it may still use is
+        # closed under it (and reused by the application). Both flags are protected by fd_lock.
+        self.fd_lock = threading.Lock()
+        self.supervisor_done = False
+        self.handoff = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         _cores.add(self)
@@ -165,7 +185,7 @@ class _Core:
                 raise KvshmError(f"kvshm: the private kvshmd refused the ring {self.ring.path}: {e}") from e
         else:
             try:
-                self._attach()
+                self._attach(_FIRST_ATTACH_TIMEOUT)
             except RemoteError as e:
                 if e.code in _PERMANENT:
                     raise KvshmError(f"kvshm: kvshmd at {self.socket_path} refused the ring {self.ring.path}: {e}") from e
@@ -179,9 +199,10 @@ class _Core:
         )
         self.supervisor.start()
 
-    def _attach(self) -> None:
-        """Connect and ATTACH; on success the connection becomes the producer's lease."""
-        client = Client(self.socket_path, connect_timeout=2.0, timeout=_ATTACH_TIMEOUT)
+    def _attach(self, timeout: float | None = None) -> None:
+        """Connect and ATTACH (within ``timeout``, default _ATTACH_TIMEOUT); on success the connection becomes the
+        producer's lease (unless shutdown began meanwhile: then it is closed, and the supervisor exits)."""
+        client = Client(self.socket_path, connect_timeout=2.0, timeout=_ATTACH_TIMEOUT if timeout is None else timeout)
         try:
             reply = client.attach(
                 self.ring.path, self.worker_id, self.kv_block_size, self.max_buffer_size, dp_rank=self.dp_rank
@@ -189,6 +210,9 @@ class _Core:
         except BaseException:
             client.close()
             raise
+        if self.closing.is_set():
+            client.close()
+            return
         self.attach_conn = client
         self.attach_reply = reply
         self.attaches += 1
@@ -235,12 +259,33 @@ class _Core:
 
     def _supervise(self) -> None:
         """Owns the attach connection: watches it for EOF and reattaches (restarting a private daemon)."""
+        try:
+            self._supervise_loop()
+        finally:
+            with self.fd_lock:
+                self.supervisor_done = True
+                if self.handoff:
+                    self._close_supervisor_fds()
+
+    def _close_supervisor_fds(self) -> None:
+        """Close the attach connection and the wake pipe (with fd_lock held, once the supervisor is done)."""
+        conn, self.attach_conn = self.attach_conn, None
+        if conn is not None:
+            conn.close()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _supervise_loop(self) -> None:
         backoff = _BACKOFF_MIN
         failures = 0
         while not self.closing.is_set():
+            self._check_ring()
             conn = self.attach_conn
             if conn is not None:
-                if not self._wait_readable(conn.fileno(), None) or self.closing.is_set():
+                if not self._wait_readable(conn.fileno(), _RING_CHECK_INTERVAL) or self.closing.is_set():
                     continue
                 # The daemon never writes on this connection after ATTACH: readable means EOF (it died or
                 # dropped us) or a protocol violation. Either way the lease is gone.
@@ -269,6 +314,17 @@ class _Core:
                 self.last_error = str(e)
                 self._sleep(backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX)
+
+    def _check_ring(self) -> None:
+        """Issue 10, defect 5: a ring file truncated by another process would make the next publish a SIGBUS that
+        kills the engine. Checked under the publishing lock, so no publish is halfway through the mapping."""
+        with self.lock:
+            if self.state != _OPEN or self.ring_truncated or self.ring.check_file():
+                return
+            self.ring_truncated = True
+        self.last_error = (f"the ring file {self.ring.path} was truncated by another process: every publish is "
+                           f"dropped from now on (restart the engine to get a new ring)")
+        log.error("kvshm: worker %d: %s", self.worker_id, self.last_error)
 
     def forked_in_child(self) -> None:
         """Called in a forked child (single-threaded): make every method fail and drop inherited sockets."""
@@ -299,32 +355,31 @@ class _Core:
         except Exception as e:  # noqa: BLE001 - teardown must go on
             log.warning("kvshm: closing the ring %s: %s", self.ring.path, e)
         if self.shared and self.attached:
-            # Let the shared daemon apply everything we published before it forgets the producer.
-            client = self.take_query_client()
-            try:
-                client.detach(self.worker_id, dp_rank=self.dp_rank, timeout=_DETACH_TIMEOUT)
-            except ClientError as e:
-                log.warning("kvshm: detaching worker %d from kvshmd: %s", self.worker_id, e)
-            finally:
-                client.close()
+            # Let the shared daemon apply everything we published before it forgets the producer. DETACH goes on the
+            # ATTACH connection (the lease): the daemon takes it only from the producer (issue 10, defect 2).
+            with self.fd_lock:
+                lease = self.attach_conn if self.supervisor_done or self.supervisor is None else None
+            if lease is not None:
+                try:
+                    lease.detach(self.worker_id, dp_rank=self.dp_rank, timeout=_DETACH_TIMEOUT)
+                except ClientError as e:
+                    log.warning("kvshm: detaching worker %d from kvshmd: %s", self.worker_id, e)
         self.attached = False
         with self.query_lock:
             idle, self.idle_queries = self.idle_queries, []
         for client in idle:
             client.close()
-        if self.attach_conn is not None:
-            self.attach_conn.close()
+        with self.fd_lock:
+            if self.supervisor_done or self.supervisor is None:
+                self._close_supervisor_fds()
+            else:  # still inside an attach (at most _ATTACH_TIMEOUT): it closes them when it returns
+                self.handoff = True
         if self.daemon is not None:
             self.daemon.stop()
         try:
             self.ring.unlink()
         except OSError as e:
             log.warning("kvshm: removing the ring %s: %s", self.ring.path, e)
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
         _cores.discard(self)
 
     def raise_unusable(self) -> None:
@@ -588,8 +643,10 @@ class LocalIndexer:
         """The recovery query: Dynamo's ``WorkerKvQueryResponse`` JSON for ids ``[start, end]``.
 
         ``Events`` (the suffix from ``start`` to the newest event), ``TreeDump`` (``start`` None or older than the
-        buffer), ``TooNew``, ``InvalidRange``, or ``{"Error": "kvshm: ..."}`` when the answer cannot be given
-        honestly (events were lost, the daemon is away or restarting). Only bad arguments raise.
+        buffer), ``TooNew``, ``InvalidRange``, or ``{"Error": "kvshm: ..."}`` when the daemon is away or
+        restarting (or, with ``kvshmd --on-loss=error``, when the answer would miss events kvshm lost; by default
+        such an answer is given and ``stats()["incomplete"]`` says so). With ``dp_rank=`` given to the
+        constructor: that rank's stream. Only bad arguments raise.
         """
         core = self._core
         if core.state:
@@ -605,11 +662,12 @@ class LocalIndexer:
         of this producer's stream (one STATS round trip on the Unix socket, bounded by a 2 s deadline; with
         ``daemon=False`` none: local fields only, no I/O, for tight loops or a daemon that may be stopped).
 
-        The daemon's fields are None when it is away or not asked: ``incomplete`` (True while answers miss events kvshm lost:
-        ring full, corrupt record, unknown history; see ``lost_ranges``), ``lost_ranges`` (``[{"first", "last",
-        "reason"}]``, newest last), ``token_mismatches`` (Stored events whose token count was not blocks x
-        block_size), ``daemon_stream`` (the daemon's whole STATS entry for this stream). Never raises because
-        the daemon is unreachable.
+        The daemon's fields are None when it is away or not asked: ``incomplete`` (True while answers miss events
+        kvshm lost: ring full, corrupt record, unknown history; until a Cleared), ``lost_ranges`` (``[{"first",
+        "last", "reason"}]``, newest last; an unknown history is named in ``daemon_stream["taint_reason"]``),
+        ``token_mismatches`` (Stored events whose token count was not blocks x block_size), ``daemon_stream`` (the
+        daemon's whole STATS entry for this stream). ``dp_rank`` is the indexer's rank (None: every rank). Never
+        raises because the daemon is unreachable.
         """
         core = self._core
         if core.state == _FORKED:
@@ -637,6 +695,7 @@ class LocalIndexer:
             "published_events": ring.get("published_events"),
             "dropped_events": ring.get("dropped_events"),
             "published_while_detached": detached,
+            "ring_truncated": core.ring_truncated,  # the ring file was cut short: every publish is dropped
             "ring": ring,
             "incomplete": None if stream is None else stream.get("incomplete"),
             "lost_ranges": None if stream is None else stream.get("lost_ranges"),
