@@ -151,7 +151,8 @@
 //     (and forgets those hashes: a later Removed of them is BlockNotFound); here only the named block is removed,
 //     and its descendants are detached when no worker holds it. Dumps can differ in state only when an engine
 //     evicts a block before its descendants (the differential run above, with such evictions: 4 of 2393 answers
-//     for one rank, 42 of 2438 for two).
+//     for one rank, 42 of 2438 for two). Kept on purpose: the blocks the engine still holds stay described (1.6.1
+//     marks its own behaviour there TODO(CORRECTNESS) in apply_removed).
 //   - A store whose tokens reach a block no worker holds inside an edge (an uncovered block after a held one,
 //     matched by tokens from the edge's start, e.g. a root store of the whole sequence again): 1.6.1 keeps the
 //     edge's old block hash (the stale hash of decision 3 by another path); here the new hash, always.
