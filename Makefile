@@ -122,7 +122,8 @@ demo: wheel
 # --- conformance against the real Dynamo crate (conformance/README.md) ---------------------------------------
 # Builds the kvshm_conformance module (dynamo-kv-router =1.6.1, conformance/Cargo.lock) with maturin into its own
 # venv together with the kvshm wheel, type-checks and unit-tests the driver, then runs it: random streams side by
-# side with Dynamo's LocalKvIndexer and every topology end to end through `kvshmd serve --http`. Prints one table
+# side with Dynamo's LocalKvIndexer and every topology end to end through `kvshmd serve --http`; checks that the
+# committed traces are what the generator and the crate's replay binary give today. Prints one table
 # and the elapsed time; fails on any difference outside the documented table. Needs cargo, python, go.
 # KVSHM_CONF_SEEDS (default 2) seeds per scenario; KVSHM_CONF_ARGS more driver flags (e.g. --seed 42).
 CONFENV          := build/confenv
@@ -143,12 +144,15 @@ conformance:
 
 conformance-run: wheel $(CONFENV)/.stamp
 	rm -rf $(CONFWHEEL)
-	cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) ../$(CONFENV)/bin/maturin build --release \
+	cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) ../$(CONFENV)/bin/maturin build --release --locked \
 	  --interpreter ../$(CONFENV)/bin/python --out ../$(CONFWHEEL)
+	cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) $(CARGO) build --release --locked --bin replay
 	$(CONFENV)/bin/python -m pip install -q --force-reinstall --no-deps $(WHEEL_GLOB) $(CONFWHEEL)/kvshm_conformance-*.whl
 	cd conformance/driver && MYPYPATH=.. ../../$(VPY) -m mypy --config-file mypy.ini \
 	  --python-executable ../../$(CONFENV)/bin/python kvshm_conf tests
 	cd conformance/driver && ../../$(CONFENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers tests
+	cd conformance/driver && ../../$(CONFENV)/bin/python -m kvshm_conf verify --traces ../traces \
+	  --replay $(CARGO_TARGET_DIR)/release/replay
 	cd conformance/driver && KVSHM_CONF_SEEDS=$${KVSHM_CONF_SEEDS:-2} ../../$(CONFENV)/bin/python -m kvshm_conf run $(KVSHM_CONF_ARGS)
 
 # Re-records conformance/traces with the real crate (run after `make conformance` built the venv); the Go package

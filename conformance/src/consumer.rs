@@ -15,14 +15,23 @@
 //!   domain-scoped TreeDump is applied without the reset (as deepinfra does).
 //!   `StateAgentRecovery` → its inner response. `TooNew`, `InvalidRange`, `Error`,
 //!   `TreeDumpFailed`, `Status` → nothing at all.
+//! - Simplification: deepinfra routes events by `storage_tier` to lower-tier indexers; this
+//!   port has the device tree only and applies every event to it (kvshm and the producers
+//!   modelled here publish device-tier events only).
 //!
 //! **Canonical state** ([`Consumer::state`]): the tree's own `dump_tree_as_events`, read
 //! back into, per `(worker_id, dp_rank)`, the sorted list of resident blocks, each as
 //! `[path, block_hash]` where `path` is the list of `LocalBlockHash`es from the root to the
 //! block (inclusive). The path set decides routing (`find_matches` scores are prefix depths
 //! along paths); the `block_hash` at each path decides which later `Removed(h)` and
-//! `parent_hash = h` resolve. So two consumers with equal state strings answer every
-//! later match and resolve every later event alike. The JSON is
+//! `parent_hash = h` resolve: 1.6.1's tree resolves both through the hashes of the edge
+//! positions the worker covers (`edge_index` + `covers_pos`), which are exactly the blocks
+//! the dump emits for that worker; a lookup entry left behind for another hash resolves to
+//! nothing (`BlockNotFound` / `ParentBlockNotFound`), as for an absent hash. So two
+//! consumers with equal state strings answer every later match and resolve every later
+//! event alike. (Caveat: one engine hash at two tree positions gets its children's paths
+//! from the first position the dump shows. Cost: O(blocks × depth), meant for
+//! conformance-sized trees.) The JSON is
 //! `{"workers":[{"worker_id":W,"dp_rank":R,"blocks":[[[t1,t2,..],h],..]},..]}`, workers
 //! sorted by `(worker_id, dp_rank)`, blocks sorted by path then hash, no whitespace.
 //! A block whose parent edge belongs to no worker (a dangling subtree the tree still keeps)

@@ -48,8 +48,11 @@ def run(args: argparse.Namespace) -> int:
         for name in TOPOLOGIES:
             row = report.row(f"topology/{name}")
             for k in range(args.seeds):
-                with topology(name, kvshmd, seed + k) as t:
-                    run_topology(t, seed + k, row)
+                try:
+                    with topology(name, kvshmd, seed + k) as t:
+                        run_topology(t, seed + k, row)
+                except (OSError, RuntimeError, TypeError, ValueError) as e:
+                    row.add("FAIL", f"seed={seed + k}: the topology could not run: {type(e).__name__}: {e}")
             log(f"  topology {name}: done")
     print()
     print(report.table())
@@ -101,6 +104,41 @@ def record(args: argparse.Namespace) -> int:
     return 0
 
 
+def verify(args: argparse.Namespace) -> int:
+    """The committed traces are what ``record`` writes today (the generator did not drift), and the crate's
+    ``replay`` binary gives the recorded answer to every query (the crate did not drift)."""
+    import json
+    import subprocess
+    import tempfile
+
+    bad = 0
+    committed = Path(args.traces)
+    with tempfile.TemporaryDirectory() as tmp:
+        record(argparse.Namespace(out=tmp))
+        for prof, _ in TRACES:
+            name = f"{prof.name}.jsonl"
+            fresh = (Path(tmp) / name).read_bytes()
+            old = (committed / name).read_bytes() if (committed / name).exists() else b""
+            if fresh != old:
+                log(f"kvshm_conf: {committed / name} is not what `make conformance-traces` records now")
+                bad += 1
+    if args.replay:
+        for path in sorted(committed.glob("*.jsonl")):
+            text = path.read_text()
+            out = subprocess.run([args.replay], input=text, capture_output=True, text=True, check=False)
+            if out.returncode != 0:
+                log(f"kvshm_conf: replay {path}: exit {out.returncode}: {out.stderr.strip()}")
+                bad += 1
+                continue
+            want = [json.loads(ln).get("answer") for ln in text.splitlines()[1:] if '"op":"query"' in ln]
+            got = [json.loads(ln).get("answer") for ln in out.stdout.splitlines()[1:] if '"query"' in ln]
+            if want != got:
+                log(f"kvshm_conf: replay {path}: the crate answers differently from the recorded answers")
+                bad += 1
+    log(f"kvshm_conf: traces {'verified' if not bad else f'{bad} problem(s)'}")
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kvshm_conf", description=__doc__)
     sub = ap.add_subparsers(dest="cmd")
@@ -110,9 +148,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--part", choices=("all", "differential", "topologies"), default="all")
     rec = sub.add_parser("record", help="record the traces of conformance/traces with the real crate")
     rec.add_argument("--out", default="conformance/traces")
+    ver = sub.add_parser("verify", help="check conformance/traces against the generator and the replay binary")
+    ver.add_argument("--traces", default="conformance/traces")
+    ver.add_argument("--replay", default=None, help="the crate's replay binary")
     args = ap.parse_args(argv)
     if args.cmd == "record":
         return record(args)
+    if args.cmd == "verify":
+        return verify(args)
     if args.cmd is None:
         args = r.parse_args([])
     return run(args)

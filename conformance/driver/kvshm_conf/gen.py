@@ -40,6 +40,7 @@ class Profile:
     # Store a child under a second copy of its parent's tokens (new hashes): deviation D3.
     dup_parent: bool = False
     query_rate: float = 0.25
+    clear_rate: float = 0.08
     first_seq: int = 0
 
 
@@ -217,7 +218,7 @@ class _Gen:
             roll = rng.random()
             if roll < 0.62:
                 self.stored()
-            elif roll < 0.92 or not p.cleared:
+            elif roll < 1 - p.clear_rate or not p.cleared:
                 self.removed()
             elif not self.cleared():
                 self.removed()

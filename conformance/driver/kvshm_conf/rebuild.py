@@ -48,6 +48,17 @@ class Follower:
     def state(self) -> str:
         return self.consumer.state()
 
+    def key_state(self, dp_rank: int) -> list[Any]:
+        """The blocks of one ``(worker_id, dp_rank)`` in the canonical state (empty when the key holds none)."""
+        return key_blocks(self.consumer.state(), self.worker_id, dp_rank)
+
+
+def key_blocks(state: str, worker_id: int, dp_rank: int) -> list[Any]:
+    for w in json.loads(state)["workers"]:
+        if w["worker_id"] == worker_id and w["dp_rank"] == dp_rank:
+            return list(w["blocks"])
+    return []
+
 
 def rank_of(router_event: dict[str, Any]) -> int:
     ev = router_event.get("event", {})

@@ -65,12 +65,12 @@ class Report:
         out.extend(line(b) for b in body)
         return "\n".join(out)
 
-    def failure_details(self, limit: int = 20) -> str:
+    def failure_details(self, per_row: int = 4) -> str:
+        """The first failures of every row (each says how to replay it: the seed and the op)."""
         lines: list[str] = []
         for r in self.rows:
-            for d in r.failures:
-                if len(lines) >= limit:
-                    lines.append("... (more failures not shown)")
-                    return "\n".join(lines)
+            for d in r.failures[:per_row]:
                 lines.append(f"FAIL {r.scenario}: {d}")
+            if len(r.failures) > per_row:
+                lines.append(f"FAIL {r.scenario}: ... {len(r.failures) - per_row} more")
         return "\n".join(lines)

@@ -173,13 +173,16 @@ class Listener:
     row: Row
     followers: dict[int, Follower] = field(default_factory=dict)
     answers: list[Answer] = field(default_factory=list)
+    # Until a forced loss, every answer must be complete (no Kvshm-State header).
+    allow_incomplete: bool = False
 
     def follower(self, worker: int) -> Follower:
         if worker not in self.followers:
             self.followers[worker] = Follower(worker, self.block_size)
         return self.followers[worker]
 
-    def recover(self, worker: int, rank: int, start: int, end: int) -> None:
+    def recover(self, worker: int, rank: int, start: int, end: int) -> bool:
+        """GET the answer (and the same query at every other endpoint of the key: same bytes) and apply it."""
         urls = self.endpoint(worker, rank, start, end)
         got = [http_get(u) for u in urls]
         first = got[0]
@@ -190,18 +193,38 @@ class Listener:
                 self.row.add("identical")
         if first.status != 200:
             self.row.add("FAIL", f"{self.name}: GET {urls[0]} -> {first.status} {first.body[:200]}")
-            return
+            return False
+        if "kvshm-state" in first.headers and not self.allow_incomplete:
+            self.row.add("FAIL", f"{self.name}: GET {urls[0]} says Kvshm-State: {first.headers['kvshm-state']} "
+                         f"(lost: {first.headers.get('kvshm-lost-events')}) though nothing was lost")
         self.answers.append(first)
         self.follower(worker).recover(rank, first.body)
+        return True
 
-    def deliver(self, worker: int, rank: int, ev: Event) -> None:
+    def deliver(self, worker: int, rank: int, ev: Event, truth: Follower | None = None) -> None:
+        """The listener of ``(worker, rank)`` gets a live event: recover on a gap (or a cold start), then apply it.
+        After a recovery the key's blocks must equal ``truth``'s (every event so far, live)."""
         f = self.follower(worker)
         kind, expected = f.observe(rank, ev.seq)
+        recovered = False
         if kind == "initial" and ev.seq > 0:
-            self.recover(worker, rank, 0, ev.seq)
+            recovered = self.recover(worker, rank, 0, ev.seq)
         elif kind == "gap" and expected is not None:
-            self.recover(worker, rank, expected, ev.seq)
+            recovered = self.recover(worker, rank, expected, ev.seq)
         f.live(ev, rank)
+        if recovered and truth is not None:
+            self.compare(worker, rank, truth, f"after recovering at seq {ev.seq}")
+
+    def compare(self, worker: int, rank: int, truth: Follower, what: str) -> None:
+        ours, want = self.follower(worker).key_state(rank), truth.key_state(rank)
+        if ours == want:
+            self.row.add("same-state")
+        else:
+            self.row.add(
+                "FAIL",
+                f"{self.name} ({worker}, {rank}) {what}: {len(ours)} blocks rebuilt, the truth holds {len(want)}; "
+                f"rebuilt only: {[b for b in ours if b not in want][:3]} truth only: {[b for b in want if b not in ours][:3]}",
+            )
 
     def poll(self, worker: int, rank: int, newest: int) -> None:
         """What the next event would trigger: recover from just after the watermark."""
@@ -250,6 +273,7 @@ def streams_for(t: Topology, seed: int, events: int) -> list[list[Event]]:
             eagle=True,
             mismatch=True,
             skips=True,
+            clear_rate=0.02,
             cleared_single_rank_only=p.dp_rank is not None,  # per-rank streams: Cleared clears its rank
             first_seq=p.next_seq,
         )
@@ -287,9 +311,9 @@ def run_topology(t: Topology, seed: int, row: Row, events: int = 120) -> None:
         if not publish(t, p, ev, row, truth, history):
             continue
         if not gap_lo <= n < gap_hi:
-            missed.deliver(p.worker_id, ev.dp_rank, ev)
+            missed.deliver(p.worker_id, ev.dp_rank, ev, truth[p.worker_id])
         if n >= cold_from:
-            cold.deliver(p.worker_id, ev.dp_rank, ev)
+            cold.deliver(p.worker_id, ev.dp_rank, ev, truth[p.worker_id])
     check(t, truth, [missed, cold], row, "after a missed window, skipped ids and a cold start")
     forced_loss(t, seed, truth, history, [missed, cold], row)
 
@@ -367,6 +391,8 @@ def forced_loss(
     if dropped == 0:
         row.add("FAIL", f"{t.name}: the forced loss dropped nothing (ring larger than the burst?)")
         return
+    for each in listeners:
+        each.allow_incomplete = True  # answers crossing the lost ids are marked from now on
     lst = listeners[0]
     f = lst.follower(p.worker_id)
     for w, r in p.keys:
@@ -402,7 +428,7 @@ def forced_loss(
     rebase = Cleared(p.next_seq, p.ranks[0])
     publish(t, p, rebase, row, truth, history)
     for lst2 in listeners:
-        lst2.deliver(p.worker_id, rebase.dp_rank, rebase)
+        lst2.deliver(p.worker_id, rebase.dp_rank, rebase, truth[p.worker_id])
     prof2 = Profile(
         f"{t.name}-after",
         worker_id=p.worker_id,
@@ -415,7 +441,7 @@ def forced_loss(
     for ev in (op for op in generate(prof2, seed).ops if not isinstance(op, Query)):
         if publish(t, p, ev, row, truth, history):
             for lst2 in listeners:
-                lst2.deliver(p.worker_id, ev.dp_rank, ev)
+                lst2.deliver(p.worker_id, ev.dp_rank, ev, truth[p.worker_id])
     check(t, truth, listeners, row, "after a forced loss and a Cleared")
 
 
