@@ -31,13 +31,14 @@ class ChainGen:
         self.next_hash = base
         self.bs = bs
         self.rest = [(7 * i + 3) % 150_000 for i in range((blocks - 1) * bs)]
+        self.salt = (base >> 32) % 150_000  # generators with different bases never share a token prefix
         self.chain = 0
         self.j = 0
         self.parent: int | None = None
 
     def next(self) -> Event:
         c, j = self.chain, self.j
-        head = [c // 150_000, c % 150_000, j] + [1] * (self.bs - 3)
+        head = [self.salt, c // 150_000, c % 150_000, j] + [1] * (self.bs - 4)
         hashes = list(range(self.next_hash, self.next_hash + self.blocks))
         self.next_hash += self.blocks
         parent = self.parent
@@ -101,3 +102,17 @@ def last_event_id(body: bytes | str) -> int:
     obj: Any = json.loads(body)
     (inner,) = obj.values()
     return int(inner["last_event_id"])
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole machine since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        vals = [int(x) for x in f.readline().split()[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+    return sum(vals) - idle, sum(vals)
+
+
+def busy_pct(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """Share of the machine's CPU time that was busy between two machine_ticks() readings, in %."""
+    total = after[1] - before[1]
+    return 100.0 * (after[0] - before[0]) / total if total else float("nan")

@@ -46,7 +46,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "pybind" / "src"))
-from _common import BS, ChainGen, http_get, last_event_id, proc_cpu_s, proc_rss, summary, variant  # noqa: E402
+from _common import (  # noqa: E402
+    BS, ChainGen, busy_pct, http_get, last_event_id, machine_ticks, proc_cpu_s, proc_rss, summary, variant)
 
 from kvshm import LocalIndexer  # noqa: E402
 
@@ -120,7 +121,7 @@ class Child:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"child {self.proc.args} exited with {self.proc.wait()}")
+            raise RuntimeError(f"child {self.proc.args!r} exited with {self.proc.wait()}")
         out: dict[str, Any] = json.loads(line)
         return out
 
@@ -383,6 +384,7 @@ def deployment(cfg: argparse.Namespace) -> dict[str, Any]:
                     last = int(child.call({"op": "last"})["last"])
                     tr = Traffic(port, cfg.deploy_qps, cfg.deploy_dump_every, cfg.deploy_seconds, last)
                     c0 = proc_cpu_s(d.proc.pid)
+                    m0 = machine_ticks()
                     child.send({"op": "publish", "seconds": cfg.deploy_seconds, "rate": cfg.deploy_pub_rate})
                     if phase == "traffic":
                         tr.start()
@@ -394,6 +396,7 @@ def deployment(cfg: argparse.Namespace) -> dict[str, Any]:
                         for k2, c in tr.other.items():
                             res[name]["other"][k2] = res[name]["other"].get(k2, 0) + c
                     res[name]["daemon_cpu_s"][phase] += proc_cpu_s(d.proc.pid) - c0
+                    out["machine_busy_pct"] = busy_pct(m0, machine_ticks())
                     res[name][phase].append(out)
         summ: dict[str, Any] = {}
         for name, r in res.items():
@@ -403,6 +406,7 @@ def deployment(cfg: argparse.Namespace) -> dict[str, Any]:
                 cpu = sum(o["cpu_s"] for o in r[phase])
                 wall = sum(o["wall_s"] for o in r[phase])
                 s[phase] = {"apply_stored": summary(stored), "engine_cpu_pct": 100 * cpu / wall,
+                            "machine_busy_pct": sum(o["machine_busy_pct"] for o in r[phase]) / len(r[phase]),
                             "daemon_cpu_pct": 100 * r["daemon_cpu_s"][phase] / wall if name == "kvshm" else 0.0}
             for k, v in r["lat"].items():
                 s[f"http_{k}"] = summary(v)
@@ -570,11 +574,13 @@ def workers(cfg: argparse.Namespace) -> dict[str, Any]:
             stop = threading.Event()
             q = WorkerQueries(d.port, wids, cfg.worker_qps, stop)
             c0 = proc_cpu_s(d.proc.pid)
+            m0 = machine_ticks()
             t0 = time.perf_counter()
             for pb in pubs:
                 pb.send({"op": "publish", "seconds": cfg.worker_seconds, "rate": cfg.worker_rate})
             q.start()
             outs = [pb.recv() for pb in pubs]
+            busy = busy_pct(m0, machine_ticks())
             stop.set()
             q.join()
             # every published event applied? (a query's barrier waits for the drain)
@@ -594,7 +600,7 @@ def workers(cfg: argparse.Namespace) -> dict[str, Any]:
                 "publisher_cpu_pct": 100 * sum(o["cpu_s"] for o in outs) / pub_wall,
                 "daemon_cpu_pct": 100 * cpu / wall, "daemon_cpu_us_per_event": 1e6 * cpu / max(1, applied),
                 "rss_start": rss0, "rss_end": proc_rss(d.proc.pid), "ring_bytes": cfg.worker_ring_bytes,
-                "query": summary(q.lat), "query_other": q.other,
+                "query": summary(q.lat), "query_other": q.other, "machine_busy_pct": busy,
             })
             log(f"workers: {w} done")
         finally:
