@@ -15,7 +15,6 @@ from typing import Any
 
 BS = 32  # tokens per block, as the engine's kv_block_size
 TICKS = os.sysconf("SC_CLK_TCK")
-PAGE = os.sysconf("SC_PAGE_SIZE")
 
 Event = tuple[list[int], list[int], "int | None"]  # tokens, block hashes, parent hash
 
@@ -71,10 +70,14 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def proc_rss(pid: int) -> int:
-    """Resident set size in bytes."""
-    with open(f"/proc/{pid}/statm") as f:
-        return int(f.read().split()[1]) * PAGE
+def proc_rss(pid: int, field: str = "RssAnon") -> int:
+    """Resident memory of a process in bytes: RssAnon (default: its heap, without shared-memory rings or mapped
+    files) or VmRSS (everything resident, rings included)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise ValueError(f"no {field} in /proc/{pid}/status")
 
 
 def http_get(host: str, port: int, path: str, timeout: float = 120.0) -> tuple[int, bytes, float]:

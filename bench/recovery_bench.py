@@ -30,6 +30,7 @@ import mmap
 import os
 import platform
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -270,7 +271,6 @@ def queries(cfg: argparse.Namespace) -> dict[str, Any]:
             ix.apply_stored(seq, tokens, hashes, parent)
         seq += 1
     last = seq - 1
-    ids = list(range(max(1, last - 20), last + 1))  # the newest event ids applied (an id gap skips one)
     for ix in sides.values():  # warm: applied and dump cached
         ix.get_events_json(None, None)
     samples: dict[str, list[int]] = {}
@@ -283,20 +283,27 @@ def queries(cfg: argparse.Namespace) -> dict[str, Any]:
         for ix in sides.values():
             ix.apply_removed(last + 2, [1])
         last += 2
-        ids.append(last)
-        for name in order:
-            ix = sides[name]
-            cases: list[tuple[str, int | None, int | None, int]] = [
-                ("dump_fresh", None, None, 1), ("dump_cached", None, None, 2),
-                ("events10", ids[-10], last, cfg.query_n), ("toonew", last + 10, last + 20, cfg.query_n),
-                ("invalid", last, last - 5, cfg.query_n),
-            ]
-            for case, start, end, reps in cases:
+
+        def timed(case: str, start: int | None, end: int | None, reps: int) -> None:
+            for name in order:
+                ix = sides[name]
                 for _ in range(reps):
                     t0 = time.perf_counter_ns()
                     body = ix.get_events_json(start, end)
                     samples.setdefault(f"{case}/{name}", []).append(time.perf_counter_ns() - t0)
                 bodies[name][case] = body
+
+        timed("dump_fresh", None, None, 1)
+        timed("dump_cached", None, None, 2)
+        # ten new Stored events of 32 blocks x 32 tokens: the newest ten ids, what an Events answer carries
+        for _ in range(10):
+            tokens, hashes, parent = gen.next()
+            last += 1
+            for ix in sides.values():
+                ix.apply_stored(last, tokens, hashes, parent)
+        timed("events10", last - 9, last, cfg.query_n)
+        timed("toonew", last + 10, last + 20, cfg.query_n)
+        timed("invalid", last, last - 5, cfg.query_n)
     for name in sides:
         info[name] = {case: {"bytes": len(b.encode()), "variant": variant(b),
                              "events": len(json.loads(b)[variant(b)].get("events", []))
@@ -422,10 +429,9 @@ def deployment(cfg: argparse.Namespace) -> dict[str, Any]:
 
 
 # --- scale: resident blocks -------------------------------------------------------------------------------------
-def ingest_rate(kv: Any, seq: int, n_events: int) -> tuple[float, int]:
+def ingest_rate(kv: Any, pid: int, seq: int, n_events: int) -> tuple[float, int]:
     """Stops kvshmd, publishes n_events (Stored/Removed pairs of 32x32) into the ring, resumes it and times until a
     query (whose barrier waits for every event published before it) returns: events per second."""
-    pid = kv.stats()["daemon_pid"]
     gen = ChainGen(32, 1, base=1 << 52)
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -444,10 +450,18 @@ def ingest_rate(kv: Any, seq: int, n_events: int) -> tuple[float, int]:
 def scale(cfg: argparse.Namespace) -> dict[str, Any]:
     sizes = [int(s) for s in cfg.scale_sizes.split(",")]
     log(f"scale: resident blocks {sizes}")
-    kv = LocalIndexer(13, BS, ring_bytes=256 << 20)
-    pace = __import__("_child").ring_pacer(kv)
+    d = Daemon(cfg.kvshmd)  # shared, so its /metrics tells the Go heap apart from RSS
+    kv = LocalIndexer(13, BS, ring_bytes=256 << 20, socket_path=d.socket)
+    ring = kv._ring  # noqa: SLF001 - the bench reads the ring's fill
+
+    def pace(seq: int) -> None:
+        """Keeps the publisher within reach of kvshmd: a query barrier (everything published is applied) and, as
+        applied records stay in the ring until a checkpoint releases them, a wait while the ring is 3/4 full."""
+        kv.get_events_json(seq, seq)
+        while (st := ring.stats())["used"] > st["capacity"] * 3 // 4:
+            time.sleep(0.005)
     holder = Child("holder") if REF else None
-    pid = kv.stats()["daemon_pid"]
+    pid = d.proc.pid
     time.sleep(0.2)
     base_rss = proc_rss(pid)
     gen = ChainGen(256, 1)
@@ -470,20 +484,20 @@ def scale(cfg: argparse.Namespace) -> dict[str, Any]:
                 kv.apply_stored(seq, tokens, hashes, parent)
                 seq += 1
                 blocks += len(hashes)
-                if seq % 64 == 0:
-                    pace()
+                if seq % 32 == 0:
+                    pace(seq - 1)
             kv.get_events_json(seq - 1, None)
             fill_kv = time.perf_counter() - t0
             p: dict[str, Any] = {"blocks": n, "fill_s_kvshm": fill_kv}
             if holder:
                 p["fill_s_ref"] = holder.call({"op": "fill", "blocks": n})["seconds"]
-            rate, seq = ingest_rate(kv, seq, cfg.ingest_events)
+            rate, seq = ingest_rate(kv, pid, seq, cfg.ingest_events)
             p["ingest_events_per_s"] = rate
             p["ingest_blocks_per_s"] = rate / 2 * 32  # Stored events carry 32 blocks, Removed ones 32 hashes
             dumps: dict[str, list[int]] = {}
-            rounds = cfg.dump_rounds if n < 1_000_000 else max(2, cfg.dump_rounds // 2)
+            rounds = cfg.dump_rounds if n < 1_000_000 else (max(2, cfg.dump_rounds // 2) if n < 10_000_000 else 1)
             for rnd in range(rounds):
-                sides = ["kvshm", "ref"] if holder else ["kvshm"]
+                sides = ["kvshm", "kvshm_http", "ref"] if holder else ["kvshm", "kvshm_http"]
                 if rnd % 2:
                     sides.reverse()
                 for side in sides:
@@ -498,6 +512,16 @@ def scale(cfg: argparse.Namespace) -> dict[str, Any]:
                             dumps.setdefault(key, []).append(time.perf_counter_ns() - t0n)
                             p["dump_bytes_kvshm"] = len(body)
                             del body
+                        elif side == "kvshm_http":  # the same daemon's answer to a consumer's GET
+                            if fresh:
+                                kv.apply_removed(seq + 1, [1])
+                                seq += 2
+                                kv.get_events_json(seq - 1, seq - 1)  # applied, so the GET times the dump alone
+                            t0n = time.perf_counter_ns()
+                            status, body_b, _ = http_get("127.0.0.1", d.port, "/kv_recover")
+                            dumps.setdefault(key, []).append(time.perf_counter_ns() - t0n)
+                            assert status == 200, status
+                            del body_b
                         else:
                             assert holder is not None
                             r = holder.call({"op": "dump", "fresh": fresh})
@@ -507,16 +531,22 @@ def scale(cfg: argparse.Namespace) -> dict[str, Any]:
             gc.collect()
             time.sleep(0.2)
             p["rss_kvshm"] = proc_rss(pid)
+            metrics = http_get("127.0.0.1", d.port, "/metrics")[1].decode()
+            for name in ("go_memstats_heap_alloc_bytes", "go_memstats_heap_inuse_bytes"):
+                m = re.search(rf"^{name} (\S+)$", metrics, re.M)
+                p[name] = float(m.group(1)) if m else float("nan")
             p["bytes_per_block_kvshm"] = (p["rss_kvshm"] - base_rss) / n
             if holder:
                 r = holder.call({"op": "rss"})
                 p["rss_ref"] = r["rss"]
                 p["bytes_per_block_ref"] = (r["rss"] - r["base_rss"]) / n
+            p["dropped_kvshm"] = kv.stats()["dropped_events"]
             p["step_s"] = time.perf_counter() - t_step
             points.append(p)
             log(f"scale: {n:,} blocks done in {p['step_s']:.1f} s")
     finally:
         kv.shutdown()
+        d.stop()
         if holder:
             holder.close()
     return {"sizes": sizes, "points": points, "daemon_base_rss": base_rss, "ingest_events": cfg.ingest_events}
@@ -559,7 +589,10 @@ def workers(cfg: argparse.Namespace) -> dict[str, Any]:
     counts = [int(s) for s in cfg.worker_counts.split(",")]
     log(f"workers: one shared kvshmd, {counts} attached workers at {cfg.worker_rate:.0f} events/s each")
     points = []
-    for w in counts:
+    runs = [(w, cfg.worker_rate) for w in counts]
+    if cfg.worker_low_rate > 0:  # many streams that publish rarely: the daemon's idle strategy per stream
+        runs.append((max(counts), cfg.worker_low_rate))
+    for w, rate in runs:
         d = Daemon(cfg.kvshmd)
         pubs: list[Child] = []
         try:
@@ -577,7 +610,7 @@ def workers(cfg: argparse.Namespace) -> dict[str, Any]:
             m0 = machine_ticks()
             t0 = time.perf_counter()
             for pb in pubs:
-                pb.send({"op": "publish", "seconds": cfg.worker_seconds, "rate": cfg.worker_rate})
+                pb.send({"op": "publish", "seconds": cfg.worker_seconds, "rate": rate})
             q.start()
             outs = [pb.recv() for pb in pubs]
             busy = busy_pct(m0, machine_ticks())
@@ -594,15 +627,16 @@ def workers(cfg: argparse.Namespace) -> dict[str, Any]:
             applied = sum(int(s["events_received"]) for s in st)
             pub_wall = max(o["wall_s"] for o in outs)
             points.append({
-                "workers": w, "publisher_procs": procs, "events": events, "applied": applied,
+                "workers": w, "rate": rate, "publisher_procs": procs, "events": events, "applied": applied,
                 "events_per_s_per_worker": events / pub_wall / w, "blocks_per_s_total": events / 2 * 32 / pub_wall,
                 "dropped": sum(o["dropped"] for o in outs), "max_behind_s": max(o["max_behind_s"] for o in outs),
                 "publisher_cpu_pct": 100 * sum(o["cpu_s"] for o in outs) / pub_wall,
                 "daemon_cpu_pct": 100 * cpu / wall, "daemon_cpu_us_per_event": 1e6 * cpu / max(1, applied),
                 "rss_start": rss0, "rss_end": proc_rss(d.proc.pid), "ring_bytes": cfg.worker_ring_bytes,
+                "vmrss_end": proc_rss(d.proc.pid, "VmRSS"),
                 "query": summary(q.lat), "query_other": q.other, "machine_busy_pct": busy,
             })
-            log(f"workers: {w} done")
+            log(f"workers: {w} at {rate:.0f} events/s done")
         finally:
             for pb in pubs:
                 pb.close()
@@ -638,6 +672,7 @@ def main() -> None:
     p.add_argument("--ingest-events", type=int, default=int(env("INGEST_EVENTS", "6000")))
     p.add_argument("--worker-counts", default=env("WORKER_COUNTS", "1,8,64"))
     p.add_argument("--worker-rate", type=float, default=float(env("WORKER_RATE", "400")))
+    p.add_argument("--worker-low-rate", type=float, default=float(env("WORKER_LOW_RATE", "10")))
     p.add_argument("--worker-seconds", type=float, default=float(env("WORKER_SECONDS", "6")))
     p.add_argument("--worker-qps", type=float, default=float(env("WORKER_QPS", "50")))
     p.add_argument("--worker-procs", type=int, default=int(env("WORKER_PROCS", "2")))

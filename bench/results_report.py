@@ -170,7 +170,7 @@ def plots(d: dict[str, Any], outdir: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     made: list[str] = []
-    colors = {"kvshm": "tab:blue", "ref": "tab:orange", "floor": "tab:gray"}
+    colors = {"kvshm": "tab:blue", "kvshm_http": "tab:green", "ref": "tab:orange", "floor": "tab:gray"}
 
     def cdf(ax: Any, samples: list[float], label: str, color: str) -> None:
         if samples:
@@ -242,7 +242,7 @@ def plots(d: dict[str, Any], outdir: Path) -> list[str]:
         xs = [pt["blocks"] for pt in pts]
         fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
         ax = axes[0]
-        for side in ("kvshm", "ref"):
+        for side in ("kvshm", "kvshm_http", "ref"):
             for kind, style in (("fresh", "o-"), ("cached", "s--")):
                 key = f"{kind}/{side}"
                 ys = [pt["dump"][key]["median_us"] / 1e3 for pt in pts if key in pt["dump"]]
@@ -275,7 +275,7 @@ def plots(d: dict[str, Any], outdir: Path) -> list[str]:
         made.append("scale_blocks.png")
     w = d.get("workers")
     if w and w["points"]:
-        pts = w["points"]
+        pts = [pt for pt in w["points"] if pt.get("rate", w["rate"]) == w["rate"]]
         xs = [pt["workers"] for pt in pts]
         fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
         axes[0].plot(xs, [pt["events_per_s_per_worker"] for pt in pts], "o-", label="published per worker")
@@ -283,7 +283,7 @@ def plots(d: dict[str, Any], outdir: Path) -> list[str]:
                      label="applied per worker")
         axes[0].set_ylabel("events/s per worker")
         axes[0].set_title("ingest per worker")
-        axes[1].plot(xs, [pt["rss_end"] / 2**20 for pt in pts], "o-", label="kvshmd RSS (incl. touched rings)")
+        axes[1].plot(xs, [pt["rss_end"] / 2**20 for pt in pts], "o-", label="kvshmd RssAnon (heap, without the rings)")
         axes[1].plot(xs, [pt["daemon_cpu_pct"] for pt in pts], "s--", label="kvshmd CPU %")
         axes[1].set_title("daemon memory (MiB) and CPU (%)")
         axes[2].plot(xs, [pt["query"]["median_us"] / 1e3 for pt in pts], "o-", label="median")
@@ -313,7 +313,8 @@ def node_sizing(d: dict[str, Any]) -> list[str]:
     s = d.get("scale", {}).get("points", [])
     if not w or not s:
         return ["(not measured: the workers or scale section was skipped)"]
-    top = max(w, key=lambda pt: pt["workers"])
+    top = max((pt for pt in w if pt.get("rate") == d["workers"]["rate"]), key=lambda pt: pt["workers"])
+    low = [pt for pt in w if pt.get("rate") != d["workers"]["rate"]]
     big = max(s, key=lambda pt: pt["blocks"])
     near = min(s, key=lambda pt: abs(pt["blocks"] - NODE_BLOCKS_PER_RANK))
     cpu_per_event = top["daemon_cpu_us_per_event"]
@@ -327,8 +328,11 @@ def node_sizing(d: dict[str, Any]) -> list[str]:
         f"blocks per rank, the default {DEFAULT_RING_BYTES >> 20} MiB ring per producer.",
         "",
         f"* **CPU**: kvshmd spent {cpu_per_event:.1f} µs of CPU per applied event with {top['workers']} workers at "
-        f"{d['workers']['rate']:.0f} events/s each (queries included) → {cores:.2f} cores for the node.",
-        f"* **Memory**: {per_block:.0f} B of kvshmd RSS per resident block (at {big['blocks']:,}) → "
+        f"{d['workers']['rate']:.0f} events/s each (queries included) → {cores:.2f} cores for the node"
+        + (f"; but with streams that publish rarely the per-stream idle strategy dominates: {low[0]['workers']} "
+           f"workers at {low[0]['rate']:.0f} events/s each cost {low[0]['daemon_cpu_pct']:.0f}% of a core "
+           f"({low[0]['daemon_cpu_us_per_event']:.0f} µs per event)." if low else "."),
+        f"* **Memory**: {per_block:.0f} B of kvshmd RssAnon per resident block (at {big['blocks']:,}) → "
         f"{index_gib:.1f} GiB for {NODE_STREAMS * NODE_BLOCKS_PER_RANK:,} blocks; plus the rings, "
         f"{NODE_STREAMS} × {DEFAULT_RING_BYTES >> 20} MiB = {rings_gib:.0f} GiB of /dev/shm once each has wrapped "
         "(shared pages, counted in both the engine's and kvshmd's RSS).",
@@ -344,29 +348,37 @@ def node_sizing(d: dict[str, Any]) -> list[str]:
 
 def first_limit(d: dict[str, Any]) -> list[str]:
     w = d.get("workers", {}).get("points", [])
-    if not w:
+    rate = d.get("workers", {}).get("rate")
+    main_pts = [pt for pt in w if pt.get("rate", rate) == rate]
+    if not main_pts:
         return []
     cores = d["machine"]["cores"] or 1
     out = []
     for pt in w:
-        busy = pt.get("machine_busy_pct")
-        out.append(f"{pt['workers']} workers: kvshmd {pt['daemon_cpu_pct']:.0f}% of a core, publishers "
-                   f"{pt['publisher_cpu_pct']:.0f}%, machine {busy:.0f}% of {cores} cores busy, "
-                   f"query p50 {us(pt['query']['median_us'])} p99 {us(pt['query']['p99_us'])}, dropped "
-                   f"{pt['dropped']}, RSS {pt['rss_end'] / 2**20:.0f} MiB" if busy is not None else "")
-    top = max(w, key=lambda pt: pt["workers"])
-    one = min(w, key=lambda pt: pt["workers"])
-    lat_growth = top["query"]["median_us"] / one["query"]["median_us"] if one["query"]["median_us"] else float("nan")
-    verdict_line = (f"First limit: **CPU**. At {top['workers']} workers the recovery query median grew "
-                    f"{lat_growth:.1f}× over {one['workers']} worker while kvshmd used "
-                    f"{top['daemon_cpu_pct']:.0f}% of a core and the machine was "
-                    f"{top.get('machine_busy_pct', float('nan')):.0f}% busy; memory ({top['rss_end'] / 2**20:.0f} "
-                    f"MiB) and the rings (no events dropped: {top['dropped'] == 0}) were not the limit. Sockets carry "
-                    "only queries (events travel through shared memory), so socket bandwidth is not a limit here.")
+        out.append(f"{pt['workers']} workers at {pt.get('rate', rate):.0f} events/s: kvshmd "
+                   f"{pt['daemon_cpu_pct']:.0f}% of a core ({pt['daemon_cpu_us_per_event']:.0f} µs per event), "
+                   f"publishers {pt['publisher_cpu_pct']:.0f}%, machine {pt.get('machine_busy_pct', float('nan')):.0f}%"
+                   f" of {cores} cores busy, query p50 {us(pt['query']['median_us'])} p99 {us(pt['query']['p99_us'])},"
+                   f" dropped {pt['dropped']}, kvshmd RssAnon {pt['rss_end'] / 2**20:.0f} MiB")
+    top = max(main_pts, key=lambda pt: pt["workers"])
+    one = min(main_pts, key=lambda pt: pt["workers"])
+    growth = top["query"]["median_us"] / one["query"]["median_us"] if one["query"]["median_us"] else float("nan")
     if top["dropped"]:
-        verdict_line = (f"First limit: **ring capacity / drain rate**: {top['dropped']} events dropped at "
-                        f"{top['workers']} workers.")
-    return ["* " + line for line in out if line] + ["", verdict_line]
+        line = (f"First limit: **ring capacity / drain rate**: {top['dropped']} events dropped at {top['workers']} "
+                "workers.")
+    elif growth > 3:
+        line = (f"First limit: **query latency under load**. From {one['workers']} to {top['workers']} publishing "
+                f"workers the recovery query median grew {growth:.1f}× ({us(one['query']['median_us'])} → "
+                f"{us(top['query']['median_us'])}) while kvshmd used {top['daemon_cpu_pct']:.0f}% of a core, the "
+                f"machine was {top.get('machine_busy_pct', float('nan')):.0f}% busy, nothing was dropped and memory "
+                f"stayed at {top['rss_end'] / 2**20:.0f} MiB: the daemon's scheduling of one drain thread per stream "
+                "(each a locked OS thread that spins, yields and sleeps after every record) delays the query "
+                "goroutines before CPU, memory or socket bandwidth run out. Events travel through shared memory, so "
+                "socket bandwidth carries only the queries.")
+    else:
+        line = (f"First limit: **CPU** (kvshmd {top['daemon_cpu_pct']:.0f}% of a core at {top['workers']} workers, "
+                f"query median ×{growth:.1f}); memory and rings were not limiting.")
+    return ["* " + x for x in out] + ["", line]
 
 
 def main() -> None:
@@ -494,29 +506,35 @@ def main() -> None:
     s = d.get("scale")
     if s:
         L += ["## Scale: resident blocks", "",
-              "One kvshm.LocalIndexer (private kvshmd) and one reference (its own process) grown together with "
-              "root chains of 256 blocks. Memory: RSS growth over the empty process divided by the blocks "
-              "(kvshmd's Go heap includes garbage not yet collected; the ring's touched pages count too). Ingest: "
+              "One kvshm.LocalIndexer and one reference (its own process) grown together with "
+              "root chains of 256 blocks; kvshm's side is a shared `kvshmd serve --http` (no checkpoints), timed through "
+              "the Python API (kvshm.LocalIndexer.get_events_json) and through a consumer's HTTP GET /kv_recover "
+              "(http.client, new connection). Memory: RssAnon growth over the empty process divided by the blocks "
+              "(kvshmd's Go heap includes garbage not yet collected; the ring is shared memory, not counted). Ingest: "
               f"kvshmd stopped (SIGSTOP), {s['ingest_events']:,} Stored/Removed events of 32 blocks published, "
               "resumed; time until a query's read-your-writes barrier returns.", ""]
         rows = []
+        nan = {"median_us": float("nan")}
         for pt in s["points"]:
             dm = pt["dump"]
-            g = dm.get
-            rows.append([f"{pt['blocks']:,}", us(dm["fresh/kvshm"]["median_us"]),
-                         us(g("fresh/ref", {"median_us": float("nan")})["median_us"]),
-                         ratio_s(dm["fresh/kvshm"]["median_us"] / dm["fresh/ref"]["median_us"]) if "fresh/ref" in dm
-                         else "—",
-                         us(dm["cached/kvshm"]["median_us"]),
-                         us(g("cached/ref", {"median_us": float("nan")})["median_us"]),
-                         ratio_s(dm["cached/kvshm"]["median_us"] / dm["cached/ref"]["median_us"]) if "cached/ref" in dm
-                         else "—",
+
+            def cell(kind: str, side: str) -> str:
+                a, r = dm.get(f"{kind}/{side}", nan)["median_us"], dm.get(f"{kind}/ref", nan)["median_us"]
+                return f"{us(a)} ({ratio_s(a / r)})" if r == r else us(a)
+
+            rows.append([f"{pt['blocks']:,}", cell("fresh", "kvshm"), cell("fresh", "kvshm_http"),
+                         us(dm.get("fresh/ref", nan)["median_us"]), cell("cached", "kvshm"),
+                         cell("cached", "kvshm_http"), us(dm.get("cached/ref", nan)["median_us"]),
                          f"{mb(pt.get('dump_bytes_kvshm', 0))} / {mb(pt.get('dump_bytes_ref', 0))}",
                          f"{pt['bytes_per_block_kvshm']:.0f} / {pt.get('bytes_per_block_ref', float('nan')):.0f}",
+                         f"{pt.get('go_memstats_heap_alloc_bytes', float('nan')) / 2**20:,.0f} MiB",
                          f"{pt['ingest_events_per_s']:,.0f} ev/s ({pt['ingest_blocks_per_s'] / 1e6:.2f} M blocks/s)",
-                         f"{pt['fill_s_kvshm']:.1f} / {pt.get('fill_s_ref', float('nan')):.1f}"])
-        L += table(["blocks", "dump fresh kvshm", "ref", "ratio", "dump cached kvshm", "ref", "ratio",
-                    "dump bytes kvshm / ref", "B/block kvshmd / ref", "kvshmd ingest", "fill s kvshm / ref"], rows)
+                         f"{pt['fill_s_kvshm']:.1f} / {pt.get('fill_s_ref', float('nan')):.1f}",
+                         str(pt.get("dropped_kvshm", "?"))])
+        L += table(["blocks", "dump fresh: kvshm Python API (vs ref)", "kvshm HTTP GET (vs ref)", "reference",
+                    "dump cached: kvshm Python API (vs ref)", "kvshm HTTP GET (vs ref)", "reference",
+                    "dump bytes kvshm / ref", "B/block kvshmd / ref (RssAnon)", "kvshmd Go heap_alloc",
+                    "kvshmd ingest", "fill s kvshm / ref", "dropped"], rows)
         L += ["", "![scale: resident blocks](scale_blocks.png)", ""]
     w = d.get("workers")
     if w:
@@ -527,14 +545,15 @@ def main() -> None:
               f"/workers/{{w}}/kv_recover for its newest events ({w['qps']:.0f}/s target, one at a time).", ""]
         rows = []
         for pt in w["points"]:
-            rows.append([str(pt["workers"]), f"{pt['events_per_s_per_worker']:.0f}",
+            rows.append([str(pt["workers"]), f"{pt.get('rate', w['rate']):.0f}", f"{pt['events_per_s_per_worker']:.0f}",
                          f"{pt['applied']:,} / {pt['events']:,}", str(pt["dropped"]),
                          f"{pt['daemon_cpu_pct']:.0f}%", f"{pt['daemon_cpu_us_per_event']:.1f}",
-                         f"{pt['rss_start'] / 2**20:.0f} → {pt['rss_end'] / 2**20:.0f} MiB",
+                         f"{pt['rss_start'] / 2**20:.0f} → {pt['rss_end'] / 2**20:.0f} MiB "
+                         f"({pt.get('vmrss_end', 0) / 2**20:.0f} MiB)",
                          us(pt["query"]["median_us"]), us(pt["query"]["p99_us"]), str(pt["query"]["n"]),
                          f"{pt.get('machine_busy_pct', float('nan')):.0f}%"])
-        L += table(["workers", "events/s per worker", "applied / published", "dropped", "kvshmd CPU",
-                    "kvshmd CPU µs/event", "kvshmd RSS", "query p50", "query p99", "queries", "machine busy"], rows)
+        L += table(["workers", "target events/s per worker", "published events/s per worker", "applied / published", "dropped", "kvshmd CPU",
+                    "kvshmd CPU µs/event", "kvshmd RssAnon (VmRSS with rings)", "query p50", "query p99", "queries", "machine busy"], rows)
         L += ["", "![scale: workers](scale_workers.png)", "", *first_limit(d), "",
               "### What a node of 8 GPUs × 8 dp ranks needs", "", *node_sizing(d), ""]
     if args.go and Path(args.go).exists():
