@@ -70,3 +70,23 @@ def test_publish_cost_goal_compares_the_engine_with_and_without_traffic() -> Non
     (g,) = [g for g in rr.goals(d) if "under recovery traffic" in g.name]
     assert g.ok is False and g.ratio == pytest.approx(1.15)
     assert "+100%" in g.baseline
+
+
+def point(workers: int, query_us: float, busy: float, dropped: int = 0) -> dict[str, Any]:
+    return {"workers": workers, "rate": 400.0, "daemon_cpu_pct": 30.0, "daemon_cpu_us_per_event": 10.0,
+            "publisher_cpu_pct": 5.0, "machine_busy_pct": busy, "query": s(query_us), "dropped": dropped,
+            "rss_end": 2**20}
+
+
+@pytest.mark.parametrize(
+    ("points", "want"),
+    [
+        ([point(1, 1000, 50), point(64, 1200, 60)], "**CPU** (kvshmd"),  # latency flat: CPU is named
+        ([point(1, 1000, 50), point(64, 30000, 95)], "**CPU** on this machine"),  # saturated machine
+        ([point(1, 1000, 50), point(64, 30000, 40)], "**query latency under load**"),  # idle machine, slow queries
+        ([point(1, 1000, 50), point(64, 1000, 40, dropped=5)], "**ring capacity / drain rate**"),
+    ],
+)
+def test_first_limit_follows_the_measurements(points: list[dict[str, Any]], want: str) -> None:
+    d = {"machine": {"cores": 2}, "workers": {"rate": 400.0, "points": points}}
+    assert want in rr.first_limit(d)[-1]
