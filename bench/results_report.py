@@ -319,7 +319,7 @@ def node_sizing(d: dict[str, Any]) -> list[str]:
     near = min(s, key=lambda pt: abs(pt["blocks"] - NODE_BLOCKS_PER_RANK))
     cpu_per_event = top["daemon_cpu_us_per_event"]
     cores = NODE_STREAMS * NODE_EVENTS_PER_RANK * cpu_per_event / 1e6
-    per_block = big["bytes_per_block_kvshm"]
+    per_block = near["bytes_per_block_kvshm"]  # each rank is its own index of about this many blocks
     index_gib = NODE_STREAMS * NODE_BLOCKS_PER_RANK * per_block / 2**30
     rings_gib = NODE_STREAMS * DEFAULT_RING_BYTES / 2**30
     lines = [
@@ -332,8 +332,9 @@ def node_sizing(d: dict[str, Any]) -> list[str]:
         + (f"; but with streams that publish rarely the per-stream idle strategy dominates: {low[0]['workers']} "
            f"workers at {low[0]['rate']:.0f} events/s each cost {low[0]['daemon_cpu_pct']:.0f}% of a core "
            f"({low[0]['daemon_cpu_us_per_event']:.0f} µs per event)." if low else "."),
-        f"* **Memory**: {per_block:.0f} B of kvshmd RssAnon per resident block (at {big['blocks']:,}) → "
-        f"{index_gib:.1f} GiB for {NODE_STREAMS * NODE_BLOCKS_PER_RANK:,} blocks; plus the rings, "
+        f"* **Memory**: {per_block:.0f} B of kvshmd RssAnon per resident block in an index of "
+        f"{near['blocks']:,} blocks ({big['bytes_per_block_kvshm']:.0f} B at {big['blocks']:,}) → "
+        f"{index_gib:.1f} GiB for {NODE_STREAMS} × {NODE_BLOCKS_PER_RANK:,} blocks; plus the rings, "
         f"{NODE_STREAMS} × {DEFAULT_RING_BYTES >> 20} MiB = {rings_gib:.0f} GiB of /dev/shm once each has wrapped "
         "(shared pages, counted in both the engine's and kvshmd's RSS).",
         f"* **Recovery**: a TreeDump of one rank's {near['blocks']:,} blocks takes "
