@@ -429,7 +429,9 @@ def main() -> None:
     L += ["", "## Goals", "", f"From {GOAL_ROWS_DOC}. Ratio = kvshm / baseline (lower is better).", ""]
     rows = [[g.name, g.target, g.kvshm, g.baseline, ratio_s(g.ratio), "info" if g.note == "info" else verdict(g.ok)]
             for g in goals(d)]
-    L += table(["goal", "target", "kvshm", "baseline (same run)", "ratio", "verdict"], rows)
+    goal_table = table(["goal", "target", "kvshm", "baseline (same run)", "ratio", "verdict"], rows)
+    print("\n".join(goal_table))  # make bench prints the goals with their ratios
+    L += goal_table
     L += [""]
     p = d.get("publish")
     if p:
@@ -583,6 +585,8 @@ def main() -> None:
             L += [f"## {path.stem}", "", "```", path.read_text().rstrip(), "```", ""]
     L += ["Plots: " + ", ".join(f"[{m}]({m})" for m in made), ""]
     out.write_text("\n".join(L))
+    for skipped in d.get("skipped", []):
+        print(f"SKIPPED: {skipped}")
     print(f"wrote {out} and {len(made)} plots")
 
 
