@@ -119,3 +119,26 @@ def busy_pct(before: tuple[int, int], after: tuple[int, int]) -> float:
     """Share of the machine's CPU time that was busy between two machine_ticks() readings, in %."""
     total = after[1] - before[1]
     return 100.0 * (after[0] - before[0]) / total if total else float("nan")
+
+
+def same_reply(a: str, b: str) -> str:
+    """"yes" when byte-identical; "same events, order differs" when a TreeDump holds the same events in another
+    order (1.6.1 orders siblings by hashbrown iteration, which no other implementation reproduces; event ids of a
+    dump are positions); otherwise "no"."""
+    if a == b:
+        return "yes"
+    try:
+        ja, jb = json.loads(a), json.loads(b)
+    except ValueError:
+        return "no"
+    if set(ja) == set(jb) == {"TreeDump"}:
+        def key(e: dict[str, Any]) -> str:
+            e = json.loads(json.dumps(e))
+            e["event"].pop("event_id", None)
+            return json.dumps(e, sort_keys=True)
+
+        ta, tb = ja["TreeDump"], jb["TreeDump"]
+        if ({k: v for k, v in ta.items() if k != "events"} == {k: v for k, v in tb.items() if k != "events"}
+                and sorted(map(key, ta["events"])) == sorted(map(key, tb["events"]))):
+            return "same events, order differs"
+    return "no"

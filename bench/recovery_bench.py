@@ -48,7 +48,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "pybind" / "src"))
 from _common import (  # noqa: E402
-    BS, ChainGen, busy_pct, http_get, last_event_id, machine_ticks, proc_cpu_s, proc_rss, summary, variant)
+    BS, ChainGen, busy_pct, http_get, last_event_id, machine_ticks, proc_cpu_s, proc_rss, same_reply, summary, variant)
 
 from kvshm import LocalIndexer  # noqa: E402
 
@@ -310,7 +310,7 @@ def queries(cfg: argparse.Namespace) -> dict[str, Any]:
                              if variant(b) in ("Events", "TreeDump") else 0}
                       for case, b in bodies[name].items()}
     if REF:
-        info["identical"] = {case: bodies["kvshm"][case] == bodies["ref"][case] for case in bodies["kvshm"]}
+        info["identical"] = {case: same_reply(bodies["kvshm"][case], bodies["ref"][case]) for case in bodies["kvshm"]}
     kv.shutdown()
     if REF:
         sides["ref"].shutdown()

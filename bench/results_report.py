@@ -474,9 +474,9 @@ def main() -> None:
             rows.append([case, f"{ik['variant']}, {ik['bytes']:,} B, {ik['events']} events", us(k["median_us"]),
                          us(k["p99_us"]), us(r["median_us"]) if r else "—", us(r["p99_us"]) if r else "—",
                          ratio_s(k["median_us"] / r["median_us"]) if r else "—",
-                         "—" if ident is None else ("yes" if ident else "no")])
+                         "—" if ident is None else (ident if isinstance(ident, str) else ("yes" if ident else "no"))])
         L += table(["query", "kvshm reply", "kvshm p50", "kvshm p99", "reference p50", "reference p99", "ratio",
-                    "byte-identical"], rows)
+                    "identical to the reference"], rows)
         L += ["", "![query latency CDFs](query_latency_cdf.png)", ""]
     dep = d.get("deployment")
     if dep:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
 import results_report as rr  # noqa: E402
 
 GO_OUT = """goos: linux
@@ -90,3 +92,23 @@ def point(workers: int, query_us: float, busy: float, dropped: int = 0) -> dict[
 def test_first_limit_follows_the_measurements(points: list[dict[str, Any]], want: str) -> None:
     d = {"machine": {"cores": 2}, "workers": {"rate": 400.0, "points": points}}
     assert want in rr.first_limit(d)[-1]
+
+
+def dump(*events: tuple[int, int]) -> str:
+    """A TreeDump JSON of events given as (event_id, block_hash)."""
+    evs = [{"worker_id": 1, "event": {"event_id": i, "data": {"stored": {"blocks": [{"block_hash": h}]}}}}
+           for i, h in events]
+    return json.dumps({"TreeDump": {"events": evs, "last_event_id": 9, "reset_scope": "all"}})
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "want"),
+    [
+        (dump((0, 5), (1, 6)), dump((0, 5), (1, 6)), "yes"),
+        (dump((0, 5), (1, 6)), dump((0, 6), (1, 5)), "same events, order differs"),  # ids are positions
+        (dump((0, 5), (1, 6)), dump((0, 5), (1, 7)), "no"),
+        (dump((0, 5)), '{"Events": {"events": [], "last_event_id": 9}}', "no"),
+    ],
+)
+def test_same_reply_tells_order_apart_from_content(a: str, b: str, want: str) -> None:
+    assert _common.same_reply(a, b) == want
