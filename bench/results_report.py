@@ -10,14 +10,13 @@ text. Every goal of issue 9 is printed with its same-run baseline and ratio, and
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import json
 
 GOAL_ROWS_DOC = "issue 9, Goals and The deployment that matters"
 
@@ -413,7 +412,8 @@ def main() -> None:
         "## Machine",
         "",
         *table(["", ""], [
-            ["cores", str(m["cores"])], ["CPU", m["cpu_model"]], ["kernel", m["kernel"]], ["memory", f"{m['mem_gib']} GiB"],
+            ["cores", str(m["cores"])], ["CPU", m["cpu_model"]], ["kernel", m["kernel"]],
+            ["memory", f"{m['mem_gib']} GiB"],
             ["Python", m["python"]], ["Go", m["go"]], ["rustc", m["rustc"]], ["reference", m["reference"]],
             ["load average at start / end", f"{m['loadavg_start'][0]:.1f} / {m['loadavg_end'][0]:.1f} "
              "(the machine is shared: other work runs meanwhile)"],
@@ -519,7 +519,8 @@ def main() -> None:
     if s:
         L += ["## Scale: resident blocks", "",
               "One kvshm.LocalIndexer and one reference (its own process) grown together with "
-              "root chains of 256 blocks; kvshm's side is a shared `kvshmd serve --http` (no checkpoints), timed through "
+              "root chains of 256 blocks; kvshm's side is a shared `kvshmd serve --http` (no checkpoints), "
+              "timed through "
               "the Python API (kvshm.LocalIndexer.get_events_json) and through a consumer's HTTP GET /kv_recover "
               "(http.client, new connection). Memory: RssAnon growth over the empty process divided by the blocks "
               "(kvshmd's Go heap includes garbage not yet collected; the ring is shared memory, not counted). Ingest: "
@@ -530,7 +531,7 @@ def main() -> None:
         for pt in s["points"]:
             dm = pt["dump"]
 
-            def cell(kind: str, side: str) -> str:
+            def cell(kind: str, side: str, dm: dict[str, Any] = dm) -> str:
                 a, r = dm.get(f"{kind}/{side}", nan)["median_us"], dm.get(f"{kind}/ref", nan)["median_us"]
                 return f"{us(a)} ({ratio_s(a / r)})" if r == r else us(a)
 
@@ -564,8 +565,9 @@ def main() -> None:
                          f"({pt.get('vmrss_end', 0) / 2**20:.0f} MiB)",
                          us(pt["query"]["median_us"]), us(pt["query"]["p99_us"]), str(pt["query"]["n"]),
                          f"{pt.get('machine_busy_pct', float('nan')):.0f}%"])
-        L += table(["workers", "target events/s per worker", "published events/s per worker", "applied / published", "dropped", "kvshmd CPU",
-                    "kvshmd CPU µs/event", "kvshmd RssAnon (VmRSS with rings)", "query p50", "query p99", "queries", "machine busy"], rows)
+        L += table(["workers", "target events/s per worker", "published events/s per worker", "applied / published",
+                    "dropped", "kvshmd CPU", "kvshmd CPU µs/event", "kvshmd RssAnon (VmRSS with rings)", "query p50",
+                    "query p99", "queries", "machine busy"], rows)
         L += ["", "![scale: workers](scale_workers.png)", "", *first_limit(d), "",
               "### What a node of 8 GPUs × 8 dp ranks needs", "", *node_sizing(d), ""]
     if args.go and Path(args.go).exists():

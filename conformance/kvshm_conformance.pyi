@@ -3,7 +3,8 @@
 The Rust crate doc (conformance/src/lib.rs) is the reference for every behaviour below.
 """
 
-from typing import Iterable, Optional, SupportsIndex
+from collections.abc import Iterable
+from typing import SupportsIndex
 
 class LocalIndexer:
     """The old kv_local_indexer extension's API over dynamo-kv-router 1.6.1's LocalKvIndexer."""
@@ -15,10 +16,10 @@ class LocalIndexer:
         seq: int,
         token_ids: Iterable[SupportsIndex],
         block_hashes: Iterable[SupportsIndex],
-        parent_hash: Optional[SupportsIndex] = None,
+        parent_hash: SupportsIndex | None = None,
         dp_rank: int = 0,
-        lora_name: Optional[str] = None,
-        is_eagle: Optional[bool] = None,
+        lora_name: str | None = None,
+        is_eagle: bool | None = None,
     ) -> None:
         """Tokens hashed by 1.6.1 over complete windows, zipped with block_hashes (the shorter wins).
 
@@ -27,7 +28,7 @@ class LocalIndexer:
         """
     def apply_removed(self, seq: int, block_hashes: Iterable[SupportsIndex], dp_rank: int = 0) -> None: ...
     def apply_cleared(self, seq: int, dp_rank: int = 0) -> None: ...
-    def get_events_json(self, start: Optional[int] = None, end: Optional[int] = None) -> str:
+    def get_events_json(self, start: int | None = None, end: int | None = None) -> str:
         """1.6.1's WorkerKvQueryResponse for [start, end], as its serde_json output."""
     def shutdown(self) -> None:
         """Stop the indexer; idempotent."""
@@ -35,11 +36,11 @@ class LocalIndexer:
 class Consumer:
     """deepinfra's global-indexer consumer on 1.6.1's RadixTree; one thread only."""
 
-    def __init__(self, kv_block_size: Optional[int] = None) -> None: ...
+    def __init__(self, kv_block_size: int | None = None) -> None: ...
     def observe(self, worker_id: int, dp_rank: int, seq: int) -> str:
         """What the live listener would see: "initial", "contiguous", "gap" or "stale"."""
     def apply_live(
-        self, worker_id: int, dp_rank: int, op_json: str, kv_block_size: Optional[int] = None
+        self, worker_id: int, dp_rank: int, op_json: str, kv_block_size: int | None = None
     ) -> str:
         """Apply one trace op line (stored/removed/cleared) under (worker_id, dp_rank) unless stale.
 
@@ -51,7 +52,7 @@ class Consumer:
 
         ValueError when 1.6.1's types do not parse it.
         """
-    def watermark(self, worker_id: int, dp_rank: int) -> Optional[int]: ...
+    def watermark(self, worker_id: int, dp_rank: int) -> int | None: ...
     def state(self) -> str:
         """Canonical JSON of the tree: equal trees give equal strings."""
     def find_matches(self, tokens_hashes: Iterable[SupportsIndex]) -> list[tuple[int, int, int]]:

@@ -323,12 +323,11 @@ func (s *Server) acceptLoop() error {
 
 // conn is one client connection, served by one goroutine.
 type conn struct {
-	c    *net.UnixConn
-	uid  uint32
-	pid  int32
-	att  *attachment // set by ATTACH on this connection. Owned by the connection goroutine.
-	buf  []byte
-	resp []byte
+	c   *net.UnixConn
+	uid uint32
+	pid int32
+	att *attachment // set by ATTACH on this connection. Owned by the connection goroutine.
+	buf []byte
 }
 
 func (s *Server) admit(c *net.UnixConn) {

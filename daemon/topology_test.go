@@ -353,7 +353,7 @@ func TestPerRankCheckpoints(t *testing.T) {
 			t.Fatalf("checkpoint of %v: %v", p.rank, err)
 		}
 	}
-	ts = srv()
+	srv() // the restarted daemon (stopped by its cleanup)
 	for _, p := range ps {
 		if rep := p.attach(); !rep.Restored {
 			t.Fatalf("reattach of rank %v = %+v, want restored", p.rank, rep)

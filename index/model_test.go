@@ -272,10 +272,8 @@ func (m *model) buffer() []mEvent {
 	return m.events
 }
 
-func (m *model) lose(first, last uint64) {
-	if m.seenAny && first > m.lastSeen+1 {
-		first = m.lastSeen + 1
-	}
+// lose records the ids up to last as lost (the model needs only the upper end: a suffix crossing it is affected).
+func (m *model) lose(last uint64) {
 	m.lostHi = append(m.lostHi, last)
 	m.tainted = true
 	if !m.seenAny || last > m.lastSeen {
@@ -452,7 +450,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			first := id
 			last := id + uint64(rng.IntN(3))
 			ix.MarkLost(first, last, "test loss")
-			m.lose(first, last)
+			m.lose(last)
 			id = last
 			continue
 		case p < 3:

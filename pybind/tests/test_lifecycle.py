@@ -34,7 +34,7 @@ from helpers import SharedDaemon, daemon_stream, dump_blocks, event_ids, pid_gon
 def publish_stream(ix: LocalIndexer, first: int, n: int, stop: threading.Event | None = None) -> int:
     """Stores with parents (a chain per 10 events), every 7th a remove; returns the next seq."""
     seq = first
-    for i in range(n):
+    for _ in range(n):
         if stop is not None and stop.is_set():
             break
         if seq % 7 == 6:
@@ -90,7 +90,8 @@ def test_private_daemon_sigkill_midstream(make_indexer: IndexerFactory) -> None:
     os.kill(old_pid, signal.SIGKILL)
     answers = []
     deadline = time.monotonic() + 30
-    while not ((st := ix.stats(daemon=False))["attached"] and st["attaches"] == 2):  # one snapshot: the fields move together
+    # One snapshot: the fields move together.
+    while not ((st := ix.stats(daemon=False))["attached"] and st["attaches"] == 2):
         answers.append(json.loads(ix.get_events_json()))  # must not raise, must be JSON
         assert time.monotonic() < deadline, "the private daemon was not restarted"
         time.sleep(0.005)

@@ -283,7 +283,8 @@ def test_ring_full_drops_and_reports_loss(ring_dir: str) -> None:
         assert (st["dropped_events"], st["loss_pending"], st["loss_first_seq"], st["loss_last_seq"]) == (
             4, True, seq, seq + 3)
         h = read(w.path).header
-        dropped_bytes = size + len(_encode.encode_removed(1, many)) * 2 + len(_encode.encode_stored(1, toks, hashes, None, 1))
+        dropped_bytes = (size + len(_encode.encode_removed(1, many)) * 2
+                         + len(_encode.encode_stored(1, toks, hashes, None, 1)))
         assert (h["dropped_events"], h["dropped_bytes"], h["loss_pending"]) == (4, dropped_bytes, 1)
         assert (h["loss_first_seq"], h["loss_last_seq"]) == (seq, seq + 3)
         first = c.drain()

@@ -17,8 +17,8 @@ answers is classified:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from array import array
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import kvshm

@@ -189,7 +189,8 @@ class Listener:
         first = got[0]
         for u, a in zip(urls[1:], got[1:]):
             if (a.status, a.body) != (first.status, first.body):
-                self.row.add("FAIL", f"{self.name}: {urls[0]} and {u} answer differently: {first.body[:120]} / {a.body[:120]}")
+                self.row.add("FAIL", f"{self.name}: {urls[0]} and {u} answer differently: "
+                                     f"{first.body[:120]} / {a.body[:120]}")
             else:
                 self.row.add("identical")
         if first.status != 200:
@@ -224,7 +225,8 @@ class Listener:
             self.row.add(
                 "FAIL",
                 f"{self.name} ({worker}, {rank}) {what}: {len(ours)} blocks rebuilt, the truth holds {len(want)}; "
-                f"rebuilt only: {[b for b in ours if b not in want][:3]} truth only: {[b for b in want if b not in ours][:3]}",
+                f"rebuilt only: {[b for b in ours if b not in want][:3]} "
+                f"truth only: {[b for b in want if b not in ours][:3]}",
             )
 
     def poll(self, worker: int, rank: int, newest: int) -> None:
@@ -343,7 +345,8 @@ def check(t: Topology, truth: dict[int, Follower], listeners: list[Listener], ro
         if lst.state() == truth_state(truth):
             row.add("same-state")
         else:
-            diffs = [state_diff(lst.followers[w].state(), truth[w].state()) for w in sorted(truth) if w in lst.followers]
+            diffs = [state_diff(lst.followers[w].state(), truth[w].state())
+                     for w in sorted(truth) if w in lst.followers]
             row.add("FAIL", f"{t.name}/{lst.name} seed={t.seed} {what}: rebuilt state differs from the truth: {diffs}")
 
 

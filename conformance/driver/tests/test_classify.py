@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-import kvshm_conformance as ref
-
 from kvshm_conf.differential import classify, feed
 from kvshm_conf.gen import Profile, Stream
 from kvshm_conf.ops import Event, Op, Query, Stored
 from kvshm_conf.rebuild import filter_rank
+
+import kvshm_conformance as ref
 
 P = Profile("unit", ranks=(0, 1), block_size=2)
 EVENTS: list[Event] = [

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-import kvshm_conformance as ref
-
 from kvshm_conf.differential import feed
 from kvshm_conf.gen import PROFILES, Profile, generate
 from kvshm_conf.ops import Query, Stored
+
+import kvshm_conformance as ref
 
 
 def test_deterministic() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from kvshm_conf import topologies as T
 from kvshm_conf.__main__ import kvshmd_path
 from kvshm_conf.ops import Event, Stored

@@ -60,7 +60,7 @@ import operator
 import struct
 from array import array
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Protocol, SupportsIndex, Union
+from typing import Any, Final, Protocol, SupportsIndex
 
 __all__ = [
     "KIND_CLEARED",
@@ -98,7 +98,7 @@ class IntArray(Protocol):
 
 # Token ids and block hashes: a list (the fast path), any other sequence of integers or integer-likes (tuple,
 # range, array.array, numpy integer scalars), or a numpy array. Not str, bytes, bytearray or a mapping (TypeError).
-IntSequence = Union[Sequence[SupportsIndex], IntArray]
+IntSequence = Sequence[SupportsIndex] | IntArray
 
 # A writable buffer: mmap.mmap, bytearray or a byte memoryview (typed loosely: struct and slicing accept all).
 Buffer = Any

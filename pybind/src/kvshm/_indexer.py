@@ -187,7 +187,8 @@ class _Core:
                 self._attach(_FIRST_ATTACH_TIMEOUT)
             except RemoteError as e:
                 if e.code in _PERMANENT:
-                    raise KvshmError(f"kvshm: kvshmd at {self.socket_path} refused the ring {self.ring.path}: {e}") from e
+                    raise KvshmError(
+                        f"kvshm: kvshmd at {self.socket_path} refused the ring {self.ring.path}: {e}") from e
                 self.last_error = str(e)
                 log.warning("kvshm: kvshmd at %s refused to attach yet (%s); will keep trying", self.socket_path, e)
             except (ClientError, OSError) as e:

@@ -217,7 +217,8 @@ class RingWriter:
     __slots__ = (
         "_mm", "_q", "_cap", "_mask", "_max_record", "_tail", "_head_cache", "_forked", "_closed",
         "_loss_pending", "_loss_first", "_loss_last", "_loss_count", "_dropped_events", "_dropped_bytes",
-        "_too_large", "_published", "_truncated", "_fd", "_pid", "_tail_word", "_tail_addr", "path", "epoch", "worker_id",
+        "_too_large", "_published", "_truncated", "_fd", "_pid", "_tail_word", "_tail_addr", "path", "epoch",
+        "worker_id",
         "kv_block_size", "max_buffer_size", "__weakref__",
     )
     _mm: mmap.mmap
