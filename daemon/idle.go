@@ -22,8 +22,10 @@ import (
 // second). A query barrier cuts a nap short (Reader.Wake), so a query never waits out a sleep.
 //
 // Each wakeup costs ~10-40 µs of CPU on a virtual machine (measured: a C nanosleep(1 ms) loop uses 0.7% of a core
-// there, the same loop in Go 2-4%), so sleeping 1 ms forever cannot meet "≤ 1% of a core when idle". After
-// coldAfter without records the stream parks: shm.Reader.Park sets the ring's consumer_parked word and sleeps in
+// there, the same loop in Go 2-4%), so sleeping 1 ms forever cannot meet "≤ 1% of a core when idle", and a stream
+// that naps for long after each of its records costs a lot on a node of many slowly publishing ranks (with 100 ms,
+// 64 streams at 10 events/s took 24-42% of a core: bench/RESULTS.md, scale). After coldAfter without records the
+// stream parks: shm.Reader.Park sets the ring's consumer_parked word and sleeps in
 // FUTEX_WAIT on the tail word; the producer's next publish sees the flag and rings (FUTEX_WAKE), so the first
 // record after an idle period is reached in about one wakeup, and an idle stream costs one wakeup per parkFor. A
 // query barrier or a stop interrupts the park with Reader.Wake. The park timeout bounds what a missed doorbell can
@@ -38,7 +40,7 @@ const (
 	yieldFor  = 60 * time.Microsecond
 	minSleep  = 50 * time.Microsecond
 	maxSleep  = time.Millisecond
-	coldAfter = 100 * time.Millisecond
+	coldAfter = 20 * time.Millisecond // a stream publishing every 100 ms parks between records (issue 9)
 	parkFor   = 250 * time.Millisecond
 )
 
