@@ -281,7 +281,8 @@
 //	corrupt tail word more than a ring ahead          SkipToTail stays; the producer's next publish rewrites it
 //	corrupt tail word within a ring ahead             the reader skips there; the producer re-bases at that head
 //	                                                  (one event dropped, reported by a LOSS record): no wedge
-//	ring file truncated under the daemon (SIGBUS)     a memory fault on the drain goroutine (SetPanicOnFault): only
+//	ring file truncated under the daemon (SIGBUS;     a memory fault on the drain goroutine (SetPanicOnFault), or
+//	an idle stream checks the size every 100 ms)      the idle size check (shm.Reader.Truncated): only
 //	                                                  that attachment ends (unknown history, counted, logged, the
 //	                                                  producer's connection closed); the daemon goes on
 //	ring state word reads CLOSED, producer connected  ignored (logged once): only the producer ends its stream

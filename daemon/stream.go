@@ -236,6 +236,12 @@ func (a *attachment) run() {
 		}
 		if now.Sub(lastSnap) >= snapshotPeriod {
 			lastSnap = now
+			if cut, size := a.r.Truncated(); cut {
+				// An idle stream touches only the header page, which may outlive the truncation: without this
+				// check the producer's drops (which it can no longer count in the header) would go unreported.
+				a.ringFault(ringTruncated{size})
+				return
+			}
 			a.snapshot()
 			if a.hdrClosed() && !a.closedLogged {
 				// The producer says goodbye by closing its connection (or DETACH on it); a state word that reads
@@ -416,16 +422,24 @@ func isMemoryFault(r any) bool {
 	return ok
 }
 
-// ringFault ends an attachment whose ring mapping faulted (the file was truncated): nothing more can be read, so the
+// ringTruncated is the cause ringFault reports when the idle check finds the ring file shorter than its mapping.
+type ringTruncated struct{ size int64 }
+
+func (e ringTruncated) String() string {
+	return fmt.Sprintf("the ring file was truncated to %d bytes", e.size)
+}
+
+// ringFault ends an attachment whose ring mapping faulted, or whose file the idle check found truncated: nothing
+// more can be read, so the
 // history after the last applied record is unknown (kept queryable, marked, counted), the mapping is released without
 // touching it again (no final drain, no head store), and the producer's connection is closed so that it learns of
 // it. Runs on the drain goroutine, in run's deferred handler.
 func (a *attachment) ringFault(r any) {
 	a.st.corrupt.Add(1)
-	a.log.Error("ring mapping fault (the ring file was truncated?): attachment ended, state after the last applied "+
-		"event is unknown", "panic", fmt.Sprint(r))
-	a.ix.MarkUnknownHistory(fmt.Sprintf("ring mapping fault: %v", r))
-	a.finish("ring mapping fault") // barriers waiting on it are released by run closing done
+	a.log.Error("ring unusable (its file was truncated): attachment ended, state after the last applied event is "+
+		"unknown", "cause", fmt.Sprint(r))
+	a.ix.MarkUnknownHistory(fmt.Sprintf("ring unusable: %v", r))
+	a.finish("ring unusable") // barriers waiting on it are released by run closing done
 	a.closeRing()
 	st := a.st
 	st.mu.Lock()

@@ -4,12 +4,21 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/kvshm/kvshm/shm"
 )
 
 // TestTruncatedRing is issue 10's defect 5 on the daemon's side: a ring file truncated under a running shared
 // daemon killed it with SIGBUS (every worker down). Now the fault ends only that attachment (counted, logged, the
 // history after it marked unknown, the producer's connection closed) and the daemon serves the other workers.
 func TestTruncatedRing(t *testing.T) {
+	t.Run("to nothing", func(t *testing.T) { truncatedRing(t, 0) })
+	// Found by the soak suite: the header page survives, so an idle drain goroutine (it reads only header words)
+	// never faults; its periodic size check ends the stream instead, or the producer's drops would go unreported.
+	t.Run("header page kept", func(t *testing.T) { truncatedRing(t, 2*shm.HeaderSize) })
+}
+
+func truncatedRing(t *testing.T, size int64) {
 	ts := startServer(t, nil)
 	socket := ts.SocketPath()
 	q := dialT(t, socket)
@@ -23,7 +32,7 @@ func TestTruncatedRing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Truncate(victim.path, 0); err != nil {
+	if err := os.Truncate(victim.path, size); err != nil {
 		t.Fatal(err)
 	}
 	// The test's Go producer would fault too when it closes (the Python producer guards itself: pybind's

@@ -282,6 +282,20 @@ func (r *Reader) SkipTo(pos uint64) error {
 	return nil
 }
 
+// Truncated reports whether the ring file is now shorter than the mapping (another process truncated it): any
+// access to the mapping past the file's end is a SIGBUS, and a reader that only touches the header page (an idle
+// consumer) would not notice otherwise. It costs one fstat; false when the Reader was not opened from a file.
+func (r *Reader) Truncated() (bool, int64) {
+	if r.f == nil {
+		return false, 0
+	}
+	fi, err := r.f.Stat()
+	if err != nil {
+		return false, 0
+	}
+	return fi.Size() < int64(HeaderSize)+int64(r.capacity), fi.Size()
+}
+
 // Published returns the producer's tail word (acquire) and whether its header reports a pending loss. Unlike the
 // other methods it may be called from any goroutine, provided the caller keeps Close from running meanwhile; a
 // consumer uses it to see that it has already applied everything published (tail == its read position, no loss
