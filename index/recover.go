@@ -379,6 +379,7 @@ func (ts *treeSnapshot) appendChains(dst []byte, worker uint64) ([]byte, int) {
 	// evs, so each part knows its own), the first straight into dst, the others into buffers appended after.
 	bufs := make([][]byte, parts)
 	per := (len(evs) + parts - 1) / parts
+	partCap := (cap(dst)-len(dst))/parts + 64 // read before the first part starts appending to dst
 	var wg sync.WaitGroup
 	for k := 1; k < parts; k++ {
 		lo, hi := k*per, min((k+1)*per, len(evs))
@@ -388,7 +389,7 @@ func (ts *treeSnapshot) appendChains(dst []byte, worker uint64) ([]byte, int) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			b := make([]byte, 0, (cap(dst)-len(dst))/parts+64)
+			b := make([]byte, 0, partCap)
 			bufs[k] = ts.encodeChains(append(b, ','), worker, evs[lo:hi], uint64(lo))
 		}()
 	}
