@@ -12,78 +12,79 @@ import (
 	"time"
 
 	"github.com/kvshm/kvshm/index"
+	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
 )
 
 // dispatch serves one well-framed request. Errors that are not *replyError become internal errors.
-func (s *Server) dispatch(cc *conn, kind Kind, body []byte) ([]byte, error) {
+func (s *Server) dispatch(cc *conn, kind sock.Kind, body []byte) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.QueryTimeout)
 	defer cancel()
 	switch kind {
-	case KindAttach:
-		var req AttachRequest
-		if err := decodeStrict(body, &req); err != nil {
-			return nil, errorf(CodeBadRequest, "%v", err)
+	case sock.KindAttach:
+		var req sock.AttachRequest
+		if err := sock.DecodeStrict(body, &req); err != nil {
+			return nil, errorf(sock.CodeBadRequest, "%v", err)
 		}
 		rep, err := s.attach(cc, req)
 		if err != nil {
 			return nil, err
 		}
 		return json.Marshal(rep)
-	case KindDetach:
-		var req WorkerRequest
-		if err := decodeStrict(body, &req); err != nil {
-			return nil, errorf(CodeBadRequest, "%v", err)
+	case sock.KindDetach:
+		var req sock.WorkerRequest
+		if err := sock.DecodeStrict(body, &req); err != nil {
+			return nil, errorf(sock.CodeBadRequest, "%v", err)
 		}
 		if req.WorkerID == nil {
-			return nil, errorf(CodeBadRequest, "detach needs a worker_id")
+			return nil, errorf(sock.CodeBadRequest, "detach needs a worker_id")
 		}
 		return []byte("{}"), s.detach(cc, *req.WorkerID, req.DpRank)
-	case KindForget:
-		var req WorkerRequest
-		if err := decodeStrict(body, &req); err != nil {
-			return nil, errorf(CodeBadRequest, "%v", err)
+	case sock.KindForget:
+		var req sock.WorkerRequest
+		if err := sock.DecodeStrict(body, &req); err != nil {
+			return nil, errorf(sock.CodeBadRequest, "%v", err)
 		}
 		if req.WorkerID == nil {
-			return nil, errorf(CodeBadRequest, "forget needs a worker_id")
+			return nil, errorf(sock.CodeBadRequest, "forget needs a worker_id")
 		}
 		return []byte("{}"), s.forget(ctx, *req.WorkerID, req.DpRank)
-	case KindEvents, KindDump:
-		var req EventsRequest
-		if kind == KindDump {
-			var wr WorkerRequest
-			if err := decodeStrict(body, &wr); err != nil {
-				return nil, errorf(CodeBadRequest, "%v", err)
+	case sock.KindEvents, sock.KindDump:
+		var req sock.EventsRequest
+		if kind == sock.KindDump {
+			var wr sock.WorkerRequest
+			if err := sock.DecodeStrict(body, &wr); err != nil {
+				return nil, errorf(sock.CodeBadRequest, "%v", err)
 			}
 			req.WorkerID, req.DpRank = wr.WorkerID, wr.DpRank
-		} else if err := decodeStrict(body, &req); err != nil {
-			return nil, errorf(CodeBadRequest, "%v", err)
+		} else if err := sock.DecodeStrict(body, &req); err != nil {
+			return nil, errorf(sock.CodeBadRequest, "%v", err)
 		}
 		resp, _, err := s.recover(ctx, req.WorkerID, req.DpRank, req.Start, req.End)
 		if err != nil {
 			return nil, err
 		}
 		return resp.JSON, nil
-	case KindStats:
-		var req WorkerRequest
-		if err := decodeStrict(body, &req); err != nil {
-			return nil, errorf(CodeBadRequest, "%v", err)
+	case sock.KindStats:
+		var req sock.WorkerRequest
+		if err := sock.DecodeStrict(body, &req); err != nil {
+			return nil, errorf(sock.CodeBadRequest, "%v", err)
 		}
 		return s.stats(ctx, req.WorkerID, req.DpRank)
-	case KindMatch:
-		var req MatchRequest
-		if err := decodeStrict(body, &req); err != nil {
-			return nil, errorf(CodeBadRequest, "%v", err)
+	case sock.KindMatch:
+		var req sock.MatchRequest
+		if err := sock.DecodeStrict(body, &req); err != nil {
+			return nil, errorf(sock.CodeBadRequest, "%v", err)
 		}
 		return s.match(ctx, req)
-	case KindHealth:
+	case sock.KindHealth:
 		var req struct{}
-		if err := decodeStrict(body, &req); err != nil {
-			return nil, errorf(CodeBadRequest, "%v", err)
+		if err := sock.DecodeStrict(body, &req); err != nil {
+			return nil, errorf(sock.CodeBadRequest, "%v", err)
 		}
-		return json.Marshal(HealthReply{Status: "ok", Version: s.cfg.Version, Streams: len(s.streamList())})
+		return json.Marshal(sock.HealthReply{Status: "ok", Version: s.cfg.Version, Streams: len(s.streamList())})
 	}
-	return nil, errorf(CodeUnknownKind, "unknown request kind %d", kind)
+	return nil, errorf(sock.CodeUnknownKind, "unknown request kind %d", kind)
 }
 
 // selectStream finds the stream a query means (see resolveLocked); a rank view of an ALL stream selects the ALL
@@ -107,7 +108,7 @@ func (st *stream) caughtUp(ctx context.Context) (*index.Indexer, error) {
 	ix, a := st.current()
 	if a != nil {
 		if err := a.sync(ctx); err != nil {
-			return nil, errorf(CodeBusy, "%s: drain did not catch up with the ring: %v", st.key, err)
+			return nil, errorf(sock.CodeBusy, "%s: drain did not catch up with the ring: %v", st.key, err)
 		}
 		ix, _ = st.current()
 	}
@@ -144,13 +145,13 @@ func (s *Server) recover(ctx context.Context, worker *uint64, rank *uint32, star
 	if err != nil {
 		s.m.recoveries.WithLabelValues(wl, rl, "failed").Inc()
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			return resp, st, errorf(CodeBusy, "%s: recovery did not finish: %v", st.key, err)
+			return resp, st, errorf(sock.CodeBusy, "%s: recovery did not finish: %v", st.key, err)
 		}
 		return resp, st, fmt.Errorf("%s: recover: %w", st.key, err)
 	}
-	if uint64(len(resp.JSON))+lengthCounted > MaxResponse {
+	if uint64(len(resp.JSON)) > sock.MaxResponseBody {
 		s.m.recoveries.WithLabelValues(wl, rl, "failed").Inc()
-		return index.Response{}, st, errorf(CodeTooLarge, "%s: response of %d bytes exceeds the 1 GiB frame cap", st.key, len(resp.JSON))
+		return index.Response{}, st, errorf(sock.CodeTooLarge, "%s: response of %d bytes exceeds the 1 GiB frame cap", st.key, len(resp.JSON))
 	}
 	res := resultNames[resp.Kind]
 	if res == "" {
@@ -172,7 +173,7 @@ func (s *Server) recover(ctx context.Context, worker *uint64, rank *uint32, star
 	return resp, st, nil
 }
 
-func (s *Server) match(ctx context.Context, req MatchRequest) ([]byte, error) {
+func (s *Server) match(ctx context.Context, req sock.MatchRequest) ([]byte, error) {
 	tg, err := s.selectStream(req.WorkerID, req.DpRank)
 	if err != nil {
 		return nil, err
@@ -187,11 +188,11 @@ func (s *Server) match(ctx context.Context, req MatchRequest) ([]byte, error) {
 	}
 	scores, err := ix.MatchTokens(req.Tokens, lora, req.IsEagle)
 	if err != nil {
-		return nil, errorf(CodeBadRequest, "match: %v", err)
+		return nil, errorf(sock.CodeBadRequest, "match: %v", err)
 	}
-	rep := MatchReply{Scores: make([]MatchScore, 0, len(scores))}
+	rep := sock.MatchReply{Scores: make([]sock.MatchScore, 0, len(scores))}
 	for _, sc := range scores {
-		rep.Scores = append(rep.Scores, MatchScore{WorkerID: sc.WorkerID, DpRank: sc.DpRank, Blocks: sc.Blocks})
+		rep.Scores = append(rep.Scores, sock.MatchScore{WorkerID: sc.WorkerID, DpRank: sc.DpRank, Blocks: sc.Blocks})
 	}
 	return json.Marshal(rep)
 }
@@ -228,9 +229,9 @@ func (s *Server) stats(ctx context.Context, worker *uint64, rank *uint32) ([]byt
 		default:
 			what = fmt.Sprintf("dp_rank %d", *rank)
 		}
-		return nil, errorf(CodeNotFound, "no stream for %s", what)
+		return nil, errorf(sock.CodeNotFound, "no stream for %s", what)
 	}
-	rep := StatsReply{Streams: make([]StreamStats, 0, len(list))}
+	rep := sock.StatsReply{Streams: make([]sock.StreamStats, 0, len(list))}
 	for _, st := range list {
 		if _, err := st.caughtUp(ctx); err != nil {
 			return nil, err
@@ -241,10 +242,10 @@ func (s *Server) stats(ctx context.Context, worker *uint64, rank *uint32) ([]byt
 }
 
 // statsSnapshot assembles a stream's STATS entry.
-func (st *stream) statsSnapshot() StreamStats {
+func (st *stream) statsSnapshot() sock.StreamStats {
 	st.mu.Lock()
 	ix := st.ix
-	out := StreamStats{
+	out := sock.StreamStats{
 		WorkerID: st.key.worker, DpRank: st.key.dpRank(), KVBlockSize: st.blockSize, MaxBufferSize: st.maxBuffer, RingPath: st.ringPath,
 		Epoch: st.epoch, StreamEpoch: st.streamEpoch, Resets: st.resets.Load(),
 		ProducerAlive: st.alive, ProducerPID: st.lastHeader.ProducerPID, Attached: st.att != nil,
@@ -259,9 +260,9 @@ func (st *stream) statsSnapshot() StreamStats {
 	out.Buffered = is.Buffered
 	out.ResidentBlocks = is.ResidentBlocks
 	out.Tainted, out.Incomplete, out.TaintReason = is.Tainted, is.Incomplete, is.TaintReason
-	out.LostRanges = make([]LostRange, 0, len(is.LostRanges))
+	out.LostRanges = make([]sock.LostRange, 0, len(is.LostRanges))
 	for _, lr := range is.LostRanges {
-		out.LostRanges = append(out.LostRanges, LostRange{First: lr.First, Last: lr.Last, Unknown: lr.Unknown, Reason: lr.Reason})
+		out.LostRanges = append(out.LostRanges, sock.LostRange{First: lr.First, Last: lr.Last, Unknown: lr.Unknown, Reason: lr.Reason})
 	}
 	out.LostEvents = is.LostIDs
 	out.IDResets = is.IDResets
@@ -287,36 +288,36 @@ func (st *stream) labels() (string, string) {
 }
 
 // attach validates an ATTACH request, opens the ring and starts (or resumes, or replaces) the worker's stream.
-func (s *Server) attach(cc *conn, req AttachRequest) (AttachReply, error) {
+func (s *Server) attach(cc *conn, req sock.AttachRequest) (sock.AttachReply, error) {
 	if cc.att != nil {
-		return AttachReply{}, errorf(CodeConflict, "this connection already attached %s; open a new connection", cc.att.st.key)
+		return sock.AttachReply{}, errorf(sock.CodeConflict, "this connection already attached %s; open a new connection", cc.att.st.key)
 	}
 	if req.KVBlockSize == 0 {
-		return AttachReply{}, errorf(CodeBadRequest, "kv_block_size must be > 0")
+		return sock.AttachReply{}, errorf(sock.CodeBadRequest, "kv_block_size must be > 0")
 	}
 	if !filepath.IsAbs(req.RingPath) {
-		return AttachReply{}, errorf(CodeBadRequest, "ring_path %q must be absolute", req.RingPath)
+		return sock.AttachReply{}, errorf(sock.CodeBadRequest, "ring_path %q must be absolute", req.RingPath)
 	}
 	if int(cc.uid) != s.uid {
-		return AttachReply{}, errorf(CodeForbidden, "peer uid %d is not the daemon's uid %d", cc.uid, s.uid)
+		return sock.AttachReply{}, errorf(sock.CodeForbidden, "peer uid %d is not the daemon's uid %d", cc.uid, s.uid)
 	}
 	fi, err := os.Lstat(req.RingPath)
 	if err != nil {
-		return AttachReply{}, errorf(CodeNotFound, "ring file: %v", err)
+		return sock.AttachReply{}, errorf(sock.CodeNotFound, "ring file: %v", err)
 	}
 	if !fi.Mode().IsRegular() {
-		return AttachReply{}, errorf(CodeForbidden, "ring %s is not a regular file (mode %s)", req.RingPath, fi.Mode())
+		return sock.AttachReply{}, errorf(sock.CodeForbidden, "ring %s is not a regular file (mode %s)", req.RingPath, fi.Mode())
 	}
 	sys := fi.Sys().(*syscall.Stat_t)
 	if sys.Uid != cc.uid {
-		return AttachReply{}, errorf(CodeForbidden, "ring %s is owned by uid %d, not by the producer's uid %d", req.RingPath, sys.Uid, cc.uid)
+		return sock.AttachReply{}, errorf(sock.CodeForbidden, "ring %s is owned by uid %d, not by the producer's uid %d", req.RingPath, sys.Uid, cc.uid)
 	}
 	if fi.Mode().Perm()&0o022 != 0 {
-		return AttachReply{}, errorf(CodeForbidden, "ring %s has mode %04o: it must not be group/other writable", req.RingPath, fi.Mode().Perm())
+		return sock.AttachReply{}, errorf(sock.CodeForbidden, "ring %s has mode %04o: it must not be group/other writable", req.RingPath, fi.Mode().Perm())
 	}
 	r, err := shm.Open(req.RingPath)
 	if err != nil {
-		return AttachReply{}, errorf(CodeBadRequest, "open ring: %v", err)
+		return sock.AttachReply{}, errorf(sock.CodeBadRequest, "open ring: %v", err)
 	}
 	keep := false
 	defer func() {
@@ -325,16 +326,16 @@ func (s *Server) attach(cc *conn, req AttachRequest) (AttachReply, error) {
 		}
 	}()
 	if fi2, err := os.Stat(req.RingPath); err != nil || !os.SameFile(fi, fi2) {
-		return AttachReply{}, errorf(CodeConflict, "ring %s was replaced while attaching; retry", req.RingPath)
+		return sock.AttachReply{}, errorf(sock.CodeConflict, "ring %s was replaced while attaching; retry", req.RingPath)
 	}
 	h := r.Header()
 	switch {
 	case h.WorkerID != req.WorkerID:
-		return AttachReply{}, errorf(CodeBadRequest, "ring header worker_id %d does not match the request's %d", h.WorkerID, req.WorkerID)
+		return sock.AttachReply{}, errorf(sock.CodeBadRequest, "ring header worker_id %d does not match the request's %d", h.WorkerID, req.WorkerID)
 	case h.KVBlockSize != req.KVBlockSize:
-		return AttachReply{}, errorf(CodeBadRequest, "ring header kv_block_size %d does not match the request's %d", h.KVBlockSize, req.KVBlockSize)
+		return sock.AttachReply{}, errorf(sock.CodeBadRequest, "ring header kv_block_size %d does not match the request's %d", h.KVBlockSize, req.KVBlockSize)
 	case req.MaxBufferSize != 0 && h.MaxBufferSize != req.MaxBufferSize:
-		return AttachReply{}, errorf(CodeBadRequest, "ring header max_buffer_size %d does not match the request's %d", h.MaxBufferSize, req.MaxBufferSize)
+		return sock.AttachReply{}, errorf(sock.CodeBadRequest, "ring header max_buffer_size %d does not match the request's %d", h.MaxBufferSize, req.MaxBufferSize)
 	}
 	head := r.Stats().Head
 	key := keyOf(req.WorkerID, req.DpRank)
@@ -359,7 +360,7 @@ func (s *Server) attach(cc *conn, req AttachRequest) (AttachReply, error) {
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
-			return AttachReply{}, errorf(CodeBusy, "daemon is shutting down")
+			return sock.AttachReply{}, errorf(sock.CodeBusy, "daemon is shutting down")
 		}
 		st := s.streams[key]
 		var old *attachment
@@ -381,12 +382,12 @@ func (s *Server) attach(cc *conn, req AttachRequest) (AttachReply, error) {
 			if key.perRank {
 				scope = fmt.Sprintf("dp_rank %d", key.rank)
 			}
-			return AttachReply{}, errorf(CodeConflict, "worker %d already has a live producer for %s (pid %d, ring %s); producers that each publish one attention-DP rank with their own seq space must pass dp_rank (LocalIndexer(..., dp_rank=r) or KVSHM_DP_RANK) so each gets its own stream", req.WorkerID, scope, old.hdr.ProducerPID, old.st.ringPath)
+			return sock.AttachReply{}, errorf(sock.CodeConflict, "worker %d already has a live producer for %s (pid %d, ring %s); producers that each publish one attention-DP rank with their own seq space must pass dp_rank (LocalIndexer(..., dp_rank=r) or KVSHM_DP_RANK) so each gets its own stream", req.WorkerID, scope, old.hdr.ProducerPID, old.st.ringPath)
 		}
 		rep, err := s.startStream(cc, st, key, r, h, req, head, ck)
 		s.mu.Unlock()
 		if err != nil {
-			return AttachReply{}, err
+			return sock.AttachReply{}, err
 		}
 		keep = true
 		if key.perRank {
@@ -398,12 +399,12 @@ func (s *Server) attach(cc *conn, req AttachRequest) (AttachReply, error) {
 
 // startStream installs the attachment. Called with s.mu held.
 // ck is the checkpoint lookup done by attach (nil when none was made).
-func (s *Server) startStream(cc *conn, st *stream, key streamKey, r *shm.Reader, h shm.Header, req AttachRequest, head uint64, ck *ckptLoad) (AttachReply, error) {
+func (s *Server) startStream(cc *conn, st *stream, key streamKey, r *shm.Reader, h shm.Header, req sock.AttachRequest, head uint64, ck *ckptLoad) (sock.AttachReply, error) {
 	newIndex := func() (*index.Indexer, error) {
 		// The header's max_buffer_size is authoritative (the request's, when nonzero, was checked against it).
 		ix, err := index.New(s.indexConfig(req.WorkerID, req.KVBlockSize, h.MaxBufferSize))
 		if err != nil {
-			return nil, errorf(CodeBadRequest, "create index: %v", err)
+			return nil, errorf(sock.CodeBadRequest, "create index: %v", err)
 		}
 		return ix, nil
 	}
@@ -413,7 +414,7 @@ func (s *Server) startStream(cc *conn, st *stream, key streamKey, r *shm.Reader,
 	case st == nil: // first producer for this worker since the daemon started
 		ix, err := newIndex()
 		if err != nil {
-			return AttachReply{}, err
+			return sock.AttachReply{}, err
 		}
 		if head > 0 && ck != nil && ck.ix != nil {
 			ix, restored = ck.ix, true
@@ -458,7 +459,7 @@ func (s *Server) startStream(cc *conn, st *stream, key streamKey, r *shm.Reader,
 	default: // producer restarted: its cache is empty
 		ix, err := newIndex()
 		if err != nil {
-			return AttachReply{}, err
+			return sock.AttachReply{}, err
 		}
 		st.mu.Lock()
 		st.base = addStats(st.base, st.ix.Stats())
@@ -485,7 +486,7 @@ func (s *Server) startStream(cc *conn, st *stream, key streamKey, r *shm.Reader,
 	st.att, st.alive = a, true
 	st.blockSize, st.maxBuffer, st.ringPath, st.epoch = req.KVBlockSize, h.MaxBufferSize, req.RingPath, h.Epoch
 	st.lastHeader, st.lastRing = h, r.Stats()
-	rep := AttachReply{WorkerID: req.WorkerID, Epoch: h.Epoch, StreamEpoch: st.streamEpoch, Resumed: resumed, Head: head, Restored: restored}
+	rep := sock.AttachReply{WorkerID: req.WorkerID, Epoch: h.Epoch, StreamEpoch: st.streamEpoch, Resumed: resumed, Head: head, Restored: restored}
 	st.mu.Unlock()
 	cc.att = a
 	if !a.checkPID {
@@ -511,7 +512,7 @@ func (s *Server) detach(cc *conn, worker uint64, rank *uint32) error {
 	}
 	if a.lease != cc {
 		// Another client ending a live producer's stream would leave it publishing into a ring nobody reads.
-		return errorf(CodeForbidden, "%s is attached by producer pid %d: only the producer detaches it, on its ATTACH "+
+		return errorf(sock.CodeForbidden, "%s is attached by producer pid %d: only the producer detaches it, on its ATTACH "+
 			"connection (FORGET drops a worker whose producer is gone)", st.key, a.hdr.ProducerPID)
 	}
 	a.finish("detach requested")
@@ -544,12 +545,12 @@ func (s *Server) forget(ctx context.Context, worker uint64, rank *uint32) error 
 		select {
 		case <-a.stop: // ending: wait for its final drain, then decide again
 		default:
-			return errorf(CodeConflict, "%s has an attached producer (pid %d): it must detach or exit first", st.key, a.hdr.ProducerPID)
+			return errorf(sock.CodeConflict, "%s has an attached producer (pid %d): it must detach or exit first", st.key, a.hdr.ProducerPID)
 		}
 		select {
 		case <-a.done:
 		case <-ctx.Done():
-			return errorf(CodeBusy, "%s: the producer's final drain did not finish: %v", st.key, ctx.Err())
+			return errorf(sock.CodeBusy, "%s: the producer's final drain did not finish: %v", st.key, ctx.Err())
 		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvshm/kvshm/index"
+	"github.com/kvshm/kvshm/proto/sock"
 )
 
 // Config configures a Server. Zero values select the documented defaults.
@@ -56,13 +57,13 @@ type Config struct {
 
 func (c *Config) fill() {
 	if c.SocketPath == "" {
-		c.SocketPath = DefaultSocketPath()
+		c.SocketPath = sock.DefaultSocketPath()
 	}
 	if c.SocketMode == 0 {
 		c.SocketMode = 0o600
 	}
 	if c.MaxRequestBytes == 0 {
-		c.MaxRequestBytes = DefaultMaxRequest
+		c.MaxRequestBytes = sock.DefaultMaxRequest
 	}
 	if c.MaxConns <= 0 {
 		c.MaxConns = 1024
@@ -332,7 +333,7 @@ type conn struct {
 }
 
 func (s *Server) admit(c *net.UnixConn) {
-	cred, err := peerCred(c)
+	cred, err := sock.PeerCred(c)
 	if err != nil {
 		s.m.rejected.WithLabelValues("peercred").Inc()
 		s.log.Warn("refusing connection: cannot read peer credentials", "err", err)
@@ -342,13 +343,13 @@ func (s *Server) admit(c *net.UnixConn) {
 	if int(cred.Uid) != s.uid {
 		s.m.rejected.WithLabelValues("forbidden").Inc()
 		s.log.Warn("refusing connection from another user", "peer_uid", cred.Uid, "peer_pid", cred.Pid, "uid", s.uid)
-		s.refuse(c, CodeForbidden, fmt.Sprintf("peer uid %d is not the daemon's uid %d", cred.Uid, s.uid))
+		s.refuse(c, sock.CodeForbidden, fmt.Sprintf("peer uid %d is not the daemon's uid %d", cred.Uid, s.uid))
 		return
 	}
 	if s.nconns.Add(1) > int64(s.cfg.MaxConns) {
 		s.nconns.Add(-1)
 		s.m.rejected.WithLabelValues("busy").Inc()
-		s.refuse(c, CodeBusy, fmt.Sprintf("connection limit %d reached; retry later", s.cfg.MaxConns))
+		s.refuse(c, sock.CodeBusy, fmt.Sprintf("connection limit %d reached; retry later", s.cfg.MaxConns))
 		return
 	}
 	cc := &conn{c: c, uid: cred.Uid, pid: cred.Pid}
@@ -368,7 +369,7 @@ func (s *Server) admit(c *net.UnixConn) {
 // refuse sends one unsolicited error frame (kind 0) and closes, without reading anything.
 func (s *Server) refuse(c *net.UnixConn, code, msg string) {
 	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-	_ = WriteFrame(c, 0, StatusError, encodeErrorBody(code, msg))
+	_ = sock.WriteFrame(c, 0, sock.StatusError, sock.EncodeErrorBody(code, msg))
 	_ = c.Close()
 }
 
@@ -402,7 +403,7 @@ func (s *Server) serveConn(cc *conn) {
 			return
 		}
 		_ = cc.c.SetReadDeadline(time.Now().Add(s.cfg.FrameTimeout))
-		f, buf, err := ReadFrame(br, s.cfg.MaxRequestBytes, cc.buf)
+		f, buf, err := sock.ReadFrame(br, s.cfg.MaxRequestBytes, cc.buf)
 		cc.buf = buf
 		if err != nil {
 			s.frameError(cc, f, err)
@@ -415,15 +416,15 @@ func (s *Server) serveConn(cc *conn) {
 }
 
 // frameError answers a frame that could not be read and is followed by closing the connection.
-func (s *Server) frameError(cc *conn, f Frame, err error) {
+func (s *Server) frameError(cc *conn, f sock.Frame, err error) {
 	var code string
 	switch {
-	case errors.Is(err, ErrUnsupportedVersion):
-		code = CodeUnsupportedVersion
-	case errors.Is(err, ErrFrameTooLarge):
-		code = CodeTooLarge
-	case errors.Is(err, ErrFrameTooShort):
-		code = CodeBadRequest
+	case errors.Is(err, sock.ErrUnsupportedVersion):
+		code = sock.CodeUnsupportedVersion
+	case errors.Is(err, sock.ErrFrameTooLarge):
+		code = sock.CodeTooLarge
+	case errors.Is(err, sock.ErrFrameTooShort):
+		code = sock.CodeBadRequest
 	case isTimeout(err):
 		s.m.rejected.WithLabelValues("frame_timeout").Inc()
 		s.log.Warn("closing connection: frame not completed in time", "peer_pid", cc.pid, "timeout", s.cfg.FrameTimeout)
@@ -434,31 +435,31 @@ func (s *Server) frameError(cc *conn, f Frame, err error) {
 	}
 	s.m.requests.WithLabelValues("socket", f.Kind.String(), code).Inc()
 	s.log.Warn("bad frame: replying with an error and closing", "peer_pid", cc.pid, "code", code, "err", err)
-	s.reply(cc, f.Kind, StatusError, encodeErrorBody(code, err.Error()))
+	s.reply(cc, f.Kind, sock.StatusError, sock.EncodeErrorBody(code, err.Error()))
 }
 
 // handleFrame serves one request; false closes the connection.
-func (s *Server) handleFrame(cc *conn, f Frame) bool {
+func (s *Server) handleFrame(cc *conn, f sock.Frame) bool {
 	start := time.Now()
 	var body []byte
 	var err error
 	switch {
-	case f.Status != StatusOK:
-		err = errorf(CodeBadRequest, "request status must be 0, got %d", f.Status)
-	case !f.Kind.known():
-		err = errorf(CodeUnknownKind, "unknown request kind %d (this daemon speaks kinds 1-%d of version %d)", f.Kind, KindForget, Version)
+	case f.Status != sock.StatusOK:
+		err = errorf(sock.CodeBadRequest, "request status must be 0, got %d", f.Status)
+	case !f.Kind.Known():
+		err = errorf(sock.CodeUnknownKind, "unknown request kind %d (this daemon speaks kinds 1-%d of version %d)", f.Kind, sock.KindForget, sock.Version)
 	default:
 		body, err = s.dispatch(cc, f.Kind, f.Body)
 	}
 	code := "ok"
-	status := StatusOK
+	status := sock.StatusOK
 	if err != nil {
 		var re *replyError
 		if !errors.As(err, &re) {
-			re = &replyError{code: CodeInternal, msg: err.Error()}
+			re = &replyError{code: sock.CodeInternal, msg: err.Error()}
 			s.log.Error("request failed", "kind", f.Kind, "err", err)
 		}
-		code, status, body = re.code, StatusError, encodeErrorBody(re.code, re.msg)
+		code, status, body = re.code, sock.StatusError, sock.EncodeErrorBody(re.code, re.msg)
 	}
 	s.m.requests.WithLabelValues("socket", f.Kind.String(), code).Inc()
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {
@@ -467,9 +468,9 @@ func (s *Server) handleFrame(cc *conn, f Frame) bool {
 	return s.reply(cc, f.Kind, status, body)
 }
 
-func (s *Server) reply(cc *conn, kind Kind, status Status, body []byte) bool {
+func (s *Server) reply(cc *conn, kind sock.Kind, status sock.Status, body []byte) bool {
 	_ = cc.c.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
-	if err := WriteFrame(cc.c, kind, status, body); err != nil {
+	if err := sock.WriteFrame(cc.c, kind, status, body); err != nil {
 		s.log.Warn("closing connection: cannot write reply", "peer_pid", cc.pid, "kind", kind, "err", err)
 		return false
 	}

@@ -4,6 +4,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/kvshm/kvshm/proto/sock"
 )
 
 // TestTruncatedRing is issue 10's defect 5 on the daemon's side: a ring file truncated under a running shared
@@ -31,7 +33,7 @@ func TestTruncatedRing(t *testing.T) {
 	t.Cleanup(func() { _ = os.Truncate(victim.path, fi.Size()) })
 	// The drain goroutine touches the header within snapshotPeriod even when idle; waiting for that only orders
 	// the test, it times nothing.
-	st := checkStats(t, socket, 30, func(s StreamStats) bool { return !s.Attached })
+	st := checkStats(t, socket, 30, func(s sock.StreamStats) bool { return !s.Attached })
 	if st.CorruptRecords == 0 || !st.Incomplete {
 		t.Fatalf("victim stream after the fault = %+v, want a corruption counted and the answer incomplete", st)
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/kvshm/kvshm/daemon"
 	"github.com/kvshm/kvshm/index"
+	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
 )
 
@@ -138,7 +139,7 @@ func serve(args []string, stderr io.Writer) int {
 		}
 		return def
 	}
-	fs.StringVar(&o.socket, "socket", envOr(daemon.DefaultSocketPath(), "KVSHMD_SOCKET"), "Unix socket path; its directory is created 0700 and must be owned by you and not group/other writable (env KVSHMD_SOCKET)")
+	fs.StringVar(&o.socket, "socket", envOr(sock.DefaultSocketPath(), "KVSHMD_SOCKET"), "Unix socket path; its directory is created 0700 and must be owned by you and not group/other writable (env KVSHMD_SOCKET)")
 	fs.StringVar(&o.mode, "socket-mode", envOr("0600", "KVSHMD_SOCKET_MODE"), "socket file mode, octal (env KVSHMD_SOCKET_MODE)")
 	fs.StringVar(&o.http, "http", envOr("", "KVSHMD_HTTP"), "HTTP listen address for /kv_recover, /metrics, /healthz, e.g. 127.0.0.1:9400; off when empty (env KVSHMD_HTTP)")
 	fs.StringVar(&o.stateDir, "state-dir", envOr("", "KVSHMD_STATE_DIR"), "directory for index checkpoints: written at SIGTERM/SIGINT after the final drain, restored when a producer reattaches the same ring, so a planned restart loses nothing; created 0700, must be owned by you with no group/other permissions; off when empty (env KVSHMD_STATE_DIR)")
@@ -148,7 +149,7 @@ func serve(args []string, stderr io.Writer) int {
 	fs.IntVar(&o.rankPorts, "rank-ports", num("KVSHMD_RANK_PORTS", 0), "with --http: port BASE+r on the --http host answers /kv_recover for dp_rank r of the only worker (what pod discovery calls: recover_port + dp_rank), opened when the daemon first holds a stream covering r; a bind failure is logged and counted; 0 = off (env KVSHMD_RANK_PORTS)")
 	fs.IntVar(&o.parentPID, "parent-pid", num("KVSHMD_PARENT_PID", 0), "drain and exit when this process is gone, polled every --parent-poll (env KVSHMD_PARENT_PID)")
 	fs.DurationVar(&o.parentInterval, "parent-poll", dur("KVSHMD_PARENT_POLL", 200*time.Millisecond), "poll period of --parent-pid (env KVSHMD_PARENT_POLL)")
-	fs.UintVar(&o.maxRequest, "max-request-bytes", uint(num("KVSHMD_MAX_REQUEST_BYTES", daemon.DefaultMaxRequest)), "largest request frame accepted; larger ones get too_large and the connection is closed (env KVSHMD_MAX_REQUEST_BYTES)")
+	fs.UintVar(&o.maxRequest, "max-request-bytes", uint(num("KVSHMD_MAX_REQUEST_BYTES", sock.DefaultMaxRequest)), "largest request frame accepted; larger ones get too_large and the connection is closed (env KVSHMD_MAX_REQUEST_BYTES)")
 	fs.IntVar(&o.maxConns, "max-conns", num("KVSHMD_MAX_CONNS", 1024), "concurrent socket connections; beyond it clients get busy (env KVSHMD_MAX_CONNS)")
 	fs.IntVar(&o.httpMaxConns, "http-max-conns", num("KVSHMD_HTTP_MAX_CONNS", 256), "concurrent HTTP connections; beyond it clients get 503 (env KVSHMD_HTTP_MAX_CONNS)")
 	fs.DurationVar(&o.idle, "idle-timeout", dur("KVSHMD_IDLE_TIMEOUT", 5*time.Minute), "close a non-producer connection that sends nothing for this long (env KVSHMD_IDLE_TIMEOUT)")
@@ -212,8 +213,8 @@ Flags:
 		fmt.Fprintf(stderr, "kvshmd serve: --socket-mode %q: want an octal mode such as 0600\n", o.mode)
 		return exitUsage
 	}
-	if o.maxRequest < 64 || o.maxRequest > daemon.MaxResponse {
-		fmt.Fprintf(stderr, "kvshmd serve: --max-request-bytes %d: want 64..%d\n", o.maxRequest, daemon.MaxResponse)
+	if o.maxRequest < 64 || o.maxRequest > sock.MaxResponse {
+		fmt.Fprintf(stderr, "kvshmd serve: --max-request-bytes %d: want 64..%d\n", o.maxRequest, sock.MaxResponse)
 		return exitUsage
 	}
 	var level slog.Level
@@ -277,7 +278,7 @@ Flags:
 		switch {
 		case errors.Is(err, daemon.ErrAlreadyRunning):
 			hint = "stop the other daemon or use another --socket"
-		case errors.Is(err, daemon.ErrUnsafeDir):
+		case errors.Is(err, sock.ErrUnsafeDir):
 			hint = "use a directory you own with mode 0700 (or let kvshmd create it)"
 		case errors.Is(err, daemon.ErrUnsafeStateDir):
 			hint = "--state-dir must be a directory you own with mode 0700 (or let kvshmd create it)"
@@ -338,7 +339,7 @@ func (o *optUint) Set(s string) error {
 func query(cmd string, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("kvshmd "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	socket := fs.String("socket", envOr(daemon.DefaultSocketPath(), "KVSHMD_SOCKET", "KVSHM_SOCKET"), "daemon socket (env KVSHMD_SOCKET, KVSHM_SOCKET)")
+	socket := fs.String("socket", envOr(sock.DefaultSocketPath(), "KVSHMD_SOCKET", "KVSHM_SOCKET"), "daemon socket (env KVSHMD_SOCKET, KVSHM_SOCKET)")
 	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
 	var worker, start, end optUint
 	var rank optRank
@@ -397,7 +398,7 @@ func query(cmd string, args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	c, err := daemon.Dial(ctx, *socket)
+	c, err := sock.Dial(ctx, *socket)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvshmd %s: cannot reach the daemon: %v\n  is `kvshmd serve` running? point --socket (or KVSHMD_SOCKET) at its socket\n", cmd, err)
 		return exitUnreachable
@@ -406,40 +407,40 @@ func query(cmd string, args []string, stdout, stderr io.Writer) int {
 	var out []byte
 	switch cmd {
 	case "health":
-		var r daemon.HealthReply
+		var r sock.HealthReply
 		if r, err = c.Health(ctx); err == nil {
 			out, err = json.MarshalIndent(r, "", "  ")
 		}
 	case "stats":
-		var r daemon.StatsReply
-		if r, err = c.StatsOf(ctx, daemon.WorkerRequest{WorkerID: worker.v, DpRank: rank.v}); err == nil {
+		var r sock.StatsReply
+		if r, err = c.StatsOf(ctx, sock.WorkerRequest{WorkerID: worker.v, DpRank: rank.v}); err == nil {
 			out, err = json.MarshalIndent(r, "", "  ")
 		}
 	case "events":
-		out, err = c.EventsOf(ctx, daemon.EventsRequest{WorkerID: worker.v, Start: start.v, End: end.v, DpRank: rank.v})
+		out, err = c.EventsOf(ctx, sock.EventsRequest{WorkerID: worker.v, Start: start.v, End: end.v, DpRank: rank.v})
 	case "dump":
-		out, err = c.DumpOf(ctx, daemon.WorkerRequest{WorkerID: worker.v, DpRank: rank.v})
+		out, err = c.DumpOf(ctx, sock.WorkerRequest{WorkerID: worker.v, DpRank: rank.v})
 	case "forget":
-		if err = c.ForgetStream(ctx, daemon.WorkerRequest{WorkerID: worker.v, DpRank: rank.v}); err == nil {
+		if err = c.ForgetStream(ctx, sock.WorkerRequest{WorkerID: worker.v, DpRank: rank.v}); err == nil {
 			out = []byte("{}")
 		}
 	case "match":
-		req := daemon.MatchRequest{WorkerID: worker.v, Tokens: toks, IsEagle: *eagle, DpRank: rank.v}
+		req := sock.MatchRequest{WorkerID: worker.v, Tokens: toks, IsEagle: *eagle, DpRank: rank.v}
 		if *lora != "" {
 			req.LoraName = lora
 		}
-		var r daemon.MatchReply
+		var r sock.MatchReply
 		if r, err = c.Match(ctx, req); err == nil {
 			out, err = json.MarshalIndent(r, "", "  ")
 		}
 	}
 	if err != nil {
-		var re *daemon.RemoteError
+		var re *sock.RemoteError
 		if errors.As(err, &re) {
 			fmt.Fprintf(stderr, "kvshmd %s: the daemon refused: %s (code %s)\n", cmd, re.Message, re.Code)
-			if cmd == "forget" && re.Code == daemon.CodeConflict {
+			if cmd == "forget" && re.Code == sock.CodeConflict {
 				fmt.Fprintf(stderr, "  a producer is attached to that worker: stop it (or let it exit) first\n")
-			} else if re.Code == daemon.CodeConflict || re.Code == daemon.CodeNotFound {
+			} else if re.Code == sock.CodeConflict || re.Code == sock.CodeNotFound {
 				fmt.Fprintf(stderr, "  list the streams with `kvshmd stats` and pick one with --worker (and --dp-rank for a per-rank stream)\n")
 			}
 			return exitFailure
