@@ -50,6 +50,9 @@
 //	  header worker_id, kv_block_size (and max_buffer_size when given) match     bad_request
 //	  no live producer on the (worker, scope) key, none on this connection       conflict
 //
+// lifecycle.go carries these tables out: openRing is the validation, planAttach the outcome table as a pure
+// function of the stream's and the ring's state (TestPlanAttach), install the step that applies its decision.
+//
 //	Outcome                                        index                              reply / stats
 //	first attach of the worker, head = 0           new                                stream_epoch 1, resumed false
 //	first attach, head > 0, a checkpoint for this  restored from the checkpoint       resumed true, restored true,

@@ -119,6 +119,7 @@ type Server struct {
 	httpS     *http.Server
 	httpSem   chan struct{} // one token per open HTTP connection, shared by --http and the rank ports
 	rankPorts rankPorts
+	ckpt      *ckptStore
 	nconns    atomic.Int64 // open connections. Updated atomically.
 
 	ctx    context.Context // canceled at shutdown: aborts queries in flight
@@ -156,6 +157,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("register metrics: %w", err)
 	}
 	s.m = m
+	s.ckpt = &ckptStore{dir: cfg.StateDir, writes: m.ckptWrites, log: s.log}
 	return s, nil
 }
 
@@ -294,7 +296,7 @@ func (s *Server) shutdown() {
 		sort.Slice(attached, func(i, j int) bool { return compareKeys(attached[i].st.key, attached[j].st.key) < 0 })
 		for _, l := range attached {
 			<-l.a.done
-			s.writeCheckpoint(l.st, l.a) // after the final drain and head release: the index matches the ring head
+			_ = s.ckpt.save(l.st.key, l.a.hdr.Epoch, l.a.ix, l.a.finalHead, "shutdown") // after the final drain and head release: the index matches the ring head
 		}
 	}
 	s.log.Info("kvshmd stopped: rings drained")
