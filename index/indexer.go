@@ -168,6 +168,11 @@ func (ix *Indexer) applyLocked(id uint64, dp uint32, kind Kind, hasParent bool, 
 		ix.taintLost = ix.taintLost[:0]
 		ix.gen.Add(1)
 	}
+	if checkInvariants {
+		if err := ix.tree.check(); err != nil {
+			panic(fmt.Sprintf("after event %d (%s): %v", id, kind, err))
+		}
+	}
 	ix.treeVersion++
 	ix.c.applied[kind-1][res.Status]++
 	ix.log.append(id, dp, kind, hasParent, parent, blocks, hashes)
