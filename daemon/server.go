@@ -21,23 +21,23 @@ import (
 	"github.com/kvshm/kvshm/proto/sock"
 )
 
-// Config configures a Server. Zero values select the documented defaults.
+// Config configures a Server. A zero field selects its value in DefaultConfig (OnLoss, DumpShape: their zero values).
 type Config struct {
-	SocketPath        string        // default DefaultSocketPath()
-	SocketMode        os.FileMode   // default 0600
+	SocketPath        string        // the Unix socket
+	SocketMode        os.FileMode   // the socket file's mode
 	HTTPAddr          string        // "" = no HTTP listener
 	ParentPID         int           // > 0: shut down (after draining) when this process is gone
-	MaxRequestBytes   uint32        // request frame cap (length field); default DefaultMaxRequest
-	MaxConns          int           // concurrent connections; default 1024
-	HTTPMaxConns      int           // concurrent HTTP connections; beyond it a client gets 503 and is closed; default 256
-	HTTPHeaderTimeout time.Duration // an HTTP request's headers must arrive within this; default 10s
-	HTTPIdleTimeout   time.Duration // an idle keep-alive HTTP connection is closed after this; default 2m
-	IdleTimeout       time.Duration // a connection that never attached and sends nothing for this long is closed; default 5m
-	FrameTimeout      time.Duration // a started frame must be complete within this; default 10s
-	WriteTimeout      time.Duration // a reply must be written within this; default 60s
-	QueryTimeout      time.Duration // bound on one query (including waiting for the single-flight dump); default 120s
-	PIDCheckInterval  time.Duration // producer pid backstop period; default 1s
-	ParentPoll        time.Duration // --parent-pid poll period; default 200ms
+	MaxRequestBytes   uint32        // request frame cap (length field)
+	MaxConns          int           // concurrent connections
+	HTTPMaxConns      int           // concurrent HTTP connections; beyond it a client gets 503 and is closed
+	HTTPHeaderTimeout time.Duration // an HTTP request's headers must arrive within this
+	HTTPIdleTimeout   time.Duration // an idle keep-alive HTTP connection is closed after this
+	IdleTimeout       time.Duration // a connection that never attached and sends nothing for this long is closed
+	FrameTimeout      time.Duration // a started frame must be complete within this
+	WriteTimeout      time.Duration // a reply must be written within this
+	QueryTimeout      time.Duration // bound on one query (including waiting for the single-flight dump)
+	PIDCheckInterval  time.Duration // producer pid backstop period
+	ParentPoll        time.Duration // --parent-pid poll period
 	StateDir          string        // "" = no checkpoints; else indexes are checkpointed here at shutdown (created 0700)
 	// CheckpointInterval > 0 (requires StateDir): also checkpoint each stream while it runs and release its ring head
 	// only up to a written checkpoint, so a crash loses nothing (see doc.go, "Continuous checkpoints"). 0 = off.
@@ -51,52 +51,64 @@ type Config struct {
 	// of the only worker, opened when the daemon first holds a stream covering r (--rank-ports). 0 = off.
 	RankPortsBase int
 	Version       string       // reported by HEALTH and kvshm_build_info
-	Logger        *slog.Logger // default slog.Default()
+	Logger        *slog.Logger //
 	Registry      *prometheus.Registry
 }
 
+// DefaultConfig returns the defaults every zero field of a Config stands for (New fills them in); kvshmd serve shows
+// them as its flag defaults.
+func DefaultConfig() Config {
+	return Config{
+		SocketPath:        sock.DefaultSocketPath(),
+		SocketMode:        0o600,
+		MaxRequestBytes:   sock.DefaultMaxRequest,
+		MaxConns:          1024,
+		HTTPMaxConns:      256,
+		HTTPHeaderTimeout: 10 * time.Second,
+		HTTPIdleTimeout:   2 * time.Minute,
+		IdleTimeout:       5 * time.Minute,
+		FrameTimeout:      10 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		QueryTimeout:      120 * time.Second,
+		PIDCheckInterval:  time.Second,
+		ParentPoll:        200 * time.Millisecond,
+		OnLoss:            index.LossBestEffort,
+		DumpShape:         index.DumpChains,
+		Version:           "dev",
+	}
+}
+
 func (c *Config) fill() {
+	d := DefaultConfig()
 	if c.SocketPath == "" {
-		c.SocketPath = sock.DefaultSocketPath()
+		c.SocketPath = d.SocketPath
 	}
 	if c.SocketMode == 0 {
-		c.SocketMode = 0o600
+		c.SocketMode = d.SocketMode
 	}
 	if c.MaxRequestBytes == 0 {
-		c.MaxRequestBytes = sock.DefaultMaxRequest
+		c.MaxRequestBytes = d.MaxRequestBytes
 	}
-	if c.MaxConns <= 0 {
-		c.MaxConns = 1024
+	for _, f := range []struct {
+		v   *int
+		def int
+	}{{&c.MaxConns, d.MaxConns}, {&c.HTTPMaxConns, d.HTTPMaxConns}} {
+		if *f.v <= 0 {
+			*f.v = f.def
+		}
 	}
-	if c.HTTPMaxConns <= 0 {
-		c.HTTPMaxConns = 256
-	}
-	if c.HTTPHeaderTimeout <= 0 {
-		c.HTTPHeaderTimeout = 10 * time.Second
-	}
-	if c.HTTPIdleTimeout <= 0 {
-		c.HTTPIdleTimeout = 2 * time.Minute
-	}
-	if c.IdleTimeout <= 0 {
-		c.IdleTimeout = 5 * time.Minute
-	}
-	if c.FrameTimeout <= 0 {
-		c.FrameTimeout = 10 * time.Second
-	}
-	if c.WriteTimeout <= 0 {
-		c.WriteTimeout = 60 * time.Second
-	}
-	if c.QueryTimeout <= 0 {
-		c.QueryTimeout = 120 * time.Second
-	}
-	if c.PIDCheckInterval <= 0 {
-		c.PIDCheckInterval = time.Second
-	}
-	if c.ParentPoll <= 0 {
-		c.ParentPoll = 200 * time.Millisecond
+	for _, f := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{{&c.HTTPHeaderTimeout, d.HTTPHeaderTimeout}, {&c.HTTPIdleTimeout, d.HTTPIdleTimeout}, {&c.IdleTimeout, d.IdleTimeout},
+		{&c.FrameTimeout, d.FrameTimeout}, {&c.WriteTimeout, d.WriteTimeout}, {&c.QueryTimeout, d.QueryTimeout},
+		{&c.PIDCheckInterval, d.PIDCheckInterval}, {&c.ParentPoll, d.ParentPoll}} {
+		if *f.v <= 0 {
+			*f.v = f.def
+		}
 	}
 	if c.Version == "" {
-		c.Version = "dev"
+		c.Version = d.Version
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

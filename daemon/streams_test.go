@@ -274,3 +274,13 @@ func TestRingLossAndCorruption(t *testing.T) {
 		t.Fatalf("a Cleared after the corruption should re-base: %+v", s)
 	}
 }
+
+// TestConfigDefaults: a zero Config stands for DefaultConfig (the one home of the defaults kvshmd serve shows).
+func TestConfigDefaults(t *testing.T) {
+	var c Config
+	c.fill()
+	c.Logger, c.Registry = nil, nil
+	if d := DefaultConfig(); c != d {
+		t.Fatalf("zero Config filled to\n%+v\nDefaultConfig\n%+v", c, d)
+	}
+}
