@@ -22,7 +22,7 @@ import (
 	"github.com/kvshm/kvshm/shm"
 )
 
-// The concurrency simulation (STYLE §9, after bbolt's simulation_test.go): one producer publishes a random event
+// The concurrency simulation (after bbolt's simulation_test.go): one producer publishes a random event
 // stream at full speed through a real ring, the daemon's drain goroutine applies it, and 64 query clients ask
 // EVENTS, DUMP, STATS, MATCH and HEALTH meanwhile. Every reply is recorded with the window of states the daemon
 // may have answered from: lo = the last id whose Publish had returned before the request was sent (read-your-

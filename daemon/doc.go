@@ -327,8 +327,8 @@
 // daemon knows). A restored index has no dump cache, so its first dump is built from the tree: equivalent to, but
 // not always byte-equal with, a cached dump the old daemon had extended with the log tail (the same difference any
 // cache invalidation makes).
-// Idle CPU grows with the number of idle streams (~0.3-0.6% of a core each on the VM measured); a doorbell
-// (futex in the ring header) would remove it but needs producer support. The pid backstop is only armed when the
+// An idle stream wakes once per park (250 ms, see "Drain loop"), so idle CPU grows slowly with the number of idle
+// streams (README, "Performance", has the measured figures). The pid backstop is only armed when the
 // attaching process is the ring's producer_pid (same pid namespace); otherwise socket EOF is the only death
 // signal. A stream's index is kept while the daemon runs until an operator sends FORGET (`kvshmd forget`); a
 // recovery query that selected the stream just before FORGET may re-create its recovery_* series once. Panic

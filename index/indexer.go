@@ -44,7 +44,7 @@ type Indexer struct {
 	scratch []Block
 	hashes  []uint64
 
-	// The dump cache (§5.4). Protected by cmu.
+	// The dump cache (upstream local.rs get_cached_or_fresh_dump). Protected by cmu.
 	cmu       sync.Mutex
 	cache     *dumpSnap
 	building  bool
@@ -308,7 +308,7 @@ func (ix *Indexer) reject(id uint64, err error) {
 	ix.markUnknownLocked(reason)
 }
 
-// FindMatches returns the overlap scores of a tokens-hash sequence (Dynamo's find_matches, §3.6): for each
+// FindMatches returns the overlap scores of a tokens-hash sequence (upstream radix_tree.rs find_matches): for each
 // dp_rank, the number of leading blocks it holds. Ranks with score 0 are omitted; the order is by dp_rank.
 func (ix *Indexer) FindMatches(localHashes []uint64, earlyExit bool) []Score {
 	ix.mu.RLock()

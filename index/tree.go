@@ -234,7 +234,7 @@ func (t *tree) setLookup(lk map[uint64]uint32, bh uint64, c uint32) {
 	lk[bh] = c
 }
 
-// store applies a Stored event for slot s (§3.2). Dynamo would attach a node found through the lookup under
+// store applies a Stored event for slot s (upstream radix_tree.rs apply_stored). Dynamo would attach a node found through the lookup under
 // a second parent (a DAG, or a cycle its dump never leaves); this tree stays a tree: a lookup hit that is p or an
 // ancestor of p is InvalidBlockSequence, a hit attached elsewhere is not reused (a new node is made and the old
 // one keeps its workers, as when Dynamo overwrites a lookup entry).
@@ -276,7 +276,7 @@ func (t *tree) store(s int, hasParent bool, parent uint64, blocks []Block) Statu
 	return StatusOK
 }
 
-// remove applies a Removed event for slot s (§3.3): best effort, first error.
+// remove applies a Removed event for slot s (upstream radix_tree.rs apply_removed): best effort, first error.
 func (t *tree) remove(s int, hashes []uint64) Status {
 	lk := t.slots[s].lookup
 	st := StatusOK
@@ -296,7 +296,7 @@ func (t *tree) remove(s int, hashes []uint64) Status {
 	return st
 }
 
-// clearAll applies a Cleared event (§3.4, worker-wide): every slot's blocks are dropped; the slots keep empty
+// clearAll applies a Cleared event (upstream radix_tree.rs clear_all_blocks; worker-wide): every slot's blocks are dropped; the slots keep empty
 // lookup entries.
 func (t *tree) clearAll() {
 	for s := range t.slots {
@@ -316,7 +316,7 @@ func (t *tree) clearAll() {
 	}
 }
 
-// findMatches computes Dynamo's overlap scores (§3.6, variant A) into scores (indexed by slot; 0 = no score).
+// findMatches computes Dynamo's overlap scores (upstream radix_tree.rs find_matches; one node per block) into scores (indexed by slot; 0 = no score).
 func (t *tree) findMatches(seq []uint64, earlyExit bool, scores []uint32) {
 	if len(seq) == 0 {
 		return

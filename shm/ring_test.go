@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestLayoutOffsets pins every offset to the table of CONTRACTS §2 / FORMAT.md: the Python writer uses the same
+// TestLayoutOffsets pins every offset to the table of FORMAT.md: the Python writer uses the same
 // numbers.
 func TestLayoutOffsets(t *testing.T) {
 	for _, c := range []struct {

@@ -20,7 +20,7 @@ from kvshm._launcher import find_kvshmd
 
 REPO = Path(__file__).resolve().parents[2]
 TESTDATA = REPO / "testdata"
-OFF_TAIL = 0x80  # ring header: the producer's commit word (CONTRACTS §2)
+OFF_TAIL = 0x80  # ring header: the producer's commit word (shm/FORMAT.md)
 
 def ring_tail(ix: LocalIndexer) -> int:
     """The tail word of the indexer's ring, read from the file (not through the writer)."""

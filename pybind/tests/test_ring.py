@@ -1,4 +1,4 @@
-"""RingWriter against the ring layout (CONTRACTS §2), parsed here with independent code.
+"""RingWriter against the ring layout (shm/FORMAT.md), parsed here with independent code.
 
 Run: PYTHONPATH=pybind/src .venv/bin/python -m pytest pybind/tests/test_ring.py
 The Go side (shm/python_stress_test.go) reads Python-written rings with the Go Reader.

@@ -1,6 +1,6 @@
 """The producer side of a kvshm ring, in pure Python: events go straight into shared memory, no syscall, no lock.
 
-A ring is an mmap'd regular file (layout version 1, CONTRACTS §2 and shm/FORMAT.md): a 4096-byte header page, then a
+A ring is an mmap'd regular file (layout version 1, shm/FORMAT.md): a 4096-byte header page, then a
 power-of-two data area of 8-byte-aligned records ``[u32 length][u32 type][payload]``. The producer writes a record's
 payload, then its header, then publishes it with ONE aligned 8-byte store of the tail word through
 ``memoryview.cast('Q')``; the Go reader (kvshmd) trusts everything before the tail. On x86-64 that store is a release
