@@ -57,11 +57,11 @@ func TestSignalDrainsRing(t *testing.T) {
 func waitStopped(t *testing.T, pid int) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		st, err := shm.ReadProcStat(pid)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if i := bytes.LastIndexByte(b, ')'); i > 0 && i+2 < len(b) && b[i+2] == 'T' {
+		if st.State == 'T' {
 			return
 		}
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvshm/kvshm/index"
 	"github.com/kvshm/kvshm/proto/sock"
+	"github.com/kvshm/kvshm/shm"
 )
 
 // Config configures a Server. A zero field selects its value in DefaultConfig (OnLoss, DumpShape: their zero values).
@@ -244,7 +245,8 @@ func (s *Server) Serve(ctx context.Context) error {
 }
 
 func (s *Server) watchParent(ctx context.Context, cancel context.CancelFunc) {
-	start, _ := procStartTime(s.cfg.ParentPID)
+	st, _ := shm.ReadProcStat(s.cfg.ParentPID) // start time 0 when unreadable: processAlive then checks the pid only
+	start := st.StartTime
 	t := time.NewTicker(s.cfg.ParentPoll)
 	defer t.Stop()
 	for {

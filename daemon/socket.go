@@ -6,13 +6,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/kvshm/kvshm/proto/sock"
+	"github.com/kvshm/kvshm/shm"
 )
 
 // prepareSocketDir creates dir with mode 0700 when it is missing and checks that it is a directory owned by the
@@ -86,44 +86,9 @@ func processAlive(pid int, startTime uint64) bool {
 	if startTime == 0 {
 		return true
 	}
-	st, err := procStartTime(pid)
+	st, err := shm.ReadProcStat(pid)
 	if err != nil {
 		return !errors.Is(err, os.ErrNotExist)
 	}
-	return st == startTime
-}
-
-// procStartTime reads field 22 (starttime, clock ticks since boot) of /proc/<pid>/stat.
-func procStartTime(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	// comm (field 2) may contain spaces and parentheses: fields after it start after the last ')'.
-	i := lastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("parse /proc/%d/stat: no comm", pid)
-	}
-	field := 2
-	start := -1
-	for j := i + 1; j < len(b); j++ {
-		if b[j] == ' ' {
-			field++
-			if field == 22 {
-				start = j + 1
-			} else if field == 23 {
-				return strconv.ParseUint(string(b[start:j]), 10, 64)
-			}
-		}
-	}
-	return 0, fmt.Errorf("parse /proc/%d/stat: short", pid)
-}
-
-func lastIndexByte(b []byte, c byte) int {
-	for i := len(b) - 1; i >= 0; i-- {
-		if b[i] == c {
-			return i
-		}
-	}
-	return -1
+	return st.StartTime == startTime
 }

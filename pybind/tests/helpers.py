@@ -17,6 +17,7 @@ import pytest
 from kvshm import LocalIndexer
 from kvshm._client import Client, ClientError
 from kvshm._launcher import find_kvshmd
+from kvshm._ring import proc_stat
 
 REPO = Path(__file__).resolve().parents[2]
 TESTDATA = REPO / "testdata"
@@ -66,12 +67,8 @@ def wait_for(cond: Callable[[], bool], what: str, timeout: float = 30.0) -> None
 
 def pid_gone(pid: int) -> bool:
     """True when ``pid`` no longer runs (absent, or a zombie waiting for a reaper that is not us)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return True
-    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] in (b"Z", b"X")
+    st = proc_stat(pid)
+    return st is None or st[0] in (b"Z", b"X")
 
 
 @dataclass
