@@ -17,16 +17,10 @@ import (
 	"github.com/kvshm/kvshm/shm"
 )
 
-// Checkpoints (--state-dir): at a graceful shutdown, after a stream's final drain and head release, its index is
-// written to <state-dir>/w<worker_id>-<ring epoch>.ckpt (an ALL stream) or w<worker_id>r<dp_rank>-<ring epoch>.ckpt
-// (a per-rank stream) (index.WriteCheckpoint, with ckptMeta naming the worker, the
-// ring epoch and the ring head the index corresponds to). With --checkpoint-interval the drain goroutine also writes
-// one while the stream runs and releases the ring head only up to it (stream.go, attachment.checkpoint). The first
-// ATTACH of that worker after a restart restores the index when the file's epoch and head equal the ring's, instead
-// of marking the history unknown. A checkpoint is removed once read (restored or not; with --checkpoint-interval a
-// restored one is kept until replaced) and whenever its worker's stream is replaced or forgotten, so none is applied
-// twice. Failures are logged and counted (kvshm_checkpoint_writes_total, kvshm_checkpoint_restores_total) and never
-// stop a shutdown or an attach.
+// Checkpoints (--state-dir, --checkpoint-interval): the design, the file names and every failure outcome are told
+// once, in doc.go ("Checkpoints", "Continuous checkpoints"); the file format is index/CHECKPOINT.md. This file holds
+// the daemon's part: ckptStore (write, look up, remove the files of one state directory) and the meta that names the
+// worker, ring epoch and ring head a checkpoint corresponds to.
 
 // ckptMeta is the daemon's part of a checkpoint (the index's opaque meta). Wire format: never change without
 // changing ckptMagic.
