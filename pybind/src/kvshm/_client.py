@@ -43,7 +43,7 @@ STATUS_ERROR: Final = 1
 MAX_REQUEST: Final = 4 << 20
 MAX_RESPONSE: Final = 1 << 30
 
-# Frame header: length u32, version u8, kind u8, status u16 (wire format: never change without bumping the
+# Frame header, as drawn in proto/sock/PROTOCOL.md (wire format: never change without bumping the
 # version).
 _HEADER: Final = struct.Struct("<IBBH")
 HEADER_SIZE: Final = _HEADER.size  # 8
