@@ -60,10 +60,12 @@ build:
 	mkdir -p build
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o build/kvshmd ./cmd/kvshmd
 
+# The second run checks the index tree's invariants after every applied event (index/tree_check.go).
 # The cross-process stress tests run 2M events from a Python producer and 3M records from a Go writer process
 # through small rings (many wraparounds); the Python one needs the dev venv.
 gotest: venv
 	KVSHM_REQUIRE_TOOLS=1 KVSHM_STRESS_EVENTS=2000000 KVSHM_STRESS_RECORDS=3000000 $(GO) test -race -count=1 -timeout 20m ./...
+	$(GO) test -tags invariants -count=1 ./index/ ./daemon/
 
 testrace: gotest
 

@@ -25,7 +25,6 @@ const (
 // if any.
 type stream struct {
 	key streamKey // immutable
-	srv *Server
 
 	// Rate limits of the warn lines about incomplete answers and token-count mismatches. Safe for concurrent use.
 	incompleteLog, mismatchLog rateLog
@@ -66,7 +65,10 @@ type attachment struct {
 	// on it (another client's DETACH is refused). The daemon itself ends an attachment only when the lease is
 	// gone, the producer's pid is gone, or at shutdown (which closes every connection).
 	lease        *conn
-	closedLogged bool // owned by the drain goroutine: the CLOSED-while-leased warning was logged
+	ckpt         *ckptStore    // where checkpoints go (--state-dir)
+	rankPorts    *rankPorts    // --rank-ports: a rank's first event on an ALL stream opens its port
+	pidEvery     time.Duration // producer pid check period (backstop to the lease)
+	closedLogged bool          // owned by the drain goroutine: the CLOSED-while-leased warning was logged
 	// applied is the ring position up to which every record is applied, stored by the drain goroutine after each
 	// pass (updated atomically); with the producer's tail equal to it and no loss pending, a query needs no round
 	// trip to the drain goroutine (sync's fast path). mapMu guards the mapping's lifetime for that read: the drain
@@ -204,7 +206,7 @@ func (a *attachment) run() {
 	a.idl.worked(time.Now())
 	lastSnap := time.Now()
 	lastPID := lastSnap
-	pidEvery := a.st.srv.cfg.PIDCheckInterval
+	pidEvery := a.pidEvery
 	for {
 		a.corruptPass = false
 		n := a.drainBatch()
@@ -515,7 +517,7 @@ func (a *attachment) applyEvent(rec shm.Record, c *batchCounts) {
 	}
 	if a.ranks.on && !a.ranks.has(v.DpRank) {
 		a.ranks.add(v.DpRank)
-		a.st.srv.rankPorts.ensure(v.DpRank) // first event of this rank on an ALL stream
+		a.rankPorts.ensure(v.DpRank) // first event of this rank on an ALL stream
 	}
 	if err != nil && a.log.Enabled(context.Background(), slog.LevelDebug) {
 		// Tree errors (parent/block not found) are normal under eviction races and counted by the index.
@@ -644,10 +646,9 @@ func (a *attachment) periodicCheckpoint(now time.Time) {
 // crash before the next good checkpoint then reports unknown history instead of restoring an index that lacks the
 // released records (the head check at restore would refuse it too).
 func (a *attachment) checkpoint(trigger string) {
-	srv := a.st.srv
 	head := a.r.Stats().ReadPos
-	if err := srv.saveCheckpoint(a.st.key, a.hdr.Epoch, a.ix, head, trigger); err != nil {
-		srv.removeCheckpoints(a.st.key)
+	if err := a.ckpt.save(a.st.key, a.hdr.Epoch, a.ix, head, trigger); err != nil {
+		a.ckpt.remove(a.st.key)
 	}
 	a.r.Release()
 	a.lastCkpt, a.ckptHead, a.ckptForce = time.Now(), head, false

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
 )
 
@@ -40,7 +41,7 @@ func truncatedRing(t *testing.T, size int64) {
 	t.Cleanup(func() { _ = os.Truncate(victim.path, fi.Size()) })
 	// The drain goroutine touches the header within snapshotPeriod even when idle; waiting for that only orders
 	// the test, it times nothing.
-	st := checkStats(t, socket, 30, func(s StreamStats) bool { return !s.Attached })
+	st := checkStats(t, socket, 30, func(s sock.StreamStats) bool { return !s.Attached })
 	if st.CorruptRecords == 0 || !st.Incomplete {
 		t.Fatalf("victim stream after the fault = %+v, want a corruption counted and the answer incomplete", st)
 	}

@@ -2,9 +2,9 @@
 // one seq space: all its dp_ranks), the bounded event log, recovery answers (Events, TreeDump, TooNew,
 // InvalidRange, and Error under the strict loss policy) with a single-flight dump cache, per-rank views, overlap
 // matching, and Dynamo's exact JSON. It reproduces the LocalKvIndexer of NVIDIA Dynamo's crate dynamo-kv-router
-// 1.6.1 (crates.io; src/indexer/local.rs, radix_tree.rs, protocols.rs) so that a global indexer written against
-// Dynamo recovers from kvshm without noticing; shared/reference/dynamo-local-indexer.md (cited as §N) describes
-// the older upstream (b2b7868) whose wire DumpBlocks keeps. Pure Go, no I/O.
+// 1.6.1 (crates.io; source at https://docs.rs/crate/dynamo-kv-router/1.6.1/source/src/: indexer/local.rs, indexer/radix_tree.rs,
+// protocols.rs, cited below by file and function) so that a global indexer written against Dynamo recovers from
+// kvshm without noticing; DumpBlocks keeps the wire of the older upstream (commit b2b7868). Pure Go, no I/O.
 //
 // # Usage
 //

@@ -16,7 +16,7 @@ import (
 
 var update = flag.Bool("update", false, "rewrite golden files (testdata/*.txt, ../testdata/json/*.json)")
 
-// The literal examples of reference §1.8.
+// Literal RouterEvent examples (the serde shape of upstream protocols.rs), as in testdata/json/blocks.
 const (
 	refStored  = `{"worker_id":7,"storage_tier":"device","event":{"event_id":42,"data":{"stored":{"parent_hash":270656378982115943,"start_position":null,"blocks":[{"block_hash":2733357436102908004,"tokens_hash":2825904518766229643,"mm_extra_info":null},{"block_hash":2451106649480522483,"tokens_hash":10358785732907640880,"mm_extra_info":null}]}},"dp_rank":0}}`
 	refRemoved = `{"worker_id":7,"storage_tier":"device","event":{"event_id":43,"data":{"removed":{"block_hashes":[18405780835976372970]}},"dp_rank":0}}`
@@ -184,7 +184,7 @@ func TestRouterEventReferenceExamples(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			if string(tc.got) != tc.want {
-				t.Fatalf("JSON differs from reference §1.8:\n got %s\nwant %s", tc.got, tc.want)
+				t.Fatalf("JSON differs from the literal example:\n got %s\nwant %s", tc.got, tc.want)
 			}
 			checkGolden(t, "blocks/"+tc.name+".json", tc.got)
 		})

@@ -557,6 +557,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		if (gotErr != nil) != (want != StatusOK) {
 			t.Fatalf("step %d: err %v with status %v", step, gotErr, want)
 		}
+		checkTree(t, ix, fmt.Sprintf("step %d", step))
 		if step%7 == 0 || step == steps-1 || *everyFlag {
 			compareModel(t, step, ix, m, rng, ctx, lastSeqs)
 		}

@@ -225,7 +225,7 @@ def test_refusal_at_accept_is_reported_when_our_write_fails(short_dir: Path) -> 
 
 # --------------------------------------------------------------------------------------------------------------
 # Shared protocol vectors (testdata/protocol/frames.json, checked against the daemon's codec by
-# daemon/vectors_test.go).
+# proto/sock/vectors_test.go).
 
 FRAMES = json.loads((TESTDATA / "protocol" / "frames.json").read_text())["frames"]
 REQUESTS = [v for v in FRAMES if v["direction"] == "request"]

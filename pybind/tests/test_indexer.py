@@ -1,5 +1,5 @@
 """LocalIndexer driven the way the engine's publisher drives it (one event per seq), every get_events_json answer
-parsed and checked against the reference semantics (dynamo-local-indexer.md §5.3) and the golden JSON files.
+parsed and checked against upstream local.rs get_events_in_id_range and the golden JSON files.
 
 Real private kvshmd, real ring; no mocks.
 """
@@ -90,7 +90,7 @@ def test_golden_token_mismatch(make_indexer: IndexerFactory) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Reference table (§5.3: max_buffer_size 5, events 5..14, buffer holds 10..14).
+# Upstream classification (local.rs classify_query: max_buffer_size 5, events 5..14, buffer holds 10..14).
 
 
 @pytest.fixture

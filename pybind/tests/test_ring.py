@@ -1,4 +1,4 @@
-"""RingWriter against the ring layout (CONTRACTS §2), parsed here with independent code.
+"""RingWriter against the ring layout (shm/FORMAT.md), parsed here with independent code.
 
 Run: PYTHONPATH=pybind/src .venv/bin/python -m pytest pybind/tests/test_ring.py
 The Go side (shm/python_stress_test.go) reads Python-written rings with the Go Reader.
@@ -525,3 +525,22 @@ def test_head_from_a_broken_consumer_is_not_trusted(ring_dir: str) -> None:
     finally:
         c.close()
         w.close()
+
+
+def test_proc_stat() -> None:
+    """The one /proc/<pid>/stat parser: our state and start time (checked against an independent parse), None
+    for a pid that does not exist."""
+    st = _ring.proc_stat(os.getpid())
+    assert st is not None
+    raw = Path("/proc/self/stat").read_bytes()
+    assert st == (raw[raw.rindex(b")") + 2 : raw.rindex(b")") + 3], int(raw[raw.rindex(b")") + 1 :].split()[19]))
+    assert _ring.proc_stat() == st
+    assert _ring.proc_stat(2**22 + 1) is None  # above pid_max's ceiling: never a process
+
+
+def test_ring_error_is_a_kvshm_error() -> None:
+    from kvshm import KvshmError, RingError
+
+    assert issubclass(RingError, KvshmError)
+    assert all(issubclass(e, RingError) for e in (_ring.RingPlatformError, _ring.RingLockedError,
+                                                  _ring.RingSpaceError, _ring.RingForkedError, _ring.RingClosedError))

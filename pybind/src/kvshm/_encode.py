@@ -2,7 +2,7 @@
 
 The official Python builder makes several Python calls per vector element (hundreds of µs for a 1024-token
 event). This encoder produces the *same bytes* as the official builders following kvshm's canonical call order
-(proto/fbs/codec.go, CONTRACTS §1) with a handful of C-level operations per event:
+(proto/fbs/codec.go, proto/fbs/event.fbs) with a handful of C-level operations per event:
 
 * one precompiled :class:`struct.Struct` ``pack_into`` for the ring record header and everything that is not a
   vector (root offset, identifier, both vtables, both tables, the block-hash count),
@@ -82,7 +82,7 @@ __all__ = [
 KIND_STORED: Final = 1
 KIND_REMOVED: Final = 2
 KIND_CLEARED: Final = 3
-RECORD_EVENT: Final = 1  # ring record type of an event (CONTRACTS §2)
+RECORD_EVENT: Final = 1  # ring record type of an event (shm/FORMAT.md)
 FILE_IDENTIFIER: Final = b"KVEV"
 U32_MAX: Final = 0xFFFFFFFF
 U64_MAX: Final = 0xFFFFFFFFFFFFFFFF
