@@ -60,8 +60,7 @@ func (t *tree) check() error {
 	// Forest: walk down from the root and from every detached top.
 	seen := make([]bool, n)
 	attached := 0
-	var walk func(top uint32) error
-	walk = func(top uint32) error {
+	walk := func(top uint32) error {
 		stack := []uint32{top}
 		seen[top] = true
 		for len(stack) > 0 {
