@@ -21,8 +21,8 @@ import socket
 import stat
 import struct
 import time
-from collections.abc import Mapping
-from typing import Any, Final
+from collections.abc import Callable, Mapping
+from typing import Any, Final, TypeVar
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -36,6 +36,8 @@ __all__ = [
     "RequestTimeout",
     "UntrustedServerError",
 ]
+
+_R = TypeVar("_R")
 
 PROTOCOL_VERSION: Final = 1
 STATUS_OK: Final = 0
@@ -180,35 +182,36 @@ class Client:
         ``retry`` (the default) a request that finds the connection dead before any reply byte arrived is sent
         once more on a fresh connection.
         """
-        payload = json.dumps(dict(body) if body is not None else {}, separators=(",", ":")).encode()
-        if len(payload) + _FIXED_AFTER_LENGTH > MAX_REQUEST:
-            raise ValueError(f"kvshm: request of {len(payload)} bytes exceeds the {MAX_REQUEST}-byte limit")
-        frame = encode_frame(kind, payload)
-        reused = self._sock is not None
-        try:
-            return self._exchange(kind, frame, timeout)
-        except ConnectionLost as e:
-            # A reused connection may have died while idle (daemon restarted): not this request's fault.
-            if not (retry and reused and e.before_reply and not isinstance(e, RequestTimeout)):
-                raise
-        return self._exchange(kind, frame, timeout)
+        return self._request(self._exchange, kind, body, retry, timeout)
 
     def call_text(
         self, kind: Kind, body: Mapping[str, Any] | None = None, *, retry: bool = True, timeout: float | None = None
     ) -> str:
         """Like :meth:`call`, with the reply body decoded as UTF-8 straight from the receive buffer (one copy: a
         multi-megabyte TreeDump is not copied into bytes first). Invalid UTF-8 is a :class:`FrameError`."""
+        return self._request(self._exchange_text, kind, body, retry, timeout)
+
+    def _request(
+        self,
+        exchange: Callable[[Kind, bytes, float | None], _R],
+        kind: Kind,
+        body: Mapping[str, Any] | None,
+        retry: bool,
+        timeout: float | None,
+    ) -> _R:
+        """Frame ``body`` and run ``exchange``, once more on a fresh connection when ``retry`` allows (see call)."""
         payload = json.dumps(dict(body) if body is not None else {}, separators=(",", ":")).encode()
         if len(payload) + _FIXED_AFTER_LENGTH > MAX_REQUEST:
             raise ValueError(f"kvshm: request of {len(payload)} bytes exceeds the {MAX_REQUEST}-byte limit")
         frame = encode_frame(kind, payload)
         reused = self._sock is not None
         try:
-            return self._exchange_text(kind, frame, timeout)
+            return exchange(kind, frame, timeout)
         except ConnectionLost as e:
+            # A reused connection may have died while idle (daemon restarted): not this request's fault.
             if not (retry and reused and e.before_reply and not isinstance(e, RequestTimeout)):
                 raise
-        return self._exchange_text(kind, frame, timeout)
+        return exchange(kind, frame, timeout)
 
     def _exchange_text(self, kind: Kind, frame: bytes, timeout: float | None) -> str:
         view = self._exchange_view(kind, frame, timeout)
