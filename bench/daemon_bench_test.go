@@ -257,8 +257,8 @@ func BenchmarkDaemonIdleCPU(b *testing.B) {
 }
 
 // BenchmarkDaemonReachLatency measures publish → applied (head released past the event) for one event at a time,
-// with a gap between events: gap=0 keeps the drain loop busy (spin phase), 200µs and 2ms find it in its warm
-// nanosleep backoff, 50ms at the 1 ms sleep cap, 300ms parked on the ring's doorbell (woken by the publish).
+// with a gap between events: gap=0 keeps the drain loop busy (spin phase), 200µs and 2ms find it in its warm nap
+// backoff, 50ms and 300ms parked on the ring's doorbell (woken by the publish; daemon/idle.go has the phases).
 func BenchmarkDaemonReachLatency(b *testing.B) {
 	benchReach(b, []time.Duration{0, 200 * time.Microsecond, 2 * time.Millisecond, 50 * time.Millisecond, 300 * time.Millisecond})
 }
