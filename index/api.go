@@ -10,6 +10,57 @@ type Config struct {
 	BlockSize uint32
 	// MaxBufferSize is the number of events the log keeps (Dynamo's max_buffer_size); 0 keeps none.
 	MaxBufferSize int
+	// OnLoss says how answers that miss events kvshm lost are given (default LossBestEffort).
+	OnLoss LossPolicy
+	// DumpShape is the event shape of a TreeDump (default DumpChains, Dynamo 1.6.1).
+	DumpShape DumpShape
+}
+
+// LossPolicy says what a recovery answer is when kvshm itself lost events (a LOSS record, unknown history, a
+// refused event) that the answer would have to include.
+type LossPolicy uint8
+
+// Loss policies.
+const (
+	// LossBestEffort (the default) answers what Dynamo would answer from the events the index did apply, and
+	// marks the Response Incomplete with the lost ranges.
+	LossBestEffort LossPolicy = iota
+	// LossError answers the Error variant naming the loss (until a Cleared re-bases the tree).
+	LossError
+)
+
+func (p LossPolicy) String() string {
+	switch p {
+	case LossBestEffort:
+		return "best-effort"
+	case LossError:
+		return "error"
+	}
+	return fmt.Sprintf("LossPolicy(%d)", uint8(p))
+}
+
+// DumpShape is the shape of the events of a TreeDump.
+type DumpShape uint8
+
+// Dump shapes.
+const (
+	// DumpChains (the default) writes the tree as Dynamo 1.6.1's dump_tree_as_events does: merged chains
+	// (multi-block Stored events with parent_hash), "reset_scope" in the TreeDump, "residency_domain" in each
+	// RouterEvent.
+	DumpChains DumpShape = iota
+	// DumpBlocks writes the older shape (upstream b2b7868): one single-block Stored event per (block,
+	// dp_rank), breadth-first, and no reset_scope or residency_domain fields anywhere.
+	DumpBlocks
+)
+
+func (s DumpShape) String() string {
+	switch s {
+	case DumpChains:
+		return "chains"
+	case DumpBlocks:
+		return "blocks"
+	}
+	return fmt.Sprintf("DumpShape(%d)", uint8(s))
 }
 
 // Kind is the kind of a KV event. The values equal the FlatBuffers union tags (kvevent.EventData).
@@ -84,6 +135,9 @@ type ApplyResult struct {
 	Gap bool
 	// IDReset is true when the event's id was not greater than the last id: the log restarted at it.
 	IDReset bool
+	// TokenMismatch is true when a Stored event's token count was not what its block count implies
+	// (blocks × block_size, +1 for Eagle); the event was applied as Dynamo applies it (see the package doc).
+	TokenMismatch bool
 }
 
 // RespKind is the variant of a WorkerKvQueryResponse.
@@ -126,6 +180,11 @@ type Response struct {
 	NumEvents int
 	// CacheHit is true when a TreeDump came from (or extended) the dump cache.
 	CacheHit bool
+	// Incomplete is true when the answer misses events kvshm lost (LossBestEffort only; under LossError such
+	// an answer is the Error variant).
+	Incomplete bool
+	// Lost are those losses, the newest MaxLostRanges (set when Incomplete). Owned by the caller.
+	Lost []LostRange
 }
 
 // Score is the number of leading blocks of a sequence that a (worker, dp_rank) holds.
@@ -164,8 +223,11 @@ type Stats struct {
 	Nodes   int
 	DpRanks []uint32
 
-	// Tainted is true while a loss or unknown history has not been re-based by a Cleared: dumps answer Error.
+	// Tainted is true while a loss or unknown history has not been re-based by a Cleared: dumps are
+	// incomplete (LossBestEffort) or answer Error (LossError). Incomplete is the same value under the name the
+	// daemon reports.
 	Tainted     bool
+	Incomplete  bool
 	TaintReason string
 	// LostRanges are the recent lost ranges of the current numbering (at most MaxLostRanges, merged beyond).
 	LostRanges []LostRange
@@ -175,6 +237,8 @@ type Stats struct {
 	Unknowns   uint64 // MarkUnknownHistory calls
 	IDResets   uint64 // backwards or duplicate ids (log restarted)
 	Rejected   uint64 // events refused as invalid input (not applied, counted as lost)
+	// TokenMismatches counts Stored events whose token count did not match their block count (applied).
+	TokenMismatches uint64
 
 	// Applied counts applied events by kind (index Kind-1) and tree status.
 	Applied [3][NumStatuses]uint64

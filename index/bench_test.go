@@ -136,7 +136,7 @@ func BenchmarkTreeDump(b *testing.B) {
 			b.ReportAllocs()
 			var size int
 			for b.Loop() {
-				snap, msg := ix.buildDump()
+				snap, msg := ix.buildDump(rankFilter{})
 				if msg != "" {
 					b.Fatal(msg)
 				}

@@ -6,12 +6,10 @@ import "errors"
 var (
 	// ErrZeroBlockSize is returned by New and the hashing functions when the KV block size is 0.
 	ErrZeroBlockSize = errors.New("kvshm/index: block size is zero")
-	// ErrTokenCount is returned when a Stored event's token count does not match its blocks (non-Eagle:
-	// len(tokens) == n*block_size; Eagle: n*block_size+1), or when token bytes are not a multiple of 4.
-	ErrTokenCount = errors.New("kvshm/index: token count does not match blocks")
-	// ErrEagleTooShort is returned when an Eagle Stored event lacks the lookahead token (exactly n*block_size
-	// tokens), the input on which Dynamo panics.
-	ErrEagleTooShort = errors.New("kvshm/index: eagle store lacks the lookahead token")
+	// ErrTokenCount is returned when token bytes are not a multiple of 4 (not u32 tokens); the event is
+	// refused and its id counted as lost. A token count that does not match the block count is not an error
+	// (ApplyResult.TokenMismatch).
+	ErrTokenCount = errors.New("kvshm/index: token bytes are not u32 tokens")
 	// ErrBlockHashBytes is returned when the little-endian block hash bytes are not a multiple of 8.
 	ErrBlockHashBytes = errors.New("kvshm/index: block hash bytes not a multiple of 8")
 	// ErrInvalidKind is returned by Apply for an event kind other than Stored, Removed or Cleared.

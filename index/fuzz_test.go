@@ -33,16 +33,16 @@ func FuzzRouterEventJSON(f *testing.F) {
 			for i := 0; i+1 < len(words); i += 2 {
 				want.Blocks = append(want.Blocks, Block{words[i], words[i+1]})
 			}
-			got = AppendStoredJSON(nil, worker, id, dp, hasParent, parent, want.Blocks)
-			if !slices.Equal(got, appendStoredWords(nil, worker, id, dp, hasParent, parent, words[:len(words)&^1])) {
+			got = AppendStoredJSON(nil, DumpBlocks, worker, id, dp, hasParent, parent, want.Blocks)
+			if !slices.Equal(got, appendStoredWords(nil, DumpBlocks, worker, id, dp, hasParent, parent, words[:len(words)&^1])) {
 				t.Fatalf("appendStoredWords differs from AppendStoredJSON")
 			}
 		case 1:
 			want.Kind, want.Hashes = KindRemoved, words
-			got = AppendRemovedJSON(nil, worker, id, dp, words)
+			got = AppendRemovedJSON(nil, DumpBlocks, worker, id, dp, words)
 		default:
 			want.Kind = KindCleared
-			got = AppendClearedJSON(nil, worker, id, dp)
+			got = AppendClearedJSON(nil, DumpBlocks, worker, id, dp)
 		}
 		w, ev, err := decodeRouterEvent(got)
 		if err != nil {
@@ -120,7 +120,7 @@ func FuzzApplyStoredTokens(f *testing.F) {
 }
 
 func isSentinel(err error) bool {
-	for _, s := range []error{ErrTokenCount, ErrEagleTooShort, ErrBlockHashBytes, ErrParentNotFound, ErrBlockNotFound,
+	for _, s := range []error{ErrTokenCount, ErrBlockHashBytes, ErrParentNotFound, ErrBlockNotFound,
 		ErrInvalidBlockSequence} {
 		if errorsIs(err, s) {
 			return true

@@ -110,7 +110,7 @@ func TestHashErrors(t *testing.T) {
 	}
 }
 
-func TestStoredCountErrors(t *testing.T) {
+func TestStoredTokenCounts(t *testing.T) {
 	bh := func(n int) []byte { // distinct hashes (equal ones would be an InvalidBlockSequence)
 		b := make([]byte, 8*n)
 		for i := range n {
@@ -118,41 +118,69 @@ func TestStoredCountErrors(t *testing.T) {
 		}
 		return b
 	}
+	// A count mismatch is applied as Dynamo 1.6.1 applies it: complete windows only, zipped with the block
+	// hashes (the shorter decides); counted, never refused (contract decision 2). Tokens are distinct per
+	// position so every stored tokens hash can be checked against HashTokens of the same tokens.
 	tests := []struct {
-		name    string
-		hashes  []byte
-		ntok    int
-		eagle   bool
-		wantErr error
+		name       string
+		hashes     []byte
+		ntok       int
+		eagle      bool
+		wantBlocks int
+		mismatch   bool
+		wantErr    error
 	}{
-		{"ok", bh(2), 8, false, nil},
-		{"ok eagle", bh(2), 9, true, nil},
-		{"ok empty", bh(0), 0, false, nil},
-		{"ok empty eagle", bh(0), 0, true, nil},
-		{"too few", bh(2), 7, false, ErrTokenCount},
-		{"too many", bh(2), 9, false, ErrTokenCount},
-		{"tokens without blocks", bh(0), 4, false, ErrTokenCount},
-		{"eagle without lookahead", bh(2), 8, true, ErrEagleTooShort},
-		{"eagle too few", bh(2), 5, true, ErrTokenCount},
-		{"eagle too many", bh(2), 10, true, ErrTokenCount},
-		{"hash bytes", make([]byte, 9), 4, false, ErrBlockHashBytes},
+		{"ok", bh(2), 8, false, 2, false, nil},
+		{"ok eagle", bh(2), 9, true, 2, false, nil},
+		{"ok empty", bh(0), 0, false, 0, false, nil},
+		{"ok empty eagle", bh(0), 0, true, 0, false, nil},
+		{"too few", bh(2), 7, false, 1, true, nil},
+		{"too many", bh(2), 9, false, 2, true, nil},
+		{"tokens without blocks", bh(0), 4, false, 0, true, nil},
+		{"blocks without tokens", bh(2), 0, false, 0, true, nil},
+		{"eagle without lookahead", bh(2), 8, true, 1, true, nil},
+		{"eagle too few", bh(2), 5, true, 1, true, nil},
+		{"eagle too many", bh(2), 10, true, 2, true, nil},
+		{"eagle one window short", bh(2), 4, true, 0, true, nil},
+		{"hash bytes", make([]byte, 9), 4, false, 0, false, ErrBlockHashBytes},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			ix, _ := New(Config{WorkerID: 1, BlockSize: 4, MaxBufferSize: 8})
-			_, err := ix.ApplyStoredTokens(1, 0, false, 0, tc.hashes, make([]byte, 4*tc.ntok), nil, tc.eagle)
-			if tc.wantErr == nil {
-				if err != nil {
-					t.Fatalf("err = %v, want nil", err)
+			toks := make([]uint32, tc.ntok)
+			for i := range toks {
+				toks[i] = uint32(100 + i)
+			}
+			res, err := ix.ApplyStoredTokens(1, 0, false, 0, tc.hashes, tokensToLE(nil, toks), nil, tc.eagle)
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("err = %v, want %v", err, tc.wantErr)
+				}
+				st := ix.Stats()
+				if st.Buffered != 0 || st.Rejected != 1 || !st.Tainted || st.LostIDs != 1 {
+					t.Fatalf("rejected event: stats %+v, want nothing buffered, 1 rejected, tainted, 1 lost id", st)
 				}
 				return
 			}
-			if !errors.Is(err, tc.wantErr) {
-				t.Fatalf("err = %v, want %v", err, tc.wantErr)
+			if err != nil {
+				t.Fatalf("err = %v, want nil", err)
 			}
 			st := ix.Stats()
-			if st.Buffered != 0 || st.Rejected != 1 || !st.Tainted || st.LostIDs != 1 {
-				t.Fatalf("rejected event: stats %+v, want nothing buffered, 1 rejected, tainted, 1 lost id", st)
+			if res.TokenMismatch != tc.mismatch || st.TokenMismatches != map[bool]uint64{false: 0, true: 1}[tc.mismatch] {
+				t.Fatalf("TokenMismatch %v, Stats.TokenMismatches %d; want %v", res.TokenMismatch, st.TokenMismatches, tc.mismatch)
+			}
+			if st.ResidentBlocks != tc.wantBlocks || st.Buffered != 1 || st.Tainted {
+				t.Fatalf("stats %+v: want %d resident blocks, 1 buffered, not tainted", st, tc.wantBlocks)
+			}
+			hs, err := HashTokens(toks, 4, "", tc.eagle)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range tc.wantBlocks {
+				got := ix.FindMatches(hs[:i+1], false)
+				if len(got) != 1 || got[0].Blocks != uint32(i+1) {
+					t.Fatalf("block %d: FindMatches = %v, want the stored prefix", i, got)
+				}
 			}
 		})
 	}

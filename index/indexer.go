@@ -28,9 +28,11 @@ type Indexer struct {
 	maxLost uint64
 	// tainted: a loss or unknown history happened after the last applied Cleared; taint is its first cause
 	// and taintMore the number of further causes.
-	tainted     bool
-	taint       LostRange
-	taintMore   int
+	tainted   bool
+	taint     LostRange
+	taintMore int
+	// taintLost are the losses since the last applied Cleared (bounded like lost): what a dump misses.
+	taintLost   []LostRange
 	treeVersion uint64 // events applied to the tree; lets the dump cache see changes an empty log hides
 	c           counters
 
@@ -57,17 +59,8 @@ type Indexer struct {
 
 // counters are plain fields protected by mu (written by the writer only).
 type counters struct {
-	lostIDs, gaps, losses, unknowns, idResets, rejected uint64
-	applied                                             [3][NumStatuses]uint64
-}
-
-// dumpSnap is a cached TreeDump: the full response JSON, immutable once published.
-type dumpSnap struct {
-	json        []byte
-	events      int
-	base, last  uint64
-	gen         uint64
-	treeVersion uint64
+	lostIDs, gaps, losses, unknowns, idResets, rejected, tokenMismatches uint64
+	applied                                                              [3][NumStatuses]uint64
 }
 
 // New returns an empty index. Errors: ErrZeroBlockSize.
@@ -86,38 +79,41 @@ func (ix *Indexer) Config() Config { return ix.cfg }
 
 // ApplyStoredTokens applies a Stored event whose blocks come as engine block hashes (n*8 little-endian bytes)
 // and tokens (u32 little-endian bytes), as they sit in a FlatBuffers event; the index computes the tokens hashes.
-// Nothing is retained. Input errors (ErrBlockHashBytes, ErrTokenCount, ErrEagleTooShort) reject the event: it is
-// neither applied nor logged, and its id is recorded as lost. Tree errors are returned after the event was logged.
+// Nothing is retained. A token count that does not match the block count is not refused: the complete windows
+// are hashed and zipped with the block hashes (the shorter decides how many blocks are stored, as Dynamo 1.6.1
+// does) and ApplyResult.TokenMismatch is set. Input errors (ErrBlockHashBytes, token bytes not a multiple of 4:
+// ErrTokenCount) reject the event: it is neither applied nor logged, and its id is recorded as lost. Tree errors
+// are returned after the event was logged.
 func (ix *Indexer) ApplyStoredTokens(id uint64, dp uint32, hasParent bool, parent uint64, blockHashesLE, tokensLE, lora []byte, eagle bool) (ApplyResult, error) {
-	if err := ix.hashStored(blockHashesLE, tokensLE, lora, eagle); err != nil {
+	mismatch, err := ix.hashStored(blockHashesLE, tokensLE, lora, eagle)
+	if err != nil {
 		ix.reject(id, err)
 		return ApplyResult{}, fmt.Errorf("apply stored event %d: %w", id, err)
 	}
-	return ix.apply(id, dp, KindStored, hasParent, parent, ix.scratch, nil)
+	res, err := ix.apply(id, dp, KindStored, hasParent, parent, ix.scratch, nil, mismatch)
+	res.TokenMismatch = mismatch
+	return res, err
 }
 
-// hashStored validates a Stored event's byte vectors and fills ix.scratch with its blocks.
-func (ix *Indexer) hashStored(blockHashesLE, tokensLE, lora []byte, eagle bool) error {
+// hashStored validates a Stored event's byte vectors and fills ix.scratch with its blocks: the block hashes
+// zipped with the tokens hashes of the complete windows. It reports whether the token count differs from what
+// the block count implies (n*block_size tokens, n*block_size+1 for Eagle; no tokens for no blocks).
+func (ix *Indexer) hashStored(blockHashesLE, tokensLE, lora []byte, eagle bool) (bool, error) {
 	if len(blockHashesLE)%8 != 0 {
-		return fmt.Errorf("%w: %d bytes", ErrBlockHashBytes, len(blockHashesLE))
-	}
-	if len(tokensLE)%4 != 0 {
-		return fmt.Errorf("%w: %d token bytes are not a multiple of 4", ErrTokenCount, len(tokensLE))
-	}
-	n := len(blockHashesLE) / 8
-	if err := checkStoredCounts(n, len(tokensLE)/4, ix.cfg.BlockSize, eagle); err != nil {
-		return err
+		return false, fmt.Errorf("%w: %d bytes", ErrBlockHashBytes, len(blockHashesLE))
 	}
 	hs, err := AppendBlockHashes(ix.hashes[:0], tokensLE, ix.cfg.BlockSize, Seed(lora), eagle)
 	ix.hashes = hs
 	if err != nil {
-		return err
+		return false, err
 	}
+	n := len(blockHashesLE) / 8
+	mismatch := TokenCountMismatch(n, len(tokensLE)/4, ix.cfg.BlockSize, eagle)
 	ix.scratch = ix.scratch[:0]
-	for i := range n {
+	for i := range min(n, len(hs)) {
 		ix.scratch = append(ix.scratch, Block{BlockHash: binary.LittleEndian.Uint64(blockHashesLE[8*i:]), TokensHash: hs[i]})
 	}
-	return nil
+	return mismatch, nil
 }
 
 // Apply applies an event whose tokens are already hashed. Tree errors (ErrParentNotFound, ErrBlockNotFound,
@@ -130,11 +126,11 @@ func (ix *Indexer) Apply(ev *Event) (ApplyResult, error) {
 		ix.reject(ev.ID, err)
 		return ApplyResult{}, fmt.Errorf("apply event %d: %w", ev.ID, err)
 	}
-	return ix.apply(ev.ID, ev.DpRank, ev.Kind, ev.HasParent, ev.Parent, ev.Blocks, ev.Hashes)
+	return ix.apply(ev.ID, ev.DpRank, ev.Kind, ev.HasParent, ev.Parent, ev.Blocks, ev.Hashes, false)
 }
 
-func (ix *Indexer) apply(id uint64, dp uint32, kind Kind, hasParent bool, parent uint64, blocks []Block, hashes []uint64) (ApplyResult, error) {
-	res := ix.applyLocked(id, dp, kind, hasParent, parent, blocks, hashes)
+func (ix *Indexer) apply(id uint64, dp uint32, kind Kind, hasParent bool, parent uint64, blocks []Block, hashes []uint64, mismatch bool) (ApplyResult, error) {
+	res := ix.applyLocked(id, dp, kind, hasParent, parent, blocks, hashes, mismatch)
 	switch res.Status {
 	case StatusParentNotFound:
 		return res, fmt.Errorf("apply %s event %d (dp_rank %d): parent %d: %w", kind, id, dp, parent, ErrParentNotFound)
@@ -149,10 +145,13 @@ func (ix *Indexer) apply(id uint64, dp uint32, kind Kind, hasParent bool, parent
 // applyLocked applies one event to the tree and the log under the write lock. The unlock is deferred so that a
 // panic (a bug) cannot leave the index locked: the daemon contains such a panic and then marks the history
 // unknown, which needs the lock again.
-func (ix *Indexer) applyLocked(id uint64, dp uint32, kind Kind, hasParent bool, parent uint64, blocks []Block, hashes []uint64) ApplyResult {
+func (ix *Indexer) applyLocked(id uint64, dp uint32, kind Kind, hasParent bool, parent uint64, blocks []Block, hashes []uint64, mismatch bool) ApplyResult {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	res := ix.recordIDLocked(id)
+	if mismatch {
+		ix.c.tokenMismatches++
+	}
 	s := ix.tree.slot(dp)
 	switch kind {
 	case KindStored:
@@ -162,6 +161,7 @@ func (ix *Indexer) applyLocked(id uint64, dp uint32, kind Kind, hasParent bool, 
 	case KindCleared:
 		ix.tree.clearAll()
 		ix.tainted, ix.taintMore = false, 0
+		ix.taintLost = ix.taintLost[:0]
 		ix.gen.Add(1)
 	}
 	ix.treeVersion++
@@ -170,8 +170,9 @@ func (ix *Indexer) applyLocked(id uint64, dp uint32, kind Kind, hasParent bool, 
 	return res
 }
 
-// recordIDLocked checks id against the ids seen: a gap records the skipped ids as lost; a backwards or
-// duplicate id restarts the log at it. Called with mu held by the writer.
+// recordIDLocked checks id against the ids seen: a gap is counted and invalidates the dump cache (the skipped
+// ids were never handed to kvshm: not a loss, as in Dynamo); a backwards or duplicate id restarts the log at it.
+// Called with mu held by the writer.
 func (ix *Indexer) recordIDLocked(id uint64) ApplyResult {
 	var res ApplyResult
 	switch {
@@ -181,7 +182,7 @@ func (ix *Indexer) recordIDLocked(id uint64) ApplyResult {
 	case id > ix.lastSeen:
 		ix.c.gaps++
 		res.Gap = true
-		ix.addLostLocked(LostRange{First: ix.lastSeen + 1, Last: id - 1, Reason: "gap in event ids"})
+		ix.gen.Add(1)
 	default:
 		ix.c.idResets++
 		res.IDReset = true
@@ -200,14 +201,10 @@ func (ix *Indexer) addLostLocked(r LostRange) {
 		ix.c.lostIDs += r.Last - r.First + 1
 	}
 	if len(ix.lost) == MaxLostRanges {
-		// Merge the two oldest: conservative (it may name ids that were not lost), and crossing checks only use
-		// the upper bounds, which merging keeps.
-		a, b := ix.lost[0], ix.lost[1]
-		ix.lost[1] = LostRange{First: min(a.First, b.First), Last: max(a.Last, b.Last), Unknown: a.Unknown || b.Unknown,
-			Reason: b.Reason}
-		ix.lost = append(ix.lost[:0], ix.lost[1:]...)
+		ix.lost = mergeOldest(ix.lost)
 	}
 	ix.lost = append(ix.lost, r)
+	ix.addTaintLostLocked(r)
 	if !ix.hasLost || r.Last > ix.maxLost {
 		ix.maxLost = r.Last
 	}
@@ -218,6 +215,24 @@ func (ix *Indexer) addLostLocked(r LostRange) {
 		ix.taintMore++
 	}
 	ix.gen.Add(1)
+}
+
+// addTaintLostLocked remembers r among the losses since the last Cleared (what an incomplete dump misses),
+// merging the two oldest beyond MaxLostRanges.
+func (ix *Indexer) addTaintLostLocked(r LostRange) {
+	if len(ix.taintLost) == MaxLostRanges {
+		ix.taintLost = mergeOldest(ix.taintLost)
+	}
+	ix.taintLost = append(ix.taintLost, r)
+}
+
+// mergeOldest merges the two oldest ranges of a full list: conservative (it may name ids that were not lost),
+// and crossing checks only use the upper bounds, which merging keeps.
+func mergeOldest(l []LostRange) []LostRange {
+	a, b := l[0], l[1]
+	l[1] = LostRange{First: min(a.First, b.First), Last: max(a.Last, b.Last), Unknown: a.Unknown || b.Unknown,
+		Reason: b.Reason}
+	return append(l[:0], l[1:]...)
 }
 
 // MarkLost records that the events with ids first..last (inclusive) were never delivered (the producer found
@@ -261,6 +276,7 @@ func (ix *Indexer) markUnknownLocked(reason string) {
 	}
 	// Nothing seen yet: the unknown history lies before every id the log will hold; only the tree is tainted.
 	r := LostRange{Unknown: true, Reason: reason}
+	ix.addTaintLostLocked(r)
 	if !ix.tainted {
 		ix.tainted, ix.taint, ix.taintMore = true, r, 0
 	} else {
@@ -323,23 +339,25 @@ func (ix *Indexer) MatchTokens(tokens []uint32, lora string, eagle bool) ([]Scor
 func (ix *Indexer) Stats() Stats {
 	ix.mu.RLock()
 	st := Stats{
-		WorkerID:       ix.cfg.WorkerID,
-		BlockSize:      ix.cfg.BlockSize,
-		MaxBufferSize:  ix.cfg.MaxBufferSize,
-		Buffered:       ix.log.count,
-		SeenAny:        ix.seenAny,
-		LastSeenID:     ix.lastSeen,
-		ResidentBlocks: ix.tree.residentBlocks(),
-		Nodes:          ix.tree.live,
-		Tainted:        ix.tainted,
-		LostRanges:     slices.Clone(ix.lost),
-		LostIDs:        ix.c.lostIDs,
-		Gaps:           ix.c.gaps,
-		Losses:         ix.c.losses,
-		Unknowns:       ix.c.unknowns,
-		IDResets:       ix.c.idResets,
-		Rejected:       ix.c.rejected,
-		Applied:        ix.c.applied,
+		WorkerID:        ix.cfg.WorkerID,
+		BlockSize:       ix.cfg.BlockSize,
+		MaxBufferSize:   ix.cfg.MaxBufferSize,
+		Buffered:        ix.log.count,
+		SeenAny:         ix.seenAny,
+		LastSeenID:      ix.lastSeen,
+		ResidentBlocks:  ix.tree.residentBlocks(),
+		Nodes:           ix.tree.live,
+		Tainted:         ix.tainted,
+		Incomplete:      ix.tainted,
+		LostRanges:      slices.Clone(ix.lost),
+		LostIDs:         ix.c.lostIDs,
+		Gaps:            ix.c.gaps,
+		Losses:          ix.c.losses,
+		Unknowns:        ix.c.unknowns,
+		IDResets:        ix.c.idResets,
+		Rejected:        ix.c.rejected,
+		TokenMismatches: ix.c.tokenMismatches,
+		Applied:         ix.c.applied,
 	}
 	if ix.log.count > 0 {
 		st.FirstEventID, st.LastEventID = ix.log.firstID(), ix.log.lastID()
@@ -377,4 +395,13 @@ func (ix *Indexer) taintMessageLocked() string {
 		msg += fmt.Sprintf(" and %d later loss(es)", ix.taintMore)
 	}
 	return msg
+}
+
+// SetPolicies changes the loss policy and dump shape (Config.OnLoss, Config.DumpShape), for an index restored
+// by ReadCheckpoint, which does not save them (they are the daemon's flags, not state). It drops the dump cache.
+func (ix *Indexer) SetPolicies(onLoss LossPolicy, shape DumpShape) {
+	ix.mu.Lock()
+	ix.cfg.OnLoss, ix.cfg.DumpShape = onLoss, shape
+	ix.gen.Add(1)
+	ix.mu.Unlock()
 }

@@ -11,7 +11,8 @@ import (
 
 const (
 	jsEventHead   = `{"worker_id":`
-	jsEventTier   = `,"storage_tier":"device","event":{"event_id":`
+	jsEventTier   = `,"storage_tier":"device","residency_domain":"worker","event":{"event_id":`
+	jsEventTierV0 = `,"storage_tier":"device","event":{"event_id":`
 	jsStoredHead  = `,"data":{"stored":{"parent_hash":`
 	jsStoredStart = `,"start_position":null,"blocks":[`
 	jsBlockHead   = `{"block_hash":`
@@ -24,10 +25,17 @@ const (
 	jsEventTail   = `}}`
 )
 
-func appendEventHead(dst []byte, worker, id uint64) []byte {
+// legacy reports whether the shape writes the older wire (no residency_domain, no reset_scope).
+func (s DumpShape) legacy() bool { return s == DumpBlocks }
+
+func appendEventHead(dst []byte, shape DumpShape, worker, id uint64) []byte {
 	dst = append(dst, jsEventHead...)
 	dst = strconv.AppendUint(dst, worker, 10)
-	dst = append(dst, jsEventTier...)
+	if shape.legacy() {
+		dst = append(dst, jsEventTierV0...)
+	} else {
+		dst = append(dst, jsEventTier...)
+	}
 	return strconv.AppendUint(dst, id, 10)
 }
 
@@ -37,8 +45,8 @@ func appendEventTail(dst []byte, dp uint32) []byte {
 }
 
 // appendStoredHead writes a Stored RouterEvent up to the opening bracket of its blocks.
-func appendStoredHead(dst []byte, worker, id uint64, hasParent bool, parent uint64) []byte {
-	dst = appendEventHead(dst, worker, id)
+func appendStoredHead(dst []byte, shape DumpShape, worker, id uint64, hasParent bool, parent uint64) []byte {
+	dst = appendEventHead(dst, shape, worker, id)
 	dst = append(dst, jsStoredHead...)
 	if hasParent {
 		dst = strconv.AppendUint(dst, parent, 10)
@@ -56,9 +64,10 @@ func appendBlock(dst []byte, bh, th uint64) []byte {
 	return append(dst, jsBlockTail...)
 }
 
-// AppendStoredJSON appends the RouterEvent JSON of a Stored event.
-func AppendStoredJSON(dst []byte, worker, id uint64, dp uint32, hasParent bool, parent uint64, blocks []Block) []byte {
-	dst = appendStoredHead(dst, worker, id, hasParent, parent)
+// AppendStoredJSON appends the RouterEvent JSON of a Stored event in the wire of shape (DumpBlocks: the older
+// wire without residency_domain).
+func AppendStoredJSON(dst []byte, shape DumpShape, worker, id uint64, dp uint32, hasParent bool, parent uint64, blocks []Block) []byte {
+	dst = appendStoredHead(dst, shape, worker, id, hasParent, parent)
 	for i, b := range blocks {
 		if i > 0 {
 			dst = append(dst, ',')
@@ -70,8 +79,8 @@ func AppendStoredJSON(dst []byte, worker, id uint64, dp uint32, hasParent bool, 
 }
 
 // appendStoredWords is AppendStoredJSON for blocks stored as (block hash, tokens hash) word pairs.
-func appendStoredWords(dst []byte, worker, id uint64, dp uint32, hasParent bool, parent uint64, words []uint64) []byte {
-	dst = appendStoredHead(dst, worker, id, hasParent, parent)
+func appendStoredWords(dst []byte, shape DumpShape, worker, id uint64, dp uint32, hasParent bool, parent uint64, words []uint64) []byte {
+	dst = appendStoredHead(dst, shape, worker, id, hasParent, parent)
 	for i := 0; i+1 < len(words); i += 2 {
 		if i > 0 {
 			dst = append(dst, ',')
@@ -83,8 +92,8 @@ func appendStoredWords(dst []byte, worker, id uint64, dp uint32, hasParent bool,
 }
 
 // AppendRemovedJSON appends the RouterEvent JSON of a Removed event.
-func AppendRemovedJSON(dst []byte, worker, id uint64, dp uint32, hashes []uint64) []byte {
-	dst = appendEventHead(dst, worker, id)
+func AppendRemovedJSON(dst []byte, shape DumpShape, worker, id uint64, dp uint32, hashes []uint64) []byte {
+	dst = appendEventHead(dst, shape, worker, id)
 	dst = append(dst, jsRemovedHead...)
 	for i, h := range hashes {
 		if i > 0 {
@@ -97,8 +106,8 @@ func AppendRemovedJSON(dst []byte, worker, id uint64, dp uint32, hashes []uint64
 }
 
 // AppendClearedJSON appends the RouterEvent JSON of a Cleared event.
-func AppendClearedJSON(dst []byte, worker, id uint64, dp uint32) []byte {
-	dst = appendEventHead(dst, worker, id)
+func AppendClearedJSON(dst []byte, shape DumpShape, worker, id uint64, dp uint32) []byte {
+	dst = appendEventHead(dst, shape, worker, id)
 	dst = append(dst, jsCleared...)
 	return appendEventTail(dst, dp)
 }
@@ -109,12 +118,34 @@ const (
 	jsTreeDumpHead = `{"TreeDump":{"events":[`
 	jsListTail     = `],"last_event_id":`
 	jsRespTail     = `}}`
+	jsResetAll     = `,"reset_scope":"all"`
 )
 
+// appendListTail closes an Events list: `],"last_event_id":N}}`.
 func appendListTail(dst []byte, last uint64) []byte {
 	dst = append(dst, jsListTail...)
 	dst = strconv.AppendUint(dst, last, 10)
 	return append(dst, jsRespTail...)
+}
+
+// appendDumpTail closes a TreeDump list: `],"last_event_id":N,"reset_scope":"all"}}` (no reset_scope in the
+// older wire).
+func appendDumpTail(dst []byte, shape DumpShape, last uint64) []byte {
+	dst = append(dst, jsListTail...)
+	dst = strconv.AppendUint(dst, last, 10)
+	if !shape.legacy() {
+		dst = append(dst, jsResetAll...)
+	}
+	return append(dst, jsRespTail...)
+}
+
+// dumpTailLen is the length of what appendDumpTail writes.
+func dumpTailLen(shape DumpShape, last uint64) int {
+	n := len(jsListTail) + len(strconv.AppendUint(nil, last, 10)) + len(jsRespTail)
+	if !shape.legacy() {
+		n += len(jsResetAll)
+	}
+	return n
 }
 
 // AppendTooNewJSON appends {"TooNew":{"requested_start":S,"requested_end":E,"newest_available":N}}.

@@ -23,9 +23,10 @@ const (
 
 // Shapes mirroring the reference's serde types, for decoding with encoding/json (u64 fields stay exact).
 type jsRouterEvent struct {
-	WorkerID    uint64       `json:"worker_id"`
-	StorageTier string       `json:"storage_tier"`
-	Event       jsKvCacheEvt `json:"event"`
+	WorkerID        uint64       `json:"worker_id"`
+	StorageTier     string       `json:"storage_tier"`
+	ResidencyDomain *string      `json:"residency_domain,omitempty"` // 1.6.1 wire: "worker"
+	Event           jsKvCacheEvt `json:"event"`
 }
 
 type jsKvCacheEvt struct {
@@ -53,6 +54,7 @@ type jsRemoveData struct {
 type jsEventList struct {
 	Events      []jsRouterEvent `json:"events"`
 	LastEventID uint64          `json:"last_event_id"`
+	ResetScope  *string         `json:"reset_scope,omitempty"` // TreeDump, 1.6.1 wire: "all"
 }
 
 type jsTooNew struct {
@@ -172,10 +174,10 @@ func TestRouterEventReferenceExamples(t *testing.T) {
 		got  []byte
 		want string
 	}{
-		{"stored", AppendStoredJSON(nil, 7, 42, 0, true, 270656378982115943, []Block{
+		{"stored", AppendStoredJSON(nil, DumpBlocks, 7, 42, 0, true, 270656378982115943, []Block{
 			{2733357436102908004, 2825904518766229643}, {2451106649480522483, 10358785732907640880}}), refStored},
-		{"removed", AppendRemovedJSON(nil, 7, 43, 0, []uint64{18405780835976372970}), refRemoved},
-		{"cleared", AppendClearedJSON(nil, 7, 44, 0), refCleared},
+		{"removed", AppendRemovedJSON(nil, DumpBlocks, 7, 43, 0, []uint64{18405780835976372970}), refRemoved},
+		{"cleared", AppendClearedJSON(nil, DumpBlocks, 7, 44, 0), refCleared},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -99,15 +99,10 @@ func (l *eventLog) search(id uint64) int {
 	return lo
 }
 
-// lastClearedFrom returns the index of the last Cleared event at or after index i whose id is greater than
-// after, or -1.
-func (l *eventLog) lastClearedFrom(i int, after uint64) int {
+// lastCleared returns the index of the last Cleared event at or after index i, or -1.
+func (l *eventLog) lastCleared(i int) int {
 	for j := l.count - 1; j >= i; j-- {
-		h := l.hdr(j)
-		if h.id <= after {
-			break
-		}
-		if h.kind == KindCleared {
+		if l.hdr(j).kind == KindCleared {
 			return j
 		}
 	}
@@ -151,27 +146,41 @@ func viewLen(parts []logPart) int {
 	return n
 }
 
-// appendViewEvents appends the RouterEvent JSON of every event in parts, comma-separated; first says whether
-// the output list is still empty.
-func appendViewEvents(dst []byte, worker uint64, parts []logPart, first bool) []byte {
+// rankFilter selects the events of one dp_rank (and every Cleared) of a multi-rank stream; the zero value
+// selects everything.
+type rankFilter struct {
+	on bool
+	dp uint32
+}
+
+func (f rankFilter) keep(h *logHdr) bool { return !f.on || h.dp == f.dp || h.kind == KindCleared }
+
+// appendViewEvents appends the RouterEvent JSON of every event in parts that f keeps, comma-separated; first
+// says whether the output list is still empty. It returns the number of events written.
+func appendViewEvents(dst []byte, shape DumpShape, worker uint64, parts []logPart, first bool, f rankFilter) ([]byte, int) {
+	n := 0
 	for _, p := range parts {
 		for k := range p.hdrs {
 			h := &p.hdrs[k]
+			if !f.keep(h) {
+				continue
+			}
+			n++
 			if !first {
 				dst = append(dst, ',')
 			}
 			first = false
 			switch h.kind {
 			case KindStored:
-				dst = appendStoredWords(dst, worker, h.id, h.dp, h.hasParent, h.parent, p.words[h.off:h.off+2*h.n])
+				dst = appendStoredWords(dst, shape, worker, h.id, h.dp, h.hasParent, h.parent, p.words[h.off:h.off+2*h.n])
 			case KindRemoved:
-				dst = AppendRemovedJSON(dst, worker, h.id, h.dp, p.words[h.off:h.off+h.n])
+				dst = AppendRemovedJSON(dst, shape, worker, h.id, h.dp, p.words[h.off:h.off+h.n])
 			default:
-				dst = AppendClearedJSON(dst, worker, h.id, h.dp)
+				dst = AppendClearedJSON(dst, shape, worker, h.id, h.dp)
 			}
 		}
 	}
-	return dst
+	return dst, n
 }
 
 // viewSize estimates the JSON size of parts, to size buffers once.
@@ -182,11 +191,11 @@ func viewSize(parts []logPart) int {
 			h := &p.hdrs[k]
 			switch h.kind {
 			case KindStored:
-				n += 180 + 90*int(h.n)
+				n += 210 + 90*int(h.n)
 			case KindRemoved:
-				n += 130 + 21*int(h.n)
+				n += 160 + 21*int(h.n)
 			default:
-				n += 110
+				n += 140
 			}
 		}
 	}

@@ -251,7 +251,7 @@ func execScript(t *testing.T, ixp **Indexer, line string) string {
 		}
 		return describeResponse(t, r)
 	case "tree":
-		snap, msg := ix.buildDump()
+		snap, msg := ix.buildDump(rankFilter{})
 		if msg != "" {
 			return "Error: " + msg
 		}

@@ -250,6 +250,13 @@ func (t *tree) store(s int, hasParent bool, parent uint64, blocks []Block) Statu
 	}
 	for _, b := range blocks {
 		c, ok := t.child(p, b.TokensHash)
+		if ok && t.noWorkers(c) {
+			// No worker holds c: Dynamo 1.6.1 has pruned it (its store then makes a new node), so c takes the new
+			// block hash and starts empty (contract decision 3: store 101, 102 under it, remove 102, store 103 with
+			// 102's tokens: the dump says 101 -> 103).
+			t.clearChildren(c)
+			t.nodes[c].blockHash = b.BlockHash
+		}
 		if !ok {
 			x, hit := lk[b.BlockHash]
 			switch {
