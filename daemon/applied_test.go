@@ -37,13 +37,13 @@ func TestBlocksAppliedMetric(t *testing.T) {
 	}
 	for _, typ := range kindLabels {
 		for _, status := range []string{"ok", "parent_not_found", "block_not_found", "invalid_block_sequence"} {
-			line := fmt.Sprintf(`kvshm_blocks_applied_total{status=%q,type=%q,worker_id="1"} %d`, status, typ, want[[2]string{typ, status}])
+			line := fmt.Sprintf(`kvshm_blocks_applied_total{dp_rank="",status=%q,type=%q,worker_id="1"} %d`, status, typ, want[[2]string{typ, status}])
 			if !hasSample(t, m, line) {
 				t.Errorf("metrics lack %s", line)
 			}
 		}
 	}
-	if !hasSample(t, m, `kvshm_blocks_received_total{type="stored",worker_id="1"} 7`) {
+	if !hasSample(t, m, `kvshm_blocks_received_total{dp_rank="",type="stored",worker_id="1"} 7`) {
 		t.Errorf("blocks_received for stored is not 7 (2 + 3 + 2 rejected):\n%s", m)
 	}
 }

@@ -15,7 +15,8 @@ import (
 )
 
 // Checkpoints (--state-dir): at a graceful shutdown, after a stream's final drain and head release, its index is
-// written to <state-dir>/w<worker_id>-<ring epoch>.ckpt (index.WriteCheckpoint, with ckptMeta naming the worker, the
+// written to <state-dir>/w<worker_id>-<ring epoch>.ckpt (an ALL stream) or w<worker_id>r<dp_rank>-<ring epoch>.ckpt
+// (a per-rank stream) (index.WriteCheckpoint, with ckptMeta naming the worker, the
 // ring epoch and the ring head the index corresponds to). With --checkpoint-interval the drain goroutine also writes
 // one while the stream runs and releases the ring head only up to it (stream.go, attachment.checkpoint). The first
 // ATTACH of that worker after a restart restores the index when the file's epoch and head equal the ring's, instead
@@ -50,7 +51,17 @@ func encodeCkptMeta(worker, epoch, head uint64) []byte {
 	return binary.LittleEndian.AppendUint64(b, head)
 }
 
-func ckptName(worker, epoch uint64) string { return fmt.Sprintf("w%d-%d%s", worker, epoch, ckptSuffix) }
+// ckptPrefix is the file name prefix of a stream's checkpoints: w<worker>- (ALL) or w<worker>r<rank>- (per rank).
+func ckptPrefix(k streamKey) string {
+	if !k.perRank {
+		return fmt.Sprintf("w%d-", k.worker)
+	}
+	return fmt.Sprintf("w%dr%d-", k.worker, k.rank)
+}
+
+func ckptName(k streamKey, epoch uint64) string {
+	return fmt.Sprintf("%s%d%s", ckptPrefix(k), epoch, ckptSuffix)
+}
 
 // prepareStateDir creates dir 0700 when missing and checks that it is a directory owned by the daemon's user with no
 // group/other permissions (a checkpoint holds every worker's block hashes). Leftover temporary files of a write that
@@ -81,18 +92,18 @@ func prepareStateDir(dir string) error {
 // writeCheckpoint saves the index of a stream whose attachment a has ended (final drain done, head released):
 // temporary file 0600, fsync, rename, fsync of the directory. Errors are logged and counted, never returned.
 func (s *Server) writeCheckpoint(st *stream, a *attachment) {
-	_ = s.saveCheckpoint(st.workerID, a.hdr.Epoch, a.ix, a.finalHead, "shutdown")
+	_ = s.saveCheckpoint(st.key, a.hdr.Epoch, a.ix, a.finalHead, "shutdown")
 }
 
-// saveCheckpoint writes ix as the checkpoint of worker's ring epoch at ring position head (the index must hold
+// saveCheckpoint writes ix as the checkpoint of the stream's ring epoch at ring position head (the index must hold
 // exactly the records before head) and logs and counts the outcome. Holding the index's read lock only while the
 // bytes are serialized (WriteCheckpoint), it lets queries run meanwhile; fsync and rename happen after.
-func (s *Server) saveCheckpoint(worker, epoch uint64, ix *index.Indexer, head uint64, trigger string) error {
+func (s *Server) saveCheckpoint(k streamKey, epoch uint64, ix *index.Indexer, head uint64, trigger string) error {
 	dir := s.cfg.StateDir
-	name := ckptName(worker, epoch)
-	log := s.log.With("worker_id", worker, "checkpoint", filepath.Join(dir, name))
+	name := ckptName(k, epoch)
+	log := s.log.With(k.logAttrs()...).With("checkpoint", filepath.Join(dir, name))
 	size, err := writeFileAtomic(dir, name, func(w *bufio.Writer) error {
-		return ix.WriteCheckpoint(w, encodeCkptMeta(worker, epoch, head))
+		return ix.WriteCheckpoint(w, encodeCkptMeta(k.worker, epoch, head))
 	})
 	if err != nil {
 		s.m.ckptWrites.WithLabelValues("failed").Inc()
@@ -155,11 +166,13 @@ type ckptLoad struct {
 	why    string // for the log when not restored
 }
 
-// loadCheckpoint reads <state-dir>/w<worker>-<epoch>.ckpt and accepts it when it was written for this worker, ring
-// epoch and head, with the index configuration the ring asks for. It does not remove the file (see
+// loadCheckpoint reads the stream's checkpoint of the ring epoch (ckptName) and accepts it when it was written for
+// this worker, ring epoch and head, with the index configuration the ring asks for (the loss policy and dump shape
+// are flags, not state: SetPolicies applies the running daemon's). It does not remove the file (see
 // removeCheckpoints).
-func (s *Server) loadCheckpoint(worker, epoch, head uint64, cfg index.Config) ckptLoad {
-	path := filepath.Join(s.cfg.StateDir, ckptName(worker, epoch))
+func (s *Server) loadCheckpoint(k streamKey, epoch, head uint64, cfg index.Config) ckptLoad {
+	worker := k.worker
+	path := filepath.Join(s.cfg.StateDir, ckptName(k, epoch))
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return ckptLoad{result: ckptMissing, why: "no checkpoint for this worker and ring epoch (the previous daemon did not shut down gracefully, or ran without --state-dir)"}
@@ -185,25 +198,32 @@ func (s *Server) loadCheckpoint(worker, epoch, head uint64, cfg index.Config) ck
 		return ckptLoad{result: ckptStale, why: fmt.Sprintf("checkpoint was written for worker %d ring epoch %d", mw, me)}
 	case mh != head:
 		return ckptLoad{result: ckptStale, why: fmt.Sprintf("checkpoint head %d differs from the ring's head %d (another daemon consumed the ring since)", mh, head)}
-	case ix.Config() != cfg:
+	case !sameShape(ix.Config(), cfg):
 		return ckptLoad{result: ckptStale, why: fmt.Sprintf("checkpoint index config %+v differs from the ring's %+v", ix.Config(), cfg)}
 	}
+	ix.SetPolicies(cfg.OnLoss, cfg.DumpShape)
 	return ckptLoad{ix: ix, result: ckptRestored}
 }
 
-// removeCheckpoints deletes every checkpoint of worker (any ring epoch): it was consumed, or its stream was replaced
-// or forgotten. Errors are logged.
-func (s *Server) removeCheckpoints(worker uint64) { s.removeCheckpointsBut(worker, "") }
+// sameShape compares the parts of an index configuration a checkpoint must match (not the policies).
+func sameShape(a, b index.Config) bool {
+	return a.WorkerID == b.WorkerID && a.BlockSize == b.BlockSize && a.MaxBufferSize == b.MaxBufferSize
+}
+
+// removeCheckpoints deletes every checkpoint of the stream k (any ring epoch; not those of the worker's other
+// scopes): it was consumed, or its stream was replaced or forgotten. Errors are logged.
+func (s *Server) removeCheckpoints(k streamKey) { s.removeCheckpointsBut(k, "") }
 
 // removeCheckpointsBut is removeCheckpoints sparing the file named keep (a restored checkpoint that stays valid
 // under --checkpoint-interval: the head is released only after a newer one replaced it).
-func (s *Server) removeCheckpointsBut(worker uint64, keep string) {
+func (s *Server) removeCheckpointsBut(k streamKey, keep string) {
 	if s.cfg.StateDir == "" {
 		return
 	}
-	paths, _ := filepath.Glob(filepath.Join(s.cfg.StateDir, fmt.Sprintf("w%d-*%s", worker, ckptSuffix)))
+	prefix := ckptPrefix(k)
+	paths, _ := filepath.Glob(filepath.Join(s.cfg.StateDir, prefix+"*"+ckptSuffix))
 	for _, p := range paths {
-		if rest := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(p), fmt.Sprintf("w%d-", worker)), ckptSuffix); strings.ContainsFunc(rest, func(r rune) bool { return r < '0' || r > '9' }) {
+		if rest := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(p), prefix), ckptSuffix); rest == "" || strings.ContainsFunc(rest, func(r rune) bool { return r < '0' || r > '9' }) {
 			continue // another worker's file or not ours (w1-2.ckpt must not match w1-*-x.ckpt patterns)
 		}
 		if filepath.Base(p) == keep {

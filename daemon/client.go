@@ -125,18 +125,33 @@ func (c *Client) Attach(ctx context.Context, req AttachRequest) (AttachReply, er
 
 // Detach drains the worker's ring one last time and stops following it; the index stays queryable.
 func (c *Client) Detach(ctx context.Context, workerID uint64) error {
-	return c.Call(ctx, KindDetach, WorkerRequest{WorkerID: &workerID}, nil)
+	return c.DetachStream(ctx, WorkerRequest{WorkerID: &workerID})
+}
+
+// DetachStream is Detach of the stream req selects (worker_id and, for a per-rank stream, dp_rank).
+func (c *Client) DetachStream(ctx context.Context, req WorkerRequest) error {
+	return c.Call(ctx, KindDetach, req, nil)
 }
 
 // Forget drops a worker's stream (index, counters, metric series). The daemon refuses it (conflict) while a
 // producer is attached.
 func (c *Client) Forget(ctx context.Context, workerID uint64) error {
-	return c.Call(ctx, KindForget, WorkerRequest{WorkerID: &workerID}, nil)
+	return c.ForgetStream(ctx, WorkerRequest{WorkerID: &workerID})
+}
+
+// ForgetStream is Forget of the stream req selects (worker_id and, for a per-rank stream, dp_rank).
+func (c *Client) ForgetStream(ctx context.Context, req WorkerRequest) error {
+	return c.Call(ctx, KindForget, req, nil)
 }
 
 // Events returns the WorkerKvQueryResponse JSON for [start, end] (nil = open). The bytes are a fresh copy.
 func (c *Client) Events(ctx context.Context, workerID, start, end *uint64) ([]byte, error) {
-	body, err := json.Marshal(EventsRequest{WorkerID: workerID, Start: start, End: end})
+	return c.EventsOf(ctx, EventsRequest{WorkerID: workerID, Start: start, End: end})
+}
+
+// EventsOf is Events with every request field (dp_rank selects a per-rank stream or an ALL stream's rank view).
+func (c *Client) EventsOf(ctx context.Context, req EventsRequest) ([]byte, error) {
+	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
 	}
@@ -146,7 +161,12 @@ func (c *Client) Events(ctx context.Context, workerID, start, end *uint64) ([]by
 
 // Dump returns the WorkerKvQueryResponse JSON of a full dump. The bytes are a fresh copy.
 func (c *Client) Dump(ctx context.Context, workerID *uint64) ([]byte, error) {
-	body, err := json.Marshal(WorkerRequest{WorkerID: workerID})
+	return c.DumpOf(ctx, WorkerRequest{WorkerID: workerID})
+}
+
+// DumpOf is Dump with every request field (dp_rank as in EventsOf).
+func (c *Client) DumpOf(ctx context.Context, req WorkerRequest) ([]byte, error) {
+	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
 	}
@@ -156,8 +176,14 @@ func (c *Client) Dump(ctx context.Context, workerID *uint64) ([]byte, error) {
 
 // Stats returns per-stream statistics (all streams when workerID is nil).
 func (c *Client) Stats(ctx context.Context, workerID *uint64) (StatsReply, error) {
+	return c.StatsOf(ctx, WorkerRequest{WorkerID: workerID})
+}
+
+// StatsOf is Stats with every request field (dp_rank: for each worker its stream of that rank, else its ALL
+// stream).
+func (c *Client) StatsOf(ctx context.Context, req WorkerRequest) (StatsReply, error) {
 	var r StatsReply
-	err := c.Call(ctx, KindStats, WorkerRequest{WorkerID: workerID}, &r)
+	err := c.Call(ctx, KindStats, req, &r)
 	return r, err
 }
 

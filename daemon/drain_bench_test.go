@@ -30,7 +30,7 @@ func BenchmarkDrainBatch(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	st := &stream{workerID: 1, ix: ix}
+	st := &stream{key: streamKey{worker: 1}, ix: ix}
 	a := &attachment{st: st, r: r, ix: ix, log: testLogger(b)}
 	fb := flatbuffers.NewBuilder(256)
 	var seq uint64

@@ -41,7 +41,7 @@ func TestDrainPanicContained(t *testing.T) {
 	if s.MalformedEvents != 2 || s.Tainted || s.ResidentBlocks != 1 {
 		t.Fatalf("after the second panic and a Cleared: %+v, want 2 malformed, untainted, 1 block", s)
 	}
-	if m := scrape(t, ts.Server); !hasSample(t, m, `kvshm_malformed_events_total{worker_id="77"} 2`) {
+	if m := scrape(t, ts.Server); !hasSample(t, m, `kvshm_malformed_events_total{dp_rank="",worker_id="77"} 2`) {
 		t.Fatalf("malformed_events_total is not 2:\n%s", m)
 	}
 }

@@ -25,6 +25,8 @@ var (
 	// ErrUntrustedServer is returned by Dial when the socket is served by another user, or lies in a directory
 	// that is not the client user's own and private (checkSocketDir).
 	ErrUntrustedServer = errors.New("kvshm/daemon: socket not served by this user")
+	// ErrRankPorts is returned by New for a RankPortsBase outside 1..65535 or without an HTTP address.
+	ErrRankPorts = errors.New("kvshm/daemon: rank ports need an HTTP address and a base port in 1..65535")
 	// ErrNotSocket is returned when the socket path exists and is not a Unix socket (it is never removed).
 	ErrNotSocket = errors.New("kvshm/daemon: socket path exists and is not a socket")
 	// ErrRemote is wrapped by every *RemoteError: the daemon answered with an error reply.

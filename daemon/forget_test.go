@@ -76,7 +76,7 @@ func TestForget(t *testing.T) {
 	if strings.Contains(m, `worker_id="1"`) {
 		t.Fatalf("metrics still carry worker 1 after FORGET:\n%s", m)
 	}
-	if !strings.Contains(m, `kvshm_producer_up{worker_id="2"} 1`) || !strings.Contains(m, "kvshm_streams 1") {
+	if !strings.Contains(m, `kvshm_producer_up{dp_rank="",worker_id="2"} 1`) || !strings.Contains(m, "kvshm_streams 1") {
 		t.Fatalf("metrics of worker 2 or the stream count are wrong after forgetting worker 1:\n%s", m)
 	}
 	// With one stream left, worker_id null selects it.

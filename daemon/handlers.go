@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -37,7 +38,7 @@ func (s *Server) dispatch(cc *conn, kind Kind, body []byte) ([]byte, error) {
 		if req.WorkerID == nil {
 			return nil, errorf(CodeBadRequest, "detach needs a worker_id")
 		}
-		return []byte("{}"), s.detach(*req.WorkerID)
+		return []byte("{}"), s.detach(*req.WorkerID, req.DpRank)
 	case KindForget:
 		var req WorkerRequest
 		if err := decodeStrict(body, &req); err != nil {
@@ -46,7 +47,7 @@ func (s *Server) dispatch(cc *conn, kind Kind, body []byte) ([]byte, error) {
 		if req.WorkerID == nil {
 			return nil, errorf(CodeBadRequest, "forget needs a worker_id")
 		}
-		return []byte("{}"), s.forget(ctx, *req.WorkerID)
+		return []byte("{}"), s.forget(ctx, *req.WorkerID, req.DpRank)
 	case KindEvents, KindDump:
 		var req EventsRequest
 		if kind == KindDump {
@@ -54,11 +55,11 @@ func (s *Server) dispatch(cc *conn, kind Kind, body []byte) ([]byte, error) {
 			if err := decodeStrict(body, &wr); err != nil {
 				return nil, errorf(CodeBadRequest, "%v", err)
 			}
-			req.WorkerID = wr.WorkerID
+			req.WorkerID, req.DpRank = wr.WorkerID, wr.DpRank
 		} else if err := decodeStrict(body, &req); err != nil {
 			return nil, errorf(CodeBadRequest, "%v", err)
 		}
-		resp, err := s.recover(ctx, req.WorkerID, req.Start, req.End)
+		resp, _, err := s.recover(ctx, req.WorkerID, req.DpRank, req.Start, req.End)
 		if err != nil {
 			return nil, err
 		}
@@ -68,7 +69,7 @@ func (s *Server) dispatch(cc *conn, kind Kind, body []byte) ([]byte, error) {
 		if err := decodeStrict(body, &req); err != nil {
 			return nil, errorf(CodeBadRequest, "%v", err)
 		}
-		return s.stats(ctx, req.WorkerID)
+		return s.stats(ctx, req.WorkerID, req.DpRank)
 	case KindMatch:
 		var req MatchRequest
 		if err := decodeStrict(body, &req); err != nil {
@@ -85,26 +86,12 @@ func (s *Server) dispatch(cc *conn, kind Kind, body []byte) ([]byte, error) {
 	return nil, errorf(CodeUnknownKind, "unknown request kind %d", kind)
 }
 
-// selectStream finds the stream for workerID; nil selects the only stream.
-func (s *Server) selectStream(workerID *uint64) (*stream, error) {
+// selectStream finds the stream a query means (see resolveLocked); a rank view of an ALL stream selects the ALL
+// stream.
+func (s *Server) selectStream(worker *uint64, rank *uint32) (target, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if workerID != nil {
-		st := s.streams[*workerID]
-		if st == nil {
-			return nil, errorf(CodeNotFound, "no stream for worker_id %d (%d attached)", *workerID, len(s.streams))
-		}
-		return st, nil
-	}
-	switch len(s.streams) {
-	case 0:
-		return nil, errorf(CodeNotFound, "no stream: no producer has attached yet")
-	case 1:
-		for _, st := range s.streams {
-			return st, nil
-		}
-	}
-	return nil, errorf(CodeConflict, "%d streams are attached: give a worker_id", len(s.streams))
+	return s.resolveLocked(worker, rank)
 }
 
 // current returns the stream's index and attachment (nil when detached).
@@ -120,7 +107,7 @@ func (st *stream) caughtUp(ctx context.Context) (*index.Indexer, error) {
 	ix, a := st.current()
 	if a != nil {
 		if err := a.sync(ctx); err != nil {
-			return nil, errorf(CodeBusy, "worker %d: drain did not catch up with the ring: %v", st.workerID, err)
+			return nil, errorf(CodeBusy, "%s: drain did not catch up with the ring: %v", st.key, err)
 		}
 		ix, _ = st.current()
 	}
@@ -132,46 +119,65 @@ var resultNames = map[index.RespKind]string{
 	index.RespInvalidRange: "invalid_range", index.RespError: "error",
 }
 
-// recover answers a recovery query (EVENTS, DUMP, /kv_recover) with the index's WorkerKvQueryResponse.
-func (s *Server) recover(ctx context.Context, workerID, start, end *uint64) (index.Response, error) {
-	st, err := s.selectStream(workerID)
+// recover answers a recovery query (EVENTS, DUMP, /kv_recover) with the index's WorkerKvQueryResponse: the whole
+// stream, or the rank view of an ALL stream (Indexer.RecoverRank) when rank selects one. An Incomplete answer is
+// counted (kvshm_incomplete_answers_total) and logged, rate-limited per stream. The stream is returned for the
+// caller's log and headers.
+func (s *Server) recover(ctx context.Context, worker *uint64, rank *uint32, start, end *uint64) (index.Response, *stream, error) {
+	tg, err := s.selectStream(worker, rank)
 	if err != nil {
-		return index.Response{}, err
+		return index.Response{}, nil, err
 	}
+	st := tg.st
 	t0 := time.Now()
 	ix, err := st.caughtUp(ctx)
 	if err != nil {
-		return index.Response{}, err
+		return index.Response{}, st, err
 	}
-	resp, err := ix.Recover(ctx, start, end)
-	wl := st.label()
+	var resp index.Response
+	if tg.view != nil {
+		resp, err = ix.RecoverRank(ctx, start, end, *tg.view)
+	} else {
+		resp, err = ix.Recover(ctx, start, end)
+	}
+	wl, rl := st.labels()
 	if err != nil {
-		s.m.recoveries.WithLabelValues(wl, "failed").Inc()
+		s.m.recoveries.WithLabelValues(wl, rl, "failed").Inc()
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			return resp, errorf(CodeBusy, "worker %d: recovery did not finish: %v", st.workerID, err)
+			return resp, st, errorf(CodeBusy, "%s: recovery did not finish: %v", st.key, err)
 		}
-		return resp, fmt.Errorf("worker %d: recover: %w", st.workerID, err)
+		return resp, st, fmt.Errorf("%s: recover: %w", st.key, err)
 	}
 	if uint64(len(resp.JSON))+lengthCounted > MaxResponse {
-		s.m.recoveries.WithLabelValues(wl, "failed").Inc()
-		return index.Response{}, errorf(CodeTooLarge, "worker %d: response of %d bytes exceeds the 1 GiB frame cap", st.workerID, len(resp.JSON))
+		s.m.recoveries.WithLabelValues(wl, rl, "failed").Inc()
+		return index.Response{}, st, errorf(CodeTooLarge, "%s: response of %d bytes exceeds the 1 GiB frame cap", st.key, len(resp.JSON))
 	}
 	res := resultNames[resp.Kind]
 	if res == "" {
 		res = "unknown"
 	}
-	s.m.recoveries.WithLabelValues(wl, res).Inc()
-	s.m.recoverySeconds.WithLabelValues(wl).Observe(time.Since(t0).Seconds())
-	s.m.recoveryBytes.WithLabelValues(wl).Observe(float64(len(resp.JSON)))
-	return resp, nil
+	s.m.recoveries.WithLabelValues(wl, rl, res).Inc()
+	s.m.recoverySeconds.WithLabelValues(wl, rl).Observe(time.Since(t0).Seconds())
+	s.m.recoveryBytes.WithLabelValues(wl, rl).Observe(float64(len(resp.JSON)))
+	if resp.Incomplete {
+		s.m.incomplete.WithLabelValues(wl, rl).Inc()
+		if n, ok := st.incompleteLog.allow(time.Now()); ok {
+			args := append(st.key.logAttrs(), "answer", resp.Kind.String(), "lost", lostHeader(resp.Lost), "suppressed", n)
+			if tg.view != nil {
+				args = append(args, "rank_view", *tg.view)
+			}
+			s.log.Warn("recovery answer is incomplete: it misses events kvshm lost (best effort, --on-loss=best-effort)", args...)
+		}
+	}
+	return resp, st, nil
 }
 
 func (s *Server) match(ctx context.Context, req MatchRequest) ([]byte, error) {
-	st, err := s.selectStream(req.WorkerID)
+	tg, err := s.selectStream(req.WorkerID, req.DpRank)
 	if err != nil {
 		return nil, err
 	}
-	ix, err := st.caughtUp(ctx)
+	ix, err := tg.st.caughtUp(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -190,16 +196,39 @@ func (s *Server) match(ctx context.Context, req MatchRequest) ([]byte, error) {
 	return json.Marshal(rep)
 }
 
-func (s *Server) stats(ctx context.Context, workerID *uint64) ([]byte, error) {
+// stats answers STATS: every stream, or those of worker, or (with rank) for each worker the per-rank stream of
+// that rank or else its ALL stream. An empty selection is not_found; null selects every stream (no conflict).
+func (s *Server) stats(ctx context.Context, worker *uint64, rank *uint32) ([]byte, error) {
 	var list []*stream
-	if workerID != nil {
-		st, err := s.selectStream(workerID)
-		if err != nil {
-			return nil, err
+	for _, st := range s.streamList() {
+		k := st.key
+		if worker != nil && k.worker != *worker {
+			continue
 		}
-		list = []*stream{st}
-	} else {
-		list = s.streamList() // null = every stream (not a conflict for STATS)
+		if rank != nil && (!k.perRank || k.rank != *rank) {
+			if k.perRank {
+				continue
+			}
+			s.mu.Lock()
+			_, own := s.streams[keyOf(k.worker, rank)]
+			s.mu.Unlock()
+			if own {
+				continue // the worker has a stream of its own for that rank
+			}
+		}
+		list = append(list, st)
+	}
+	if len(list) == 0 && (worker != nil || rank != nil) {
+		what := "the filter"
+		switch {
+		case worker != nil && rank != nil:
+			what = fmt.Sprintf("worker_id %d dp_rank %d", *worker, *rank)
+		case worker != nil:
+			what = fmt.Sprintf("worker_id %d", *worker)
+		default:
+			what = fmt.Sprintf("dp_rank %d", *rank)
+		}
+		return nil, errorf(CodeNotFound, "no stream for %s", what)
 	}
 	rep := StatsReply{Streams: make([]StreamStats, 0, len(list))}
 	for _, st := range list {
@@ -216,11 +245,11 @@ func (st *stream) statsSnapshot() StreamStats {
 	st.mu.Lock()
 	ix := st.ix
 	out := StreamStats{
-		WorkerID: st.workerID, KVBlockSize: st.blockSize, MaxBufferSize: st.maxBuffer, RingPath: st.ringPath,
+		WorkerID: st.key.worker, DpRank: st.key.dpRank(), KVBlockSize: st.blockSize, MaxBufferSize: st.maxBuffer, RingPath: st.ringPath,
 		Epoch: st.epoch, StreamEpoch: st.streamEpoch, Resets: st.resets.Load(),
 		ProducerAlive: st.alive, ProducerPID: st.lastHeader.ProducerPID, Attached: st.att != nil,
 	}
-	rs := st.lastRing
+	rs, base := st.lastRing, st.base
 	st.mu.Unlock()
 	is := ix.Stats()
 	if is.Buffered > 0 {
@@ -229,13 +258,14 @@ func (st *stream) statsSnapshot() StreamStats {
 	}
 	out.Buffered = is.Buffered
 	out.ResidentBlocks = is.ResidentBlocks
-	out.Tainted, out.TaintReason = is.Tainted, is.TaintReason
+	out.Tainted, out.Incomplete, out.TaintReason = is.Tainted, is.Incomplete, is.TaintReason
 	out.LostRanges = make([]LostRange, 0, len(is.LostRanges))
 	for _, lr := range is.LostRanges {
-		out.LostRanges = append(out.LostRanges, LostRange{First: lr.First, Last: lr.Last, Reason: lr.Reason})
+		out.LostRanges = append(out.LostRanges, LostRange{First: lr.First, Last: lr.Last, Unknown: lr.Unknown, Reason: lr.Reason})
 	}
 	out.LostEvents = is.LostIDs
 	out.IDResets = is.IDResets
+	out.TokenMismatches = base.TokenMismatches + is.TokenMismatches
 	for k := range st.eventsRecv {
 		out.EventsReceived += st.eventsRecv[k].Load()
 	}
@@ -251,12 +281,15 @@ func (st *stream) statsSnapshot() StreamStats {
 	return out
 }
 
-func (st *stream) label() string { return fmt.Sprint(st.workerID) }
+// labels are the stream's metric label values (worker_id, dp_rank).
+func (st *stream) labels() (string, string) {
+	return strconv.FormatUint(st.key.worker, 10), st.key.rankLabel()
+}
 
 // attach validates an ATTACH request, opens the ring and starts (or resumes, or replaces) the worker's stream.
 func (s *Server) attach(cc *conn, req AttachRequest) (AttachReply, error) {
 	if cc.att != nil {
-		return AttachReply{}, errorf(CodeConflict, "this connection already attached worker %d; open a new connection", cc.att.st.workerID)
+		return AttachReply{}, errorf(CodeConflict, "this connection already attached %s; open a new connection", cc.att.st.key)
 	}
 	if req.KVBlockSize == 0 {
 		return AttachReply{}, errorf(CodeBadRequest, "kv_block_size must be > 0")
@@ -304,15 +337,15 @@ func (s *Server) attach(cc *conn, req AttachRequest) (AttachReply, error) {
 		return AttachReply{}, errorf(CodeBadRequest, "ring header max_buffer_size %d does not match the request's %d", h.MaxBufferSize, req.MaxBufferSize)
 	}
 	head := r.Stats().Head
+	key := keyOf(req.WorkerID, req.DpRank)
 	// Resuming a ring this daemon does not know: look for the checkpoint of a gracefully stopped daemon. Read outside
 	// s.mu (it may be large); startStream decides under the lock whether it applies.
 	var ck *ckptLoad
 	s.mu.Lock()
-	known := s.streams[req.WorkerID] != nil
+	known := s.streams[key] != nil
 	s.mu.Unlock()
 	if s.cfg.StateDir != "" && head > 0 && !known {
-		l := s.loadCheckpoint(req.WorkerID, h.Epoch, head,
-			index.Config{WorkerID: req.WorkerID, BlockSize: req.KVBlockSize, MaxBufferSize: int(h.MaxBufferSize)})
+		l := s.loadCheckpoint(key, h.Epoch, head, s.indexConfig(req.WorkerID, req.KVBlockSize, h.MaxBufferSize))
 		ck = &l
 	}
 	for {
@@ -321,7 +354,7 @@ func (s *Server) attach(cc *conn, req AttachRequest) (AttachReply, error) {
 			s.mu.Unlock()
 			return AttachReply{}, errorf(CodeBusy, "daemon is shutting down")
 		}
-		st := s.streams[req.WorkerID]
+		st := s.streams[key]
 		var old *attachment
 		if st != nil {
 			st.mu.Lock()
@@ -337,30 +370,37 @@ func (s *Server) attach(cc *conn, req AttachRequest) (AttachReply, error) {
 			default:
 			}
 			s.mu.Unlock()
-			return AttachReply{}, errorf(CodeConflict, "worker %d already has a live producer (pid %d, ring %s)", req.WorkerID, old.hdr.ProducerPID, old.st.ringPath)
+			scope := "scope ALL (no dp_rank: one producer for every rank)"
+			if key.perRank {
+				scope = fmt.Sprintf("dp_rank %d", key.rank)
+			}
+			return AttachReply{}, errorf(CodeConflict, "worker %d already has a live producer for %s (pid %d, ring %s); producers that each publish one attention-DP rank with their own seq space must pass dp_rank (LocalIndexer(..., dp_rank=r) or KVSHM_DP_RANK) so each gets its own stream", req.WorkerID, scope, old.hdr.ProducerPID, old.st.ringPath)
 		}
-		rep, err := s.startStream(cc, st, r, h, req, head, ck)
+		rep, err := s.startStream(cc, st, key, r, h, req, head, ck)
 		s.mu.Unlock()
 		if err != nil {
 			return AttachReply{}, err
 		}
 		keep = true
+		if key.perRank {
+			s.rankPorts.ensure(key.rank) // per-rank attach: rank r's port (--rank-ports) opens before the reply
+		}
 		return rep, nil
 	}
 }
 
 // startStream installs the attachment. Called with s.mu held.
 // ck is the checkpoint lookup done by attach (nil when none was made).
-func (s *Server) startStream(cc *conn, st *stream, r *shm.Reader, h shm.Header, req AttachRequest, head uint64, ck *ckptLoad) (AttachReply, error) {
+func (s *Server) startStream(cc *conn, st *stream, key streamKey, r *shm.Reader, h shm.Header, req AttachRequest, head uint64, ck *ckptLoad) (AttachReply, error) {
 	newIndex := func() (*index.Indexer, error) {
 		// The header's max_buffer_size is authoritative (the request's, when nonzero, was checked against it).
-		ix, err := index.New(index.Config{WorkerID: req.WorkerID, BlockSize: req.KVBlockSize, MaxBufferSize: int(h.MaxBufferSize)})
+		ix, err := index.New(s.indexConfig(req.WorkerID, req.KVBlockSize, h.MaxBufferSize))
 		if err != nil {
 			return nil, errorf(CodeBadRequest, "create index: %v", err)
 		}
 		return ix, nil
 	}
-	log := s.log.With("worker_id", req.WorkerID)
+	log := s.log.With(key.logAttrs()...)
 	resumed, restored := false, false
 	switch {
 	case st == nil: // first producer for this worker since the daemon started
@@ -371,8 +411,8 @@ func (s *Server) startStream(cc *conn, st *stream, r *shm.Reader, h shm.Header, 
 		if head > 0 && ck != nil && ck.ix != nil {
 			ix, restored = ck.ix, true
 		}
-		st = &stream{workerID: req.WorkerID, srv: s, ix: ix, streamEpoch: 1}
-		s.streams[req.WorkerID] = st
+		st = &stream{key: key, srv: s, ix: ix, streamEpoch: 1}
+		s.streams[key] = st
 		if ck != nil {
 			s.m.ckptRestores.WithLabelValues(ck.result).Inc()
 		}
@@ -380,9 +420,9 @@ func (s *Server) startStream(cc *conn, st *stream, r *shm.Reader, h shm.Header, 
 		// --checkpoint-interval the restored one stays: it matches the persisted head until a newer one replaces it
 		// (the head is released only after that), so a crash before then restores it again.
 		if restored && s.cfg.CheckpointInterval > 0 {
-			s.removeCheckpointsBut(req.WorkerID, ckptName(req.WorkerID, h.Epoch))
+			s.removeCheckpointsBut(key, ckptName(key, h.Epoch))
 		} else {
-			s.removeCheckpoints(req.WorkerID)
+			s.removeCheckpoints(key)
 		}
 		switch {
 		case restored:
@@ -414,7 +454,7 @@ func (s *Server) startStream(cc *conn, st *stream, r *shm.Reader, h shm.Header, 
 		st.streamEpoch++
 		st.mu.Unlock()
 		st.resets.Add(1)
-		s.removeCheckpoints(req.WorkerID)
+		s.removeCheckpoints(key)
 		if head > 0 {
 			resumed = true
 			ix.MarkUnknownHistory(fmt.Sprintf("new ring epoch resumed at head %d", head))
@@ -422,11 +462,13 @@ func (s *Server) startStream(cc *conn, st *stream, r *shm.Reader, h shm.Header, 
 		log.Info("producer restarted (new ring epoch): index reset", "old_epoch", st.epoch, "epoch", h.Epoch, "stream_epoch", st.streamEpoch)
 	}
 	st.mu.Lock()
+	is := st.ix.Stats()
 	a := &attachment{
 		st: st, r: r, hdr: h, ix: st.ix, log: log, idl: idler{r: r},
 		checkPID: h.ProducerPID != 0 && int32(h.ProducerPID) == cc.pid,
 		stop:     make(chan struct{}), done: make(chan struct{}), syncs: make(chan syncReq, 64),
 		ckptEvery: s.cfg.CheckpointInterval, lastCkpt: time.Now(), ckptHead: head,
+		seqSeen: is.SeenAny, lastSeq: is.LastSeenID, ranks: rankSet{on: s.rankPorts.base != 0 && !key.perRank},
 	}
 	st.att, st.alive = a, true
 	st.blockSize, st.maxBuffer, st.ringPath, st.epoch = req.KVBlockSize, h.MaxBufferSize, req.RingPath, h.Epoch
@@ -442,9 +484,12 @@ func (s *Server) startStream(cc *conn, st *stream, r *shm.Reader, h shm.Header, 
 	return rep, nil
 }
 
-// detach ends the worker's attachment after a final drain; the index stays queryable.
-func (s *Server) detach(workerID uint64) error {
-	st, err := s.selectStream(&workerID)
+// detach ends the attachment of the stream (worker, rank) (see selectExactLocked) after a final drain; the index
+// stays queryable.
+func (s *Server) detach(worker uint64, rank *uint32) error {
+	s.mu.Lock()
+	st, err := s.selectExactLocked(worker, rank)
+	s.mu.Unlock()
 	if err != nil {
 		return err
 	}
@@ -457,36 +502,37 @@ func (s *Server) detach(workerID uint64) error {
 	return nil
 }
 
-// forget drops a stream whose producer is gone: its index, counters and metric series. A stream with an attached
-// producer is refused (conflict); one whose attachment is ending is forgotten after the final drain.
-func (s *Server) forget(ctx context.Context, workerID uint64) error {
+// forget drops a stream whose producer is gone (see selectExactLocked): its index, counters and metric series. A
+// stream with an attached producer is refused (conflict); one whose attachment is ending is forgotten after the
+// final drain.
+func (s *Server) forget(ctx context.Context, worker uint64, rank *uint32) error {
 	for {
 		s.mu.Lock()
-		st := s.streams[workerID]
-		if st == nil {
+		st, err := s.selectExactLocked(worker, rank)
+		if err != nil {
 			s.mu.Unlock()
-			return errorf(CodeNotFound, "no stream for worker_id %d (%d known)", workerID, len(s.streams))
+			return err
 		}
 		_, a := st.current()
 		if a == nil {
 			// Attach installs an attachment only under s.mu, so none can appear before the stream is gone.
-			delete(s.streams, workerID)
-			s.removeCheckpoints(workerID)
+			delete(s.streams, st.key)
+			s.removeCheckpoints(st.key)
 			s.mu.Unlock()
-			s.m.forgetWorker(st.label())
-			s.log.Info("stream forgotten: index and metrics dropped", "worker_id", workerID)
+			s.m.forgetStream(st.labels())
+			s.log.Info("stream forgotten: index and metrics dropped", st.key.logAttrs()...)
 			return nil
 		}
 		s.mu.Unlock()
 		select {
 		case <-a.stop: // ending: wait for its final drain, then decide again
 		default:
-			return errorf(CodeConflict, "worker %d has an attached producer (pid %d): it must detach or exit first", workerID, a.hdr.ProducerPID)
+			return errorf(CodeConflict, "%s has an attached producer (pid %d): it must detach or exit first", st.key, a.hdr.ProducerPID)
 		}
 		select {
 		case <-a.done:
 		case <-ctx.Done():
-			return errorf(CodeBusy, "worker %d: the producer's final drain did not finish: %v", workerID, ctx.Err())
+			return errorf(CodeBusy, "%s: the producer's final drain did not finish: %v", st.key, ctx.Err())
 		}
 	}
 }
@@ -508,5 +554,6 @@ func addStats(a, b index.Stats) index.Stats {
 	a.DumpCacheHits += b.DumpCacheHits
 	a.DumpCacheExtends += b.DumpCacheExtends
 	a.DumpErrors += b.DumpErrors
+	a.TokenMismatches += b.TokenMismatches
 	return a
 }

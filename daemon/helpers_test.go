@@ -235,6 +235,7 @@ type producer struct {
 	socket string
 	path   string
 	worker uint64
+	rank   *uint32 // AttachRequest.dp_rank (nil: an ALL stream)
 	bs     uint32
 	maxBuf uint32
 	oracle *index.Indexer
@@ -250,8 +251,18 @@ func ctxT(t testing.TB) context.Context {
 
 func newProducer(t testing.TB, socket string, worker uint64, bs uint32, capacity uint64) *producer {
 	t.Helper()
-	p := &producer{t: t, socket: socket, worker: worker, bs: bs, maxBuf: 1024, b: flatbuffers.NewBuilder(1024)}
-	p.path = filepath.Join(t.TempDir(), fmt.Sprintf("w%d.ring", worker))
+	return newRankProducer(t, socket, worker, nil, bs, capacity)
+}
+
+// newRankProducer is newProducer attaching with AttachRequest.dp_rank = rank (nil: scope ALL).
+func newRankProducer(t testing.TB, socket string, worker uint64, rank *uint32, bs uint32, capacity uint64) *producer {
+	t.Helper()
+	p := &producer{t: t, socket: socket, worker: worker, rank: rank, bs: bs, maxBuf: 1024, b: flatbuffers.NewBuilder(1024)}
+	name := fmt.Sprintf("w%d.ring", worker)
+	if rank != nil {
+		name = fmt.Sprintf("w%d-r%d.ring", worker, *rank)
+	}
+	p.path = filepath.Join(t.TempDir(), name)
 	w, err := shm.Create(p.path, shm.Options{Capacity: capacity, WorkerID: worker, KVBlockSize: bs, MaxBufferSize: p.maxBuf})
 	if err != nil {
 		t.Fatal(err)
@@ -283,7 +294,7 @@ func (p *producer) attach() AttachReply {
 	}
 	p.conn = c
 	p.t.Cleanup(func() { c.Close() })
-	rep, err := c.Attach(ctxT(p.t), AttachRequest{RingPath: p.path, WorkerID: p.worker, KVBlockSize: p.bs, MaxBufferSize: p.maxBuf})
+	rep, err := c.Attach(ctxT(p.t), AttachRequest{RingPath: p.path, WorkerID: p.worker, KVBlockSize: p.bs, MaxBufferSize: p.maxBuf, DpRank: p.rank})
 	if err != nil {
 		p.t.Fatalf("attach: %v", err)
 	}
@@ -359,6 +370,8 @@ func removed(seq uint64, dp uint32, hashes ...uint64) fbs.EventSpec {
 func cleared(seq uint64) fbs.EventSpec { return fbs.EventSpec{Seq: seq, Kind: fbs.KindCleared} }
 
 func u64p(v uint64) *uint64 { return &v }
+
+func u32p(v uint32) *uint32 { return &v }
 
 // dialT connects a query client to socket, failing the test if it cannot, and closes it when the test ends.
 func dialT(t testing.TB, socket string) *Client {

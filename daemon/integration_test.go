@@ -211,15 +211,15 @@ func TestIntegrationProcess(t *testing.T) {
 	metrics, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, want := range []string{
-		`kvshm_events_received_total{type="stored",worker_id="7"} 8`,
-		`kvshm_events_applied_total{status="parent_not_found",type="stored",worker_id="7"} 1`,
-		`kvshm_seq_gaps_total{worker_id="7"} 1`,
-		`kvshm_lost_events_total{worker_id="7"} 2`,
-		`kvshm_newest_event_id{worker_id="7"} 12`,
-		`kvshm_stream_tainted{worker_id="7"} 0`,
-		`kvshm_ring_capacity_bytes{worker_id="7"} 1.048576e+06`,
+		`kvshm_events_received_total{dp_rank="",type="stored",worker_id="7"} 8`,
+		`kvshm_events_applied_total{dp_rank="",status="parent_not_found",type="stored",worker_id="7"} 1`,
+		`kvshm_seq_gaps_total{dp_rank="",worker_id="7"} 1`,
+		`kvshm_lost_events_total{dp_rank="",worker_id="7"} 2`,
+		`kvshm_newest_event_id{dp_rank="",worker_id="7"} 12`,
+		`kvshm_stream_tainted{dp_rank="",worker_id="7"} 0`,
+		`kvshm_ring_capacity_bytes{dp_rank="",worker_id="7"} 1.048576e+06`,
 		`kvshm_build_info{`,
-		`kvshm_recovery_requests_total{result="tree_dump",worker_id="7"}`,
+		`kvshm_recovery_requests_total{dp_rank="",result="tree_dump",worker_id="7"}`,
 	} {
 		if !bytes.Contains(metrics, []byte(want)) {
 			t.Errorf("/metrics lacks %q", want)

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"runtime"
-	"strconv"
 
 	"github.com/kvshm/kvshm/index"
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,15 +10,19 @@ import (
 
 // metrics is the daemon's Prometheus instrumentation. Per-stream values are read at scrape time by streamCollector
 // from counters the drain goroutine keeps (updated once per batch) and from index.Stats, so ingest pays nothing
-// per event for metrics. The only per-stream label is worker_id.
+// per event for metrics. Per-stream series carry worker_id and dp_rank, the stream's scope: the rank of a per-rank
+// stream, "" (an absent label to Prometheus) for an ALL stream; so their number is bounded by the streams (a rank
+// view of an ALL stream is counted under the ALL stream).
 type metrics struct {
 	requests        *prometheus.CounterVec   // kvshm_requests_total{transport,kind,code}
 	rejected        *prometheus.CounterVec   // kvshm_connections_rejected_total{reason}
-	recoveries      *prometheus.CounterVec   // kvshm_recovery_requests_total{worker_id,result}
-	recoverySeconds *prometheus.HistogramVec // kvshm_recovery_duration_seconds{worker_id}
-	recoveryBytes   *prometheus.HistogramVec // kvshm_recovery_response_bytes{worker_id}
+	recoveries      *prometheus.CounterVec   // kvshm_recovery_requests_total{worker_id,dp_rank,result}
+	recoverySeconds *prometheus.HistogramVec // kvshm_recovery_duration_seconds{worker_id,dp_rank}
+	recoveryBytes   *prometheus.HistogramVec // kvshm_recovery_response_bytes{worker_id,dp_rank}
+	incomplete      *prometheus.CounterVec   // kvshm_incomplete_answers_total{worker_id,dp_rank}
 	ckptWrites      *prometheus.CounterVec   // kvshm_checkpoint_writes_total{result}
 	ckptRestores    *prometheus.CounterVec   // kvshm_checkpoint_restores_total{result}
+	rankPortErrors  prometheus.Counter       // kvshm_rank_port_errors_total
 }
 
 func newMetrics(reg *prometheus.Registry, s *Server) (*metrics, error) {
@@ -32,15 +35,21 @@ func newMetrics(reg *prometheus.Registry, s *Server) (*metrics, error) {
 		}, []string{"reason"}),
 		recoveries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvshm_recovery_requests_total", Help: "Recovery queries (events, dump, /kv_recover) by result (events, tree_dump, too_new, invalid_range, error, failed).",
-		}, []string{"worker_id", "result"}),
+		}, []string{"worker_id", "dp_rank", "result"}),
 		recoverySeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "kvshm_recovery_duration_seconds", Help: "Time to answer a recovery query, including waiting for the drain to catch up and for a dump build.",
 			Buckets: prometheus.ExponentialBuckets(50e-6, 4, 12),
-		}, []string{"worker_id"}),
+		}, []string{"worker_id", "dp_rank"}),
 		recoveryBytes: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "kvshm_recovery_response_bytes", Help: "Size of recovery responses (WorkerKvQueryResponse JSON).",
 			Buckets: prometheus.ExponentialBuckets(64, 4, 13),
-		}, []string{"worker_id"}),
+		}, []string{"worker_id", "dp_rank"}),
+		incomplete: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvshm_incomplete_answers_total", Help: "Recovery answers that miss events kvshm lost (--on-loss=best-effort; each also carried the Kvshm-State: incomplete header on HTTP).",
+		}, []string{"worker_id", "dp_rank"}),
+		rankPortErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvshm_rank_port_errors_total", Help: "Ranks whose --rank-ports listener could not be opened (bind failure, port beyond 65535, listener limit).",
+		}),
 		ckptWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvshm_checkpoint_writes_total", Help: "Index checkpoints written at shutdown (--state-dir), by result (ok, failed).",
 		}, []string{"result"}),
@@ -62,8 +71,12 @@ func newMetrics(reg *prometheus.Registry, s *Server) (*metrics, error) {
 	conns := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kvshm_connections", Help: "Open socket connections (producers and query clients).",
 	}, func() float64 { return float64(s.nconns.Load()) })
+	rankPorts := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kvshm_rank_ports_open", Help: "Open --rank-ports listeners.",
+	}, func() float64 { return float64(s.rankPorts.open()) })
 	for _, c := range []prometheus.Collector{
-		m.requests, m.rejected, m.recoveries, m.recoverySeconds, m.recoveryBytes, m.ckptWrites, m.ckptRestores, build, conns,
+		m.requests, m.rejected, m.recoveries, m.recoverySeconds, m.recoveryBytes, m.incomplete, m.ckptWrites, m.ckptRestores,
+		m.rankPortErrors, build, conns, rankPorts,
 		&streamCollector{s: s},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -75,17 +88,18 @@ func newMetrics(reg *prometheus.Registry, s *Server) (*metrics, error) {
 	return m, nil
 }
 
-// forgetWorker deletes the label-vector series of a forgotten worker (the per-stream collector stops emitting its
+// forgetStream deletes the label-vector series of a forgotten stream (the per-stream collector stops emitting its
 // series by itself once the stream is gone).
-func (m *metrics) forgetWorker(w string) {
-	l := prometheus.Labels{"worker_id": w}
+func (m *metrics) forgetStream(w, r string) {
+	l := prometheus.Labels{"worker_id": w, "dp_rank": r}
 	m.recoveries.DeletePartialMatch(l)
 	m.recoverySeconds.DeletePartialMatch(l)
 	m.recoveryBytes.DeletePartialMatch(l)
+	m.incomplete.DeletePartialMatch(l)
 }
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
-	return prometheus.NewDesc(name, help, append([]string{"worker_id"}, labels...), nil)
+	return prometheus.NewDesc(name, help, append([]string{"worker_id", "dp_rank"}, labels...), nil)
 }
 
 var (
@@ -106,7 +120,8 @@ var (
 	dUnknownHistory  = desc("kvshm_unknown_history_total", "Times the stream's earlier state became unknown (daemon resumed a ring, ring corruption, malformed event).")
 	dStreamResets    = desc("kvshm_stream_resets_total", "Producer restarts with a new ring epoch (index reset).")
 	dStreamEpoch     = desc("kvshm_stream_epoch", "Stream epoch: 1 at the first attach, +1 per reset.")
-	dTainted         = desc("kvshm_stream_tainted", "1 while lost or unknown history is not re-based by a Cleared (dumps answer Error).")
+	dTainted         = desc("kvshm_stream_tainted", "1 while lost or unknown history is not re-based by a Cleared (answers that need it are incomplete, or Error with --on-loss=error).")
+	dTokenMismatch   = desc("kvshm_token_count_mismatch_total", "Stored events whose token count was not blocks × block_size (hashed as Dynamo does: complete windows, zipped with the block hashes).")
 	dResidentBlocks  = desc("kvshm_resident_blocks", "Blocks resident in the index (dp_rank, block hash entries).")
 	dBuffered        = desc("kvshm_buffered_events", "Events buffered in the recovery log.")
 	dOldestID        = desc("kvshm_oldest_event_id", "Oldest event id in the recovery log (absent when empty).")
@@ -128,7 +143,7 @@ func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dStreams, dProducerUp, dEventsReceived, dBlocksReceived, dEventsApplied, dBlocksApplied,
 		dEventsRejected, dRingUsed, dRingCapacity, dRingDropped, dRingDroppedB, dLostEvents, dSeqGaps, dIDResets,
 		dUnknownHistory, dStreamResets, dStreamEpoch, dTainted, dResidentBlocks, dBuffered, dOldestID, dNewestID,
-		dDumpBuilds, dDumpCacheHits, dCorruptRecords, dMalformedEvents, dLossRecords, dDrainBatches} {
+		dDumpBuilds, dDumpCacheHits, dCorruptRecords, dMalformedEvents, dLossRecords, dDrainBatches, dTokenMismatch} {
 		ch <- d
 	}
 }
@@ -138,14 +153,14 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(dStreams, prometheus.GaugeValue, float64(len(list)))
 	const C, G = prometheus.CounterValue, prometheus.GaugeValue
 	for _, st := range list {
-		w := strconv.FormatUint(st.workerID, 10)
+		w, r := st.labels()
 		st.mu.Lock()
 		ix, base, rs, alive, epoch := st.ix, st.base, st.lastRing, st.alive, st.streamEpoch
 		st.mu.Unlock()
 		cur := ix.Stats()
 		is := addStats(base, cur)
 		emit := func(d *prometheus.Desc, t prometheus.ValueType, v float64, lv ...string) {
-			ch <- prometheus.MustNewConstMetric(d, t, v, append([]string{w}, lv...)...)
+			ch <- prometheus.MustNewConstMetric(d, t, v, append([]string{w, r}, lv...)...)
 		}
 		emit(dProducerUp, G, b2f(alive))
 		for k, name := range kindLabels {
@@ -180,6 +195,7 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 		emit(dMalformedEvents, C, float64(st.malformed.Load()))
 		emit(dLossRecords, C, float64(st.lossRecords.Load()))
 		emit(dDrainBatches, C, float64(st.batches.Load()))
+		emit(dTokenMismatch, C, float64(is.TokenMismatches))
 	}
 }
 

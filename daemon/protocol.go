@@ -18,6 +18,10 @@ type AttachRequest struct {
 	WorkerID      uint64 `json:"worker_id"`
 	KVBlockSize   uint32 `json:"kv_block_size"`
 	MaxBufferSize uint32 `json:"max_buffer_size"`
+	// DpRank, when given, makes the stream one rank's (one producer per attention-DP rank with its own seq space,
+	// as vLLM runs); omitted, the stream is the worker's ALL stream (one producer for every rank, as TensorRT-LLM
+	// runs). Streams are keyed by (worker_id, scope): a second live producer for the same key is a conflict.
+	DpRank *uint32 `json:"dp_rank,omitempty"`
 }
 
 // AttachReply is the body of an ATTACH reply.
@@ -33,24 +37,30 @@ type AttachReply struct {
 }
 
 // WorkerRequest is the body of DETACH, DUMP, STATS and FORGET requests (worker_id may be null, except for DETACH
-// and FORGET).
+// and FORGET). DpRank selects a stream as in EventsRequest (DETACH, FORGET: the per-rank stream of exactly that
+// rank; omitted, the worker's ALL stream or its only stream).
 type WorkerRequest struct {
 	WorkerID *uint64 `json:"worker_id"`
+	DpRank   *uint32 `json:"dp_rank,omitempty"`
 }
 
-// EventsRequest is the body of an EVENTS request.
+// EventsRequest is the body of an EVENTS request. DpRank selects the per-rank stream of that rank, or else the
+// rank view of the worker's ALL stream (Indexer.RecoverRank).
 type EventsRequest struct {
 	WorkerID *uint64 `json:"worker_id"`
 	Start    *uint64 `json:"start"`
 	End      *uint64 `json:"end"`
+	DpRank   *uint32 `json:"dp_rank,omitempty"`
 }
 
-// MatchRequest is the body of a MATCH request.
+// MatchRequest is the body of a MATCH request. DpRank selects the stream as in EventsRequest (the scores of an
+// ALL stream cover all its ranks).
 type MatchRequest struct {
 	WorkerID *uint64  `json:"worker_id"`
 	Tokens   []uint32 `json:"tokens"`
 	LoraName *string  `json:"lora_name"`
 	IsEagle  bool     `json:"is_eagle"`
+	DpRank   *uint32  `json:"dp_rank,omitempty"`
 }
 
 // MatchScore is one overlap score in a MATCH reply.
@@ -72,35 +82,45 @@ type HealthReply struct {
 	Streams int    `json:"streams"`
 }
 
-// LostRange is a closed range of event ids known to be lost.
+// LostRange is a closed range of event ids known to be lost. Unknown marks a point where the history is unknown
+// (first is then the first id after it, and last = first-1).
 type LostRange struct {
-	First  uint64 `json:"first"`
-	Last   uint64 `json:"last"`
-	Reason string `json:"reason,omitempty"`
+	First   uint64 `json:"first"`
+	Last    uint64 `json:"last"`
+	Unknown bool   `json:"unknown,omitempty"`
+	Reason  string `json:"reason,omitempty"`
 }
 
 // StreamStats is one stream in a STATS reply.
 type StreamStats struct {
-	WorkerID      uint64 `json:"worker_id"`
-	KVBlockSize   uint32 `json:"kv_block_size"`
-	MaxBufferSize uint32 `json:"max_buffer_size"`
-	RingPath      string `json:"ring_path"`
-	Epoch         uint64 `json:"epoch"`
-	StreamEpoch   uint32 `json:"stream_epoch"`
-	Resets        uint64 `json:"resets"`
-	ProducerAlive bool   `json:"producer_alive"`
-	ProducerPID   uint32 `json:"producer_pid"`
-	Attached      bool   `json:"attached"`
+	WorkerID uint64 `json:"worker_id"`
+	// DpRank is the stream's scope: its rank for a per-rank stream, null for an ALL stream.
+	DpRank        *uint32 `json:"dp_rank"`
+	KVBlockSize   uint32  `json:"kv_block_size"`
+	MaxBufferSize uint32  `json:"max_buffer_size"`
+	RingPath      string  `json:"ring_path"`
+	Epoch         uint64  `json:"epoch"`
+	StreamEpoch   uint32  `json:"stream_epoch"`
+	Resets        uint64  `json:"resets"`
+	ProducerAlive bool    `json:"producer_alive"`
+	ProducerPID   uint32  `json:"producer_pid"`
+	Attached      bool    `json:"attached"`
 
-	FirstEventID   *uint64     `json:"first_event_id"`
-	LastEventID    *uint64     `json:"last_event_id"`
-	Buffered       int         `json:"buffered"`
-	ResidentBlocks int         `json:"resident_blocks"`
-	Tainted        bool        `json:"tainted"`
-	TaintReason    string      `json:"taint_reason,omitempty"`
-	LostRanges     []LostRange `json:"lost_ranges"`
-	LostEvents     uint64      `json:"lost_events"`
-	IDResets       uint64      `json:"id_resets"`
+	FirstEventID   *uint64 `json:"first_event_id"`
+	LastEventID    *uint64 `json:"last_event_id"`
+	Buffered       int     `json:"buffered"`
+	ResidentBlocks int     `json:"resident_blocks"`
+	Tainted        bool    `json:"tainted"`
+	// Incomplete is Tainted under the name the loss reporting uses: answers that need the lost events are
+	// incomplete (--on-loss=best-effort) or Error (--on-loss=error) until a Cleared re-bases the stream.
+	Incomplete  bool        `json:"incomplete"`
+	TaintReason string      `json:"taint_reason,omitempty"`
+	LostRanges  []LostRange `json:"lost_ranges"`
+	LostEvents  uint64      `json:"lost_events"`
+	IDResets    uint64      `json:"id_resets"`
+	// TokenMismatches counts Stored events whose token count was not blocks × block_size (applied as Dynamo
+	// applies them: only complete windows, zipped with the block hashes).
+	TokenMismatches uint64 `json:"token_mismatches"`
 
 	EventsReceived  uint64  `json:"events_received"`
 	CorruptRecords  uint64  `json:"corrupt_records"`

@@ -16,6 +16,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
+
+	"github.com/kvshm/kvshm/index"
 )
 
 // Config configures a Server. Zero values select the documented defaults.
@@ -39,9 +41,17 @@ type Config struct {
 	// CheckpointInterval > 0 (requires StateDir): also checkpoint each stream while it runs and release its ring head
 	// only up to a written checkpoint, so a crash loses nothing (see doc.go, "Continuous checkpoints"). 0 = off.
 	CheckpointInterval time.Duration
-	Version            string       // reported by HEALTH and kvshm_build_info
-	Logger             *slog.Logger // default slog.Default()
-	Registry           *prometheus.Registry
+	// OnLoss is how a recovery answer that misses events kvshm lost is given (--on-loss): best effort (the
+	// default: what Dynamo would answer from the events applied, marked incomplete) or Error.
+	OnLoss index.LossPolicy
+	// DumpShape is the TreeDump shape (--dump-shape): Dynamo 1.6.1's merged chains (default) or single blocks.
+	DumpShape index.DumpShape
+	// RankPortsBase > 0 (requires HTTPAddr): port RankPortsBase+r on the HTTP host answers /kv_recover for rank r
+	// of the only worker, opened when the daemon first holds a stream covering r (--rank-ports). 0 = off.
+	RankPortsBase int
+	Version       string       // reported by HEALTH and kvshm_build_info
+	Logger        *slog.Logger // default slog.Default()
+	Registry      *prometheus.Registry
 }
 
 func (c *Config) fill() {
@@ -103,17 +113,19 @@ type Server struct {
 	m   *metrics
 	uid int
 
-	ln     *net.UnixListener
-	httpLn net.Listener
-	httpS  *http.Server
-	nconns atomic.Int64 // open connections. Updated atomically.
+	ln        *net.UnixListener
+	httpLn    net.Listener
+	httpS     *http.Server
+	httpSem   chan struct{} // one token per open HTTP connection, shared by --http and the rank ports
+	rankPorts rankPorts
+	nconns    atomic.Int64 // open connections. Updated atomically.
 
 	ctx    context.Context // canceled at shutdown: aborts queries in flight
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // connection goroutines
 
 	mu      sync.Mutex // protects streams, conns, closed
-	streams map[uint64]*stream
+	streams map[streamKey]*stream
 	conns   map[*conn]struct{}
 	closed  bool
 }
@@ -124,7 +136,19 @@ func New(cfg Config) (*Server, error) {
 	if cfg.CheckpointInterval < 0 || (cfg.CheckpointInterval > 0 && cfg.StateDir == "") {
 		return nil, fmt.Errorf("checkpoint interval %v: %w", cfg.CheckpointInterval, ErrCheckpointInterval)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, uid: os.Getuid(), streams: map[uint64]*stream{}, conns: map[*conn]struct{}{}}
+	s := &Server{cfg: cfg, log: cfg.Logger, uid: os.Getuid(), streams: map[streamKey]*stream{}, conns: map[*conn]struct{}{},
+		httpSem: make(chan struct{}, cfg.HTTPMaxConns)}
+	s.rankPorts = rankPorts{s: s, ports: map[uint32]*rankPort{}}
+	if cfg.RankPortsBase != 0 {
+		if cfg.RankPortsBase < 0 || cfg.RankPortsBase > 65535 || cfg.HTTPAddr == "" {
+			return nil, fmt.Errorf("rank ports base %d with http address %q: %w", cfg.RankPortsBase, cfg.HTTPAddr, ErrRankPorts)
+		}
+		host, err := rankPortsHost(cfg.HTTPAddr)
+		if err != nil {
+			return nil, fmt.Errorf("rank ports: %v: %w", err, ErrRankPorts)
+		}
+		s.rankPorts.base, s.rankPorts.host = cfg.RankPortsBase, host
+	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	m, err := newMetrics(cfg.Registry, s)
 	if err != nil {
@@ -155,12 +179,8 @@ func (s *Server) Listen() error {
 			_ = ln.Close()
 			return fmt.Errorf("listen http %s: %w", s.cfg.HTTPAddr, err)
 		}
-		s.httpLn = &limitListener{Listener: hl, sem: make(chan struct{}, s.cfg.HTTPMaxConns), s: s}
-		s.httpS = &http.Server{
-			Handler: s.Handler(), ReadHeaderTimeout: s.cfg.HTTPHeaderTimeout, IdleTimeout: s.cfg.HTTPIdleTimeout,
-			WriteTimeout: s.cfg.QueryTimeout + s.cfg.WriteTimeout, MaxHeaderBytes: 64 << 10,
-			ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
-		}
+		s.httpLn = &limitListener{Listener: hl, sem: s.httpSem, s: s}
+		s.httpS = s.newHTTPServer(s.Handler())
 	}
 	return nil
 }
@@ -197,7 +217,8 @@ func (s *Server) Serve(ctx context.Context) error {
 	if s.cfg.ParentPID > 0 {
 		go s.watchParent(ctx, cancel)
 	}
-	s.log.Info("kvshmd serving", "socket", s.cfg.SocketPath, "http", s.HTTPAddr(), "version", s.cfg.Version, "parent_pid", s.cfg.ParentPID, "state_dir", s.cfg.StateDir)
+	s.log.Info("kvshmd serving", "socket", s.cfg.SocketPath, "http", s.HTTPAddr(), "version", s.cfg.Version, "parent_pid", s.cfg.ParentPID, "state_dir", s.cfg.StateDir,
+		"on_loss", s.cfg.OnLoss.String(), "dump_shape", s.cfg.DumpShape.String(), "rank_ports", s.cfg.RankPortsBase)
 	var err error
 	select {
 	case <-ctx.Done():
@@ -253,6 +274,7 @@ func (s *Server) shutdown() {
 		_ = s.httpS.Shutdown(sctx)
 		c()
 	}
+	s.rankPorts.close()
 	s.cancel() // queries in flight end with an error reply
 	for _, c := range conns {
 		_ = c.c.Close()
@@ -268,7 +290,7 @@ func (s *Server) shutdown() {
 		}
 	}
 	if s.cfg.StateDir != "" && s.cfg.CheckpointInterval == 0 { // with an interval, each final drain wrote its checkpoint
-		sort.Slice(attached, func(i, j int) bool { return attached[i].st.workerID < attached[j].st.workerID })
+		sort.Slice(attached, func(i, j int) bool { return compareKeys(attached[i].st.key, attached[j].st.key) < 0 })
 		for _, l := range attached {
 			<-l.a.done
 			s.writeCheckpoint(l.st, l.a) // after the final drain and head release: the index matches the ring head
@@ -459,7 +481,12 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout() || errors.Is(err, os.ErrDeadlineExceeded)
 }
 
-// streamList returns the streams sorted by worker id.
+// indexConfig is the index configuration of a new stream: the ring's geometry and the daemon's policies.
+func (s *Server) indexConfig(worker uint64, blockSize, maxBuffer uint32) index.Config {
+	return index.Config{WorkerID: worker, BlockSize: blockSize, MaxBufferSize: int(maxBuffer), OnLoss: s.cfg.OnLoss, DumpShape: s.cfg.DumpShape}
+}
+
+// streamList returns the streams sorted by key (worker, then ALL, then ranks).
 func (s *Server) streamList() []*stream {
 	s.mu.Lock()
 	out := make([]*stream, 0, len(s.streams))
@@ -467,6 +494,6 @@ func (s *Server) streamList() []*stream {
 		out = append(out, st)
 	}
 	s.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].workerID < out[j].workerID })
+	sort.Slice(out, func(i, j int) bool { return compareKeys(out[i].key, out[j].key) < 0 })
 	return out
 }

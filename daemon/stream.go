@@ -21,10 +21,14 @@ const (
 	snapshotPeriod = 100 * time.Millisecond // ring stats refresh while idle
 )
 
-// stream is one worker's state: its index (kept across producer deaths) and the current attachment, if any.
+// stream is the state of one (worker, scope): its index (kept across producer deaths) and the current attachment,
+// if any.
 type stream struct {
-	workerID uint64
-	srv      *Server
+	key streamKey // immutable
+	srv *Server
+
+	// Rate limits of the warn lines about incomplete answers and token-count mismatches. Safe for concurrent use.
+	incompleteLog, mismatchLog rateLog
 
 	// Counters updated by the drain goroutine once per batch. Updated atomically.
 	eventsRecv  [3]atomic.Uint64 // by kind-1
@@ -75,15 +79,29 @@ type attachment struct {
 	lastCkpt    time.Time     // last continuous checkpoint (or the attach)
 	ckptHead    uint64        // head of the last continuous checkpoint (or the attach head)
 	ckptForce   bool          // the head moved without a checkpoint (corruption skip): write one at once
-	view        fbs.EventView
-	hashes      []uint64
-	pending     []syncReq
+	// The producer's pending loss (ring header) already marked on the index, by a LOSS record or by the header
+	// itself: the drop episode starting at seq covFirst, known up to covLast. Valid when cov.
+	cov               bool
+	covFirst, covLast uint64
+	// seqSeen, lastSeq: the last event id applied (or highest id marked lost) on the index, as the index's
+	// LastSeenID (seeded from it at attach).
+	seqSeen bool
+	lastSeq uint64
+	ranks   rankSet // dp_ranks seen on an ALL stream (for --rank-ports)
+	view    fbs.EventView
+	hashes  []uint64
+	pending []syncReq
 }
 
-// syncReq asks the drain goroutine to apply everything published before the request; done is closed after.
+// syncReq asks the drain goroutine to apply everything published before the request, and to know every loss the
+// producer had reported in the ring header by then; done is closed after.
 type syncReq struct {
 	target uint64 // tail observed by the drain goroutine when it received the request
-	done   chan struct{}
+	// The drop episode the ring header reported pending when the request was received (valid when loss): the
+	// barrier also waits until it is marked on the index (by its LOSS record, or by the drain from the header).
+	loss                bool
+	lossFirst, lossLast uint64
+	done                chan struct{}
 }
 
 // finish asks the drain goroutine to drain one last time and close the ring. It is idempotent; the first reason
@@ -173,12 +191,24 @@ func (a *attachment) run() {
 
 // drainBatch applies up to maxBatch records and releases them with one head store. It returns the number of
 // records consumed.
+//
+// Known losses (issue 10): a producer that finds the ring full counts the drop in the header (loss_pending, the
+// seq range) and reports it with a LOSS record only with its next event that fits. If the engine then goes idle,
+// the LOSS record never comes; so the drain marks the header's range lost itself once the ring is empty: the
+// header was loaded before the pass and the tail after it (Next's ErrEmpty), so every record published before the
+// drops has been applied, and the ids cannot arrive later. The LOSS record that eventually reports the same
+// episode (same first seq) adds only the ids beyond what the header showed.
 func (a *attachment) drainBatch() int {
 	st := a.st
+	hdr := a.r.Stats() // before the records: see above
 	var c batchCounts
 	var n int
-	for n < maxBatch && a.drainRecords(&n, &c) {
+	var empty bool
+	for n < maxBatch && a.drainRecords(&n, &c, &empty) {
 		// drainRecords returned true: a record panicked and was skipped; go on with the next one.
+	}
+	if empty && hdr.LossPending {
+		a.headerLoss(hdr.LossFirstSeq, hdr.LossLastSeq)
 	}
 	if n == 0 {
 		return 0
@@ -204,6 +234,61 @@ func (a *attachment) drainBatch() int {
 	return n
 }
 
+// headerLoss marks the pending drop episode the ring header shows (first..last), once the ring was found empty
+// after loading it. The header's fields are gauges loaded one by one: a read torn across two episodes (the first
+// seq of one, the last of the next, or the reverse) is refused: a pending episode's drops all follow the last event
+// applied, and it can only grow while no event is applied after it (an applied event carries its LOSS record).
+func (a *attachment) headerLoss(first, last uint64) {
+	switch {
+	case first > last:
+		return
+	case a.cov && first == a.covFirst:
+		if a.covLast < a.lastSeq {
+			return
+		}
+	case a.seqSeen && first <= a.lastSeq:
+		return
+	}
+	a.lossSeen(first, last, 0)
+}
+
+// lossSeen marks the drop episode first..last on the index, without the part already marked (count 0: seen in the
+// ring header; else a LOSS record's count). An episode is identified by its first seq.
+func (a *attachment) lossSeen(first, last, count uint64) {
+	if a.cov && first == a.covFirst {
+		if last <= a.covLast {
+			return
+		}
+		first = a.covLast + 1
+		a.covLast = last
+	} else {
+		a.cov, a.covFirst, a.covLast = true, first, last
+	}
+	reason := fmt.Sprintf("producer dropped %d events (ring full)", count)
+	if count == 0 {
+		reason = "producer dropped events (ring full; seen in the ring header before its LOSS record)"
+	}
+	a.ix.MarkLost(first, last, reason)
+	if !a.seqSeen || last > a.lastSeq {
+		a.seqSeen, a.lastSeq = true, last
+	}
+}
+
+// lossKnown reports whether the drop episode a barrier waits for is marked on the index (or a later one is: the
+// producer reports episodes in order), or cannot be pending (its first seq is not after the last event applied:
+// a read torn across episodes, see headerLoss).
+func (a *attachment) lossKnown(p syncReq) bool {
+	switch {
+	case !p.loss:
+		return true
+	case a.cov && a.covFirst == p.lossFirst:
+		return a.covLast >= p.lossLast
+	case a.cov && a.covFirst > p.lossFirst:
+		return true
+	}
+	return a.seqSeen && p.lossFirst <= a.lastSeq
+}
+
 // batchCounts are the per-batch counters of drainBatch, added to the stream's atomics once per batch.
 type batchCounts struct {
 	evs, blks [3]uint64                    // events and blocks received, by kind-1
@@ -215,7 +300,7 @@ type batchCounts struct {
 // record is counted as malformed, logged with its stack, the history is marked unknown, and it returns true so
 // drainBatch continues with the next record. The deferred recover costs once per batch, not per record. A panic
 // outside a record's decode/apply (in the Reader) ends the batch instead: retrying at once could repeat it forever.
-func (a *attachment) drainRecords(n *int, c *batchCounts) (retry bool) {
+func (a *attachment) drainRecords(n *int, c *batchCounts, empty *bool) (retry bool) {
 	var pos uint64
 	inRecord := false
 	defer func() {
@@ -227,7 +312,9 @@ func (a *attachment) drainRecords(n *int, c *batchCounts) (retry bool) {
 	for *n < maxBatch {
 		rec, err := a.r.Next()
 		if err != nil {
-			if !errors.Is(err, shm.ErrEmpty) {
+			if errors.Is(err, shm.ErrEmpty) {
+				*empty = true
+			} else {
 				a.corruption(err)
 			}
 			return false
@@ -239,7 +326,7 @@ func (a *attachment) drainRecords(n *int, c *batchCounts) (retry bool) {
 			a.applyEvent(rec, c)
 		case shm.TypeLoss:
 			first, last, count, _ := rec.Loss() // length validated by the Reader
-			a.ix.MarkLost(first, last, fmt.Sprintf("producer dropped %d events (ring full)", count))
+			a.lossSeen(first, last, max(count, 1))
 			a.st.lossRecords.Add(1)
 		}
 		inRecord = false
@@ -278,9 +365,10 @@ func (a *attachment) applyEvent(rec shm.Record, c *batchCounts) {
 		return // Decode accepts only the three kinds
 	}
 	if h := applyHook.Load(); h != nil {
-		(*h)(a.st.workerID, v.Seq)
+		(*h)(a.st.key.worker, v.Seq)
 	}
 	c.evs[k]++
+	a.seqSeen, a.lastSeq = true, v.Seq
 	nb := uint64(v.NumBlocks())
 	c.blks[k] += nb
 	var res index.ApplyResult
@@ -301,6 +389,16 @@ func (a *attachment) applyEvent(rec shm.Record, c *batchCounts) {
 	// logged) with that status. Each block counts under its event's status.
 	if err == nil || res.Status != index.StatusOK {
 		c.appl[k][res.Status] += nb
+	}
+	if res.TokenMismatch {
+		if n, ok := a.st.mismatchLog.allow(time.Now()); ok {
+			a.log.Warn("stored event's token count is not blocks × block_size: hashed as Dynamo does (complete windows, zipped with the block hashes)",
+				"seq", v.Seq, "blocks", nb, "tokens", v.NumTokens(), "kv_block_size", a.hdr.KVBlockSize, "suppressed", n)
+		}
+	}
+	if a.ranks.on && !a.ranks.has(v.DpRank) {
+		a.ranks.add(v.DpRank)
+		a.st.srv.rankPorts.ensure(v.DpRank) // first event of this rank on an ALL stream
 	}
 	if err != nil && a.log.Enabled(context.Background(), slog.LevelDebug) {
 		// Tree errors (parent/block not found) are normal under eviction races and counted by the index.
@@ -330,31 +428,37 @@ func (a *attachment) corruption(err error) {
 	a.ckptForce = a.ckptEvery > 0 && a.r.Stats().Head != a.ckptHead
 }
 
-// takeSync records a barrier: it is satisfied once the head reaches the tail observed now (the request was sent
-// before this point, so that tail covers everything published before the request).
-func (a *attachment) takeSync(req syncReq) {
-	req.target = a.r.Stats().Tail
-	a.pending = append(a.pending, req)
-}
-
-// completeSyncs picks up new barriers without blocking and closes the satisfied ones.
-func (a *attachment) completeSyncs() {
+// takeSyncs records the barriers received so far without blocking. Each is satisfied once the read position
+// reaches the tail observed now (the request was sent before this point, so that tail covers everything published
+// before the request) and the drop episode the header reports now, if any, is marked on the index. The header is
+// loaded before the tail: a LOSS record published before loss_pending went back to 0 is then inside the target.
+func (a *attachment) takeSyncs() {
 	for {
 		select {
 		case req := <-a.syncs:
-			a.takeSync(req)
+			h := a.r.Stats()
+			req.target = a.r.Stats().Tail
+			if h.LossPending && h.LossFirstSeq <= h.LossLastSeq {
+				req.loss, req.lossFirst, req.lossLast = true, h.LossFirstSeq, h.LossLastSeq
+			}
+			a.pending = append(a.pending, req)
 			continue
 		default:
 		}
-		break
+		return
 	}
+}
+
+// completeSyncs picks up new barriers and closes the satisfied ones.
+func (a *attachment) completeSyncs() {
+	a.takeSyncs()
 	if len(a.pending) == 0 {
 		return
 	}
 	head := a.r.Stats().ReadPos // applied (released or not)
 	keep := a.pending[:0]
 	for _, p := range a.pending {
-		if head >= p.target {
+		if head >= p.target && a.lossKnown(p) {
 			close(p.done)
 		} else {
 			keep = append(keep, p)
@@ -371,11 +475,12 @@ func (a *attachment) finalDrain() {
 			break
 		}
 	}
+	a.drainBatch() // one pass that ends empty marks a loss the header still reports (see drainBatch)
 	if a.ckptEvery > 0 {
 		a.checkpoint("final") // even with nothing unreleased: the shutdown's checkpoint (Shutdown writes none then)
 	}
 	a.snapshot()
-	a.completeSyncs()
+	a.takeSyncs()
 	for _, p := range a.pending {
 		close(p.done)
 	}
@@ -426,8 +531,8 @@ func (a *attachment) periodicCheckpoint(now time.Time) {
 func (a *attachment) checkpoint(trigger string) {
 	srv := a.st.srv
 	head := a.r.Stats().ReadPos
-	if err := srv.saveCheckpoint(a.st.workerID, a.hdr.Epoch, a.ix, head, trigger); err != nil {
-		srv.removeCheckpoints(a.st.workerID)
+	if err := srv.saveCheckpoint(a.st.key, a.hdr.Epoch, a.ix, head, trigger); err != nil {
+		srv.removeCheckpoints(a.st.key)
 	}
 	a.r.Release()
 	a.lastCkpt, a.ckptHead, a.ckptForce = time.Now(), head, false

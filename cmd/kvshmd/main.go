@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/kvshm/kvshm/daemon"
+	"github.com/kvshm/kvshm/index"
 	"github.com/kvshm/kvshm/shm"
 )
 
@@ -39,16 +40,18 @@ const usageTop = `kvshmd: the kvshm daemon and its operator commands.
 Usage:
   kvshmd serve   [flags]                 run the daemon (see kvshmd serve --help)
   kvshmd health  [--socket P]            check that the daemon answers
-  kvshmd stats   [--socket P] [--worker W]
-  kvshmd events  [--socket P] [--worker W] [--start N] [--end N]
-  kvshmd dump    [--socket P] [--worker W]
-  kvshmd match   [--socket P] [--worker W] --tokens 1,2,3 [--lora NAME] [--eagle]
-  kvshmd forget  [--socket P] --worker W  drop a worker whose producer is gone (its index and metrics)
+  kvshmd stats   [--socket P] [--worker W] [--dp-rank R]
+  kvshmd events  [--socket P] [--worker W] [--dp-rank R] [--start N] [--end N]
+  kvshmd dump    [--socket P] [--worker W] [--dp-rank R]
+  kvshmd match   [--socket P] [--worker W] [--dp-rank R] --tokens 1,2,3 [--lora NAME] [--eagle]
+  kvshmd forget  [--socket P] --worker W [--dp-rank R]  drop a stream whose producer is gone (index, metrics)
   kvshmd inspect [--json] RINGFILE       read a ring file's header (no daemon needed)
   kvshmd version
 
 The socket defaults to $KVSHMD_SOCKET, then $KVSHM_SOCKET, then $XDG_RUNTIME_DIR/kvshm/kvshmd.sock, then
 /tmp/kvshm-<uid>/kvshmd.sock. events/dump print the WorkerKvQueryResponse JSON exactly as the daemon sent it.
+--dp-rank selects the per-rank stream of that rank (a producer attached with dp_rank), else the rank's view of the
+worker's ALL stream (events/dump); forget --dp-rank drops exactly that per-rank stream.
 
 Exit codes: 0 ok; 1 the daemon answered with an error (or serve failed); 2 usage error; 3 daemon unreachable.
 `
@@ -101,7 +104,8 @@ func envOr(def string, names ...string) string {
 
 type serveOpts struct {
 	socket, http, mode, logLevel, logFormat, stateDir   string
-	parentPID, maxConns, httpMaxConns                   int
+	onLoss, dumpShape                                   string
+	parentPID, maxConns, httpMaxConns, rankPorts        int
 	maxRequest                                          uint
 	idle, frame, write, query, pidCheck, parentInterval time.Duration
 	ckptInterval                                        time.Duration
@@ -139,6 +143,9 @@ func serve(args []string, stderr io.Writer) int {
 	fs.StringVar(&o.http, "http", envOr("", "KVSHMD_HTTP"), "HTTP listen address for /kv_recover, /metrics, /healthz, e.g. 127.0.0.1:9400; off when empty (env KVSHMD_HTTP)")
 	fs.StringVar(&o.stateDir, "state-dir", envOr("", "KVSHMD_STATE_DIR"), "directory for index checkpoints: written at SIGTERM/SIGINT after the final drain, restored when a producer reattaches the same ring, so a planned restart loses nothing; created 0700, must be owned by you with no group/other permissions; off when empty (env KVSHMD_STATE_DIR)")
 	fs.DurationVar(&o.ckptInterval, "checkpoint-interval", dur("KVSHMD_CHECKPOINT_INTERVAL", 0), "with --state-dir: also checkpoint each stream while it runs, when this long has passed since its last checkpoint with records applied since, or when they fill half its ring, and release the ring head only up to a written checkpoint, so a crash (SIGKILL, OOM) loses nothing either; 0 = only at shutdown (env KVSHMD_CHECKPOINT_INTERVAL)")
+	fs.StringVar(&o.onLoss, "on-loss", envOr("best-effort", "KVSHMD_ON_LOSS"), "answer to a recovery query that misses events kvshm lost (ring full, corrupt record, unknown history): best-effort = what Dynamo would answer from the events applied, marked with the Kvshm-State: incomplete and Kvshm-Lost-Events headers, counted and logged; error = the Error variant naming the loss until a Cleared (env KVSHMD_ON_LOSS)")
+	fs.StringVar(&o.dumpShape, "dump-shape", envOr("chains", "KVSHMD_DUMP_SHAPE"), "TreeDump shape: chains = Dynamo 1.6.1's merged chains with reset_scope and residency_domain; blocks = one single-block Stored event per block, as older Dynamo (env KVSHMD_DUMP_SHAPE)")
+	fs.IntVar(&o.rankPorts, "rank-ports", num("KVSHMD_RANK_PORTS", 0), "with --http: port BASE+r on the --http host answers /kv_recover for dp_rank r of the only worker (what pod discovery calls: recover_port + dp_rank), opened when the daemon first holds a stream covering r; a bind failure is logged and counted; 0 = off (env KVSHMD_RANK_PORTS)")
 	fs.IntVar(&o.parentPID, "parent-pid", num("KVSHMD_PARENT_PID", 0), "drain and exit when this process is gone, polled every --parent-poll (env KVSHMD_PARENT_PID)")
 	fs.DurationVar(&o.parentInterval, "parent-poll", dur("KVSHMD_PARENT_POLL", 200*time.Millisecond), "poll period of --parent-pid (env KVSHMD_PARENT_POLL)")
 	fs.UintVar(&o.maxRequest, "max-request-bytes", uint(num("KVSHMD_MAX_REQUEST_BYTES", daemon.DefaultMaxRequest)), "largest request frame accepted; larger ones get too_large and the connection is closed (env KVSHMD_MAX_REQUEST_BYTES)")
@@ -219,12 +226,37 @@ Flags:
 		fmt.Fprintf(stderr, "kvshmd serve: --checkpoint-interval %v: want 0 (off) or a positive duration together with --state-dir\n", o.ckptInterval)
 		return exitUsage
 	}
+	var onLoss index.LossPolicy
+	switch o.onLoss {
+	case "best-effort":
+		onLoss = index.LossBestEffort
+	case "error":
+		onLoss = index.LossError
+	default:
+		fmt.Fprintf(stderr, "kvshmd serve: --on-loss %q: want best-effort or error\n", o.onLoss)
+		return exitUsage
+	}
+	var shape index.DumpShape
+	switch o.dumpShape {
+	case "chains":
+		shape = index.DumpChains
+	case "blocks":
+		shape = index.DumpBlocks
+	default:
+		fmt.Fprintf(stderr, "kvshmd serve: --dump-shape %q: want chains or blocks\n", o.dumpShape)
+		return exitUsage
+	}
+	if o.rankPorts != 0 && (o.rankPorts < 1 || o.rankPorts > 65535 || o.http == "") {
+		fmt.Fprintf(stderr, "kvshmd serve: --rank-ports %d: want a base port in 1..65535 together with --http (its host is used)\n", o.rankPorts)
+		return exitUsage
+	}
 	log := slog.New(h)
 	srv, err := daemon.New(daemon.Config{
 		SocketPath: o.socket, SocketMode: os.FileMode(mode), HTTPAddr: o.http, ParentPID: o.parentPID,
 		MaxRequestBytes: uint32(o.maxRequest), MaxConns: o.maxConns, HTTPMaxConns: o.httpMaxConns, IdleTimeout: o.idle, FrameTimeout: o.frame,
 		WriteTimeout: o.write, QueryTimeout: o.query, PIDCheckInterval: o.pidCheck, ParentPoll: o.parentInterval,
-		StateDir: o.stateDir, CheckpointInterval: o.ckptInterval, Version: buildVersion(), Logger: log,
+		StateDir: o.stateDir, CheckpointInterval: o.ckptInterval, OnLoss: onLoss, DumpShape: shape, RankPortsBase: o.rankPorts,
+		Version: buildVersion(), Logger: log,
 	})
 	if err != nil {
 		log.Error("cannot start", "err", err)
@@ -254,6 +286,26 @@ Flags:
 	return exitOK
 }
 
+// optRank is a flag.Value for an optional u32 dp_rank.
+type optRank struct{ v *uint32 }
+
+func (o *optRank) String() string {
+	if o.v == nil {
+		return ""
+	}
+	return strconv.FormatUint(uint64(*o.v), 10)
+}
+
+func (o *optRank) Set(s string) error {
+	n, err := strconv.ParseUint(s, 10, 32)
+	if err != nil {
+		return fmt.Errorf("want an unsigned 32-bit integer")
+	}
+	r := uint32(n)
+	o.v = &r
+	return nil
+}
+
 // optUint is a flag.Value for an optional u64.
 type optUint struct{ v *uint64 }
 
@@ -279,12 +331,19 @@ func query(cmd string, args []string, stdout, stderr io.Writer) int {
 	socket := fs.String("socket", envOr(daemon.DefaultSocketPath(), "KVSHMD_SOCKET", "KVSHM_SOCKET"), "daemon socket (env KVSHMD_SOCKET, KVSHM_SOCKET)")
 	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
 	var worker, start, end optUint
+	var rank optRank
 	if cmd != "health" {
 		help := "worker_id (default: the only stream)"
-		if cmd == "forget" {
+		rhelp := "dp_rank: the per-rank stream of that rank, else the rank's view of the worker's ALL stream"
+		switch cmd {
+		case "forget":
 			help = "worker_id of the stream to drop (required)"
+			rhelp = "dp_rank of the per-rank stream to drop (default: the worker's ALL stream, or its only stream)"
+		case "stats":
+			rhelp = "dp_rank: for each worker its stream of that rank, else its ALL stream"
 		}
 		fs.Var(&worker, "worker", help)
+		fs.Var(&rank, "dp-rank", rhelp)
 	}
 	if cmd == "events" {
 		fs.Var(&start, "start", "first event id (inclusive; omit for a dump)")
@@ -343,19 +402,19 @@ func query(cmd string, args []string, stdout, stderr io.Writer) int {
 		}
 	case "stats":
 		var r daemon.StatsReply
-		if r, err = c.Stats(ctx, worker.v); err == nil {
+		if r, err = c.StatsOf(ctx, daemon.WorkerRequest{WorkerID: worker.v, DpRank: rank.v}); err == nil {
 			out, err = json.MarshalIndent(r, "", "  ")
 		}
 	case "events":
-		out, err = c.Events(ctx, worker.v, start.v, end.v)
+		out, err = c.EventsOf(ctx, daemon.EventsRequest{WorkerID: worker.v, Start: start.v, End: end.v, DpRank: rank.v})
 	case "dump":
-		out, err = c.Dump(ctx, worker.v)
+		out, err = c.DumpOf(ctx, daemon.WorkerRequest{WorkerID: worker.v, DpRank: rank.v})
 	case "forget":
-		if err = c.Forget(ctx, *worker.v); err == nil {
+		if err = c.ForgetStream(ctx, daemon.WorkerRequest{WorkerID: worker.v, DpRank: rank.v}); err == nil {
 			out = []byte("{}")
 		}
 	case "match":
-		req := daemon.MatchRequest{WorkerID: worker.v, Tokens: toks, IsEagle: *eagle}
+		req := daemon.MatchRequest{WorkerID: worker.v, Tokens: toks, IsEagle: *eagle, DpRank: rank.v}
 		if *lora != "" {
 			req.LoraName = lora
 		}
@@ -371,7 +430,7 @@ func query(cmd string, args []string, stdout, stderr io.Writer) int {
 			if cmd == "forget" && re.Code == daemon.CodeConflict {
 				fmt.Fprintf(stderr, "  a producer is attached to that worker: stop it (or let it exit) first\n")
 			} else if re.Code == daemon.CodeConflict || re.Code == daemon.CodeNotFound {
-				fmt.Fprintf(stderr, "  list the streams with `kvshmd stats` and pick one with --worker\n")
+				fmt.Fprintf(stderr, "  list the streams with `kvshmd stats` and pick one with --worker (and --dp-rank for a per-rank stream)\n")
 			}
 			return exitFailure
 		}
