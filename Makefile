@@ -122,8 +122,8 @@ demo: wheel
 # Hostile socket and HTTP clients, ring corruption, SIGKILL/SIGSTOP of daemon and producers (also inside
 # checkpoint writes), a state dir on a tiny tmpfs (root only, else skipped and said), 64 workers, fd/RSS checks;
 # producers are LocalIndexers of the installed wheel. Judged by a consumer's rebuilt state against the seeded
-# stream. `make soak` cycles for SOAK_TIME and writes its figures into RELIABILITY.md; `make soak-short` is one
-# pass (<= 3 min) for `make test`, its figures in build/soak-short.md. SOAK_SEED=N replays a run.
+# stream. `make soak` cycles for SOAK_TIME and writes its figures into RELIABILITY.md; `make soak-short` cycles
+# for 2 min with smaller sizes (<= 3 min in all) for `make test`, its figures in build/soak-short.md. SOAK_SEED=N replays a run.
 SOAKENV   := build/soakenv
 SOAK_TIME ?= 30m
 SOAK_SEED ?=
@@ -138,7 +138,7 @@ soak: soakenv
 
 soak-short: soakenv
 	mkdir -p build
-	$(SOAKENV)/bin/python soak/soak.py --short --time 150s $(SOAK_ARGS) --report build/soak-short.md
+	$(SOAKENV)/bin/python soak/soak.py --short --time 120s $(SOAK_ARGS) --report build/soak-short.md
 
 # --- the whole suite ---------------------------------------------------------------------------------------
 test: venv check-generate fmt vet gotest pytest
