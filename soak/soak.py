@@ -58,7 +58,11 @@ JUDGE_DEADLINE = 20.0  # seconds a consumer may take to converge after a fault b
 KNOWN: dict[str, str] = {
     "ring_truncate": "issue 10 #5: a truncated ring file kills kvshmd with SIGBUS (every worker down) and a "
     "publish into it kills the producer process (SIGBUS, exit -7)",
+    "hostile_detach": "issue 10 #2: any same-uid client can DETACH a live producer; the daemon stops reading its ring "
+    "while the producer publishes on: answers end at the DETACH, silently (no Kvshm-State: incomplete)",
 }
+if os.environ.get("SOAK_KNOWN") is not None:  # e.g. SOAK_KNOWN= (empty) once the lead's fixes are merged
+    KNOWN = {k: v for k, v in KNOWN.items() if k in os.environ["SOAK_KNOWN"].split(",")}
 
 
 # ---------------------------------------------------------------------------------------------------- figures
@@ -592,7 +596,7 @@ def sc_socket_hostile(ctx: Ctx) -> None:
                     ver, _kind, status, body = read_frame(s)
                     if ver != 1:
                         ctx.fail("wrong_answers", f"socket {what}: reply version {ver}")
-                    elif status == 0 and what not in ("bad body",):
+                    elif status == 0 and (what != "bad body" or _must_refuse(data)):
                         ctx.fail("wrong_answers", f"socket {what} {data[:60]!r}: OK reply {body[:200]!r}")
                 except (ConnectionError, ValueError):
                     pass  # closed: an accepted outcome
@@ -635,6 +639,79 @@ def sc_socket_hostile(ctx: Ctx) -> None:
         s.close()
     healthy(ctx, "socket hostiles")
     ctx.fault("hostile socket clients")
+
+
+def _must_refuse(frame: bytes) -> bool:
+    """A body every strict decoder refuses (issue 10 #9): not an object, a key in another case, a duplicate key,
+    a number out of range, trailing bytes, bad JSON."""
+    body = frame[8:]
+    try:
+        doc = json.loads(body, object_pairs_hook=lambda kv: (kv, dict(kv)))
+    except ValueError:
+        return True
+    if not isinstance(doc, tuple):
+        return True
+    pairs, _ = doc
+    keys = [k for k, _ in pairs]
+    return len(keys) != len(set(keys)) or any(k != k.lower() for k in keys) or any(
+        isinstance(v, int) and not 0 <= v < (1 << 64) for _, v in pairs)
+
+
+def sc_hostile_detach(ctx: Ctx) -> None:
+    """Another same-uid client sends DETACH for a live producer's worker (issue 10 #2): the producer goes on
+    publishing; the consumer must get every event or be told of the loss."""
+    d = ctx.daemon
+    assert d is not None
+    with producer(ctx, 1) as p:
+        w = p.workers[0]
+        p.pub(w, 100)
+        try:
+            _, _, st, body = rpc(d.sock, K_DETACH, json.dumps({"worker_id": w}).encode())
+        except (OSError, ConnectionError, ValueError) as e:
+            st, body = -1, repr(e).encode()
+        ctx.bad("socket: DETACH of another client's live producer")
+        ctx.fault(f"foreign DETACH of a live producer (reply status {st})")
+        p.pub(w, 300)
+        judge(ctx, w, f"a foreign DETACH (reply status {st}: {body[:120]!r})")
+
+
+def sc_ckpt_corrupt(ctx: Ctx, base: Producer) -> None:
+    """SIGKILL the daemon and replace its checkpoints by a symlink to /dev/zero, a FIFO, garbage or a truncated
+    copy (issue 10 #7), then restart it: it must come up at once and answer right or say what it lost."""
+    d = ctx.daemon
+    assert d is not None
+    rng = ctx.rng
+    publish_some(ctx, base, 50)
+    time.sleep(0.5)  # a checkpoint (200ms interval)
+    d.signal(signal.SIGKILL)
+    how = rng.choice(["symlink to /dev/zero", "FIFO", "garbage", "truncated", "emptied"])
+    names = [n for n in os.listdir(d.state_dir) if n.endswith(".ckpt")]
+    for n in names:
+        path = os.path.join(d.state_dir, n)
+        if how == "truncated":
+            os.truncate(path, max(0, os.path.getsize(path) // 2))
+            continue
+        os.unlink(path)
+        if how == "symlink to /dev/zero":
+            os.symlink("/dev/zero", path)
+        elif how == "FIFO":
+            os.mkfifo(path, 0o600)
+        else:
+            with open(path, "wb") as f:
+                f.write(os.urandom(rng.randint(1, 4096)) if how == "garbage" else b"")
+            os.chmod(path, 0o600)
+    ctx.fault(f"SIGKILL daemon, checkpoints replaced: {how} ({len(names)} files)")
+    t0 = time.monotonic()
+    try:
+        restart_daemon(ctx, d)
+    except RuntimeError as e:
+        ctx.fail("hangs", f"kvshmd did not come up over checkpoints ({how}): {e}")
+        raise
+    if time.monotonic() - t0 > 10:
+        ctx.fail("hangs", f"kvshmd took {time.monotonic() - t0:.1f} s to come up over checkpoints ({how})")
+    publish_some(ctx, base, 20)
+    for w in base.workers:
+        judge(ctx, w, f"checkpoints replaced ({how})")
 
 
 def sc_conn_cycles(ctx: Ctx) -> None:
@@ -1004,6 +1081,8 @@ SCENARIOS: list[tuple[str, Callable[..., None], bool]] = [  # name, function, ta
     ("ring_truncate", sc_ring_truncate, False),
     ("daemon_kill", sc_daemon_kill, True),
     ("daemon_stop", sc_daemon_stop, False),
+    ("hostile_detach", sc_hostile_detach, False),
+    ("ckpt_corrupt", sc_ckpt_corrupt, True),
     ("producer_kill", sc_producer_kill, False),
     ("producer_stop", sc_producer_stop, False),
     ("many_workers", sc_many_workers, False),
