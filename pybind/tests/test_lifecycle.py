@@ -23,6 +23,7 @@ from conftest import IndexerFactory
 from helpers import SharedDaemon, daemon_stream, event_ids, pid_gone, query, toks, variant, wait_for
 
 import kvshm
+import kvshm._indexer
 import kvshm._launcher
 from kvshm import ForkedProcessError, LauncherError, LocalIndexer
 from kvshm._client import Client
@@ -497,6 +498,96 @@ def test_shared_daemon_busy_is_retried(short_dir: Path, make_indexer: IndexerFac
         fake.close()
 
 
+class HungDaemon:
+    """Accepts connections and reads requests but never answers (a hung or SIGSTOPped kvshmd), until release()."""
+
+    def __init__(self, path: str) -> None:
+        import socket as _socket
+
+        self.srv = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        self.srv.bind(path)
+        self.srv.listen(8)
+        self.srv.settimeout(0.1)
+        self.stop = threading.Event()
+        self.conns: list[Any] = []
+        self.requests = 0
+
+        def serve() -> None:
+            while not self.stop.is_set():
+                try:
+                    conn, _ = self.srv.accept()
+                except TimeoutError:
+                    continue
+                self.conns.append(conn)
+                conn.settimeout(5)
+                if len(conn.recv(8)) == 8:
+                    self.requests += 1
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+
+    def release(self) -> None:
+        """Hang up every connection: a pending ATTACH fails."""
+        for conn in self.conns:
+            conn.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.release()
+        self.srv.close()
+
+
+def test_constructor_is_bounded_against_a_hung_shared_daemon(short_dir: Path, make_indexer: IndexerFactory,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 10, defect 6: the constructor's first ATTACH is bounded (_FIRST_ATTACH_TIMEOUT), then the supervisor
+    keeps trying; the engine starts and publishes meanwhile. (That it returns at all proves the bound: this daemon
+    never answers.)"""
+    monkeypatch.setattr(kvshm._indexer, "_FIRST_ATTACH_TIMEOUT", 0.2)
+    fake = HungDaemon(str(short_dir / "hung.sock"))
+    try:
+        ix = make_indexer(socket_path=str(short_dir / "hung.sock"))
+        st = ix.stats()
+        assert not st["attached"] and st["last_error"]
+        ix.apply_cleared(0)  # publishing is unaffected
+        wait_for(lambda: fake.requests >= 2, "the supervisor to try again")
+    finally:
+        fake.close()
+
+
+def test_shutdown_during_a_slow_attach_keeps_the_supervisors_descriptors(
+        short_dir: Path, make_indexer: IndexerFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 10, defect 6: shutdown() while the supervisor is inside a slow ATTACH (longer than the join timeout)
+    must not close descriptors the supervisor still uses: the application's next os.pipe() would reuse them and the
+    supervisor would swallow its bytes. The supervisor closes them itself when its ATTACH returns."""
+    monkeypatch.setattr(kvshm._indexer, "_FIRST_ATTACH_TIMEOUT", 0.2)
+    monkeypatch.setattr(kvshm._indexer, "_ATTACH_TIMEOUT", 60.0)
+    monkeypatch.setattr(kvshm._indexer, "_JOIN_TIMEOUT", 0.05)
+    fake = HungDaemon(str(short_dir / "hung.sock"))
+    try:
+        ix = make_indexer(socket_path=str(short_dir / "hung.sock"))
+        core = ix._core
+        wait_for(lambda: fake.requests >= 2, "the supervisor's ATTACH to be pending")
+        wake_fds = (core._wake_r, core._wake_w)
+        ix.shutdown()
+        assert core.handoff and not core.supervisor_done, "the supervisor should still be inside its ATTACH"
+        for fd in wake_fds:
+            os.fstat(fd)  # still open: still the supervisor's
+        r, w = os.pipe()
+        try:
+            assert r not in wake_fds and w not in wake_fds
+            fake.release()  # the pending ATTACH fails: the supervisor sees closing and exits
+            wait_for(lambda: core.supervisor_done, "the supervisor to exit")
+            os.write(w, b"application bytes")
+            assert os.read(r, 64) == b"application bytes", "someone read the application's pipe"
+        finally:
+            os.close(r)
+            os.close(w)
+        assert core.attach_conn is None
+    finally:
+        fake.close()
+
+
 def test_sweep_keeps_what_may_be_alive() -> None:
     """Only old directories of pids that do not run here and where nothing listens are removed."""
     import socket
@@ -528,3 +619,31 @@ def test_sweep_keeps_what_may_be_alive() -> None:
         listener.close()
         for d in made.values():
             shutil.rmtree(d, ignore_errors=True)
+
+
+def test_truncated_ring_does_not_kill_the_engine(ring_dir: Path) -> None:
+    """Issue 10, defect 5: another process truncates the ring file. The supervisor notices within
+    _RING_CHECK_INTERVAL and from then on every publish is dropped and counted instead of faulting (SIGBUS would
+    kill the engine, exit -7). Runs the engine in a child process so a SIGBUS cannot take pytest with it."""
+    script = textwrap.dedent(f"""
+        import json, os, time
+        import kvshm._indexer
+        from kvshm import LocalIndexer
+        kvshm._indexer._RING_CHECK_INTERVAL = 0.05
+        ix = LocalIndexer(3, 4, ring_dir={str(ring_dir)!r}, ring_bytes=1 << 20)
+        for seq in range(10):
+            ix.apply_stored(seq, list(range(4)), [seq + 1], parent_hash=seq if seq else None)
+        os.truncate(ix.stats()["ring_path"], 0)
+        deadline = time.monotonic() + 30
+        while not ix.stats()["ring_truncated"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for seq in range(10, 20):  # would be a SIGBUS without the guard
+            ix.apply_stored(seq, list(range(4)), [seq + 1], parent_hash=seq)
+        st = ix.stats()
+        print(json.dumps({{"truncated": st["ring_truncated"], "dropped": st["dropped_events"]}}))
+        ix.shutdown()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, f"the engine died (status {out.returncode}):\n{out.stderr}"
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["truncated"] and res["dropped"] == 10, res

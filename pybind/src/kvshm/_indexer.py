@@ -70,9 +70,13 @@ _FORKED: Final = 2
 _BACKOFF_MIN: Final = 0.05
 _BACKOFF_MAX: Final = 2.0
 _ATTACH_TIMEOUT: Final = 10.0
+# The constructor's attach to a shared daemon: a daemon that accepts but does not answer (hung, SIGSTOPped) costs
+# the engine's start-up at most this long; the supervisor then keeps trying in the background.
+_FIRST_ATTACH_TIMEOUT: Final = 2.0
 _QUERY_TIMEOUT: Final = 120.0  # the global indexer's own recovery deadline (Dynamo fork: 120 s)
 _DETACH_TIMEOUT: Final = 5.0
 _JOIN_TIMEOUT: Final = 5.0
+_RING_CHECK_INTERVAL: Final = 1.0  # how often the supervisor checks that the ring file was not cut short
 # ATTACH refusals that retrying cannot fix (configuration errors): raised by the constructor.
 _PERMANENT: Final = frozenset({"bad_request", "forbidden", "unsupported_version", "unknown_kind", "too_large"})
 _IDLE_QUERY_CONNS: Final = 2  # query connections kept open between queries
@@ -123,6 +127,7 @@ class _Core:
         self.state = _OPEN
         self.lock = threading.Lock()  # serializes ring writes; guards state transitions
         self.published_detached = 0  # protected by lock; publish calls made while no daemon was attached
+        self.ring_truncated = False  # protected by lock; see _check_ring
         # Daemon side. attached is written by the supervisor (and shutdown), read racily by anyone.
         self.shared = socket_path is not None
         self.daemon: PrivateDaemon | None = None
@@ -138,6 +143,13 @@ class _Core:
         self.idle_queries: list[Client] = []  # protected by query_lock; connections for queries, reused
         self.closing = threading.Event()
         self.supervisor: threading.Thread | None = None
+        # The wake pipe and the attach connection are the supervisor's while it runs. close() closes them itself
+        # only once the supervisor has exited; if it is still inside an attach after the join timeout they are
+        # handed over (handoff) and the supervisor closes them on its way out, so no descriptor it may still use is
+        # closed under it (and reused by the application). Both flags are protected by fd_lock.
+        self.fd_lock = threading.Lock()
+        self.supervisor_done = False
+        self.handoff = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         _cores.add(self)
@@ -155,7 +167,7 @@ class _Core:
                 raise KvshmError(f"kvshm: the private kvshmd refused the ring {self.ring.path}: {e}") from e
         else:
             try:
-                self._attach()
+                self._attach(_FIRST_ATTACH_TIMEOUT)
             except RemoteError as e:
                 if e.code in _PERMANENT:
                     raise KvshmError(f"kvshm: kvshmd at {self.socket_path} refused the ring {self.ring.path}: {e}") from e
@@ -169,14 +181,18 @@ class _Core:
         )
         self.supervisor.start()
 
-    def _attach(self) -> None:
-        """Connect and ATTACH; on success the connection becomes the producer's lease."""
-        client = Client(self.socket_path, connect_timeout=2.0, timeout=_ATTACH_TIMEOUT)
+    def _attach(self, timeout: float | None = None) -> None:
+        """Connect and ATTACH (within ``timeout``, default _ATTACH_TIMEOUT); on success the connection becomes the
+        producer's lease (unless shutdown began meanwhile: then it is closed, and the supervisor exits)."""
+        client = Client(self.socket_path, connect_timeout=2.0, timeout=_ATTACH_TIMEOUT if timeout is None else timeout)
         try:
             reply = client.attach(self.ring.path, self.worker_id, self.kv_block_size, self.max_buffer_size)
         except BaseException:
             client.close()
             raise
+        if self.closing.is_set():
+            client.close()
+            return
         self.attach_conn = client
         self.attach_reply = reply
         self.attaches += 1
@@ -223,12 +239,33 @@ class _Core:
 
     def _supervise(self) -> None:
         """Owns the attach connection: watches it for EOF and reattaches (restarting a private daemon)."""
+        try:
+            self._supervise_loop()
+        finally:
+            with self.fd_lock:
+                self.supervisor_done = True
+                if self.handoff:
+                    self._close_supervisor_fds()
+
+    def _close_supervisor_fds(self) -> None:
+        """Close the attach connection and the wake pipe (with fd_lock held, once the supervisor is done)."""
+        conn, self.attach_conn = self.attach_conn, None
+        if conn is not None:
+            conn.close()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _supervise_loop(self) -> None:
         backoff = _BACKOFF_MIN
         failures = 0
         while not self.closing.is_set():
+            self._check_ring()
             conn = self.attach_conn
             if conn is not None:
-                if not self._wait_readable(conn.fileno(), None) or self.closing.is_set():
+                if not self._wait_readable(conn.fileno(), _RING_CHECK_INTERVAL) or self.closing.is_set():
                     continue
                 # The daemon never writes on this connection after ATTACH: readable means EOF (it died or
                 # dropped us) or a protocol violation. Either way the lease is gone.
@@ -257,6 +294,17 @@ class _Core:
                 self.last_error = str(e)
                 self._sleep(backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX)
+
+    def _check_ring(self) -> None:
+        """Issue 10, defect 5: a ring file truncated by another process would make the next publish a SIGBUS that
+        kills the engine. Checked under the publishing lock, so no publish is halfway through the mapping."""
+        with self.lock:
+            if self.state != _OPEN or self.ring_truncated or self.ring.check_file():
+                return
+            self.ring_truncated = True
+        self.last_error = (f"the ring file {self.ring.path} was truncated by another process: every publish is "
+                           f"dropped from now on (restart the engine to get a new ring)")
+        log.error("kvshm: worker %d: %s", self.worker_id, self.last_error)
 
     def forked_in_child(self) -> None:
         """Called in a forked child (single-threaded): make every method fail and drop inherited sockets."""
@@ -300,19 +348,17 @@ class _Core:
             idle, self.idle_queries = self.idle_queries, []
         for client in idle:
             client.close()
-        if self.attach_conn is not None:
-            self.attach_conn.close()
+        with self.fd_lock:
+            if self.supervisor_done or self.supervisor is None:
+                self._close_supervisor_fds()
+            else:  # still inside an attach (at most _ATTACH_TIMEOUT): it closes them when it returns
+                self.handoff = True
         if self.daemon is not None:
             self.daemon.stop()
         try:
             self.ring.unlink()
         except OSError as e:
             log.warning("kvshm: removing the ring %s: %s", self.ring.path, e)
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
         _cores.discard(self)
 
     def raise_unusable(self) -> None:
@@ -556,6 +602,7 @@ class LocalIndexer:
             "published_events": ring.get("published_events"),
             "dropped_events": ring.get("dropped_events"),
             "published_while_detached": detached,
+            "ring_truncated": core.ring_truncated,  # the ring file was cut short: every publish is dropped
             "ring": ring,
         }
 

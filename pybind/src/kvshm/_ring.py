@@ -217,7 +217,7 @@ class RingWriter:
     __slots__ = (
         "_mm", "_q", "_cap", "_mask", "_max_record", "_tail", "_head_cache", "_forked", "_closed",
         "_loss_pending", "_loss_first", "_loss_last", "_loss_count", "_dropped_events", "_dropped_bytes",
-        "_too_large", "_published", "_fd", "_pid", "_tail_word", "_tail_addr", "path", "epoch", "worker_id",
+        "_too_large", "_published", "_truncated", "_fd", "_pid", "_tail_word", "_tail_addr", "path", "epoch", "worker_id",
         "kv_block_size", "max_buffer_size", "__weakref__",
     )
     _mm: mmap.mmap
@@ -237,6 +237,7 @@ class RingWriter:
     _dropped_bytes: int
     _too_large: int
     _published: int
+    _truncated: bool  # the file was cut short under us: never touch the mapping again (see check_file)
     _fd: int  # holds the flock
     _pid: int  # creating process
     _tail_word: ctypes.c_char | None  # exports mm (the tail word's address for FUTEX_WAKE); dropped before close
@@ -328,6 +329,7 @@ class RingWriter:
         w._max_record = max_record
         w._tail = 0
         w._head_cache = 0
+        w._truncated = False
         w._forked = False
         w._closed = False
         w._loss_pending = False
@@ -484,6 +486,8 @@ class RingWriter:
         q = self._q
         self._dropped_events += 1
         self._dropped_bytes += size
+        if self._truncated:  # counted here only: the header may lie past the end of the file
+            return
         self._loss_count += 1
         if too_large:
             self._too_large += 1
@@ -514,6 +518,25 @@ class RingWriter:
             self._forked = True
             self._refuse()
 
+    def check_file(self) -> bool:
+        """Returns True while the ring file has its full size. A file cut short (another process truncated it)
+        makes any store into the mapping a SIGBUS that kills the engine, so from the first failed check on the
+        writer never touches the mapping again: every publish is dropped (counted in stats() only), stats() and
+        close() leave the mapping alone. Call it periodically from a thread holding the writer's lock (the
+        LocalIndexer's supervisor does, every _RING_CHECK_INTERVAL): a truncation between two checks can still
+        fault a publish. Costs one fstat."""
+        if self._truncated or self._closed:
+            return not self._truncated
+        try:
+            size = os.fstat(self._fd).st_size
+        except OSError:
+            return True  # cannot tell; the descriptor is ours, so this does not happen
+        if size >= HEADER_SIZE + self._cap:
+            return True
+        self._truncated = True
+        self._max_record = -1  # every publish now takes the drop path: no extra check on the hot path
+        return False
+
     def _store_state(self, state: int) -> None:
         words = memoryview(self._mm).cast("I")
         try:
@@ -526,8 +549,9 @@ class RingWriter:
         if self._closed:
             self._refuse()
         self._check_owner()
+        self.check_file()  # an fstat: reading the head of a truncated file would be a SIGBUS
         q = self._q
-        head = q[OFF_HEAD >> 3]
+        head = 0 if self._truncated else q[OFF_HEAD >> 3]
         return {
             "path": self.path,
             "epoch": self.epoch,
@@ -543,7 +567,8 @@ class RingWriter:
             "loss_pending": self._loss_pending,
             "loss_first_seq": self._loss_first if self._loss_pending else None,
             "loss_last_seq": self._loss_last if self._loss_pending else None,
-            "consumer_heartbeat_ns": q[OFF_HEARTBEAT >> 3],
+            "consumer_heartbeat_ns": None if self._truncated else q[OFF_HEARTBEAT >> 3],
+            "truncated": self._truncated,
         }
 
     def close(self) -> None:
@@ -554,7 +579,7 @@ class RingWriter:
         self._closed = True
         _WRITERS.discard(self)
         owner = not self._forked and os.getpid() == self._pid
-        if owner:
+        if owner and not self._truncated:
             self._store_state(STATE_CLOSED)
         self._q.release()  # mmap.close() refuses while a memoryview is exported
         self._tail_word = None  # the ctypes object exports the buffer too
