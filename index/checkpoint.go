@@ -15,7 +15,10 @@ import (
 // checkpointVersion.
 const (
 	checkpointMagic   = "KVSHMIX\x00"
-	checkpointVersion = uint32(1)
+	checkpointVersion = uint32(2)
+	// checkpointV1 is the previous version, still read: it lacks token_mismatches and the losses since the last
+	// Cleared (restored as the taint's first cause).
+	checkpointV1 = uint32(1)
 	// MaxCheckpointMeta bounds the caller's opaque metadata stored in a checkpoint.
 	MaxCheckpointMeta = 4096
 	maxReasonLen      = 1 << 16
@@ -46,6 +49,11 @@ func (e *CheckpointError) Unwrap() error { return ErrCheckpoint }
 // the writer waits; call it when ingest is stopped (the daemon does, after the final drain). The output is a
 // deterministic function of the state.
 func (ix *Indexer) WriteCheckpoint(w io.Writer, meta []byte) error {
+	return ix.writeCheckpoint(w, meta, checkpointVersion)
+}
+
+// writeCheckpoint writes format version (checkpointVersion, or checkpointV1 for compatibility tests).
+func (ix *Indexer) writeCheckpoint(w io.Writer, meta []byte, version uint32) error {
 	if len(meta) > MaxCheckpointMeta {
 		return fmt.Errorf("write checkpoint: meta of %d bytes exceeds %d", len(meta), MaxCheckpointMeta)
 	}
@@ -53,7 +61,7 @@ func (ix *Indexer) WriteCheckpoint(w io.Writer, meta []byte) error {
 	defer ix.mu.RUnlock()
 	e := &ckEnc{w: w, buf: make([]byte, 0, ckChunk+64)}
 	e.bytes([]byte(checkpointMagic))
-	e.u32(checkpointVersion)
+	e.u32(version)
 	e.u32(uint32(len(meta)))
 	e.bytes(meta)
 
@@ -87,6 +95,13 @@ func (ix *Indexer) WriteCheckpoint(w io.Writer, meta []byte) error {
 	e.u32(uint32(len(ix.lost)))
 	for _, r := range ix.lost {
 		e.lostRange(r)
+	}
+	if version != checkpointV1 {
+		e.u64(ix.c.tokenMismatches)
+		e.u32(uint32(len(ix.taintLost)))
+		for _, r := range ix.taintLost {
+			e.lostRange(r)
+		}
 	}
 
 	// Tree: slots, node arena, spilled worker bits, lookups.
@@ -365,9 +380,10 @@ func (d *ckDec) decode() (*Indexer, []byte) {
 		return nil, nil
 	}
 	d.off = len(checkpointMagic)
-	if v := d.u32(); v != checkpointVersion {
+	version := d.u32()
+	if version != checkpointVersion && version != checkpointV1 {
 		d.off -= 4
-		d.fail("unsupported format version %d (this build reads %d)", v, checkpointVersion)
+		d.fail("unsupported format version %d (this build reads %d and %d)", version, checkpointV1, checkpointVersion)
 		return nil, nil
 	}
 	body := len(d.b) - trailer
@@ -441,6 +457,22 @@ func (d *ckDec) decode() (*Indexer, []byte) {
 		}
 		ix.hasLost = true
 	}
+	if version == checkpointV1 {
+		if ix.tainted {
+			ix.taintLost = append(ix.taintLost, ix.taint)
+		}
+	} else {
+		ix.c.tokenMismatches = d.u64()
+		nt := d.count(21, "taint range")
+		if nt > MaxLostRanges || (nt > 0) != ix.tainted {
+			d.fail("%d losses since the last Cleared (at most %d, and some exactly when tainted: %v)", nt,
+				MaxLostRanges, ix.tainted)
+			return nil, nil
+		}
+		for range nt {
+			ix.taintLost = append(ix.taintLost, d.lostRange())
+		}
+	}
 	if d.err != nil {
 		return nil, nil
 	}
@@ -483,6 +515,9 @@ func (d *ckDec) decodeTree(t *tree) bool {
 	t.nodes = make([]node, nn)
 	for i := range t.nodes {
 		p := d.take(nodeBytes)
+		if p == nil { // the count was checked before free_head was read: the last node may still be cut
+			return false
+		}
 		t.nodes[i] = node{
 			blockHash: binary.LittleEndian.Uint64(p), tokensHash: binary.LittleEndian.Uint64(p[8:]),
 			workers: binary.LittleEndian.Uint64(p[16:]), parent: binary.LittleEndian.Uint32(p[24:]),

@@ -187,6 +187,46 @@ func TestCheckpointRoundTrip(t *testing.T) {
 	}
 }
 
+// TestCheckpointV1: a version 1 checkpoint (before token_mismatches and the losses since the last Cleared) is
+// still read; a tainted index restores its taint's first cause as the loss an incomplete dump reports.
+func TestCheckpointV1(t *testing.T) {
+	ix, _ := New(Config{WorkerID: 1, BlockSize: 4, MaxBufferSize: 16})
+	if _, err := ix.ApplyStoredTokens(1, 0, false, 0, hashesLE(1), toksLE(0, 5), nil, false); err != nil {
+		t.Fatal(err)
+	}
+	ix.MarkLost(2, 3, "ring full")
+	ix.MarkLost(5, 5, "ring full")
+	var v1, v2 bytes.Buffer
+	if err := ix.writeCheckpoint(&v1, nil, checkpointV1); err != nil {
+		t.Fatal(err)
+	}
+	if err := ix.WriteCheckpoint(&v2, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name       string
+		b          []byte
+		lost       []LostRange
+		mismatches uint64
+	}{
+		{"v1", v1.Bytes(), []LostRange{{First: 2, Last: 3, Reason: "ring full"}}, 0},
+		{"v2", v2.Bytes(), []LostRange{{First: 2, Last: 3, Reason: "ring full"}, {First: 4, Last: 5, Reason: "ring full"}}, 1},
+	} {
+		rest, _, err := ReadCheckpoint(bytes.NewReader(tc.b))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		r, err := rest.Recover(context.Background(), nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !r.Incomplete || !reflect.DeepEqual(r.Lost, tc.lost) || rest.Stats().TokenMismatches != tc.mismatches {
+			t.Fatalf("%s: incomplete %v lost %+v mismatches %d; want lost %+v mismatches %d", tc.name, r.Incomplete,
+				r.Lost, rest.Stats().TokenMismatches, tc.lost, tc.mismatches)
+		}
+	}
+}
+
 // TestCheckpointRejects: corrupted checkpoints are refused with a *CheckpointError wrapping ErrCheckpoint.
 func TestCheckpointRejects(t *testing.T) {
 	d := newCkDriver(11)
@@ -206,7 +246,7 @@ func TestCheckpointRejects(t *testing.T) {
 	}{
 		{"empty", nil},
 		{"magic", append([]byte("XXXXXXXX"), good[8:]...)},
-		{"version", resum(append(append(bytes.Clone(good[:8]), 2, 0, 0, 0), good[12:]...))},
+		{"version", resum(append(append(bytes.Clone(good[:8]), 3, 0, 0, 0), good[12:]...))},
 		{"truncated", good[:len(good)/2]},
 		{"flipped byte", func() []byte { b := bytes.Clone(good); b[len(b)/2] ^= 0x40; return b }()},
 		{"trailing byte, checksum fixed", resum(append(append(bytes.Clone(good[:len(good)-4]), 0), 0, 0, 0, 0))},

@@ -1,141 +1,198 @@
-// Package index is the worker-local KV index of kvshm: token hashing, the radix tree keyed by
-// (worker_id, dp_rank), the bounded event log, recovery answers (Events, TreeDump, TooNew, InvalidRange, Error)
-// with a single-flight dump cache, overlap matching, and Dynamo's exact JSON. It reproduces NVIDIA Dynamo's
-// LocalKvIndexer (dynamo-kv-router, the TensorRT-LLM pin) so that a global indexer written against Dynamo recovers
-// from kvshm without noticing; the reference is shared/reference/dynamo-local-indexer.md, cited below as §N.
-// Pure Go, no I/O.
+// Package index is the worker-local KV index of kvshm: token hashing, the radix tree of one stream (one producer,
+// one seq space: all its dp_ranks), the bounded event log, recovery answers (Events, TreeDump, TooNew,
+// InvalidRange, and Error under the strict loss policy) with a single-flight dump cache, per-rank views, overlap
+// matching, and Dynamo's exact JSON. It reproduces the LocalKvIndexer of NVIDIA Dynamo's crate dynamo-kv-router
+// 1.6.1 (crates.io; src/indexer/local.rs, radix_tree.rs, protocols.rs) so that a global indexer written against
+// Dynamo recovers from kvshm without noticing; shared/reference/dynamo-local-indexer.md (cited as §N) describes
+// the older upstream (b2b7868) whose wire DumpBlocks keeps. Pure Go, no I/O.
 //
 // # Usage
 //
-// One Indexer per worker (per producer stream). The daemon's drain goroutine feeds every event, in ring order:
+// One Indexer per stream. The daemon's drain goroutine feeds every event, in ring order:
 //
-//	ix, err := index.New(index.Config{WorkerID: w, BlockSize: 32, MaxBufferSize: 10000})
+//	ix, err := index.New(index.Config{WorkerID: w, BlockSize: 32, MaxBufferSize: 10000}) // best effort, chains
 //	res, err := ix.ApplyStoredTokens(ev.Seq, ev.DpRank, ev.HasParent, ev.ParentHash,
 //		ev.BlockHashes, ev.TokenIDs, ev.LoraName, ev.IsEagle) // FlatBuffer vectors, read in place
 //	res, err = ix.Apply(&index.Event{ID: seq, DpRank: dp, Kind: index.KindRemoved, Hashes: hs})
 //	ix.MarkLost(first, last, "ring full")                   // a LOSS record
 //	resp, err := ix.Recover(ctx, start, end)                 // resp.JSON = WorkerKvQueryResponse
+//	resp, err = ix.RecoverRank(ctx, start, end, r)           // the view of dp_rank r of a multi-rank stream
+//	if resp.Incomplete { report(resp.Lost) }                 // headers, metrics, logs: never in the JSON
 //
 // Concurrency: an Indexer is safe for one writer goroutine (Apply, ApplyStoredTokens, MarkLost,
-// MarkUnknownHistory) and any number of concurrent readers (Recover, FindMatches, MatchTokens, Stats). The
-// writer holds a mutex for one event at a time; a dump copies the node arena under the read lock (a memmove of
-// 40 bytes per node) and encodes JSON after releasing it, so ingest continues during a dump build. Events
-// replies capture immutable log chunks under the lock and encode outside it.
+// MarkUnknownHistory, SetPolicies) and any number of concurrent readers (Recover, RecoverRank, FindMatches,
+// MatchTokens, Stats). The writer holds a mutex for one event at a time; a dump copies the node arena under the
+// read lock (a memmove of 40 bytes per node) and encodes JSON after releasing it, so ingest continues during a
+// dump build. Events replies capture immutable log chunks under the lock and encode outside it.
 //
-// # Token hashing (§2)
+// # Token hashing (1.6.1 compute_block_hash_for_seq)
 //
 // tokens_hash = XXH3-64 (github.com/zeebo/xxh3, checked against libxxhash) of the u32 little-endian token bytes
 // of one window, seed 1337, or 1337 + XXH3-64(lora_name) (wrapping) for a non-empty LoRA name. Windows start
 // every block_size tokens and hold block_size tokens (block_size+1 for Eagle, overlapping the next block by one);
 // only complete windows are hashed. The drain path hashes the FlatBuffer's token vector in place (no copy).
-// A Stored event must carry exactly n*block_size tokens for n blocks (Eagle: n*block_size+1, the lookahead);
-// otherwise it is refused with ErrTokenCount or ErrEagleTooShort (where Dynamo would panic or truncate), and
-// block size 0 is ErrZeroBlockSize. Invalid input never panics.
 //
-// # Radix tree (§3, variant A: one node per block)
+// The exact rule for a Stored event with n block hashes and t tokens (the conformance reference implements the
+// same): w = the number of complete windows (t / block_size; Eagle: (t-1) / block_size, 0 when t = 0); the event
+// stores min(n, w) blocks, block i pairing block_hashes[i] with the tokens hash of window i (a zip: the shorter
+// decides; the parent hash is unchanged). Nothing is refused: a count other than n*block_size (Eagle:
+// n*block_size+1; no tokens for no blocks) sets ApplyResult.TokenMismatch and counts Stats.TokenMismatches, and
+// the event is applied and logged with the blocks it kept (so its Events JSON lists those). Only bytes that are no
+// tokens at all are refused (ErrTokenCount: token bytes not a multiple of 4; ErrBlockHashBytes), and block size 0
+// is ErrZeroBlockSize. Invalid input never panics.
+//
+// # Radix tree (one node per block)
 //
 //   - Stored: the parent is looked up in the event's own (worker, dp_rank) lookup; missing parent =
-//     ErrParentNotFound and nothing is applied. Each block reuses the parent's child under its tokens hash (keeping
-//     that node's block hash if it differs), else the node the lookup maps its block hash to, else a new node.
-//     The worker joins each block's node; the lookup maps the block hash to it.
+//     ErrParentNotFound and nothing is applied. Each block reuses the parent's child under its tokens hash; while
+//     a worker holds that child it keeps its first block hash (1.6.1 matches children by tokens hash and keeps
+//     the edge's hash), and the lookup maps the event's block hash to it. A child that no worker holds (1.6.1
+//     has pruned it: split_node + prune_unreachable) takes the new block hash and starts without children
+//     (contract decision 3: store 101, store 102 under it, remove 102, store 103 with 102's tokens: the dump says
+//     101 -> 103; testdata/stale.txt). Else a node the lookup maps the block hash to, if detached, is re-attached;
+//     else a new node. The worker joins each block's node.
 //   - Removed: best effort; a missing hash is remembered as ErrBlockNotFound (the first error is returned) and the
-//     rest are removed. A node losing its last worker has its children detached (no cascade: the worker's
-//     descendants stay in its lookup, unreachable, as in Dynamo).
-//   - Cleared is worker-wide: every dp_rank of the worker loses every block (#3597); ranks keep empty lookups.
+//     rest are removed. A node losing its last worker has its children detached.
+//   - Cleared clears the stream (its scope, contract decision 5): every dp_rank of the stream loses every block.
+//     For a per-rank stream that is 1.6.1's rule (Cleared clears the event's (worker, dp_rank)); for a stream that
+//     carries all ranks (TensorRT-LLM's apply_cleared(seq) without a rank: the engine dropped its whole cache) it
+//     is worker-wide, where 1.6.1 would clear only the event's dp_rank (a documented conformance deviation).
 //   - find_matches: Dynamo's scores, including its count-based intersection (a child with the same number of
 //     workers but different members does not narrow the active set). MatchTokens hashes, then early_exit=false.
-//   - The dump is breadth-first from the root: one single-block Stored event per (node, dp_rank), parent_hash
-//     = the parent's block hash (null under the root), start_position and mm_extra_info null, event ids from 0,
-//     last_event_id = the real last id. Siblings appear in insertion order, dp_ranks ascending.
 //
-// Deliberate difference: Dynamo attaches a node found through the lookup under a second parent, which makes a
-// DAG (dumped twice) or a cycle (its BFS dump never ends). Here the tree stays a tree: a lookup hit that is the
-// parent or one of its ancestors is ErrInvalidBlockSequence (Dynamo: only the parent itself), and a hit still
-// attached elsewhere is not reused: a new node is made, and the old node keeps the worker, exactly as when
-// Dynamo overwrites a lookup entry. Only streams that store one engine block hash at two positions see this.
+// Deliberate difference (a tree stays a tree): a lookup hit that is the parent or one of its ancestors is
+// ErrInvalidBlockSequence (the blocks before it stay applied; 1.6.1 checks only a block equal to the parent
+// hash), and a hit still attached elsewhere is not reused: a new node is made and the old node keeps the worker,
+// as when a lookup entry is overwritten. Only streams that store one engine block hash at two positions see this.
 //
 // Memory: nodes live in a slice of 40-byte structs indexed by uint32 (free list for reuse); children are found
 // through one open-addressing table of node indices keyed by (parent, tokens hash), 4 bytes per slot, and
-// linked as sibling lists; the worker set is a 64-bit mask over
-// the index's dp_rank slots (ranks beyond 64 spill into a sparse map); per dp_rank a map sends block hash to node.
-// A node lives while attached or referenced by a lookup entry (what Dynamo's reference counting gives).
+// linked as sibling lists; the worker set is a 64-bit mask over the index's dp_rank slots (ranks beyond 64 spill
+// into a sparse map); per dp_rank a map sends block hash to node. A node lives while attached or referenced by a
+// lookup entry. Attached nodes no worker holds are kept (bounded by the distinct children ever stored) and
+// reused as above; the dumps skip them.
 //
-// # Event log and recovery (§5)
+// # TreeDump shapes
+//
+// DumpChains (default; 1.6.1's dump_tree_as_events): breadth-first over chains. A chain starts at a live node
+// (held by a worker, or with children) and goes on through its only live child while that child is held by
+// exactly the same non-empty set of dp_ranks; it is written as one Stored event per holder (dp_ranks ascending)
+// carrying every block of the chain, parent_hash = the block hash above the chain (null under the root),
+// start_position and mm_extra_info null, event ids from 0; the live children of the chain's last node follow in
+// the queue. The TreeDump ends with "reset_scope":"all" and every RouterEvent carries "residency_domain":"worker"
+// (1.6.1's RouterEvent::new). DumpBlocks (b2b7868): one single-block Stored event per (node, dp_rank),
+// breadth-first, no residency_domain or reset_scope anywhere (Events replies included). Both: siblings in
+// insertion order, last_event_id = the real last id.
+//
+// # Event log and recovery
 //
 // The log keeps the last MaxBufferSize applied events (including those the tree rejected, like Dynamo) with
 // strictly increasing ids, in fixed chunks of 256 headers plus an append-only word arena per chunk: no
-// allocation per event, binary search by id, and readers encode captured chunks outside the lock.
+// allocation per event, binary search by id, and readers encode captured chunks outside the lock. Ids need not be
+// consecutive: a gap (ids the producer never handed to kvshm, e.g. vLLM's skipped BlockStored events) is not a
+// loss; it is counted (ApplyResult.Gap, Stats.Gaps) and invalidates the dump cache, as in 1.6.1.
 //
-// Recover classifies exactly in the order of §5.3: end < start → InvalidRange; no start → dump; empty log → dump
+// Recover classifies as 1.6.1's classify_query: end < start → InvalidRange; no start → dump; empty log → dump
 // with last_event_id 0; start > last → TooNew (requested_end = end, or last); start < first → dump; else Events =
-// the suffix from start (binary search, exact hit or insertion point) to the tail, end ignored, last_event_id
-// from the same snapshot. Dumps go through the §5.4 cache: one build at a time (waiters share it), a cached
-// dump is an exact hit when nothing newer was logged, is extended with the log tail (real ids, Stored or Removed)
-// while the tail is covered, holds no Cleared and stays within max_buffer_size/2 events of the build, and is
-// invalidated (generation bump) by Cleared, a gap, a loss or an id reset. A build invalidated while running is
-// rebuilt; a failed build (Error) is not cached. A TreeDump is consistent with its last_event_id: the tree is
+// the suffix from start (binary search, exact hit or insertion point) to the tail, end ignored, last_event_id from
+// the same snapshot. (1.6.1 starts the suffix at its last all-domain Cleared; every event here carries
+// residency_domain "worker", as 1.6.1's own events do, so no Cleared is all-domain and the whole suffix is sent.)
+// Dumps go through 1.6.1's cache: one build at a time (waiters share it), a cached dump is an exact hit when nothing
+// newer was logged, is extended with the log tail (real ids, Stored or Removed) while the tail is covered, holds no
+// Cleared and stays within max_buffer_size/2 events of the build, and is invalidated (generation bump) by Cleared,
+// a gap, a loss, an id reset or SetPolicies. A build invalidated while running is rebuilt (1.6.1 returns it
+// uncached); a failed build (Error) is not cached. A TreeDump is consistent with its last_event_id: the tree is
 // copied under the same lock that reads the watermark.
 //
-// # Decisions where Dynamo is silent or wrong (CONTRACTS §3)
+// RecoverRank(start, end, r) is the view of dp_rank r of a stream that carries several (contract decision 5): the
+// same classification on the stream's log; Events = the suffix filtered to r's events plus every Cleared (written
+// with dp_rank r: the stream's Cleared clears r too); TreeDump = r's blocks only (the chains of the nodes r holds,
+// not descending below a node r does not hold), built per query (not cached); last_event_id is the stream's.
 //
-//   - Gaps: an id greater than last+1 records ids last+1..id-1 as lost (same as MarkLost) and invalidates the
-//     cache. Dynamo only logs it; but a worker that lost events cannot describe its cache.
+// # Losses (contract decision 1)
+//
+// A loss is an event kvshm itself failed to apply: MarkLost (the producer found the ring full), MarkUnknownHistory
+// (a resumed ring, a corrupt record; a barrier after the last id seen, or before every id when nothing was seen),
+// or an event refused as invalid input (ErrTokenCount, ErrBlockHashBytes, ErrInvalidKind: neither applied nor
+// logged; its id is lost). Losses taint the tree until a later Cleared re-bases it (the tree after a Cleared is
+// exactly what the following events build). The lost ranges of the current numbering are kept (newest
+// MaxLostRanges, the oldest merged).
+//
+// LossBestEffort (default): every answer is what 1.6.1 answers from the events the index applied (TreeDump of the
+// current tree, Events across lost ids as across a gap, TooNew), and Response.Incomplete says that it misses lost
+// events, with Response.Lost naming them: a TreeDump while tainted (Lost = the losses since the last Cleared); an
+// Events suffix or TooNew from start when some lost id is at or after start and no Cleared in the suffix follows
+// it (Lost = those ranges). The JSON never says it: the daemon reports it (headers, metrics, logs, stats).
+// LossError: exactly those answers are the Error variant naming the first loss instead (kvshm's wording; Dynamo has
+// no such case), and complete answers are the same as under LossBestEffort.
+//
+// # Deviations from 1.6.1, with reasons
+//
+//   - Tree shape: one node per block, not 1.6.1's compressed edges with per-worker cutoffs. Dumps rebuild the same
+//     state but group blocks into chains differently where 1.6.1 kept an edge with a cutoff: a chain's tail removed
+//     after a branch of it was (1.6.1 writes [1] then [2] under 1; here [1,2]), or a rank holding a prefix of
+//     another rank's edge (1.6.1: dp0 [1,2,3], dp1 [1]; here dp0 [1], dp1 [1], dp0 [2,3]) (testdata/json
+//     chain_cutoff.json, chain_prefix_rank.json). Sibling order and the order of ranks within a chain are hashbrown
+//     iteration orders in 1.6.1 (a function of FxHash and the table's history): here insertion order and dp_rank
+//     ascending. Consumers must not depend on either order; both rebuild the same state.
+//   - Removing a block in the middle of one of its edges, 1.6.1 also drops the worker from the rest of that edge
+//     (and forgets those hashes: a later Removed of them is BlockNotFound); here only the named block is removed,
+//     and its descendants are detached when no worker holds it. Dumps agree unless another rank of the stream
+//     still holds that block: then the rank stays listed on the later blocks of the edge here (a multi-rank
+//     stream whose engine evicts a block before its descendants).
+//   - A store that reaches a block no worker holds through its tokens alone (a root store of the same tokens, or
+//     from the end of an edge): 1.6.1 keeps the old block hash in its edge (the stale hash of decision 3 by
+//     another path); here the new hash, always.
+//   - A store whose parent hash names a second copy of known tokens (a hash the lookup maps to a node under
+//     another hash): applied here; 1.6.1 answers ParentBlockNotFound and drops the child (issue 8 item 6).
 //   - Backwards or duplicate ids (id <= last seen): the event is applied to the tree (the engine's cache did
-//     change), the log restarts at it (so ids stay increasing and binary search valid; Dynamo keeps it and breaks
+//     change), the log restarts at it (so ids stay increasing and binary search valid; 1.6.1 keeps it and breaks
 //     its own search), the cache is invalidated and Stats.IDResets counts it. Lost ranges of the old numbering are
 //     forgotten; the tree's taint is kept.
-//   - Honest answers after loss: after MarkLost, a gap, MarkUnknownHistory or a refused event, the tree is
-//     "tainted" until a later Cleared re-bases it (Cleared is worker-wide, so the tree after it is exactly what
-//     the following events build). While tainted, an answer that would be a TreeDump is the Error variant naming
-//     the loss. An Events suffix that crosses a lost range (some lost id >= start) is served from the last
-//     Cleared after every lost id if the log holds one (#9296-style, recovery-equivalent), else Error; a start
-//     among lost ids past the tail is Error rather than TooNew. Suffixes not crossing a loss are served normally.
-//     MarkUnknownHistory with events already seen puts a barrier after the last id seen (suffixes starting at or
-//     before it cross it); before any event it only taints the tree.
-//   - An event refused as invalid input (ErrTokenCount, ErrEagleTooShort, ErrBlockHashBytes, ErrInvalidKind) is
-//     neither applied nor logged, and its id counts as lost: the engine's cache changed in a way the index does
-//     not know.
-//   - max_buffer_size 0: nothing is logged; the dump cache also checks a tree version so it never serves a
-//     stale dump (Dynamo's cache would hit forever).
-//   - Cleared events are applied and logged with their dp_rank, although they clear every rank.
-//   - The Error variant's strings are this package's wording (Dynamo has no such case); Error JSON strings are
-//     escaped as serde_json escapes them.
+//   - max_buffer_size 0: nothing is logged; the dump cache also checks a tree version so it never serves a stale
+//     dump (1.6.1's cache would hit forever).
+//   - Cleared of a multi-rank stream clears every rank (decision 5, above).
 //
-// # JSON (§1)
+// # JSON
 //
 // Hand-rolled appenders write serde_json's bytes: no whitespace, fields in declaration order, storage_tier
-// "device", "cleared" as a bare string, null start_position and mm_extra_info, u64 values through
-// strconv.AppendUint (never float64), PascalCase response variants. The golden files in ../testdata/json are the
-// reference's literal examples byte for byte, plus one response of each variant (see its README). Response.JSON
-// is read-only: a cached dump is shared between callers.
+// "device", residency_domain "worker" (DumpChains), "cleared" as a bare string, null start_position and
+// mm_extra_info, u64 values through strconv.AppendUint (never float64), PascalCase response variants, TreeDump's
+// reset_scope "all" (DumpChains). Error JSON strings are escaped as serde_json escapes them. The golden files in
+// ../testdata/json were written by dynamo-kv-router 1.6.1 itself and are checked byte for byte (older wire:
+// ../testdata/json/blocks; see its README). Response.JSON is read-only: a cached dump is shared between callers.
 //
 // # Checkpoints
 //
 // WriteCheckpoint saves the whole state (config, the node arena with its free list, worker masks and dp_rank slots,
-// lookups, the event log, last seen id, lost ranges, taint and its reason, counters) plus the caller's opaque meta;
-// ReadCheckpoint restores an index that answers every query (Recover, FindMatches, Stats) exactly as the original
-// and goes on identically under the same further events. The dump cache is not saved: the first dump after a
-// restore is built from the tree. The format is versioned and ends with a CRC-32C; ReadCheckpoint validates every
-// count, link and id (the tree must be a forest reached exactly once through child lists) and returns a
-// *CheckpointError wrapping ErrCheckpoint, never panicking. Byte diagram and the full list of checks:
-// CHECKPOINT.md. Cost at 1M resident blocks: ~53 B per block, write ~0.17 s, read ~0.27 s (BenchmarkCheckpoint).
+// lookups, the event log, last seen id, lost ranges, taint and the losses since the last Cleared, counters) plus
+// the caller's opaque meta; ReadCheckpoint restores an index that answers every query (Recover, FindMatches, Stats)
+// exactly as the original and goes on identically under the same further events. The dump cache and the policies
+// (OnLoss, DumpShape: flags, not state; SetPolicies sets them) are not saved: the first dump after a restore is
+// built from the tree. The format is versioned (2; version 1 is still read) and ends with a CRC-32C;
+// ReadCheckpoint validates every count, link and id (the tree must be a forest reached exactly once through child
+// lists) and returns a *CheckpointError wrapping ErrCheckpoint, never panicking. Byte diagram and the full list of
+// checks: CHECKPOINT.md. Cost at 1M resident blocks: ~53 B per block, write ~0.17 s, read ~0.27 s
+// (BenchmarkCheckpoint).
 //
 //	var buf bytes.Buffer
 //	err := ix.WriteCheckpoint(&buf, meta)     // holds the read lock: call it with ingest stopped
 //	ix2, meta, err := index.ReadCheckpoint(&buf)
+//	ix2.SetPolicies(index.LossError, index.DumpBlocks) // if the daemon runs with non-default flags
 //
 // # Corruption and errors
 //
 // The index trusts nothing about event content: counts are validated, hashes are opaque, hostile block hash
 // patterns (self-references, cycles, repeated hashes) give ErrInvalidBlockSequence or stale-but-bounded state,
-// never a panic, a hang or unbounded growth beyond the events applied. Tree errors are returned wrapped (errors.Is
-// on the sentinels) after the event was logged; Stats.Applied counts them per kind × status for metrics.
+// never a panic, a hang or unbounded growth beyond the events applied. Tree errors (ErrParentNotFound,
+// ErrBlockNotFound, ErrInvalidBlockSequence) are returned wrapped (errors.Is on the sentinels) after the event was
+// logged; they are not losses (Dynamo applies and logs the same events the same way). Input errors
+// (ErrTokenCount, ErrBlockHashBytes, ErrInvalidKind) refuse the event and record its id as lost. Stats.Applied
+// counts applied events per kind × status for metrics.
 //
 // # Caveats
 //
-// Slices passed to Apply and ApplyStoredTokens are only read during the call. Response.JSON must not be modified.
-// A TreeDump extended from the cache contains events with real, non-unique, non-monotonic ids (as Dynamo's);
-// consumers must ignore event_id inside a TreeDump. Attached nodes that lost all workers stay (Dynamo keeps them
-// in their parent's children and reuses them with their old block hash); they are bounded by the distinct first
-// blocks ever stored and are freed when their parent loses its last worker.
+// Slices passed to Apply and ApplyStoredTokens are only read during the call. Response.JSON must not be modified;
+// Response.Lost belongs to the caller. A TreeDump extended from the cache contains events with real, non-unique,
+// non-monotonic ids (as 1.6.1's); consumers must ignore event_id inside a TreeDump.
 package index

@@ -3,6 +3,7 @@ package index
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -184,31 +185,17 @@ func TestRouterEventReferenceExamples(t *testing.T) {
 			if string(tc.got) != tc.want {
 				t.Fatalf("JSON differs from reference §1.8:\n got %s\nwant %s", tc.got, tc.want)
 			}
-			checkGolden(t, tc.name+".json", tc.got)
+			checkGolden(t, "blocks/"+tc.name+".json", tc.got)
 		})
 	}
 }
 
-// goldenResponses builds one response of each variant from inputs the daemon can reproduce (documented in
-// ../testdata/json/README.md).
+// goldenResponses builds one response of each variant in the older wire (DumpBlocks) from inputs the daemon can
+// reproduce (documented in ../testdata/json/README.md), plus error.json (kvshm's own variant, either shape).
 func goldenResponses(t *testing.T) map[string][]byte {
 	t.Helper()
 	ctx := context.Background()
 	u := func(v uint64) *uint64 { return &v }
-	toks := func(lo, n int) []byte {
-		s := make([]uint32, n)
-		for i := range s {
-			s[i] = uint32(lo + i)
-		}
-		return tokensToLE(nil, s)
-	}
-	hashesLE := func(hs ...uint64) []byte {
-		var b []byte
-		for _, h := range hs {
-			b = append(b, byte(h), byte(h>>8), byte(h>>16), byte(h>>24), byte(h>>32), byte(h>>40), byte(h>>48), byte(h>>56))
-		}
-		return b
-	}
 	must := func(_ ApplyResult, err error) {
 		t.Helper()
 		if err != nil {
@@ -224,35 +211,54 @@ func goldenResponses(t *testing.T) map[string][]byte {
 		}
 		return r.JSON
 	}
+	cfg := Config{WorkerID: 7, BlockSize: 4, MaxBufferSize: 10, DumpShape: DumpBlocks}
 
 	// events.json: worker 7, block size 4, max_buffer_size 10.
-	ix, _ := New(Config{WorkerID: 7, BlockSize: 4, MaxBufferSize: 10})
-	must(ix.ApplyStoredTokens(1, 0, false, 0, hashesLE(101, 102), toks(0, 8), nil, false))
-	must(ix.ApplyStoredTokens(2, 0, true, 102, hashesLE(103), toks(8, 4), []byte("my-adapter"), false))
+	ix, _ := New(cfg)
+	must(ix.ApplyStoredTokens(1, 0, false, 0, hashesLE(101, 102), toksLE(0, 8), nil, false))
+	must(ix.ApplyStoredTokens(2, 0, true, 102, hashesLE(103), toksLE(8, 4), []byte("my-adapter"), false))
 	must(ix.Apply(&Event{ID: 3, Kind: KindRemoved, Hashes: []uint64{103}}))
 	must(ix.Apply(&Event{ID: 4, Kind: KindCleared}))
-	out["events.json"] = resp(ix, u(2), nil)
+	out["blocks/events.json"] = resp(ix, u(2), nil)
 
 	// tree_dump.json, too_new.json, invalid_range.json: worker 7, block size 4, max_buffer_size 10.
-	ix, _ = New(Config{WorkerID: 7, BlockSize: 4, MaxBufferSize: 10})
-	must(ix.ApplyStoredTokens(1, 0, false, 0, hashesLE(101, 102), toks(0, 8), nil, false))
-	must(ix.ApplyStoredTokens(2, 0, true, 101, hashesLE(201), toks(100, 4), nil, false))
-	must(ix.ApplyStoredTokens(3, 1, false, 0, hashesLE(101), toks(0, 4), nil, false))
-	out["tree_dump.json"] = resp(ix, nil, nil)
-	out["too_new.json"] = resp(ix, u(10), u(20))
-	out["invalid_range.json"] = resp(ix, u(5), u(2))
+	ix, _ = New(cfg)
+	must(ix.ApplyStoredTokens(1, 0, false, 0, hashesLE(101, 102), toksLE(0, 8), nil, false))
+	must(ix.ApplyStoredTokens(2, 0, true, 101, hashesLE(201), toksLE(100, 4), nil, false))
+	must(ix.ApplyStoredTokens(3, 1, false, 0, hashesLE(101), toksLE(0, 4), nil, false))
+	out["blocks/tree_dump.json"] = resp(ix, nil, nil)
+	out["blocks/too_new.json"] = resp(ix, u(10), u(20))
+	out["blocks/invalid_range.json"] = resp(ix, u(5), u(2))
 
-	// error.json: ids 2..4 never arrive.
-	ix, _ = New(Config{WorkerID: 7, BlockSize: 4, MaxBufferSize: 10})
-	must(ix.ApplyStoredTokens(1, 0, false, 0, hashesLE(101), toks(0, 4), nil, false))
-	must(ix.ApplyStoredTokens(5, 0, true, 101, hashesLE(102), toks(4, 4), nil, false))
+	// error.json: LossError, ids 2..4 lost (the ring was full).
+	ix, _ = New(Config{WorkerID: 7, BlockSize: 4, MaxBufferSize: 10, OnLoss: LossError})
+	must(ix.ApplyStoredTokens(1, 0, false, 0, hashesLE(101), toksLE(0, 4), nil, false))
+	ix.MarkLost(2, 4, "ring full")
+	must(ix.ApplyStoredTokens(5, 0, true, 101, hashesLE(102), toksLE(4, 4), nil, false))
 	out["error.json"] = resp(ix, nil, nil)
 	return out
 }
 
+// toksLE returns the u32 little-endian bytes of the tokens lo, lo+1, ..., lo+n-1.
+func toksLE(lo, n int) []byte {
+	s := make([]uint32, n)
+	for i := range s {
+		s[i] = uint32(lo + i)
+	}
+	return tokensToLE(nil, s)
+}
+
+func hashesLE(hs ...uint64) []byte {
+	var b []byte
+	for _, h := range hs {
+		b = binary.LittleEndian.AppendUint64(b, h)
+	}
+	return b
+}
+
 func TestGoldenResponses(t *testing.T) {
-	wantKind := map[string]RespKind{"events.json": RespEvents, "tree_dump.json": RespTreeDump,
-		"too_new.json": RespTooNew, "invalid_range.json": RespInvalidRange, "error.json": RespError}
+	wantKind := map[string]RespKind{"blocks/events.json": RespEvents, "blocks/tree_dump.json": RespTreeDump,
+		"blocks/too_new.json": RespTooNew, "blocks/invalid_range.json": RespInvalidRange, "error.json": RespError}
 	for name, got := range goldenResponses(t) {
 		t.Run(name, func(t *testing.T) {
 			kind, _, err := decodeResponse(got)

@@ -146,8 +146,8 @@ func viewLen(parts []logPart) int {
 	return n
 }
 
-// rankFilter selects the events of one dp_rank (and every Cleared) of a multi-rank stream; the zero value
-// selects everything.
+// rankFilter selects the events of one dp_rank (and every Cleared, written with that dp_rank) of a multi-rank
+// stream; the zero value selects everything.
 type rankFilter struct {
 	on bool
 	dp uint32
@@ -176,7 +176,11 @@ func appendViewEvents(dst []byte, shape DumpShape, worker uint64, parts []logPar
 			case KindRemoved:
 				dst = AppendRemovedJSON(dst, shape, worker, h.id, h.dp, p.words[h.off:h.off+h.n])
 			default:
-				dst = AppendClearedJSON(dst, shape, worker, h.id, h.dp)
+				dp := h.dp
+				if f.on {
+					dp = f.dp // in a rank view, the stream's Cleared clears this rank
+				}
+				dst = AppendClearedJSON(dst, shape, worker, h.id, dp)
 			}
 		}
 	}

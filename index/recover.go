@@ -14,7 +14,8 @@ func (ix *Indexer) Recover(ctx context.Context, start, end *uint64) (Response, e
 }
 
 // RecoverRank answers a recovery query with the view of one dp_rank of a stream that carries several ranks:
-// Events are the suffix filtered to that rank's events plus every Cleared (a Cleared clears the whole stream);
+// Events are the suffix filtered to that rank's events plus every Cleared (a Cleared clears the whole stream;
+// it is written with dpRank);
 // a TreeDump holds that rank's blocks only; last_event_id is the stream's. The classification is Recover's.
 // Rank dumps are built per query (not cached).
 func (ix *Indexer) RecoverRank(ctx context.Context, start, end *uint64, dpRank uint32) (Response, error) {
@@ -314,7 +315,11 @@ func (ix *Indexer) buildDump(f rankFilter) (*dumpSnap, string) {
 		slices.SortFunc(ts.order, func(a, b int) int { return int64cmp(int64(ts.dps[a]), int64(ts.dps[b])) })
 	}
 
-	buf := make([]byte, 0, len(jsTreeDumpHead)+ts.blocks*260+64)
+	perBlock := 100 // a chain's block; its event's head is amortized
+	if snap.shape == DumpBlocks {
+		perBlock = 260
+	}
+	buf := make([]byte, 0, len(jsTreeDumpHead)+ts.blocks*perBlock+64)
 	buf = append(buf, jsTreeDumpHead...)
 	if snap.shape == DumpBlocks {
 		buf, snap.events = ts.appendBFS(buf, ix.cfg.WorkerID)

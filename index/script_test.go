@@ -23,15 +23,16 @@ import (
 //
 // Commands:
 //
-//	new worker=W bs=B max=M               a fresh index
+//	new worker=W bs=B max=M [onloss=error] [shape=blocks]   a fresh index (default best-effort, chains)
 //	stored id=I [dp=D] [parent=P] blocks=H,H:T,...   block hash H, tokens hash T (default H+1000000)
 //	stored-range from=A to=B              one Stored root block per id (block hash = id)
 //	removed id=I [dp=D] hashes=H,...
 //	cleared id=I [dp=D]
 //	lost first=A last=B [reason=R]        MarkLost
 //	unknown [reason=R]                    MarkUnknownHistory
-//	recover [start=S] [end=E]             prints the decoded response
-//	json [start=S] [end=E]                prints the raw response JSON
+//	recover [start=S] [end=E] [rank=R]    prints the decoded response (RecoverRank with rank); an incomplete
+//	                                      answer ends with "incomplete lost=A-B,unknown-N,..."
+//	json [start=S] [end=E] [rank=R]       prints the raw response JSON
 //	match hashes=H,...                    FindMatches (tokens hashes, early exit off)
 //	tree                                  a fresh BFS dump, bypassing the cache and the counters
 //	stats                                 log, taint and dump-cache counters
@@ -193,7 +194,22 @@ func execScript(t *testing.T, ixp **Indexer, line string) string {
 		w, _ := argU64(t, m, "worker")
 		bs, _ := argU64(t, m, "bs")
 		mx, _ := argU64(t, m, "max")
-		nix, err := New(Config{WorkerID: w, BlockSize: uint32(bs), MaxBufferSize: int(mx)})
+		cfg := Config{WorkerID: w, BlockSize: uint32(bs), MaxBufferSize: int(mx)}
+		switch m["onloss"] {
+		case "", "best-effort":
+		case "error":
+			cfg.OnLoss = LossError
+		default:
+			t.Fatalf("onloss=%s", m["onloss"])
+		}
+		switch m["shape"] {
+		case "", "chains":
+		case "blocks":
+			cfg.DumpShape = DumpBlocks
+		default:
+			t.Fatalf("shape=%s", m["shape"])
+		}
+		nix, err := New(cfg)
 		if err != nil {
 			return "error: " + err.Error()
 		}
@@ -242,7 +258,13 @@ func execScript(t *testing.T, ixp **Indexer, line string) string {
 		if v, ok := argU64(t, m, "end"); ok {
 			end = &v
 		}
-		r, err := ix.Recover(ctx, start, end)
+		var r Response
+		var err error
+		if rank, ok := argU64(t, m, "rank"); ok {
+			r, err = ix.RecoverRank(ctx, start, end, uint32(rank))
+		} else {
+			r, err = ix.Recover(ctx, start, end)
+		}
 		if err != nil {
 			return "error: " + err.Error()
 		}
@@ -265,6 +287,9 @@ func execScript(t *testing.T, ixp **Indexer, line string) string {
 		return "scores: " + strings.Join(out, " ")
 	case "stats":
 		st := ix.Stats()
+		if st.Incomplete != st.Tainted {
+			t.Fatalf("Stats.Incomplete %v, Tainted %v", st.Incomplete, st.Tainted)
+		}
 		return fmt.Sprintf("buffered=%d first=%d last=%d resident=%d nodes=%d tainted=%v gaps=%d resets=%d lost_ids=%d builds=%d hits=%d extends=%d dump_errors=%d",
 			st.Buffered, st.FirstEventID, st.LastEventID, st.ResidentBlocks, st.Nodes, st.Tainted, st.Gaps, st.IDResets,
 			st.LostIDs, st.DumpBuilds, st.DumpCacheHits, st.DumpCacheExtends, st.DumpErrors)
@@ -303,6 +328,29 @@ func dedupe(s []string) []string {
 
 // describeResponse decodes r.JSON with encoding/json (so every script also checks the JSON) and prints it.
 func describeResponse(t *testing.T, r Response) string {
+	t.Helper()
+	out := describeJSON(t, r)
+	if r.Incomplete != (len(r.Lost) > 0) {
+		t.Fatalf("Incomplete %v with lost ranges %v", r.Incomplete, r.Lost)
+	}
+	if r.Incomplete {
+		var ls []string
+		for _, l := range r.Lost {
+			switch {
+			case l.Unknown:
+				ls = append(ls, fmt.Sprintf("unknown-%d", l.First))
+			case l.First == l.Last:
+				ls = append(ls, fmt.Sprint(l.First))
+			default:
+				ls = append(ls, fmt.Sprintf("%d-%d", l.First, l.Last))
+			}
+		}
+		out += " incomplete lost=" + strings.Join(ls, ",")
+	}
+	return out
+}
+
+func describeJSON(t *testing.T, r Response) string {
 	t.Helper()
 	kind, v, err := decodeResponse(r.JSON)
 	if err != nil {
