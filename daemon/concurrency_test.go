@@ -177,7 +177,11 @@ func claimedState(body []byte) (state uint64, ok bool, err error) {
 	if i < 0 || !bytes.HasSuffix(body, []byte("}}")) {
 		return 0, false, fmt.Errorf("no %s at the end of %.200s", field, body)
 	}
-	state, err = strconv.ParseUint(string(body[i+len(field):len(body)-2]), 10, 64)
+	num := body[i+len(field) : len(body)-2]
+	if j := bytes.IndexByte(num, ','); j >= 0 { // a TreeDump's "reset_scope" follows (Dynamo 1.6.1 wire)
+		num = num[:j]
+	}
+	state, err = strconv.ParseUint(string(num), 10, 64)
 	return state, true, err
 }
 

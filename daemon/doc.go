@@ -1,6 +1,6 @@
 // Package daemon is kvshmd: it follows the shared-memory rings of KV-cache event producers (one stream per
-// worker), applies their events to a per-worker index, and answers recovery, stats and match queries over a Unix
-// socket and, optionally, HTTP. cmd/kvshmd wraps it in a CLI.
+// producer, keyed by worker and scope), applies their events to a per-stream index, and answers recovery, stats and
+// match queries over a Unix socket and, optionally, HTTP. cmd/kvshmd wraps it in a CLI.
 //
 // # Usage contract
 //
@@ -19,8 +19,22 @@
 //
 // # Streams and their lifecycle
 //
-// A stream is keyed by worker_id and owns an index (created with the worker's kv_block_size and max_buffer_size)
-// that outlives producers; at most one attachment (a ring plus its drain goroutine) feeds it at a time.
+// A stream is keyed by (worker_id, scope) and owns an index (created with the ring's kv_block_size and
+// max_buffer_size and the daemon's --on-loss and --dump-shape) that outlives producers; at most one attachment (a
+// ring plus its drain goroutine) feeds it at a time. The scope is the ATTACH's dp_rank (scope.go):
+//
+//	ATTACH without dp_rank   scope ALL: one producer for every attention-DP rank of the worker (TensorRT-LLM: one
+//	                         LocalIndexer per worker, apply_cleared(seq) without a rank). A Cleared clears the
+//	                         whole stream, i.e. every rank of the worker: what TRT-LLM means (the engine dropped its
+//	                         whole cache). Upstream Dynamo 1.6.1 clears only the event's (worker, dp_rank); the
+//	                         conformance table lists the multi-rank case as a documented deviation.
+//	ATTACH with dp_rank r    scope r: one producer per rank with its own seq space (vLLM: one publisher and one
+//	                         LocalIndexer(..., dp_rank=r) or KVSHM_DP_RANK per rank). A Cleared clears that rank's
+//	                         stream only. Its events are stored as published (the consumer rewrites dp_rank).
+//
+// A second live producer for the same key is refused with conflict; the message says that producers publishing one
+// rank each must pass dp_rank. A dead producer's successor on the same key is a producer restart (below). An ALL
+// stream and per-rank streams of the same worker may coexist (independent indexes and seq spaces).
 //
 //	ATTACH validation, in order (each failure is an error reply; nothing changes):
 //	  peer uid (SO_PEERCRED, checked at accept) == daemon uid                    forbidden
@@ -29,7 +43,7 @@
 //	  not group/other writable                                                   not_found / forbidden
 //	  shm.Open validates the header; the file was not swapped meanwhile          bad_request / conflict
 //	  header worker_id, kv_block_size (and max_buffer_size when given) match     bad_request
-//	  no live producer on the worker, and none on this connection already        conflict
+//	  no live producer on the (worker, scope) key, none on this connection       conflict
 //
 //	Outcome                                        index                              reply / stats
 //	first attach of the worker, head = 0           new                                stream_epoch 1, resumed false
@@ -37,15 +51,15 @@
 //	worker, ring epoch and head (--state-dir;                                         nothing lost; checkpoint deleted
 //	with --checkpoint-interval also after a crash,                                    (with --checkpoint-interval
 //	the ring replaying the records after it)                                          kept until replaced)
-//	first attach, head > 0, no usable checkpoint   new + MarkUnknownHistory           resumed true, tainted: dumps say
-//	(crash without --checkpoint-interval, no                                          Error until a Cleared re-bases
-//	--state-dir, head moved, corrupt)
+//	first attach, head > 0, no usable checkpoint   new + MarkUnknownHistory           resumed true, incomplete: dumps are
+//	(crash without --checkpoint-interval, no                                          incomplete (Error with --on-loss=
+//	--state-dir, head moved, corrupt)                                                 error) until a Cleared re-bases
 //	same worker, same ring epoch (reattach)        kept; continues at the head         resumed true, same stream_epoch
 //	same worker, new ring epoch (producer restart) replaced (its cache is empty)      stream_epoch+1, resets+1,
 //	                                                                                  the worker's checkpoints deleted
 //	producer EOF / pid gone / ring state CLOSED    kept, queryable                    attached=false, producer_alive=false
 //	DETACH                                         kept, queryable                    same as above
-//	FORGET of a detached/dead worker               dropped with its metric series     not_found from then on; a
+//	FORGET of a detached/dead stream               dropped with its metric series     not_found from then on; a
 //	                                               and its checkpoints                later attach starts a new stream
 //	FORGET while a producer is attached            kept (refused)                     conflict
 //	SIGTERM / SIGINT / parent gone                 rings drained, head stored, then   exit 0
@@ -62,7 +76,8 @@
 //
 // "Checkpoint plus the ring as the log", first step: a planned restart loses nothing. At a graceful shutdown, after
 // the final drain of every stream that had a producer attached when the shutdown began, the index is written with
-// index.WriteCheckpoint to <state-dir>/w<worker_id>-<ring epoch>.ckpt (temporary 0600 file, fsync, rename, fsync of
+// index.WriteCheckpoint to <state-dir>/w<worker_id>-<ring epoch>.ckpt for an ALL stream, or
+// w<worker_id>r<dp_rank>-<ring epoch>.ckpt for a per-rank stream (temporary 0600 file, fsync, rename, fsync of
 // the directory), its meta recording the worker, the ring epoch and the ring head released by that final drain.
 // The first ATTACH of that worker in the next daemon, on a ring with head > 0, reads the file for the ring's epoch
 // (outside the server lock) and restores it only if worker, epoch, head and index config (block size, max buffer
@@ -118,8 +133,9 @@
 //
 // # Drain loop
 //
-// Per pass: up to 256 records via Reader.Next, read in place; EVENT → fbs.Decode (zero-copy) → index
-// ApplyStoredTokens (the index hashes the token bytes in place) or Apply; LOSS → index.MarkLost(first, last);
+// Per pass: the ring header's loss gauge is loaded, then up to 256 records via Reader.Next, read in place; EVENT →
+// fbs.Decode (zero-copy) → index ApplyStoredTokens (the index hashes the token bytes in place) or Apply; LOSS →
+// index.MarkLost(first, last) (see "Losses");
 // then one Release (one head store) per pass (with --checkpoint-interval only after a checkpoint), one update of the per-stream counters (events and blocks received,
 // blocks applied by the event's tree status) and a ring-stats snapshot. A panic while decoding or applying one
 // record (a bug in fbs or index) is recovered (one deferred recover per pass, not per record: BenchmarkDrainBatch
@@ -134,6 +150,66 @@
 // busy reach is ~1 µs back-to-back and ~60 µs with 200 µs between records, and the first record after a long idle
 // period is reached in ~0.2-0.3 ms, one wakeup (BenchmarkDaemonIdleCPU, BenchmarkDaemonReachLatency,
 // BenchmarkDaemonColdReach in bench/).
+//
+// # Losses
+//
+// A loss inside kvshm (a LOSS record: the producer found the ring full; a corrupt ring record or malformed event;
+// a resumed ring with unknown history) is marked on the index, which answers by the --on-loss policy:
+// best-effort (default, index.LossBestEffort) answers what Dynamo would answer from the events applied and marks
+// the Response Incomplete with the lost ranges; error (index.LossError) answers the Error variant until a Cleared
+// re-bases the stream. An id gap without a LOSS record is not a loss (the producer never handed those ids over, as
+// vLLM does when it skips feeding an event): it is answered across as Dynamo does and only counted
+// (kvshm_seq_gaps_total). Every Incomplete answer is reported:
+//
+//	HTTP headers on every /kv_recover route    Kvshm-State: incomplete; Kvshm-Lost-Events: 80-80,95-97 (inclusive
+//	                                           ranges, the newest 32; an unknown-history point as unknown-N, N the
+//	                                           first id after it); both absent on a complete answer, and on the
+//	                                           Error variant of --on-loss=error
+//	metric                                     kvshm_incomplete_answers_total{worker_id,dp_rank}
+//	log                                        one warn line per stream per 10 s with the lost ranges and how many
+//	                                           lines were suppressed
+//	STATS / kvshmd stats                       "incomplete": true, "lost_ranges", "lost_events" (until a Cleared)
+//
+// A loss the producer has counted but not yet reported (issue 10): a producer that finds the ring full counts the
+// drop in the ring header (loss_pending, loss_first_seq..loss_last_seq) and writes the LOSS record only with its
+// next event that fits; an engine that goes idle never writes it. So a drain pass that finds the ring empty marks
+// the header's pending range lost itself (the header is loaded before the pass and the tail by the pass's last
+// Next, so every event published before the drops is applied), and a query barrier also waits until the episode
+// the header showed when the query arrived is marked: a loss known before a query is in its answer. The LOSS
+// record that comes later for the same episode (same first seq) adds only ids beyond what was marked, so a loss is
+// counted once. The header's fields are gauges loaded one by one: a read torn across two episodes is recognised
+// (a pending episode starts after the last id applied) and ignored; the LOSS record stays authoritative.
+//
+// A Stored event whose token count is not blocks × block_size is hashed and applied as Dynamo does (complete
+// windows, zipped with the block hashes), never refused: counted (STATS token_mismatches,
+// kvshm_token_count_mismatch_total) and logged, one warn line per stream per 10 s.
+//
+// # Recovery routes (--http) and rank ports
+//
+// Handler serves Go 1.22 ServeMux patterns; recovery answers are the WorkerKvQueryResponse JSON with status 200 for
+// every variant, errors {"error","code"} with 400 (bad query or path), 404 (no such stream), 409 (ambiguous: the
+// message lists the URLs to use), 503 (busy):
+//
+//	GET /kv_recover?start=&end=[&worker_id=][&dp_rank=]       what the consumer calls; resolved as below
+//	GET /workers/{worker_id}/kv_recover?start=&end=           for /register of one worker on a shared daemon
+//	GET /workers/{worker_id}/dp/{dp_rank}/kv_recover?...       one (worker, rank)
+//	GET /metrics, GET /healthz
+//
+//	worker  dp_rank  answer (resolveLocked)
+//	-       -        the only stream; 409 listing every stream's URL when there are several; 404 when none
+//	w       -        w's ALL stream, else w's only stream; 409 listing w's rank URLs; 404 when none
+//	w       r        the per-rank stream (w, r), else the rank view of w's ALL stream (Indexer.RecoverRank:
+//	                 that rank's events plus every Cleared, that rank's blocks, the stream's last_event_id)
+//	-       r        as (w, r) for the only worker; 409 listing /workers/{w}/dp/{r}/kv_recover per worker
+//
+// The socket's EVENTS, DUMP, STATS and MATCH take the same optional worker_id and dp_rank. --rank-ports BASE (off by
+// default; needs --http, whose host it uses): port BASE+r answers /kv_recover (start, end) as
+// /workers/{w}/dp/{r}/kv_recover for the daemon's only worker (409 with several, 404 with none), for consumers that
+// find a rank's endpoint by pod discovery (recover_port + dp_rank). A listener opens the first time the daemon
+// holds a stream covering r: a per-rank ATTACH (before its reply) or the first rank-r event of an ALL stream (on
+// the drain goroutine, before the event is applied, so a query that follows finds it). A bind failure, a port
+// above 65535 or more than 256 ranks is logged and counted (kvshm_rank_port_errors_total), never fatal, and not
+// retried; the rank stays reachable at its /workers URL. All HTTP listeners share the --http-max-conns bound.
 //
 // # Frame protocol (Unix socket, SOCK_STREAM)
 //
@@ -151,22 +227,28 @@
 //
 //	kind  name    request body                                      OK reply body
 //	1     ATTACH  {"ring_path","worker_id","kv_block_size",         {"worker_id","epoch","stream_epoch","resumed","head",
-//	                                                                 "restored"}
-//	               "max_buffer_size"}
-//	2     DETACH  {"worker_id": u64}                                {}
-//	3     EVENTS  {"worker_id"?, "start"?, "end"?}                  WorkerKvQueryResponse JSON
-//	4     DUMP    {"worker_id"?}                                    WorkerKvQueryResponse JSON
-//	5     STATS   {"worker_id"?}                                    {"streams":[...]}
-//	6     MATCH   {"worker_id"?, "tokens", "lora_name"?, "is_eagle"} {"scores":[{"worker_id","dp_rank","blocks"}]}
+//	               "max_buffer_size","dp_rank"?}                     "restored"}
+//	2     DETACH  {"worker_id": u64, "dp_rank"?}                    {}
+//	3     EVENTS  {"worker_id"?, "start"?, "end"?, "dp_rank"?}      WorkerKvQueryResponse JSON
+//	4     DUMP    {"worker_id"?, "dp_rank"?}                        WorkerKvQueryResponse JSON
+//	5     STATS   {"worker_id"?, "dp_rank"?}                        {"streams":[{..., "dp_rank": u32|null,
+//	                                                                 "incomplete", "token_mismatches", ...}]}
+//	6     MATCH   {"worker_id"?, "tokens", "lora_name"?, "is_eagle", {"scores":[{"worker_id","dp_rank","blocks"}]}
+//	               "dp_rank"?}
 //	7     HEALTH  {}                                                {"status":"ok","version","streams"}
-//	8     FORGET  {"worker_id": u64}                                {}; not_found for an unknown worker, conflict
+//	8     FORGET  {"worker_id": u64, "dp_rank"?}                    {}; not_found for an unknown stream, conflict
 //	                                                                while a producer is attached (a stream whose
 //	                                                                producer is detaching is forgotten after its
 //	                                                                final drain)
 //
-// worker_id null (or absent) selects the only stream (conflict with several); for STATS null means every stream.
-// EVENTS and DUMP reply with the index's WorkerKvQueryResponse JSON bytes unchanged. FORGET drops the stream's
-// index, counters and every metric series labelled with its worker_id, so a shared daemon does not keep the state
+// worker_id and dp_rank select a stream as /kv_recover does (see "Recovery routes"): null (or absent) selects the
+// only stream (conflict with several); dp_rank omitted is omitted from the body (older clients are unchanged). For
+// STATS null means every stream, worker_id w's streams, dp_rank r for each worker its rank-r stream or else its ALL
+// stream. DETACH and FORGET select exactly one stream, never a rank view: dp_rank r is the per-rank stream r;
+// omitted, the worker's ALL stream, else its only stream, else conflict.
+// EVENTS and DUMP reply with the index's WorkerKvQueryResponse JSON bytes unchanged (an incomplete answer is
+// visible in STATS, not in the frame). FORGET drops the stream's index, counters and every metric series labelled
+// with its worker_id and dp_rank, so a shared daemon does not keep the state
 // of departed workers forever; a later ATTACH of that worker starts a new stream (stream_epoch 1).
 //
 // # Failure outcomes
@@ -187,11 +269,24 @@
 //	                                                  in a 0700 directory normally stops it at connect() already
 //	query waits > 120 s (drain catch-up, dump build)  busy reply
 //	corrupt ring record (bad type/length, bad tail)   counted, logged once per position, SkipToTail, the index is
-//	                                                  marked unknown-history (dumps answer Error until a Cleared)
+//	                                                  marked unknown-history (dumps are incomplete, or Error with
+//	                                                  --on-loss=error, until a Cleared)
 //	malformed FlatBuffer in an EVENT record           counted, logged, unknown-history, record skipped
 //	panic while decoding/applying a record (a bug)    recovered; same as a malformed event (logged with the stack)
-//	LOSS record (producer found the ring full)        index.MarkLost(first, last): exactly those ids are lost
-//	seq gap / backwards seq                           handled by the index (lost ids / log restart), counted
+//	LOSS record (producer found the ring full)        index.MarkLost(first, last): exactly those ids are lost (the
+//	                                                  part already marked from the header is not marked again)
+//	ring header shows a pending loss, ring empty      the header's range is marked lost at once (issue 10): the
+//	(the engine went idle after the drops)            next answer is incomplete (best-effort) or Error (strict)
+//	an answer misses lost events                      --on-loss=best-effort: the best state, Kvshm-State and
+//	                                                  Kvshm-Lost-Events headers, counted, logged (rate-limited);
+//	                                                  --on-loss=error: the Error variant until a Cleared
+//	seq gap (no LOSS record) / backwards seq          not a loss: answered across (counted seq_gaps_total) / the
+//	                                                  log restarts (counted event_id_resets_total)
+//	token count ≠ blocks × block_size                 applied as Dynamo does, counted, logged (rate-limited)
+//	second live producer for a (worker, scope) key    conflict reply naming the scope and the dp_rank hint
+//	query for a worker with several per-rank streams  409 / conflict listing /workers/{w}/dp/{r}/kv_recover URLs
+//	rank port cannot be bound (or > 65535, > 256)     logged, kvshm_rank_port_errors_total; the daemon goes on
+//	--rank-ports without --http, or outside 1..65535  New fails with ErrRankPorts (serve: usage error)
 //	socket path holds a live daemon                   Listen fails with ErrAlreadyRunning
 //	socket path holds a dead daemon's socket          removed (dial → ECONNREFUSED) and replaced
 //	socket path holds a non-socket file               Listen fails with ErrNotSocket (never removed)
@@ -199,8 +294,9 @@
 //	--state-dir not ours or any group/other perm      Listen fails with ErrUnsafeStateDir
 //	daemon SIGTERM/SIGINT, then restarted (planned)   with --state-dir: attached streams checkpointed after the final
 //	                                                  drain, restored at reattach (restored: true), nothing lost
-//	daemon SIGKILLed / crashed, then restarted        ring resumed at the stored head, unknown history (dumps Error
-//	                                                  until a Cleared); kvshm_checkpoint_restores_total{result=missing}
+//	daemon SIGKILLed / crashed, then restarted        ring resumed at the stored head, unknown history (dumps
+//	                                                  incomplete until a Cleared: Kvshm-Lost-Events unknown-N);
+//	                                                  kvshm_checkpoint_restores_total{result=missing}
 //	the same with --checkpoint-interval               the newest checkpoint (head = stored head) is restored and the
 //	                                                  ring replayed: restored, not tainted, nothing lost
 //	crash while a checkpoint is being written         temporary file removed at Listen; the previous checkpoint
@@ -218,8 +314,10 @@
 //
 // # Metrics
 //
-// Under kvshm_, from a non-global prometheus.Registry (Config.Registry); per-stream series carry only the
-// worker_id label and are read at scrape time (no per-event metric cost). See metrics.go for the list; the
+// Under kvshm_, from a non-global prometheus.Registry (Config.Registry); per-stream series carry the worker_id and
+// dp_rank labels (dp_rank is the stream's scope: the rank of a per-rank stream, empty for an ALL stream, which
+// Prometheus treats as absent; a rank view of an ALL stream counts under the ALL stream, so the series are bounded
+// by the streams) and are read at scrape time (no per-event metric cost). See metrics.go for the list; the
 // README lists them with their meaning. promtool check metrics passes on /metrics (TestIntegrationProcess).
 //
 // # Caveats
@@ -228,8 +326,8 @@
 // in this package keeps them (the index copies what it stores). Each attached stream holds one locked OS thread.
 // With --checkpoint-interval a ring holds up to half its capacity of applied-but-unreleased records (see
 // "Continuous checkpoints"), and applying pauses while a checkpoint is written.
-// Checkpoints: use one --state-dir per daemon (files are named by worker id and ring epoch only, and a stream reset
-// deletes every file of its worker). Only streams with an attached producer at the stop are checkpointed; a file
+// Checkpoints: use one --state-dir per daemon (files are named by worker id, scope and ring epoch only, and a
+// stream reset deletes every file of its stream). Only streams with an attached producer at the stop are checkpointed; a file
 // whose producer never comes back stays until an operator removes it (FORGET reaches only streams the running
 // daemon knows). A restored index has no dump cache, so its first dump is built from the tree: equivalent to, but
 // not always byte-equal with, a cached dump the old daemon had extended with the log tail (the same difference any

@@ -12,6 +12,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -23,6 +25,9 @@ import (
 	"github.com/kvshm/kvshm/shm"
 )
 
+// livePID matches the producer pid and ring path of a conflict message.
+var livePID = regexp.MustCompile(`\(pid \d+, ring [^)]*\)`)
+
 var update = flag.Bool("update", false, "rewrite the expected output of testdata/protocol scripts")
 
 // TestProtocolScripts runs the data-driven scripts in testdata/protocol against a real server over real sockets.
@@ -31,12 +36,13 @@ var update = flag.Bool("update", false, "rewrite the expected output of testdata
 //
 // Commands:
 //
-//	attach worker=W bs=B                        create a ring and attach it (keeps the connection)
-//	stored seq=S dp=D [parent=P] hashes=H,H [lora=NAME] [eagle]   publish (tokens derived from the hashes)
-//	removed seq=S dp=D hashes=H,H               publish
-//	cleared seq=S                               publish
-//	close-producer worker=W                     close the attaching connection, wait for the detach
-//	events|dump|stats|match|health|detach ...   a request with key=value fields (JSON body), reply printed
+//	attach worker=W [rank=R] bs=B               create a ring and attach it (keeps the connection); rank: dp_rank
+//	stored seq=S dp=D [parent=P] hashes=H,H [lora=NAME] [eagle] [to=W or W/R]   publish (tokens derived from
+//	                                            the hashes) into producer to (default: the only one)
+//	removed seq=S dp=D hashes=H,H [to=...]      publish
+//	cleared seq=S [to=...]                      publish
+//	close-producer worker=W[/R]                 close the attaching connection, wait for the detach
+//	events|dump|stats|match|health|detach|forget ...   a request with key=value fields (JSON body), reply printed
 //	send HEX                                    raw bytes on a fresh connection; replies and closed/open printed
 func TestProtocolScripts(t *testing.T) {
 	files, _ := filepath.Glob("testdata/protocol/*.txt")
@@ -52,7 +58,7 @@ type scriptEnv struct {
 	t         *testing.T
 	ts        *testServer
 	q         *Client
-	producers map[uint64]*scriptProducer
+	producers map[string]*scriptProducer // by "W" (ALL stream) or "W/R" (per-rank)
 }
 
 type scriptProducer struct {
@@ -67,7 +73,7 @@ func runScript(t *testing.T, file string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := &scriptEnv{t: t, producers: map[uint64]*scriptProducer{}}
+	env := &scriptEnv{t: t, producers: map[string]*scriptProducer{}}
 	env.ts = startServer(t, func(c *Config) {
 		c.Version = "test"
 		c.MaxRequestBytes = 1 << 10
@@ -147,6 +153,12 @@ func (e *scriptEnv) run(line string) string {
 		w := num("worker")
 		p := &scriptProducer{bs: uint32(num("bs")), b: flatbuffers.NewBuilder(256)}
 		path := filepath.Join(t.TempDir(), "ring")
+		var rank *uint32
+		name := strconv.FormatUint(w, 10)
+		if _, ok := args["rank"]; ok { // attach with AttachRequest.dp_rank (a per-rank stream)
+			r := uint32(num("rank"))
+			rank, name = &r, name+"/"+args["rank"]
+		}
 		var err error
 		if p.w, err = shm.Create(path, shm.Options{Capacity: 1 << 16, WorkerID: w, KVBlockSize: p.bs, MaxBufferSize: 64}); err != nil {
 			t.Fatal(err)
@@ -156,15 +168,19 @@ func (e *scriptEnv) run(line string) string {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { p.conn.Close() })
-		rep, err := p.conn.Attach(ctxT(t), AttachRequest{RingPath: path, WorkerID: w, KVBlockSize: p.bs, MaxBufferSize: 64})
+		rep, err := p.conn.Attach(ctxT(t), AttachRequest{RingPath: path, WorkerID: w, KVBlockSize: p.bs, MaxBufferSize: 64, DpRank: rank})
 		if err != nil {
-			return errText(err)
+			return livePID.ReplaceAllString(errText(err), "(pid P, ring R)") // stable across runs
 		}
-		e.producers[w] = p
+		e.producers[name] = p
 		return fmt.Sprintf("attached worker=%d stream_epoch=%d resumed=%v head=%d", rep.WorkerID, rep.StreamEpoch, rep.Resumed, rep.Head)
 	case "stored", "removed", "cleared":
 		var p *scriptProducer
-		for _, p = range e.producers { // scripts publish for the one attached worker
+		if to, ok := args["to"]; ok { // to=W or to=W/R: that producer
+			p = e.producers[to]
+		} else {
+			for _, p = range e.producers { // else the one attached producer
+			}
 		}
 		ev := fbs.EventSpec{Seq: num("seq")}
 		if _, ok := args["dp"]; ok {
@@ -194,15 +210,31 @@ func (e *scriptEnv) run(line string) string {
 		}
 		return "published"
 	case "close-producer":
-		w := num("worker")
-		e.producers[w].conn.Close()
-		checkStats(t, e.ts.SocketPath(), w, func(s StreamStats) bool { return !s.Attached })
+		ws, rs, perRank := strings.Cut(args["worker"], "/")
+		w, _ := strconv.ParseUint(ws, 10, 64)
+		r, _ := strconv.ParseUint(rs, 10, 32)
+		e.producers[args["worker"]].conn.Close()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			sr, err := e.q.Stats(ctxT(t), &w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			i := slices.IndexFunc(sr.Streams, func(s StreamStats) bool {
+				return (s.DpRank != nil) == perRank && (!perRank || uint64(*s.DpRank) == r)
+			})
+			if i >= 0 && !sr.Streams[i].Attached {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%q: the stream did not detach: %+v", line, sr)
+			}
+		}
 		return "detached"
 	case "send":
 		return e.send(strings.Join(f[1:], ""))
 	}
 	// Requests: key=value fields become a JSON object (numbers stay numbers, "null" stays null).
-	kinds := map[string]Kind{"detach": KindDetach, "events": KindEvents, "dump": KindDump, "stats": KindStats, "match": KindMatch, "health": KindHealth}
+	kinds := map[string]Kind{"detach": KindDetach, "events": KindEvents, "dump": KindDump, "stats": KindStats, "match": KindMatch, "health": KindHealth, "forget": KindForget}
 	kind, ok := kinds[f[0]]
 	if !ok {
 		t.Fatalf("unknown command %q", line)
@@ -251,8 +283,12 @@ func statsSummary(t *testing.T, body []byte) string {
 		if s.FirstEventID != nil {
 			ids = fmt.Sprintf("%d..%d", *s.FirstEventID, *s.LastEventID)
 		}
-		fmt.Fprintf(&b, "worker=%d attached=%v alive=%v stream_epoch=%d ids=%s buffered=%d resident=%d tainted=%v lost=%d lost_ranges=%d\n",
-			s.WorkerID, s.Attached, s.ProducerAlive, s.StreamEpoch, ids, s.Buffered, s.ResidentBlocks, s.Tainted, s.LostEvents, len(s.LostRanges))
+		rank := "all"
+		if s.DpRank != nil {
+			rank = strconv.FormatUint(uint64(*s.DpRank), 10)
+		}
+		fmt.Fprintf(&b, "worker=%d dp_rank=%s attached=%v alive=%v stream_epoch=%d ids=%s buffered=%d resident=%d incomplete=%v lost=%d lost_ranges=%d\n",
+			s.WorkerID, rank, s.Attached, s.ProducerAlive, s.StreamEpoch, ids, s.Buffered, s.ResidentBlocks, s.Incomplete, s.LostEvents, len(s.LostRanges))
 	}
 	return b.String()
 }

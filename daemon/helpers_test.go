@@ -63,6 +63,7 @@ type testServer struct {
 	*Server
 	cancel context.CancelFunc
 	done   chan error
+	once   sync.Once
 }
 
 func startServer(t testing.TB, mod func(*Config)) *testServer {
@@ -85,7 +86,12 @@ func startServer(t testing.TB, mod func(*Config)) *testServer {
 	return ts
 }
 
+// stop shuts the server down once (a test may stop it before its cleanup does).
 func (ts *testServer) stop(t testing.TB) {
+	ts.once.Do(func() { ts.stopOnce(t) })
+}
+
+func (ts *testServer) stopOnce(t testing.TB) {
 	ts.cancel()
 	select {
 	case err, ok := <-ts.done:

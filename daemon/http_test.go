@@ -15,25 +15,30 @@ import (
 
 func TestParseRecoverQuery(t *testing.T) {
 	tests := []struct {
-		raw                string
-		worker, start, end string // "" = absent
-		ok                 bool
+		raw                      string
+		worker, start, end, rank string // "" = absent
+		ok                       bool
 	}{
-		{"", "", "", "", true},
-		{"start=&end=", "", "", "", true},
-		{"start=5&end=9", "", "5", "9", true},
-		{"end=9&start=5&worker_id=18446744073709551615", "18446744073709551615", "5", "9", true},
-		{"start=0", "", "0", "", true},
-		{"start=18446744073709551616", "", "", "", false},
-		{"start=-1", "", "", "", false},
-		{"start=+1", "", "", "", false},
-		{"start=1.0", "", "", "", false},
-		{"start=%201", "", "", "", false},
-		{"start=0x10", "", "", "", false},
-		{"start=1&start=1", "", "", "", false},
-		{"begin=1", "", "", "", false},
-		{"start=%zz", "", "", "", false},
-		{"start=1;end=2", "", "", "", false},
+		{"", "", "", "", "", true},
+		{"start=&end=", "", "", "", "", true},
+		{"start=5&end=9", "", "5", "9", "", true},
+		{"end=9&start=5&worker_id=18446744073709551615", "18446744073709551615", "5", "9", "", true},
+		{"start=0", "", "0", "", "", true},
+		{"start=0&dp_rank=4294967295", "", "0", "", "4294967295", true},
+		{"dp_rank=&worker_id=3", "3", "", "", "", true},
+		{"dp_rank=4294967296", "", "", "", "", false},
+		{"dp_rank=-1", "", "", "", "", false},
+		{"dp_rank=1&dp_rank=2", "", "", "", "", false},
+		{"start=18446744073709551616", "", "", "", "", false},
+		{"start=-1", "", "", "", "", false},
+		{"start=+1", "", "", "", "", false},
+		{"start=1.0", "", "", "", "", false},
+		{"start=%201", "", "", "", "", false},
+		{"start=0x10", "", "", "", "", false},
+		{"start=1&start=1", "", "", "", "", false},
+		{"begin=1", "", "", "", "", false},
+		{"start=%zz", "", "", "", "", false},
+		{"start=1;end=2", "", "", "", "", false},
 	}
 	for _, tt := range tests {
 		q, err := ParseRecoverQuery(tt.raw)
@@ -57,12 +62,19 @@ func TestParseRecoverQuery(t *testing.T) {
 				t.Errorf("ParseRecoverQuery(%q).%s = %q, want %q", tt.raw, c.name, got, c.want)
 			}
 		}
+		rank := ""
+		if q.DpRank != nil {
+			rank = strconv.FormatUint(uint64(*q.DpRank), 10)
+		}
+		if rank != tt.rank {
+			t.Errorf("ParseRecoverQuery(%q).dp_rank = %q, want %q", tt.raw, rank, tt.rank)
+		}
 	}
 }
 
 // FuzzParseRecoverQuery: no panic; an accepted query re-encodes to an equivalent one.
 func FuzzParseRecoverQuery(f *testing.F) {
-	for _, s := range []string{"", "start=&end=", "start=5&end=9&worker_id=1", "start=-1", "x=1", "start=1&start=2", "%zz"} {
+	for _, s := range []string{"", "start=&end=", "start=5&end=9&worker_id=1", "start=-1", "x=1", "start=1&start=2", "%zz", "dp_rank=4294967295&start=0", "dp_rank=4294967296"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, raw string) {
@@ -79,12 +91,16 @@ func FuzzParseRecoverQuery(f *testing.F) {
 				v.Set(name, strconv.FormatUint(*p, 10))
 			}
 		}
+		if q.DpRank != nil {
+			v.Set("dp_rank", strconv.FormatUint(uint64(*q.DpRank), 10))
+		}
 		q2, err := ParseRecoverQuery(v.Encode())
 		if err != nil {
 			t.Fatalf("re-encoded query %q rejected: %v", v.Encode(), err)
 		}
 		eq := func(a, b *uint64) bool { return a == nil && b == nil || a != nil && b != nil && *a == *b }
-		if !eq(q.Start, q2.Start) || !eq(q.End, q2.End) || !eq(q.WorkerID, q2.WorkerID) {
+		if !eq(q.Start, q2.Start) || !eq(q.End, q2.End) || !eq(q.WorkerID, q2.WorkerID) ||
+			(q.DpRank == nil) != (q2.DpRank == nil) || q.DpRank != nil && *q.DpRank != *q2.DpRank {
 			t.Fatalf("round trip of %q changed the query", raw)
 		}
 	})

@@ -94,7 +94,8 @@ type target struct {
 //
 //	worker  rank  answer
 //	-       -     the only stream; 409 with the URL of every stream when there are several; 404 when none
-//	w       -     w's only stream; 409 with the URLs of w's streams when it has several; 404 when none
+//	w       -     w's ALL stream, else w's only stream; 409 with the URLs of w's per-rank streams when it has several
+//	              (and no ALL stream); 404 when none
 //	w       r     the per-rank stream (w, r), else w's ALL stream's rank view; 404 when w has neither
 //	-       r     as (w, r) for the only worker; 409 with /workers/{w}/dp/{r}/kv_recover per worker; 404 when none
 //
@@ -131,6 +132,9 @@ func (s *Server) resolveLocked(worker *uint64, rank *uint32) (target, error) {
 			return target{st: st, view: &r}, nil
 		}
 		return target{}, errorf(CodeNotFound, "no stream for worker_id %d dp_rank %d (%d streams attached)", *worker, *rank, len(s.streams))
+	}
+	if st := s.streams[streamKey{worker: *worker}]; st != nil {
+		return target{st: st}, nil // no dp_rank means scope ALL, as in ATTACH
 	}
 	var only *stream
 	n := 0
@@ -178,9 +182,9 @@ func (s *Server) urlsLocked(worker *uint64) []string {
 	return out
 }
 
-// selectExact finds the stream of exactly (worker, scope) for DETACH and FORGET; an absent dp_rank means the
-// worker's ALL stream, or its only stream when it has no ALL stream (a per-rank producer's client that does not
-// send its rank), and is a conflict when the worker has several per-rank streams.
+// selectExactLocked finds the stream of exactly (worker, scope) for DETACH and FORGET (never a rank view); an
+// absent dp_rank means the worker's ALL stream, or its only stream when it has no ALL stream (a per-rank
+// producer's client that does not send its rank), and is a conflict when the worker has several per-rank streams.
 func (s *Server) selectExactLocked(worker uint64, rank *uint32) (*stream, error) {
 	if st := s.streams[keyOf(worker, rank)]; st != nil {
 		return st, nil

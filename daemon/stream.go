@@ -252,6 +252,9 @@ func (a *attachment) headerLoss(first, last uint64) {
 	a.lossSeen(first, last, 0)
 }
 
+// headerLossReason is the loss reason of a drop episode marked from the ring header.
+const headerLossReason = "producer dropped events (ring full; seen in the ring header before its LOSS record)"
+
 // lossSeen marks the drop episode first..last on the index, without the part already marked (count 0: seen in the
 // ring header; else a LOSS record's count). An episode is identified by its first seq.
 func (a *attachment) lossSeen(first, last, count uint64) {
@@ -266,7 +269,7 @@ func (a *attachment) lossSeen(first, last, count uint64) {
 	}
 	reason := fmt.Sprintf("producer dropped %d events (ring full)", count)
 	if count == 0 {
-		reason = "producer dropped events (ring full; seen in the ring header before its LOSS record)"
+		reason = headerLossReason
 	}
 	a.ix.MarkLost(first, last, reason)
 	if !a.seqSeen || last > a.lastSeq {

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -318,4 +320,47 @@ func TestRankPorts(t *testing.T) {
 
 	newProducer(t, socket, 10, 4, 1<<16) // a second worker: the rank ports no longer know whom they serve
 	wantStatus(t, a0, "/kv_recover?start=0", http.StatusConflict, "/workers/10/dp/0/kv_recover", "/workers/9/dp/0/kv_recover")
+}
+
+// TestPerRankCheckpoints: with --state-dir, the ALL stream and the per-rank streams of one worker are checkpointed
+// under their own names (w<worker>-<epoch>.ckpt, w<worker>r<rank>-<epoch>.ckpt) and each is restored into its own
+// stream after a graceful restart.
+func TestPerRankCheckpoints(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	socket := filepath.Join(dir, "s", "kvshmd.sock")
+	srv := func() *testServer {
+		return startServer(t, func(c *Config) { c.SocketPath, c.StateDir = socket, state })
+	}
+	ts := srv()
+	ps := []*producer{
+		newProducer(t, socket, 6, 4, 1<<16),
+		newRankProducer(t, socket, 6, u32p(0), 4, 1<<16),
+		newRankProducer(t, socket, 6, u32p(1), 4, 1<<16),
+	}
+	for i, p := range ps {
+		publishChain(p, 0, i+2, 0, uint64(100*(i+1)))
+	}
+	if _, err := dialT(t, socket).Stats(ctxT(t), nil); err != nil { // barrier: everything applied
+		t.Fatal(err)
+	}
+	ts.stop(t)
+	for _, p := range ps {
+		if _, err := os.Stat(ckptFile(state, p)); err != nil {
+			t.Fatalf("checkpoint of %v: %v", p.rank, err)
+		}
+	}
+	ts = srv()
+	for _, p := range ps {
+		if rep := p.attach(); !rep.Restored {
+			t.Fatalf("reattach of rank %v = %+v, want restored", p.rank, rep)
+		}
+	}
+	for _, p := range ps {
+		want := oracleJSON(t, p, nil, nil, nil)
+		got, err := dialT(t, socket).DumpOf(ctxT(t), WorkerRequest{WorkerID: u64p(6), DpRank: p.rank}) // no rank: the ALL stream
+		if err != nil || string(got) != string(want) {
+			t.Fatalf("rank %v after restore: %s, %v; want %s", p.rank, got, err, want)
+		}
+	}
 }

@@ -53,9 +53,11 @@ func vectorSources(t *testing.T) []frameVector {
 		body         any
 	}{
 		{"attach request", "attach", KindAttach, AttachRequest{RingPath: "/dev/shm/kvshm-7.ring", WorkerID: 7, KVBlockSize: 32, MaxBufferSize: 10000}},
+		{"attach request, per-rank stream (dp_rank)", "attach", KindAttach, AttachRequest{RingPath: "/dev/shm/kvshm-7-r1.ring", WorkerID: 7, KVBlockSize: 32, MaxBufferSize: 10000, DpRank: u32p(1)}},
 		{"detach request", "detach", KindDetach, WorkerRequest{WorkerID: u64p(7)}},
 		{"events request", "events", KindEvents, EventsRequest{WorkerID: u64p(7), Start: u64p(2), End: nil}},
 		{"events request, u64 max ids", "events", KindEvents, EventsRequest{WorkerID: u64p(1<<64 - 1), Start: u64p(1<<64 - 1), End: u64p(1<<64 - 1)}},
+		{"events request, dp_rank (per-rank stream or rank view)", "events", KindEvents, EventsRequest{WorkerID: u64p(7), Start: u64p(0), End: u64p(9), DpRank: u32p(4294967295)}},
 		{"dump request, only stream", "dump", KindDump, WorkerRequest{}},
 		{"stats request, every stream", "stats", KindStats, WorkerRequest{}},
 		{"match request", "match", KindMatch, MatchRequest{WorkerID: u64p(7), Tokens: []uint32{1, 2, 3, 4294967295}, LoraName: &lora, IsEagle: true}},
@@ -72,6 +74,13 @@ func vectorSources(t *testing.T) []frameVector {
 	}
 	out = append(out,
 		reply("health OK reply", KindHealth, StatusOK, mj(HealthReply{Status: "ok", Version: "1.2.3", Streams: 2})),
+		reply("stats OK reply, a per-rank stream with a loss", KindStats, StatusOK, mj(StatsReply{Streams: []StreamStats{{
+			WorkerID: 7, DpRank: u32p(1), KVBlockSize: 32, MaxBufferSize: 10000, RingPath: "/dev/shm/kvshm-7-r1.ring", Epoch: 1, StreamEpoch: 1,
+			ProducerAlive: true, ProducerPID: 4242, Attached: true, FirstEventID: u64p(0), LastEventID: u64p(99), Buffered: 98, ResidentBlocks: 12,
+			Tainted: true, Incomplete: true, TaintReason: "event ids 80..81 were lost (producer dropped 2 events (ring full))",
+			LostRanges: []LostRange{{First: 80, Last: 81, Reason: "producer dropped 2 events (ring full)"}}, LostEvents: 2, TokenMismatches: 3,
+			EventsReceived: 98, RingCapacity: 1 << 26, DroppedEvents: 2, DroppedBytes: 900,
+		}}})),
 		reply("events OK reply", KindEvents, StatusOK, `{"Events":{"events":[{"worker_id":7,"storage_tier":"device","event":{"event_id":3,"data":"cleared","dp_rank":0}}],"last_event_id":3}}`),
 		reply("detach OK reply (empty object)", KindDetach, StatusOK, `{}`),
 	)

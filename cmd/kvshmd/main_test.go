@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"path/filepath"
@@ -10,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	flatbuffers "github.com/google/flatbuffers/go"
+
 	"github.com/kvshm/kvshm/daemon"
+	"github.com/kvshm/kvshm/proto/fbs"
 	"github.com/kvshm/kvshm/shm"
 )
 
@@ -35,6 +39,12 @@ func TestUsage(t *testing.T) {
 		{[]string{"serve", "--state-dir", missing, "--checkpoint-interval", "-1s"}, exitUsage, "--checkpoint-interval -1s"},
 		{[]string{"serve", "--help"}, exitOK, "KVSHMD_CHECKPOINT_INTERVAL"},
 		{[]string{"events", "--start", "-1"}, exitUsage, "unsigned"},
+		{[]string{"events", "--dp-rank", "4294967296"}, exitUsage, "unsigned 32-bit"},
+		{[]string{"serve", "--on-loss", "ignore"}, exitUsage, "--on-loss \"ignore\": want best-effort or error"},
+		{[]string{"serve", "--dump-shape", "tree"}, exitUsage, "--dump-shape \"tree\": want chains or blocks"},
+		{[]string{"serve", "--rank-ports", "9500"}, exitUsage, "--rank-ports 9500: want a base port in 1..65535 together with --http"},
+		{[]string{"serve", "--http", "127.0.0.1:0", "--rank-ports", "70000"}, exitUsage, "--rank-ports 70000"},
+		{[]string{"serve", "--help"}, exitOK, "KVSHMD_RANK_PORTS"},
 		{[]string{"match", "--socket", missing}, exitUsage, "--tokens is required"},
 		{[]string{"match", "--socket", missing, "--tokens", "1,x"}, exitUsage, "not a u32"},
 		{[]string{"health", "--socket", missing}, exitUnreachable, "is `kvshmd serve` running?"},
@@ -115,3 +125,73 @@ func TestForgetCommand(t *testing.T) {
 	forget(exitOK, "{}")
 	forget(exitFailure, "code not_found")
 }
+
+// TestDpRankCommands: with two per-rank producers of one worker, stats/events/dump/forget select a stream with
+// --dp-rank; without it the worker is ambiguous (exit 1, conflict, a hint naming --dp-rank).
+func TestDpRankCommands(t *testing.T) {
+	dir := t.TempDir()
+	socket := filepath.Join(dir, "s", "kvshmd.sock")
+	srv, err := daemon.New(daemon.Config{SocketPath: socket, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	}()
+	qctx, qcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer qcancel()
+	var prods []*daemon.Client
+	for r := range uint32(2) {
+		ring := filepath.Join(dir, fmt.Sprintf("w3-r%d.ring", r))
+		w, err := shm.Create(ring, shm.Options{Capacity: 1 << 16, WorkerID: 3, KVBlockSize: 4, MaxBufferSize: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		prod, err := daemon.Dial(qctx, socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer prod.Close()
+		if _, err := prod.Attach(qctx, daemon.AttachRequest{RingPath: ring, WorkerID: 3, KVBlockSize: 4, DpRank: &r}); err != nil {
+			t.Fatal(err)
+		}
+		prods = append(prods, prod)
+		for seq := range uint64(r + 1) { // rank 0: event 0; rank 1: events 0, 1 (its own seq space)
+			ev := fbs.EventSpec{Seq: seq, DpRank: r, Kind: fbs.KindCleared}
+			if err := w.WriteEvent(seq, fbs.Build(flatbuffers.NewBuilder(64), &ev)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	cli := func(want int, wantText string, args ...string) {
+		t.Helper()
+		var out, errb bytes.Buffer
+		code := run(append(args, "--socket", socket), &out, &errb)
+		if code != want || !strings.Contains(out.String()+errb.String(), wantText) {
+			t.Fatalf("kvshmd %v: exit %d, output %q; want exit %d mentioning %q", args, code, out.String()+errb.String(), want, wantText)
+		}
+	}
+	cli(exitOK, `"dp_rank": 1`, "stats", "--worker", "3", "--dp-rank", "1")
+	cli(exitOK, `"last_event_id":1}}`, "events", "--dp-rank", "1", "--start", "0")
+	cli(exitOK, `"last_event_id":0,"reset_scope":"all"}}`, "dump", "--worker", "3", "--dp-rank", "0")
+	cli(exitFailure, "--dp-rank for a per-rank stream", "dump", "--worker", "3")
+	if err := prods[1].DetachStream(qctx, daemon.WorkerRequest{WorkerID: u64(3), DpRank: u32(1)}); err != nil {
+		t.Fatal(err)
+	}
+	cli(exitOK, "{}", "forget", "--worker", "3", "--dp-rank", "1")
+	cli(exitOK, `"last_event_id":0,"reset_scope":"all"}}`, "dump", "--worker", "3") // the only stream left
+}
+
+func u64(v uint64) *uint64 { return &v }
+
+func u32(v uint32) *uint32 { return &v }
