@@ -2,8 +2,8 @@
 
 Run with the dev venv (needs msgpack)::
 
-    .venv/bin/python bench/publish_bench.py                # defaults: 16 MiB ring in /dev/shm, 15 rounds
-    .venv/bin/python bench/publish_bench.py --rounds 30 --n 2000 --capacity 16777216
+    .venv/bin/python bench/publish_bench.py                # defaults: 64 MiB ring (the LocalIndexer default) in /dev/shm, 15 rounds
+    .venv/bin/python bench/publish_bench.py --rounds 30 --n 2000 --capacity 16777216   # a smaller ring
 
 Events (token ids and hashes are Python lists of ints, as an engine has them; hashes are random u64):
 
@@ -233,7 +233,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--n", type=int, default=2000, help="calls per timed batch")
-    ap.add_argument("--capacity", type=int, default=16 << 20, help="ring data bytes (power of two)")
+    ap.add_argument("--capacity", type=int, default=64 << 20, help="ring data bytes (power of two)")
     ap.add_argument("--dir", default="/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
     args = ap.parse_args()
 

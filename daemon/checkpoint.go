@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvshm/kvshm/index"
+	"github.com/kvshm/kvshm/shm"
 )
 
 // Checkpoints (--state-dir): at a graceful shutdown, after a stream's final drain and head release, its index is
@@ -162,26 +163,36 @@ func writeFileAtomic(dir, name string, fill func(*bufio.Writer) error) (int64, e
 // ckptLoad is the outcome of looking for a stream's checkpoint at ATTACH.
 type ckptLoad struct {
 	ix     *index.Indexer // nil unless result is ckptRestored
+	head   uint64         // the ring head the restored index corresponds to (the reader was moved there)
+	moved  bool           // the reader was moved forward to head (a checkpoint ahead of the released head)
 	result string
 	why    string // for the log when not restored
 }
 
 // loadCheckpoint reads the stream's checkpoint of the ring epoch (ckptName) and accepts it when it was written for
-// this worker, ring epoch and head, with the index configuration the ring asks for (the loss policy and dump shape
+// this worker and ring epoch, at the ring's head or at the end of a published record after it (the previous daemon
+// died between the checkpoint's rename and its head release: r is then moved there), with the index configuration
+// the ring asks for (the loss policy and dump shape
 // are flags, not state: SetPolicies applies the running daemon's). It does not remove the file (see
 // removeCheckpoints).
-func (s *Server) loadCheckpoint(k streamKey, epoch, head uint64, cfg index.Config) ckptLoad {
+func (s *Server) loadCheckpoint(k streamKey, epoch uint64, r *shm.Reader, cfg index.Config) ckptLoad {
+	head := r.Stats().Head
 	worker := k.worker
 	path := filepath.Join(s.cfg.StateDir, ckptName(k, epoch))
-	f, err := os.Open(path)
+	// Only a regular file is read, and at most its size: a symlink (to /dev/zero, say) is not followed, and a FIFO
+	// or device neither blocks the open (O_NONBLOCK) nor is read.
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return ckptLoad{result: ckptMissing, why: "no checkpoint for this worker and ring epoch (the previous daemon did not shut down gracefully, or ran without --state-dir)"}
 	}
 	if err != nil {
-		return ckptLoad{result: ckptError, why: fmt.Sprintf("open checkpoint: %v", err)}
+		return ckptLoad{result: ckptError, why: fmt.Sprintf("open checkpoint %s: not a regular file, or unreadable: %v", path, err)}
 	}
 	defer f.Close()
-	ix, meta, err := index.ReadCheckpoint(f) // sized from Stat: one allocation for the file's bytes
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return ckptLoad{result: ckptError, why: fmt.Sprintf("checkpoint %s is not a regular file (%v)", path, err)}
+	}
+	ix, meta, err := index.ReadCheckpoint(f) // sized from Stat: one allocation for the file's bytes, read to its size
 	switch {
 	case errors.Is(err, index.ErrCheckpoint):
 		return ckptLoad{result: ckptCorrupt, why: fmt.Sprintf("corrupt checkpoint %s: %v", path, err)}
@@ -196,13 +207,21 @@ func (s *Server) loadCheckpoint(k streamKey, epoch, head uint64, cfg index.Confi
 	switch {
 	case mw != worker || me != epoch:
 		return ckptLoad{result: ckptStale, why: fmt.Sprintf("checkpoint was written for worker %d ring epoch %d", mw, me)}
-	case mh != head:
+	case mh < head:
 		return ckptLoad{result: ckptStale, why: fmt.Sprintf("checkpoint head %d differs from the ring's head %d (another daemon consumed the ring since)", mh, head)}
 	case !sameShape(ix.Config(), cfg):
 		return ckptLoad{result: ckptStale, why: fmt.Sprintf("checkpoint index config %+v differs from the ring's %+v", ix.Config(), cfg)}
 	}
+	if mh > head {
+		// The previous daemon died between writing this checkpoint and releasing its head (the release follows the
+		// rename): the records up to mh are in the checkpoint and still in the ring. Resume after them, provided
+		// mh is where a published record ends.
+		if err := r.SkipTo(mh); err != nil {
+			return ckptLoad{result: ckptStale, why: fmt.Sprintf("checkpoint head %d is ahead of the ring's head %d and not the end of a published record: %v", mh, head, err)}
+		}
+	}
 	ix.SetPolicies(cfg.OnLoss, cfg.DumpShape)
-	return ckptLoad{ix: ix, result: ckptRestored}
+	return ckptLoad{ix: ix, result: ckptRestored, head: mh, moved: mh > head}
 }
 
 // sameShape compares the parts of an index configuration a checkpoint must match (not the policies).

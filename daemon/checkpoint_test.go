@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net/http"
@@ -8,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/kvshm/kvshm/proto/fbs"
@@ -270,7 +272,7 @@ func TestCheckpointFilesRemoved(t *testing.T) {
 		t.Errorf("after a new ring attached: worker 11's file exists=%v (want false), worker 111's exists=%v (want true)", exists(old), exists(other))
 	}
 	again := touch(fmt.Sprintf("w11-%d.ckpt", p.w.Header().Epoch))
-	if err := dialT(t, ts.SocketPath()).Detach(ctxT(t), 11); err != nil {
+	if err := p.conn.Detach(ctxT(t), 11); err != nil {
 		t.Fatal(err)
 	}
 	if err := dialT(t, ts.SocketPath()).Forget(ctxT(t), 11); err != nil {
@@ -279,4 +281,74 @@ func TestCheckpointFilesRemoved(t *testing.T) {
 	if exists(again) || !exists(other) {
 		t.Errorf("after FORGET: worker 11's file exists=%v (want false), worker 111's exists=%v (want true)", exists(again), exists(other))
 	}
+}
+
+// TestCheckpointNotRegular is issue 10's defect 7: a checkpoint path that is a symlink to /dev/zero, or a FIFO, was
+// read without limit (5.7 GiB in 12 s, SIGTERM ignored). Now it is refused at once (not followed, not opened for a
+// blocking read), logged, counted and removed, and the daemon goes on with unknown history.
+func TestCheckpointNotRegular(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		make func(path string) error
+	}{
+		{"symlink to /dev/zero", func(path string) error { return os.Symlink("/dev/zero", path) }},
+		{"fifo", func(path string) error { return syscall.Mkfifo(path, 0o600) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			socket, state, d1, p := startCheckpointed(t, 12)
+			d1.terminate(t)
+			path := ckptFile(state, p)
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.make(path); err != nil {
+				t.Fatal(err)
+			}
+			d2 := startDaemon(t, socket, "--state-dir", state, "--http", "127.0.0.1:0")
+			restartUnknown(t, d2, p, 10, state, "not a regular file", ckptError)
+		})
+	}
+}
+
+// TestCheckpointAheadOfHead is issue 10's defect 4: a daemon SIGKILLed between a checkpoint's rename and its ring
+// head release left a checkpoint ahead of the ring's head; its successor rejected it as stale, and the previous
+// checkpoint was already replaced: the history was lost. The crash is reproduced by moving the ring's head word
+// back. A checkpoint ahead of the head by whole records is restored and the ring resumed after them (nothing lost,
+// nothing applied twice); one whose head is not the end of a published record is still refused.
+func TestCheckpointAheadOfHead(t *testing.T) {
+	setHead := func(t *testing.T, p *producer, head uint64) {
+		f, err := os.OpenFile(p.path, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		var b [8]byte
+		binary.LittleEndian.PutUint64(b[:], head)
+		if _, err := f.WriteAt(b[:], 0x100); err != nil { // head: shm/FORMAT.md
+			t.Fatal(err)
+		}
+	}
+	t.Run("whole records", func(t *testing.T) {
+		socket, state, d1, p := startCheckpointed(t, 13)
+		d1.terminate(t)  // checkpoint at the ring's head: events 0..9
+		setHead(t, p, 0) // as if the head store after the rename never happened
+		d2 := startDaemon(t, socket, "--state-dir", state, "--http", "127.0.0.1:0")
+		rep := p.attach()
+		if !rep.Restored || rep.Head == 0 {
+			t.Fatalf("attach = %+v, want the checkpoint restored and the ring resumed after it\n%s", rep, d2.log)
+		}
+		publishAll(p, ckptEvents(10, 13))
+		st := lastID(t, socket, p, 12)
+		if st.Tainted || st.IDResets != 0 || st.Incomplete {
+			t.Fatalf("stats after a restore ahead of the head = %+v: want nothing lost and nothing applied twice", st)
+		}
+		eventsEqual(t, dialT(t, socket), p, u64p(0), "after restoring a checkpoint ahead of the head")
+	})
+	t.Run("not a record end", func(t *testing.T) {
+		socket, state, d1, p := startCheckpointed(t, 14)
+		d1.terminate(t)
+		setHead(t, p, 8) // inside the first record: the checkpoint's head is not reachable by whole records
+		d2 := startDaemon(t, socket, "--state-dir", state, "--http", "127.0.0.1:0")
+		restartUnknown(t, d2, p, 10, state, "not the end of a published record", ckptStale)
+	})
 }

@@ -11,11 +11,16 @@
 // A producer creates its ring (package shm), connects, sends ATTACH and keeps that connection open for its whole
 // life: EOF on it is how the daemon learns the producer is gone (a periodic check of the ring header's
 // producer_pid is the backstop). Queries go on other connections (Client). Every query on a stream first waits
-// until the drain goroutine has applied everything published before the query arrived (read-your-writes).
+// until the drain goroutine has applied everything published before the query arrived (read-your-writes). When the
+// producer's tail word already equals the position the drain goroutine last applied up to, and the ring header
+// reports no pending loss, there is nothing to wait for and the query answers at once (no round trip to the drain
+// goroutine, which may be asleep: ~25 µs instead of ~60 µs for a TooNew through LocalIndexer); otherwise it hands
+// the drain goroutine a barrier and wakes it.
 //
 // Concurrency: one goroutine per connection, one drain goroutine per attached ring (the only goroutine that
-// touches its shm.Reader and the only writer of its index), any number of concurrent readers of an index. Server
-// methods are safe for concurrent use.
+// touches its shm.Reader, except for the two header words a query's fast path loads under the attachment's mapMu,
+// and the only writer of its index), any number of concurrent readers of an index. Server methods are safe for
+// concurrent use.
 //
 // # Streams and their lifecycle
 //
@@ -207,7 +212,7 @@
 // /workers/{w}/dp/{r}/kv_recover for the daemon's only worker (409 with several, 404 with none), for consumers that
 // find a rank's endpoint by pod discovery (recover_port + dp_rank). A listener opens the first time the daemon
 // holds a stream covering r: a per-rank ATTACH (before its reply) or the first rank-r event of an ALL stream (on
-// the drain goroutine, before the event is applied, so a query that follows finds it). A bind failure, a port
+// the drain goroutine as it applies the event, so a query that follows finds it). A bind failure, a port
 // above 65535 or more than 256 ranks is logged and counted (kvshm_rank_port_errors_total), never fatal, and not
 // retried; the rank stays reachable at its /workers URL. All HTTP listeners share the --http-max-conns bound.
 //
@@ -258,6 +263,8 @@
 //	length > cap                                      too_large reply, connection closed (body never read)
 //	version ≠ 1 (e.g. HTTP or garbage on the socket)  unsupported_version reply, connection closed
 //	unknown kind / nonzero request status / bad JSON  unknown_kind / bad_request reply, connection stays usable
+//	(JSON: a key in another case, a duplicate key,    (request bodies decode strictly: decodeStrict)
+//	null, trailing data are bad JSON too)
 //	frame started but not finished in 10 s            connection closed (counted: frame_timeout)
 //	non-producer connection silent for 5 min          connection closed (counted: idle); clients reconnect
 //	reply not written in 60 s                         connection closed
@@ -271,6 +278,15 @@
 //	corrupt ring record (bad type/length, bad tail)   counted, logged once per position, SkipToTail, the index is
 //	                                                  marked unknown-history (dumps are incomplete, or Error with
 //	                                                  --on-loss=error, until a Cleared)
+//	corrupt tail word more than a ring ahead          SkipToTail stays; the producer's next publish rewrites it
+//	corrupt tail word within a ring ahead             the reader skips there; the producer re-bases at that head
+//	                                                  (one event dropped, reported by a LOSS record): no wedge
+//	ring file truncated under the daemon (SIGBUS)     a memory fault on the drain goroutine (SetPanicOnFault): only
+//	                                                  that attachment ends (unknown history, counted, logged, the
+//	                                                  producer's connection closed); the daemon goes on
+//	ring state word reads CLOSED, producer connected  ignored (logged once): only the producer ends its stream
+//	DETACH of a live producer from another client     forbidden: the producer detaches on its ATTACH connection;
+//	                                                  FORGET drops a worker whose producer is gone
 //	malformed FlatBuffer in an EVENT record           counted, logged, unknown-history, record skipped
 //	panic while decoding/applying a record (a bug)    recovered; same as a malformed event (logged with the stack)
 //	LOSS record (producer found the ring full)        index.MarkLost(first, last): exactly those ids are lost (the
@@ -301,8 +317,15 @@
 //	                                                  ring replayed: restored, not tainted, nothing lost
 //	crash while a checkpoint is being written         temporary file removed at Listen; the previous checkpoint
 //	(--checkpoint-interval)                           still matches the head: restored, nothing lost
+//	crash after a checkpoint's rename, before its     the checkpoint is ahead of the ring's head by whole records:
+//	head release                                      restored, the ring resumed after them (shm.Reader.SkipTo):
+//	                                                  nothing lost, nothing applied twice
+//	checkpoint path not a regular file (symlink,      not followed, not read (O_NOFOLLOW, O_NONBLOCK, fstat):
+//	FIFO, device)                                     unknown history, {result=error}; reads never exceed the
+//	                                                  file's size
 //	checkpoint head behind the ring (another daemon   unknown history, logged, counted {result=stale}, file deleted
-//	consumed it without --state-dir), other config
+//	consumed it without --state-dir), or ahead of it
+//	but not at a record's end, other config
 //	checkpoint corrupt (checksum, truncation, bad     unknown history, logged, counted {result=corrupt}, file
 //	structure)                                        deleted; never a crash
 //	checkpoint write fails (disk full, permissions)   logged, kvshm_checkpoint_writes_total{result=failed}; shutdown

@@ -38,7 +38,7 @@ func (s *Server) dispatch(cc *conn, kind Kind, body []byte) ([]byte, error) {
 		if req.WorkerID == nil {
 			return nil, errorf(CodeBadRequest, "detach needs a worker_id")
 		}
-		return []byte("{}"), s.detach(*req.WorkerID, req.DpRank)
+		return []byte("{}"), s.detach(cc, *req.WorkerID, req.DpRank)
 	case KindForget:
 		var req WorkerRequest
 		if err := decodeStrict(body, &req); err != nil {
@@ -344,9 +344,16 @@ func (s *Server) attach(cc *conn, req AttachRequest) (AttachReply, error) {
 	s.mu.Lock()
 	known := s.streams[key] != nil
 	s.mu.Unlock()
-	if s.cfg.StateDir != "" && head > 0 && !known {
-		l := s.loadCheckpoint(key, h.Epoch, head, s.indexConfig(req.WorkerID, req.KVBlockSize, h.MaxBufferSize))
-		ck = &l
+	if s.cfg.StateDir != "" && !known {
+		// Even at head 0: the first checkpoint of a ring may have been written just before a crash that kept its
+		// head from being released. A fresh ring with no checkpoint is not a "missing" restore.
+		l := s.loadCheckpoint(key, h.Epoch, r, s.indexConfig(req.WorkerID, req.KVBlockSize, h.MaxBufferSize))
+		if head > 0 || l.result != ckptMissing {
+			ck = &l
+		}
+		if l.ix != nil {
+			head = l.head
+		}
 	}
 	for {
 		s.mu.Lock()
@@ -442,6 +449,11 @@ func (s *Server) startStream(cc *conn, st *stream, key streamKey, r *shm.Reader,
 		}
 	case h.Epoch == st.epoch: // same producer incarnation reattached: continue the same index
 		resumed = true
+		if ck != nil && ck.moved {
+			// Another attach created the stream while this one read a checkpoint ahead of the ring's head, so the
+			// records the reader skipped for it reach no index.
+			st.ix.MarkUnknownHistory(fmt.Sprintf("ring resumed at checkpoint head %d, but the checkpoint was not used", head))
+		}
 		log.Info("producer reattached the same ring; continuing", "head", head, "epoch", h.Epoch)
 	default: // producer restarted: its cache is empty
 		ix, err := newIndex()
@@ -464,7 +476,7 @@ func (s *Server) startStream(cc *conn, st *stream, key streamKey, r *shm.Reader,
 	st.mu.Lock()
 	is := st.ix.Stats()
 	a := &attachment{
-		st: st, r: r, hdr: h, ix: st.ix, log: log, idl: idler{r: r},
+		st: st, r: r, hdr: h, ix: st.ix, log: log, idl: idler{r: r}, lease: cc,
 		checkPID: h.ProducerPID != 0 && int32(h.ProducerPID) == cc.pid,
 		stop:     make(chan struct{}), done: make(chan struct{}), syncs: make(chan syncReq, 64),
 		ckptEvery: s.cfg.CheckpointInterval, lastCkpt: time.Now(), ckptHead: head,
@@ -486,7 +498,7 @@ func (s *Server) startStream(cc *conn, st *stream, key streamKey, r *shm.Reader,
 
 // detach ends the attachment of the stream (worker, rank) (see selectExactLocked) after a final drain; the index
 // stays queryable.
-func (s *Server) detach(worker uint64, rank *uint32) error {
+func (s *Server) detach(cc *conn, worker uint64, rank *uint32) error {
 	s.mu.Lock()
 	st, err := s.selectExactLocked(worker, rank)
 	s.mu.Unlock()
@@ -496,6 +508,11 @@ func (s *Server) detach(worker uint64, rank *uint32) error {
 	_, a := st.current()
 	if a == nil {
 		return nil // already detached: idempotent
+	}
+	if a.lease != cc {
+		// Another client ending a live producer's stream would leave it publishing into a ring nobody reads.
+		return errorf(CodeForbidden, "%s is attached by producer pid %d: only the producer detaches it, on its ATTACH "+
+			"connection (FORGET drops a worker whose producer is gone)", st.key, a.hdr.ProducerPID)
 	}
 	a.finish("detach requested")
 	<-a.done

@@ -17,8 +17,8 @@ const maxRankPorts = 256
 
 // rankPorts are the --rank-ports listeners: port base+r answers /kv_recover as /workers/{w}/dp/{r}/kv_recover for
 // the daemon's only worker. A listener opens the first time the daemon holds a stream covering rank r (a per-rank
-// ATTACH, before its reply; or the first event of rank r on an ALL stream, on its drain goroutine before the event
-// is applied, so a query answered after it finds the port open). A failure to bind is logged and counted
+// ATTACH, before its reply; or the first event of rank r on an ALL stream, on its drain goroutine as it applies the
+// event, so a query answered after it finds the port open). A failure to bind is logged and counted
 // (kvshm_rank_port_errors_total), never fatal, and not retried. Safe for concurrent use.
 type rankPorts struct {
 	s    *Server

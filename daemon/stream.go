@@ -62,6 +62,19 @@ type attachment struct {
 	ix       *index.Indexer // the index this attachment feeds
 	checkPID bool           // the header's producer_pid is valid in our pid namespace
 	log      *slog.Logger
+	// lease is the producer's ATTACH connection. Only the producer ends its stream: by closing it, or by DETACH
+	// on it (another client's DETACH is refused). The daemon itself ends an attachment only when the lease is
+	// gone, the producer's pid is gone, or at shutdown (which closes every connection).
+	lease        *conn
+	closedLogged bool // owned by the drain goroutine: the CLOSED-while-leased warning was logged
+	// applied is the ring position up to which every record is applied, stored by the drain goroutine after each
+	// pass (updated atomically); with the producer's tail equal to it and no loss pending, a query needs no round
+	// trip to the drain goroutine (sync's fast path). mapMu guards the mapping's lifetime for that read: the drain
+	// goroutine write-locks it to close the Reader, sync's fast path read-locks it.
+	applied   atomic.Uint64
+	syncWaits atomic.Uint64 // syncs that needed the drain goroutine (tests read it)
+	mapMu     sync.RWMutex
+	mapGone   bool // protected by mapMu: the Reader is closed
 
 	stopOnce sync.Once
 	stop     chan struct{} // closed to ask the drain goroutine to finish (final drain, close ring)
@@ -116,6 +129,10 @@ func (a *attachment) finish(reason string) {
 
 // sync blocks until every record published before the call has been applied, the attachment ended, or ctx ends.
 func (a *attachment) sync(ctx context.Context) error {
+	if a.appliedAll() {
+		return nil
+	}
+	a.syncWaits.Add(1)
 	req := syncReq{done: make(chan struct{})}
 	select {
 	case a.syncs <- req:
@@ -135,9 +152,54 @@ func (a *attachment) sync(ctx context.Context) error {
 	}
 }
 
+// appliedAll reports whether every record the producer has published is applied and no loss is pending in the
+// ring header: then sync has nothing to wait for. It reads two header words, so it runs with SetPanicOnFault (a
+// truncated ring file faults: the answer is then false, and sync takes the drain goroutine's path).
+func (a *attachment) appliedAll() (all bool) {
+	a.mapMu.RLock()
+	defer a.mapMu.RUnlock()
+	if a.mapGone {
+		return false
+	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if !isMemoryFault(r) {
+				panic(r)
+			}
+			all = false
+		}
+	}()
+	tail, lossPending := a.r.Published()
+	return !lossPending && tail == a.applied.Load()
+}
+
+// closeRing closes the Reader (drain goroutine only), once no appliedAll is reading its mapping.
+func (a *attachment) closeRing() {
+	a.mapMu.Lock()
+	a.mapGone = true
+	err := a.r.Close()
+	a.mapMu.Unlock()
+	if err != nil {
+		a.log.Warn("close ring", "err", err)
+	}
+}
+
 // run is the drain goroutine.
 func (a *attachment) run() {
 	defer close(a.done)
+	// A ring file cut short by another process makes any access to the mapping a SIGBUS, which would kill the
+	// whole daemon (every worker). On this goroutine, the only one that touches the mapping after ATTACH, it is a
+	// panic instead, and ringFault ends just this attachment.
+	debug.SetPanicOnFault(true)
+	defer func() {
+		if r := recover(); r != nil {
+			if !isMemoryFault(r) {
+				panic(r)
+			}
+			a.ringFault(r)
+		}
+	}()
 	a.idl.lockThread()
 	a.idl.worked(time.Now())
 	lastSnap := time.Now()
@@ -175,9 +237,11 @@ func (a *attachment) run() {
 		if now.Sub(lastSnap) >= snapshotPeriod {
 			lastSnap = now
 			a.snapshot()
-			if a.hdrClosed() {
-				a.finish("producer closed the ring")
-				continue
+			if a.hdrClosed() && !a.closedLogged {
+				// The producer says goodbye by closing its connection (or DETACH on it); a state word that reads
+				// CLOSED while that connection is open is corruption (or a goodbye about to come): keep reading.
+				a.closedLogged = true
+				a.log.Warn("ring state is CLOSED while the producer's connection is open: ignored, still draining")
 			}
 		}
 		if a.checkPID && now.Sub(lastPID) >= pidEvery {
@@ -210,6 +274,7 @@ func (a *attachment) drainBatch() int {
 	if empty && hdr.LossPending {
 		a.headerLoss(hdr.LossFirstSeq, hdr.LossLastSeq)
 	}
+	a.applied.Store(a.r.Stats().ReadPos) // release: after every record before it was applied
 	if n == 0 {
 		return 0
 	}
@@ -308,6 +373,9 @@ func (a *attachment) drainRecords(n *int, c *batchCounts, empty *bool) (retry bo
 	inRecord := false
 	defer func() {
 		if r := recover(); r != nil {
+			if isMemoryFault(r) {
+				panic(r) // the mapping itself is gone: run's handler ends the attachment
+			}
 			a.recordPanic(pos, inRecord, r)
 			retry = inRecord
 		}
@@ -338,6 +406,35 @@ func (a *attachment) drainRecords(n *int, c *batchCounts, empty *bool) (retry bo
 }
 
 // recordPanic handles a panic recovered in the drain path: inRecord, while applying the record at pos.
+// isMemoryFault reports whether a recovered panic is a memory fault (SetPanicOnFault): the runtime's error for
+// it carries the faulting address.
+func isMemoryFault(r any) bool {
+	_, ok := r.(interface{ Addr() uintptr })
+	return ok
+}
+
+// ringFault ends an attachment whose ring mapping faulted (the file was truncated): nothing more can be read, so the
+// history after the last applied record is unknown (kept queryable, marked, counted), the mapping is released without
+// touching it again (no final drain, no head store), and the producer's connection is closed so that it learns of
+// it. Runs on the drain goroutine, in run's deferred handler.
+func (a *attachment) ringFault(r any) {
+	a.st.corrupt.Add(1)
+	a.log.Error("ring mapping fault (the ring file was truncated?): attachment ended, state after the last applied "+
+		"event is unknown", "panic", fmt.Sprint(r))
+	a.ix.MarkUnknownHistory(fmt.Sprintf("ring mapping fault: %v", r))
+	a.finish("ring mapping fault") // barriers waiting on it are released by run closing done
+	a.closeRing()
+	st := a.st
+	st.mu.Lock()
+	if st.att == a {
+		st.att, st.alive = nil, false
+	}
+	st.mu.Unlock()
+	if a.lease != nil {
+		_ = a.lease.c.Close()
+	}
+}
+
 func (a *attachment) recordPanic(pos uint64, inRecord bool, r any) {
 	a.st.malformed.Add(1)
 	if inRecord {
@@ -495,9 +592,7 @@ func (a *attachment) finalDrain() {
 	}
 	rs := a.r.Stats()
 	a.finalHead = rs.Head
-	if err := a.r.Close(); err != nil {
-		a.log.Warn("close ring", "err", err)
-	}
+	a.closeRing()
 	st.mu.Lock()
 	if st.att == a {
 		st.att = nil

@@ -102,9 +102,17 @@ func TestProducerLifecycle(t *testing.T) {
 		t.Fatalf("stats after restart = %+v", s)
 	}
 
-	// DETACH from any client drains and keeps the index.
+	// DETACH is the producer's own (issue 10, defect 2: another client could end a live producer's stream, which
+	// then published into a ring nobody read): from another client it is forbidden; on the producer's ATTACH
+	// connection it drains and keeps the index.
 	p.mustPublish(stored(1, 0, u64p(77), []uint64{78}, tokens(81, 1, 4)))
-	if err := q.Detach(ctxT(t), 1); err != nil {
+	if err := q.Detach(ctxT(t), 1); !IsCode(err, CodeForbidden) {
+		t.Fatalf("DETACH of a live producer from another client = %v, want forbidden", err)
+	}
+	if s := stats(); !s.Attached {
+		t.Fatalf("a refused DETACH ended the stream: %+v", s)
+	}
+	if err := p.conn.Detach(ctxT(t), 1); err != nil {
 		t.Fatal(err)
 	}
 	if s := stats(); s.Attached || s.LastEventID == nil || *s.LastEventID != 1 {
@@ -197,10 +205,9 @@ func TestAttachValidation(t *testing.T) {
 func TestRingLossAndCorruption(t *testing.T) {
 	ts := startServer(t, nil)
 	socket := ts.SocketPath()
-	q := dialT(t, socket)
 	p := newProducer(t, socket, 4, 4, 1<<16) // 64 KiB: fills quickly
 	p.mustPublish(cleared(0))
-	if err := q.Detach(ctxT(t), 4); err != nil { // nobody drains now
+	if err := p.conn.Detach(ctxT(t), 4); err != nil { // nobody drains now
 		t.Fatal(err)
 	}
 	seq := uint64(1)

@@ -182,7 +182,10 @@ func TestPerRankProducers(t *testing.T) {
 	if err := c.Detach(ctxT(t), 5); !IsCode(err, CodeConflict) {
 		t.Fatalf("DETACH worker 5 without dp_rank = %v, want conflict (two per-rank streams)", err)
 	}
-	if err := c.DetachStream(ctxT(t), WorkerRequest{WorkerID: u64p(5), DpRank: u32p(1)}); err != nil {
+	if err := c.DetachStream(ctxT(t), WorkerRequest{WorkerID: u64p(5), DpRank: u32p(1)}); !IsCode(err, CodeForbidden) {
+		t.Fatalf("DETACH of rank 1 from another client = %v, want forbidden (only its producer detaches it)", err)
+	}
+	if err := r1.conn.DetachStream(ctxT(t), WorkerRequest{WorkerID: u64p(5), DpRank: u32p(1)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.ForgetStream(ctxT(t), WorkerRequest{WorkerID: u64p(5), DpRank: u32p(1)}); err != nil {
@@ -363,4 +366,26 @@ func TestPerRankCheckpoints(t *testing.T) {
 			t.Fatalf("rank %v after restore: %s, %v; want %s", p.rank, got, err, want)
 		}
 	}
+}
+
+// TestServeFlagsProcess: the kvshmd binary wires --rank-ports, --on-loss and --dump-shape: a per-rank producer's
+// port answers at once, in the single-block dump shape, and the daemon says which loss policy it runs.
+func TestServeFlagsProcess(t *testing.T) {
+	base := freePorts(t, 2)
+	socket := filepath.Join(t.TempDir(), "kvshmd.sock")
+	d := startDaemon(t, socket, "--http", "127.0.0.1:0", "--rank-ports", strconv.Itoa(base), "--on-loss", "error", "--dump-shape", "blocks")
+	d.waitLog(t, "on_loss=error")
+	p := newRankProducer(t, socket, 4, u32p(1), 4, 1<<16)
+	ix, err := index.New(index.Config{WorkerID: 4, BlockSize: 4, MaxBufferSize: int(p.maxBuf), OnLoss: index.LossError, DumpShape: index.DumpBlocks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.oracle = ix
+	publishChain(p, 0, 3, 1, 100)
+	want := oracleJSON(t, p, nil, nil, nil)
+	if strings.Contains(string(want), "reset_scope") {
+		t.Fatalf("the blocks shape carries reset_scope: %s", want)
+	}
+	wantJSON(t, "127.0.0.1:"+strconv.Itoa(base+1), "/kv_recover?start=&end=", want)
+	wantJSON(t, d.http, "/workers/4/dp/1/kv_recover?start=&end=", want)
 }

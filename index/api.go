@@ -131,7 +131,7 @@ func (s Status) String() string {
 type ApplyResult struct {
 	// Status is the tree outcome; a non-OK status is also returned as an error wrapping the matching sentinel.
 	Status Status
-	// Gap is true when the event's id skipped ids (they are recorded as lost).
+	// Gap is true when the event's id skipped ids: ids the producer never handed over, not a loss (1.6.1).
 	Gap bool
 	// IDReset is true when the event's id was not greater than the last id: the log restarted at it.
 	IDReset bool
@@ -231,8 +231,8 @@ type Stats struct {
 	TaintReason string
 	// LostRanges are the recent lost ranges of the current numbering (at most MaxLostRanges, merged beyond).
 	LostRanges []LostRange
-	LostIDs    uint64 // total ids lost (gaps and MarkLost)
-	Gaps       uint64 // gaps detected in event ids
+	LostIDs    uint64 // total ids lost (MarkLost and refused events)
+	Gaps       uint64 // gaps in event ids (not losses)
 	Losses     uint64 // MarkLost calls
 	Unknowns   uint64 // MarkUnknownHistory calls
 	IDResets   uint64 // backwards or duplicate ids (log restarted)

@@ -264,23 +264,33 @@ func (e *ckEnc) finish() error {
 // reachable exactly once, lookups must point at live nodes, log ids must increase, the checksum must match, no
 // byte may follow); any violation is a *CheckpointError wrapping ErrCheckpoint. Errors reading r are returned
 // wrapped as they are. It never panics on any input. The whole checkpoint is read into memory first (sized once
-// when r is an *os.File or has a Len method, as *bytes.Reader does).
+// when r is an *os.File or has a Len method, as *bytes.Reader does), and never more than that size, or than
+// MaxCheckpointBytes when the size is unknown: a reader that never ends (a device, a pipe) is a *CheckpointError, not
+// an unbounded read.
 func ReadCheckpoint(r io.Reader) (*Indexer, []byte, error) {
-	size := int64(0)
+	limit := int64(MaxCheckpointBytes)
 	switch v := r.(type) {
 	case interface{ Stat() (fs.FileInfo, error) }:
 		if fi, err := v.Stat(); err == nil && fi.Mode().IsRegular() {
-			size = fi.Size()
+			limit = min(fi.Size(), limit)
 		}
 	case interface{ Len() int }:
-		size = int64(v.Len())
+		limit = min(int64(v.Len()), limit)
 	}
-	buf := bytes.NewBuffer(make([]byte, 0, min(size, 1<<40)+bytes.MinRead))
-	if _, err := buf.ReadFrom(r); err != nil {
+	buf := bytes.NewBuffer(make([]byte, 0, min(limit, 1<<30)+bytes.MinRead))
+	n, err := buf.ReadFrom(io.LimitReader(r, limit+1))
+	if err != nil {
 		return nil, nil, fmt.Errorf("read checkpoint: %w", err)
+	}
+	if n > limit {
+		return nil, nil, &CheckpointError{Offset: limit, Reason: fmt.Sprintf("more than %d bytes (its size, or MaxCheckpointBytes)", limit)}
 	}
 	return decodeCheckpoint(buf.Bytes())
 }
+
+// MaxCheckpointBytes bounds what ReadCheckpoint reads from a reader of unknown size: 64 GiB, a billion resident
+// blocks at ~53 B each, far beyond any index.
+const MaxCheckpointBytes = 1 << 36
 
 // ckDec decodes little-endian values from a byte slice; the first error sticks and later reads return zeros.
 type ckDec struct {

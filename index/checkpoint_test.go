@@ -343,3 +343,33 @@ func BenchmarkCheckpoint(b *testing.B) {
 		})
 	}
 }
+
+// endless is a reader that never ends (like /dev/zero).
+type endless struct{ n int64 }
+
+func (e *endless) Read(p []byte) (int, error) {
+	clear(p)
+	e.n += int64(len(p))
+	return len(p), nil
+}
+
+// TestReadCheckpointBounded is issue 10's defect 7 at the index's level: a reader that never ends is read only up to
+// the bound (its Len here), then refused as a *CheckpointError, never read without limit.
+func TestReadCheckpointBounded(t *testing.T) {
+	r := &struct {
+		*endless
+		lenOnly
+	}{&endless{}, lenOnly(1 << 20)}
+	_, _, err := ReadCheckpoint(r)
+	var ce *CheckpointError
+	if !errors.As(err, &ce) || !errors.Is(err, ErrCheckpoint) {
+		t.Fatalf("ReadCheckpoint(endless reader of Len 1 MiB) = %v, want a *CheckpointError", err)
+	}
+	if r.n > 1<<20+1<<16 {
+		t.Fatalf("read %d bytes from a reader of Len %d", r.n, 1<<20)
+	}
+}
+
+type lenOnly int
+
+func (l lenOnly) Len() int { return int(l) }

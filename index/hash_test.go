@@ -1,9 +1,12 @@
 package index
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
 
@@ -286,5 +289,74 @@ func TestSharedHashVectors(t *testing.T) {
 	}
 	if !twoEagleWindows {
 		t.Error("no Eagle vector with two windows")
+	}
+}
+
+// TestZipVectors: ../testdata/hash/zip.json (written by dynamo-kv-router 1.6.1, see its README) lists Stored
+// events whose token count is not blocks × block_size and the blocks 1.6.1 stores for them; the index must store
+// exactly those (block hash, tokens hash) pairs, in order, and flag the mismatch.
+func TestZipVectors(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "testdata", "hash", "zip.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Comment string `json:"comment"`
+		Vectors []struct {
+			Name        string   `json:"name"`
+			BlockSize   uint32   `json:"block_size"`
+			Tokens      []uint32 `json:"tokens"`
+			BlockHashes []uint64 `json:"block_hashes"`
+			LoraName    *string  `json:"lora_name"`
+			IsEagle     bool     `json:"is_eagle"`
+			Stored      []struct {
+				BlockHash  uint64 `json:"block_hash"`
+				TokensHash uint64 `json:"tokens_hash"`
+			} `json:"stored"`
+		} `json:"vectors"`
+	}
+	d := json.NewDecoder(bytes.NewReader(data))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&doc); err != nil || len(doc.Vectors) == 0 {
+		t.Fatalf("decode zip.json: %v (%d vectors)", err, len(doc.Vectors))
+	}
+	for _, v := range doc.Vectors {
+		t.Run(v.Name, func(t *testing.T) {
+			ix, _ := New(Config{WorkerID: 1, BlockSize: v.BlockSize, MaxBufferSize: 4})
+			var lora []byte
+			if v.LoraName != nil {
+				lora = []byte(*v.LoraName)
+			}
+			res, err := ix.ApplyStoredTokens(1, 0, false, 0, hashesLE(v.BlockHashes...), tokensToLE(nil, v.Tokens), lora, v.IsEagle)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := TokenCountMismatch(len(v.BlockHashes), len(v.Tokens), v.BlockSize, v.IsEagle); res.TokenMismatch != want {
+				t.Fatalf("TokenMismatch %v, want %v", res.TokenMismatch, want)
+			}
+			r, err := ix.Recover(context.Background(), nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, resp, err := decodeResponse(r.JSON)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []Block
+			for _, e := range resp.(jsEventList).Events {
+				_, ev, err := decodeRouterEvent(mustMarshal(t, e))
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, ev.Blocks...)
+			}
+			var want []Block
+			for _, b := range v.Stored {
+				want = append(want, Block{b.BlockHash, b.TokensHash})
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("stored %v, 1.6.1 stored %v", got, want)
+			}
+		})
 	}
 }

@@ -74,8 +74,12 @@ func New(cfg Config) (*Indexer, error) {
 	return &Indexer{cfg: cfg, tree: newTree(), log: eventLog{max: cfg.MaxBufferSize}}, nil
 }
 
-// Config returns the configuration the index was created with.
-func (ix *Indexer) Config() Config { return ix.cfg }
+// Config returns the configuration the index was created with (policies as last set by SetPolicies).
+func (ix *Indexer) Config() Config {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	return ix.cfg
+}
 
 // ApplyStoredTokens applies a Stored event whose blocks come as engine block hashes (n*8 little-endian bytes)
 // and tokens (u32 little-endian bytes), as they sit in a FlatBuffers event; the index computes the tokens hashes.

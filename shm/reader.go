@@ -251,6 +251,44 @@ func (r *Reader) SkipToTail() {
 	r.Release()
 }
 
+// SkipTo moves the read position forward to pos without returning the records before it, and releases the head
+// there. pos must be where walking the published records from the read position ends a record (so it is the end
+// of a record the producer wrote, never the middle of one); otherwise SkipTo returns an error wrapping ErrCorrupt
+// and leaves the Reader as it was. A consumer uses it to resume a ring at a position it had durably recorded (its
+// checkpoint) but not yet released when it died.
+func (r *Reader) SkipTo(pos uint64) error {
+	if r.m == nil {
+		return ErrClosed
+	}
+	from, tail := r.pos, r.tail
+	for r.pos < pos {
+		if _, err := r.Next(); err != nil {
+			published := r.tail
+			r.pos, r.tail = from, tail
+			if errors.Is(err, ErrEmpty) {
+				return corruptf(from, "skip to %d: the records published end at %d", pos, published)
+			}
+			return fmt.Errorf("skip to %d: %w", pos, err)
+		}
+	}
+	if r.pos != pos {
+		end := r.pos
+		r.pos, r.tail = from, tail
+		return corruptf(from, "skip to %d: not the end of a record (one ends at %d)", pos, end)
+	}
+	r.Release()
+	return nil
+}
+
+// Published returns the producer's tail word (acquire) and whether its header reports a pending loss. Unlike the
+// other methods it may be called from any goroutine, provided the caller keeps Close from running meanwhile; a
+// consumer uses it to see that it has already applied everything published (tail == its read position, no loss
+// pending) without a round trip to the goroutine that owns the Reader.
+func (r *Reader) Published() (tail uint64, lossPending bool) {
+	tail = loadTail(r.m) // acquire: pairs with the producer's tail store
+	return tail, loadCounter(r.m, offLossPending) != 0
+}
+
 // Heartbeat stores the consumer heartbeat word (unix ns of the last drain pass; informational only).
 func (r *Reader) Heartbeat(unixNano int64) {
 	if r.m == nil {

@@ -722,3 +722,34 @@ func TestCorruptTailAheadHeals(t *testing.T) {
 		})
 	}
 }
+
+// TestSkipTo: the read position moves only to the end of a published record, and the head is released there;
+// anything else is an error that leaves the Reader as it was.
+func TestSkipTo(t *testing.T) {
+	w, r, _ := newTestRing(t, Options{Capacity: MinCapacity})
+	var ends []uint64 // end position of each record
+	for i := range 5 {
+		if err := w.WriteEvent(uint64(i), payloadOf(i, 40+i)); err != nil {
+			t.Fatal(err)
+		}
+		ends = append(ends, w.Stats().Tail)
+	}
+	for _, bad := range []uint64{ends[1] + 8, ends[4] + 8, ends[4] + 1<<20, ends[0] - 8} {
+		if err := r.SkipTo(bad); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("SkipTo(%d) = %v, want ErrCorrupt (record ends %v)", bad, err, ends)
+		}
+		if st := r.Stats(); st.ReadPos != 0 || st.Head != 0 {
+			t.Fatalf("a refused SkipTo moved the reader: %+v", st)
+		}
+	}
+	if err := r.SkipTo(ends[2]); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Stats(); st.ReadPos != ends[2] || st.Head != ends[2] {
+		t.Fatalf("after SkipTo(%d): %+v", ends[2], st)
+	}
+	rec, err := r.Next()
+	if err != nil || !bytes.Equal(rec.Payload, payloadOf(3, 43)) {
+		t.Fatalf("Next after SkipTo = %v, want record 3", err)
+	}
+}

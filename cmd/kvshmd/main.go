@@ -165,9 +165,19 @@ Runs the daemon. Producers attach their rings over the socket; queries (events, 
 the same socket. Readiness: the socket answers HEALTH. SIGTERM or SIGINT: stop accepting, drain every ring one
 last time, exit 0. Every flag has an environment variable; the flag wins.
 
+Streams: a producer that attaches with a dp_rank owns that rank's stream of its worker (one producer per rank, its
+own seq space); without one, the worker's ALL stream. With --http, GET /kv_recover answers the only stream,
+/workers/{W}/kv_recover worker W, /workers/{W}/dp/{R}/kv_recover rank R (its stream, or the rank's view of the ALL
+stream); --rank-ports BASE adds port BASE+R for rank R of the only worker.
+
+Losses: an answer that misses events kvshm lost (ring full, corrupt record, unknown history) is by default the best
+state kvshm has, marked (headers Kvshm-State: incomplete and Kvshm-Lost-Events, kvshm_incomplete_answers_total, a
+warn log line, "incomplete" in stats) until a Cleared; --on-loss=error answers the Error variant instead.
+
 Restarts: a new daemon resumes each ring at the head the old one stored. Without --state-dir the index state before
-that head is gone: the stream reports unknown history (dumps answer Error) until the engine sends a Cleared. With
---state-dir, a SIGTERM/SIGINT shutdown writes one checkpoint per attached stream (w<worker>-<ring epoch>.ckpt) and
+that head is gone: the stream reports unknown history (answers incomplete, or Error with --on-loss=error) until the
+engine sends a Cleared. With --state-dir, a SIGTERM/SIGINT shutdown writes one checkpoint per attached stream
+(w<worker>-<ring epoch>.ckpt, w<worker>r<rank>-<ring epoch>.ckpt for a per-rank stream) and
 the next daemon restores it when that producer reattaches the same ring at the same head: nothing is lost. A crash
 (SIGKILL, OOM) writes none and still reports unknown history, unless --checkpoint-interval D is set too: then each
 stream is also checkpointed while it runs (D after its last checkpoint when records were applied since, or as soon

@@ -26,7 +26,7 @@ os.environ.setdefault("KVSHM_CHECKPOINT_INTERVAL", "1s")
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests choose their daemon explicitly: an inherited KVSHM_SOCKET must not redirect them."""
-    for name in ("KVSHM_SOCKET", "KVSHM_RING_DIR", "KVSHM_RING_BYTES"):
+    for name in ("KVSHM_SOCKET", "KVSHM_RING_DIR", "KVSHM_RING_BYTES", "KVSHM_DP_RANK"):
         monkeypatch.delenv(name, raising=False)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -220,7 +221,7 @@ def test_signed_and_mixed_hashes() -> None:
     mixed = [h if i % 2 else s for i, (h, s) in enumerate(zip(unsigned, signed))]
     want = _encode.encode_stored(5, [1], unsigned, unsigned[0], 0, None, False)
     assert any(h < 0 for h in signed) and any(h >= 1 << 63 for h in mixed) and any(h < 0 for h in mixed)
-    for hashes in (signed, mixed, tuple(signed), iter(mixed)):
+    for hashes in (signed, mixed, tuple(signed), tuple(mixed)):
         assert _encode.encode_stored(5, [1], hashes, signed[0], 0, None, False) == want
     assert _encode.encode_removed(5, signed) == _encode.encode_removed(5, unsigned)
 
@@ -241,10 +242,33 @@ def test_index_types_for_seq_and_dp() -> None:
     assert _encode.encode_stored(Index(0), [1], [2], None, Index(0)) == _encode.encode_stored(0, [1], [2], None, 0)  # type: ignore[arg-type]
 
 
-def test_iterables_are_accepted() -> None:
+def test_sequences_are_accepted() -> None:
+    """Any sequence of integers: tuples, ranges, array.array, typed memoryviews, items with __index__."""
     want = _encode.encode_stored(1, [1, 2, 3], [4, 5], None)
-    assert _encode.encode_stored(1, iter([1, 2, 3]), (h for h in [4, 5]), None) == want
-    assert _encode.encode_stored(1, range(1, 4), iter([-1]), None) == _encode.encode_stored(1, [1, 2, 3], [U64], None)
+    assert _encode.encode_stored(1, (1, 2, 3), (4, 5), None) == want
+    assert _encode.encode_stored(1, range(1, 4), array("q", [4, 5]), None) == want
+    assert _encode.encode_stored(1, array("I", [1, 2, 3]), memoryview(array("Q", [4, 5])), None) == want
+    assert _encode.encode_stored(1, [Index(1), 2, Index(3)], [Index(4), 5], None) == want
+    assert _encode.encode_stored(1, range(1, 4), (-1,), None) == _encode.encode_stored(1, [1, 2, 3], [U64], None)
+    # the slow path (a list mixing negatives and values >= 2**63) takes integer-likes too
+    assert _encode.encode_removed(1, [Index(-1), 1 << 63]) == _encode.encode_removed(1, [U64, 1 << 63])
+    assert _encode.encode_stored(1, [], [], Index(-2)) == _encode.encode_stored(1, [], [], U64 - 1)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [b"ab", bytearray(b"ab"), memoryview(b"ab"), "ab", {1: 2}, {1, 2}, iter([1, 2]), (v for v in [1, 2]), 5, None],
+    ids=["bytes", "bytearray", "byte-memoryview", "str", "dict", "set", "iterator", "generator", "int", "None"],
+)
+def test_non_sequences_are_refused(values: Any) -> None:
+    """What Python would iterate into small ints (raw bytes, a dict's keys) or may only iterate once is refused,
+    as token ids and as hashes, with TypeError."""
+    with pytest.raises(TypeError, match="kvshm"):
+        _encode.encode_stored(1, values, [1], None)
+    with pytest.raises(TypeError, match="kvshm"):
+        _encode.encode_stored(1, [1], values, None)
+    with pytest.raises(TypeError, match="kvshm"):
+        _encode.encode_removed(1, values)
 
 
 U64 = (1 << 64) - 1

@@ -292,15 +292,15 @@ def test_full_ring_drops_are_counted_and_answers_stay_honest(make_indexer: Index
     os.kill(pid, signal.SIGSTOP)  # the daemon stops draining: the ring fills up
     try:
         seq = 1
-        while ix.stats()["dropped_events"] < 5:
+        while ix.stats(daemon=False)["dropped_events"] < 5:
             ix.apply_stored(seq, toks(seq, 64), [10 * seq + 1, 10 * seq + 2, 10 * seq + 3, 10 * seq + 4])
             seq += 1
             assert seq < 10000, "the 64 KiB ring never filled up"
-        st = ix.stats()
+        st = ix.stats(daemon=False)
         assert st["ring"]["loss_pending"] and st["ring"]["loss_last_seq"] == seq - 1
     finally:
         os.kill(pid, signal.SIGCONT)
-    wait_for(lambda: ix.stats()["ring"]["used"] == 0, "the daemon to drain the ring")
+    wait_for(lambda: ix.stats(daemon=False)["ring"]["used"] == 0, "the daemon to drain the ring")
     ix.apply_stored(seq, toks(0, 16), [999])  # carries the LOSS record
     resp = query(ix)
     assert variant(resp) == "Error" and resp["Error"].startswith("kvshm:"), resp

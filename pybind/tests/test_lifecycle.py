@@ -75,7 +75,7 @@ def test_private_daemon_sigkill_midstream(make_indexer: IndexerFactory) -> None:
     resp = query(ix)
     assert variant(resp) == "TreeDump" and dump_set(resp) == stream_dump_set(0, seq), resp
     # The private daemon checkpoints (--checkpoint-interval 1s) and only then releases the ring head: wait for one.
-    wait_for(lambda: ix.stats()["ring"]["head"] > 0, "the first periodic checkpoint")
+    wait_for(lambda: ix.stats(daemon=False)["ring"]["head"] > 0, "the first periodic checkpoint")
     old_pid = ix.stats()["daemon_pid"]
 
     # A publisher thread keeps going while the daemon is killed; queries in the meantime never raise.
@@ -93,7 +93,7 @@ def test_private_daemon_sigkill_midstream(make_indexer: IndexerFactory) -> None:
     os.kill(old_pid, signal.SIGKILL)
     answers = []
     deadline = time.monotonic() + 30
-    while not ((st := ix.stats())["attached"] and st["attaches"] == 2):  # one snapshot: the fields move together
+    while not ((st := ix.stats(daemon=False))["attached"] and st["attaches"] == 2):  # one snapshot: the fields move together
         answers.append(json.loads(ix.get_events_json()))  # must not raise, must be JSON
         assert time.monotonic() < deadline, "the private daemon was not restarted"
         time.sleep(0.005)
@@ -140,10 +140,10 @@ def test_private_daemon_killed_while_idle_is_restarted(make_indexer: IndexerFact
     ix.apply_stored(0, toks(0, 4), [1])
     assert event_ids(query(ix, 0)) == [0]  # the daemon applied the event
     # ... and, idle, its periodic checkpoint covers it and releases the ring head.
-    wait_for(lambda: ix.stats()["ring"]["head"] > 0, "the periodic checkpoint")
+    wait_for(lambda: ix.stats(daemon=False)["ring"]["head"] > 0, "the periodic checkpoint")
     pid = ix.stats()["daemon_pid"]
     os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: (st := ix.stats())["attached"] and st["attaches"] == 2, "the restart")
+    wait_for(lambda: (st := ix.stats(daemon=False))["attached"] and st["attaches"] == 2, "the restart")
     assert ix.stats()["daemon_pid"] != pid
     # The restarted daemon restored that checkpoint: the history is complete. (A daemon without --state-dir
     # reports it unknown instead: test_shared_daemon_killed_and_restarted.)
@@ -201,7 +201,7 @@ def test_shared_daemon_started_later_loses_nothing(shared_socket: SharedDaemon, 
     assert variant(resp) == "Error" and "kvshmd is unavailable" in resp["Error"]
     assert ix.stats()["published_while_detached"] == 2
     shared_socket.start()
-    wait_for(lambda: ix.stats()["attached"], "the client to attach to the late daemon")
+    wait_for(lambda: ix.stats(daemon=False)["attached"], "the client to attach to the late daemon")
     # The ring kept every event: the daemon's history is complete (head was 0).
     assert event_ids(query(ix, 0)) == [0, 1]
     assert variant(query(ix)) == "TreeDump"
@@ -212,14 +212,14 @@ def test_shared_daemon_killed_and_restarted(shared_daemon: SharedDaemon, make_in
     seq = publish_stream(ix, 0, 30)
     assert variant(query(ix)) == "TreeDump"
     shared_daemon.kill()
-    wait_for(lambda: not ix.stats()["attached"], "the client to notice the dead daemon")
+    wait_for(lambda: not ix.stats(daemon=False)["attached"], "the client to notice the dead daemon")
     # Nobody restarts a shared daemon for us: answers are the JSON Error variant, publishing goes on.
     resp = query(ix, 0)
     assert variant(resp) == "Error" and resp["Error"].startswith("kvshm: kvshmd is unavailable"), resp
     seq = publish_stream(ix, seq, 30)
     assert ix.stats()["dropped_events"] == 0 and ix.stats()["published_while_detached"] >= 30
     shared_daemon.start()
-    wait_for(lambda: ix.stats()["attached"], "the client to reattach by itself")
+    wait_for(lambda: ix.stats(daemon=False)["attached"], "the client to reattach by itself")
     assert ix.stats()["attaches"] == 2
     resp = query(ix)
     assert variant(resp) == "Error", resp  # the restarted daemon resumed at a non-zero head: history unknown
@@ -415,7 +415,7 @@ def test_missing_daemon_full_ring_is_counted_then_reported(shared_socket: Shared
     attaches it knows exactly which ids were lost and refuses to dump until a Cleared."""
     ix = make_indexer(worker_id=13, kv_block_size=16, socket_path=shared_socket.socket_path, ring_bytes=64 << 10)
     seq = 0
-    while ix.stats()["dropped_events"] < 3:
+    while ix.stats(daemon=False)["dropped_events"] < 3:
         ix.apply_stored(seq, toks(seq, 64), [4 * seq + 1, 4 * seq + 2, 4 * seq + 3, 4 * seq + 4])
         seq += 1
         assert seq < 10000, "the ring never filled up"
@@ -423,8 +423,8 @@ def test_missing_daemon_full_ring_is_counted_then_reported(shared_socket: Shared
     first_lost = st["ring"]["loss_first_seq"]
     assert st["dropped_events"] == 3 and st["ring"]["loss_last_seq"] == seq - 1 and first_lost == seq - 3
     shared_socket.start()
-    wait_for(lambda: ix.stats()["attached"], "the client to attach")
-    wait_for(lambda: ix.stats()["ring"]["used"] == 0, "the daemon to drain the ring")
+    wait_for(lambda: ix.stats(daemon=False)["attached"], "the client to attach")
+    wait_for(lambda: ix.stats(daemon=False)["ring"]["used"] == 0, "the daemon to drain the ring")
     ix.apply_stored(seq, toks(0, 16), [99999])  # carries the LOSS record
     resp = query(ix)
     assert variant(resp) == "Error" and f"{first_lost}..{seq - 1}" in resp["Error"], resp
@@ -647,3 +647,24 @@ def test_truncated_ring_does_not_kill_the_engine(ring_dir: Path) -> None:
     assert out.returncode == 0, f"the engine died (status {out.returncode}):\n{out.stderr}"
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["truncated"] and res["dropped"] == 10, res
+
+
+def test_only_the_producer_detaches_its_stream(shared_daemon: SharedDaemon, make_indexer: IndexerFactory) -> None:
+    """Issue 10, defect 2: any same-user client could DETACH a live producer, which then published into a ring
+    nobody read while reporting itself attached. Now another client's DETACH is refused; shutdown() detaches on the
+    producer's own ATTACH connection, after the daemon applied everything."""
+    from kvshm._client import RemoteError
+
+    ix = make_indexer(worker_id=21, socket_path=shared_daemon.socket_path)
+    ix.apply_stored(0, toks(0, 4), [1])
+    with Client(shared_daemon.socket_path) as c:
+        with pytest.raises(RemoteError, match="only the producer detaches it") as e:
+            c.detach(21)
+        assert e.value.code == "forbidden"
+    for seq in range(1, 50):
+        ix.apply_stored(seq, toks(4 * seq, 4), [seq + 1], parent_hash=seq)
+    assert ix.stats()["attached"]
+    assert event_ids(query(ix, 0)) == list(range(50)), "events after the refused DETACH were not applied"
+    ix.shutdown()
+    st = daemon_stream(shared_daemon.socket_path, 21)
+    assert not st["attached"] and st["last_event_id"] == 49

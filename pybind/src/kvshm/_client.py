@@ -257,31 +257,45 @@ class Client:
         """HEALTH: ``{"status": "ok", "version": str, "streams": int}``."""
         return self.call_json(Kind.HEALTH, {}, timeout=timeout)
 
-    def attach(self, ring_path: str, worker_id: int, kv_block_size: int, max_buffer_size: int) -> dict[str, Any]:
-        """ATTACH this connection as the producer of ``ring_path``; never retried (the connection is the lease)."""
-        body = {
+    def attach(
+        self, ring_path: str, worker_id: int, kv_block_size: int, max_buffer_size: int, *, dp_rank: int | None = None
+    ) -> dict[str, Any]:
+        """ATTACH this connection as the producer of ``ring_path``; never retried (the connection is the lease).
+        ``dp_rank`` makes the stream that rank's only (omitted from the body when None: every rank)."""
+        body: dict[str, Any] = {
             "ring_path": ring_path,
             "worker_id": worker_id,
             "kv_block_size": kv_block_size,
             "max_buffer_size": max_buffer_size,
         }
+        if dp_rank is not None:
+            body["dp_rank"] = dp_rank
         return self.call_json(Kind.ATTACH, body, retry=False)
 
-    def detach(self, worker_id: int, *, timeout: float | None = None) -> None:
-        """DETACH: the daemon drains the stream and keeps its index queryable."""
-        self.call(Kind.DETACH, {"worker_id": worker_id}, timeout=timeout)
+    def detach(self, worker_id: int, *, dp_rank: int | None = None, timeout: float | None = None) -> None:
+        """DETACH: the daemon drains the stream and keeps its index queryable (``dp_rank``: that rank's stream)."""
+        body: dict[str, Any] = {"worker_id": worker_id}
+        if dp_rank is not None:
+            body["dp_rank"] = dp_rank
+        self.call(Kind.DETACH, body, timeout=timeout)
 
-    def events(self, worker_id: int | None, start: int | None, end: int | None) -> bytes:
-        """EVENTS: the exact ``WorkerKvQueryResponse`` JSON bytes."""
-        return self.call(Kind.EVENTS, {"worker_id": worker_id, "start": start, "end": end})
+    def events(
+        self, worker_id: int | None, start: int | None, end: int | None, *, dp_rank: int | None = None
+    ) -> bytes:
+        """EVENTS: the exact ``WorkerKvQueryResponse`` JSON bytes. ``dp_rank`` selects that rank's stream, or the
+        rank's view of a stream publishing for every rank (omitted from the body when None)."""
+        body: dict[str, Any] = {"worker_id": worker_id, "start": start, "end": end}
+        if dp_rank is not None:
+            body["dp_rank"] = dp_rank
+        return self.call(Kind.EVENTS, body)
 
     def dump(self, worker_id: int | None) -> bytes:
         """DUMP: same as EVENTS with start=end=None."""
         return self.call(Kind.DUMP, {"worker_id": worker_id})
 
-    def stats(self, worker_id: int | None = None) -> dict[str, Any]:
+    def stats(self, worker_id: int | None = None, *, timeout: float | None = None) -> dict[str, Any]:
         """STATS: ``{"streams": [...]}``."""
-        return self.call_json(Kind.STATS, {"worker_id": worker_id})
+        return self.call_json(Kind.STATS, {"worker_id": worker_id}, timeout=timeout)
 
     def match(
         self, worker_id: int | None, tokens: list[int], lora_name: str | None = None, is_eagle: bool = False

@@ -43,8 +43,15 @@ floats, strings; ``ValueError`` out of range, checked by the writer's ``pack_int
 published, see :func:`check_seq_dp`); token ids u32 and block hashes u64 (``ValueError``), where block and parent
 hashes in [-2**63, 0) are taken as the two's complement u64 (engines hash with signed 64-bit integers: a list of
 them converts at C speed through ``array('q')``, whose bytes are exactly those u64s); the LoRA name a ``str``
-(``TypeError``) encodable as UTF-8; ``None`` and ``""`` both mean the base model. Counts are not checked
-against each other here (the index layer knows the block size).
+(``TypeError``) encodable as UTF-8; ``None`` and ``""`` both mean the base model. Integer-likes are accepted
+wherever an integer is (numpy integer scalars, via ``operator.index``; numpy arrays, ``array.array`` and typed
+memoryviews as id lists, via their ``tolist()``), without importing numpy. An id list must be a sequence:
+``str``, ``bytes``, ``bytearray``, a byte ``memoryview``, a mapping (``{5: 1}`` would iterate its keys) and
+non-sequences (iterators, generators, sets) raise ``TypeError``, so raw bytes never pass as a list of hashes. A
+Python list is the fast path (``array.fromlist``); everything else is converted to a list first (see
+:func:`_int_list`). Counts are not checked against each other here: a token count that is not blocks x
+block_size is encoded as given and kvshmd hashes what it can, as Dynamo does (only complete windows, zipped with
+the hashes).
 """
 
 from __future__ import annotations
@@ -52,14 +59,16 @@ from __future__ import annotations
 import operator
 import struct
 from array import array
-from collections.abc import Iterable, Sequence
-from typing import Any, Final, Union
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Protocol, SupportsIndex, Union
 
 __all__ = [
     "KIND_CLEARED",
     "KIND_REMOVED",
     "KIND_STORED",
     "RECORD_EVENT",
+    "IntArray",
+    "IntSequence",
     "Prepared",
     "encode_cleared",
     "encode_removed",
@@ -77,6 +86,19 @@ RECORD_EVENT: Final = 1  # ring record type of an event (CONTRACTS §2)
 FILE_IDENTIFIER: Final = b"KVEV"
 U32_MAX: Final = 0xFFFFFFFF
 U64_MAX: Final = 0xFFFFFFFFFFFFFFFF
+
+class IntArray(Protocol):
+    """What kvshm takes from an array of integers that is not a ``Sequence`` to the type checker (a numpy array):
+    its length and a ``tolist()`` of Python ints."""
+
+    def __len__(self) -> int: ...
+
+    def tolist(self) -> Any: ...
+
+
+# Token ids and block hashes: a list (the fast path), any other sequence of integers or integer-likes (tuple,
+# range, array.array, numpy integer scalars), or a numpy array. Not str, bytes, bytearray or a mapping (TypeError).
+IntSequence = Union[Sequence[SupportsIndex], IntArray]
 
 # A writable buffer: mmap.mmap, bytearray or a byte memoryview (typed loosely: struct and slicing accept all).
 Buffer = Any
@@ -336,12 +358,44 @@ def _lora_chunk(name: str) -> bytes:
     return chunk
 
 
-def _u64_slow(values: Sequence[int], what: str) -> "array[int]":
-    """array('Q', values) for values array() refused: hashes in [-2**63, 0) become their two's complement."""
+_BYTE_FORMATS: Final = frozenset({"B", "b", "c"})
+
+
+def _int_list(values: object, what: str) -> list[Any]:
+    """``values`` as a list, for the conversions below: a list as is; a numpy array, ``array.array`` or typed
+    ``memoryview`` through its ``tolist()`` (numpy integers become Python ints at C speed; numpy is never
+    imported); any other sequence (tuple, range) through ``list()``. TypeError for what is not a sequence of
+    integers although Python would iterate it: ``str``, ``bytes``, ``bytearray``, a byte ``memoryview`` (raw
+    bytes, never a list of ids), mappings (a dict iterates its keys), and non-sequences (iterators, generators,
+    sets: the old extension took sequences only)."""
+    cls = values.__class__
+    if cls is list:
+        return values  # type: ignore[return-value]
+    if (
+        isinstance(values, (str, bytes, bytearray, Mapping))
+        or (cls is memoryview and values.format in _BYTE_FORMATS)  # type: ignore[attr-defined]
+        or not (hasattr(cls, "__len__") and hasattr(cls, "__getitem__"))
+    ):
+        raise TypeError(
+            f"kvshm: {what} must be a sequence of integers (list, tuple, array.array, numpy array), "
+            f"not {cls.__name__}"
+        )
+    tolist = getattr(values, "tolist", None)
+    out = tolist() if tolist is not None else list(values)  # type: ignore[call-overload]
+    if out.__class__ is not list:  # a 0-d numpy array's tolist() is a scalar
+        raise TypeError(f"kvshm: {what} must be a sequence of integers, not a {cls.__name__} scalar")
+    return out
+
+
+def _u64_slow(values: list[Any], what: str) -> "array[int]":
+    """array('Q', values) for values array() refused: hashes in [-2**63, 0) become their two's complement;
+    integer-likes (numpy integers) through operator.index."""
     out = array("Q")
     for v in values:
-        if not isinstance(v, int):
-            raise TypeError(f"kvshm: {what} must be integers, got {type(v).__name__}")
+        try:
+            v = operator.index(v)
+        except TypeError:
+            raise TypeError(f"kvshm: {what} must be integers, got {type(v).__name__}") from None
         if v < 0:
             if v < -(1 << 63):
                 raise ValueError(f"kvshm: {what} value {v} is not a 64-bit integer")
@@ -352,24 +406,23 @@ def _u64_slow(values: Sequence[int], what: str) -> "array[int]":
     return out
 
 
-def _u64_array(values: Iterable[int], what: str) -> "array[int]":
+def _u64_array(values: object, what: str) -> "array[int]":
     """The u64 bytes of values as an array: array('Q') for [0, 2**64), else array('q') for [-2**63, 2**63) (its bytes
     are exactly the two's complement u64s; engines hash with signed 64-bit integers), else a Python loop (a list
-    mixing negatives with values >= 2**63, or errors)."""
-    if values.__class__ is not list:
-        values = list(values)  # fromlist wants a list, and the fallbacks iterate again
+    mixing negatives with values >= 2**63, or errors). Non-lists go through :func:`_int_list` first."""
+    items = _int_list(values, what)
     out = array("Q")
     try:
-        out.fromlist(values)
+        out.fromlist(items)
         return out
     except (OverflowError, TypeError):
         pass
     out = array("q")
     try:
-        out.fromlist(values)
+        out.fromlist(items)
         return out
     except (OverflowError, TypeError):
-        return _u64_slow(values, what)
+        return _u64_slow(items, what)
 
 
 def _seq_dp(seq: object, dp_rank: object) -> tuple[int, int]:
@@ -383,23 +436,29 @@ def _seq_dp(seq: object, dp_rank: object) -> tuple[int, int]:
         ) from None
 
 
-def _u32_array(values: Iterable[int]) -> "array[int]":
+def _u32_array(values: object) -> "array[int]":
+    """array('I', values) for values that array.fromlist refused (not a list, or bad items)."""
+    out = array("I")
     try:
-        return array("I", values)
+        out.fromlist(_int_list(values, "token ids"))
     except OverflowError:
         raise ValueError("kvshm: token ids must be in [0, 2**32)") from None
     except TypeError as e:
         raise TypeError(f"kvshm: token ids must be integers: {e}") from None
+    return out
 
 
 def _u64(value: object, what: str) -> int:
-    if not isinstance(value, int):
-        raise TypeError(f"kvshm: {what} must be an int, not {type(value).__name__}")
-    if 0 <= value <= U64_MAX:
-        return value
-    if -(1 << 63) <= value < 0:
-        return value + (1 << 64)
-    raise ValueError(f"kvshm: {what} {value} is not a 64-bit integer")
+    """A single hash (parent_hash) as a u64: ints and integer-likes (numpy integers, via operator.index)."""
+    try:
+        v = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"kvshm: {what} must be an int, not {type(value).__name__}") from None
+    if 0 <= v <= U64_MAX:
+        return v
+    if -(1 << 63) <= v < 0:
+        return v + (1 << 64)
+    raise ValueError(f"kvshm: {what} {v} is not a 64-bit integer")
 
 
 def check_seq_dp(seq: object, dp_rank: object) -> None:
@@ -449,11 +508,11 @@ def _write_stored(buf: Buffer, off: int, p: Prepared) -> None:
 
 
 def prepare_stored(
-    seq: int,
-    token_ids: Iterable[int],
-    block_hashes: Iterable[int],
-    parent_hash: int | None,
-    dp_rank: int,
+    seq: SupportsIndex,
+    token_ids: IntSequence,
+    block_hashes: IntSequence,
+    parent_hash: SupportsIndex | None,
+    dp_rank: SupportsIndex,
     lora_name: str | None,
     is_eagle: bool,
 ) -> Prepared:
@@ -508,7 +567,7 @@ def _write_removed(buf: Buffer, off: int, p: Prepared) -> None:
     buf[pos : pos + 8 * nh] = hashes
 
 
-def prepare_removed(seq: int, block_hashes: Iterable[int], dp_rank: int) -> Prepared:
+def prepare_removed(seq: SupportsIndex, block_hashes: IntSequence, dp_rank: SupportsIndex) -> Prepared:
     """Validates and converts a Removed event; returns ``(size, writer, ...)``."""
     hashes = array("Q")
     try:
@@ -530,7 +589,7 @@ def _write_cleared(buf: Buffer, off: int, p: Prepared) -> None:
         raise _pack_error(p, e) from None
 
 
-def prepare_cleared(seq: int, dp_rank: int) -> Prepared:
+def prepare_cleared(seq: SupportsIndex, dp_rank: SupportsIndex) -> Prepared:
     """Validates a Cleared event; returns ``(size, writer, ...)``."""
     if seq.__class__ is not int or dp_rank.__class__ is not int:
         seq, dp_rank = _seq_dp(seq, dp_rank)
@@ -549,11 +608,11 @@ def _to_bytes(p: Prepared) -> bytes:
 
 
 def encode_stored(
-    seq: int,
-    token_ids: Iterable[int],
-    block_hashes: Iterable[int],
-    parent_hash: int | None = None,
-    dp_rank: int = 0,
+    seq: SupportsIndex,
+    token_ids: IntSequence,
+    block_hashes: IntSequence,
+    parent_hash: SupportsIndex | None = None,
+    dp_rank: SupportsIndex = 0,
     lora_name: str | None = None,
     is_eagle: bool = False,
 ) -> bytes:
@@ -561,11 +620,11 @@ def encode_stored(
     return _to_bytes(prepare_stored(seq, token_ids, block_hashes, parent_hash, dp_rank, lora_name, is_eagle))
 
 
-def encode_removed(seq: int, block_hashes: Iterable[int], dp_rank: int = 0) -> bytes:
+def encode_removed(seq: SupportsIndex, block_hashes: IntSequence, dp_rank: SupportsIndex = 0) -> bytes:
     """Returns the canonical FlatBuffer of a Removed event."""
     return _to_bytes(prepare_removed(seq, block_hashes, dp_rank))
 
 
-def encode_cleared(seq: int, dp_rank: int = 0) -> bytes:
+def encode_cleared(seq: SupportsIndex, dp_rank: SupportsIndex = 0) -> bytes:
     """Returns the canonical FlatBuffer of a Cleared event."""
     return _to_bytes(prepare_cleared(seq, dp_rank))

@@ -34,6 +34,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import operator
 import os
 import re
 import select
@@ -42,21 +43,27 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, SupportsIndex
 
 from ._client import Client, ClientError, RemoteError
+from ._encode import IntSequence
 from ._errors import ClosedError, ForkedProcessError, KvshmError, LauncherError
 from ._launcher import PrivateDaemon
 from ._ring import MAGIC, RingWriter, default_dir
 
 __all__ = ["LocalIndexer"]
 
+
 log = logging.getLogger("kvshm")
 
 SOCKET_ENV: Final = "KVSHM_SOCKET"
 RING_DIR_ENV: Final = "KVSHM_RING_DIR"
 RING_BYTES_ENV: Final = "KVSHM_RING_BYTES"
-DEFAULT_RING_BYTES: Final = 16 << 20
+DP_RANK_ENV: Final = "KVSHM_DP_RANK"
+# 64 MiB: a daemon paused for 30 s under 200 Stored events/s of 32 blocks x 32 tokens (~4.5 KB each, ~27 MB in all)
+# loses nothing, with room left for the private daemon's checkpoint hold-back (it releases ring space only up to a
+# checkpoint, and checkpoints when applied records fill half the ring).
+DEFAULT_RING_BYTES: Final = 64 << 20
 
 _U32: Final = 1 << 32
 _U64: Final = 1 << 64
@@ -75,6 +82,7 @@ _ATTACH_TIMEOUT: Final = 10.0
 _FIRST_ATTACH_TIMEOUT: Final = 2.0
 _QUERY_TIMEOUT: Final = 120.0  # the global indexer's own recovery deadline (Dynamo fork: 120 s)
 _DETACH_TIMEOUT: Final = 5.0
+_STATS_TIMEOUT: Final = 2.0
 _JOIN_TIMEOUT: Final = 5.0
 _RING_CHECK_INTERVAL: Final = 1.0  # how often the supervisor checks that the ring file was not cut short
 # ATTACH refusals that retrying cannot fix (configuration errors): raised by the constructor.
@@ -107,8 +115,10 @@ class _Core:
         socket_path: str | None,
         ring_dir: str | None,
         ring_bytes: int,
+        dp_rank: int | None,
     ) -> None:
         self.worker_id = worker_id
+        self.dp_rank = dp_rank  # None: this producer publishes for every dp_rank of the worker (scope ALL)
         self.kv_block_size = kv_block_size
         self.max_buffer_size = max_buffer_size
         self.owner_pid = os.getpid()
@@ -186,7 +196,9 @@ class _Core:
         producer's lease (unless shutdown began meanwhile: then it is closed, and the supervisor exits)."""
         client = Client(self.socket_path, connect_timeout=2.0, timeout=_ATTACH_TIMEOUT if timeout is None else timeout)
         try:
-            reply = client.attach(self.ring.path, self.worker_id, self.kv_block_size, self.max_buffer_size)
+            reply = client.attach(
+                self.ring.path, self.worker_id, self.kv_block_size, self.max_buffer_size, dp_rank=self.dp_rank
+            )
         except BaseException:
             client.close()
             raise
@@ -335,14 +347,15 @@ class _Core:
         except Exception as e:  # noqa: BLE001 - teardown must go on
             log.warning("kvshm: closing the ring %s: %s", self.ring.path, e)
         if self.shared and self.attached:
-            # Let the shared daemon apply everything we published before it forgets the producer.
-            client = self.take_query_client()
-            try:
-                client.detach(self.worker_id, timeout=_DETACH_TIMEOUT)
-            except ClientError as e:
-                log.warning("kvshm: detaching worker %d from kvshmd: %s", self.worker_id, e)
-            finally:
-                client.close()
+            # Let the shared daemon apply everything we published before it forgets the producer. DETACH goes on the
+            # ATTACH connection (the lease): the daemon takes it only from the producer (issue 10, defect 2).
+            with self.fd_lock:
+                lease = self.attach_conn if self.supervisor_done or self.supervisor is None else None
+            if lease is not None:
+                try:
+                    lease.detach(self.worker_id, dp_rank=self.dp_rank, timeout=_DETACH_TIMEOUT)
+                except ClientError as e:
+                    log.warning("kvshm: detaching worker %d from kvshmd: %s", self.worker_id, e)
         self.attached = False
         with self.query_lock:
             idle, self.idle_queries = self.idle_queries, []
@@ -384,7 +397,7 @@ class _Core:
             return self.unavailable(self.last_error or "not attached")
         client = self.take_query_client()
         try:
-            body = client.events(self.worker_id, start, end)
+            body = client.events(self.worker_id, start, end, dp_rank=self.dp_rank)
         except RemoteError as e:
             self.give_back_query_client(client)
             return _error_json(f"kvshm: kvshmd refused the query: {e.code}: {e.message}")
@@ -394,6 +407,27 @@ class _Core:
             return self.unavailable(str(e))
         self.give_back_query_client(client)
         return body.decode("utf-8")
+
+    def daemon_stream(self) -> dict[str, Any] | None:
+        """This producer's stream in the daemon's STATS (matched by ring path), or None when the daemon is away,
+        does not answer within a short deadline, or no longer lists the ring."""
+        if not self.attached:
+            return None
+        client = self.take_query_client()
+        try:
+            reply = client.stats(self.worker_id, timeout=_STATS_TIMEOUT)
+        except RemoteError:
+            self.give_back_query_client(client)
+            return None
+        except ClientError:
+            client.close()
+            return None
+        self.give_back_query_client(client)
+        streams = reply.get("streams")
+        for stream in streams if isinstance(streams, list) else []:
+            if isinstance(stream, dict) and stream.get("ring_path") == self.ring.path:
+                return stream
+        return None
 
     def take_query_client(self) -> Client:
         """An idle query connection, or a new one: concurrent queries (a slow dump, a quick Events) do not wait
@@ -417,8 +451,15 @@ class LocalIndexer:
     ``worker_id`` (u64) is stamped on every event of the answers, ``kv_block_size`` (tokens per block, >= 1)
     defines the token windows, ``max_buffer_size`` the number of recent events kept for ``Events`` answers.
     ``socket_path`` (or ``$KVSHM_SOCKET``) selects a shared kvshmd instead of a private one; ``ring_dir``
-    (``$KVSHM_RING_DIR``, default ``/dev/shm``) and ``ring_bytes`` (``$KVSHM_RING_BYTES``, default 16 MiB) place
+    (``$KVSHM_RING_DIR``, default ``/dev/shm``) and ``ring_bytes`` (``$KVSHM_RING_BYTES``, default 64 MiB) place
     and size the shared-memory ring.
+
+    ``dp_rank`` (or ``$KVSHM_DP_RANK``) makes this the producer of one attention-DP rank of the worker (vLLM: one
+    publisher per rank, each with its own event ids): kvshmd keeps a separate stream for ``(worker_id, dp_rank)``
+    and ``get_events_json`` answers for that rank only, so several such indexers share one daemon. Events default
+    to that rank; one published with another ``dp_rank`` raises ``ValueError`` (a programmer error: the stream
+    stands for one rank). Without it (the default, TensorRT-LLM) the indexer publishes for every rank of the
+    worker, and a second live producer of the same ``worker_id`` is refused by a shared daemon.
 
     Raises ``TypeError``/``ValueError`` for bad arguments, :class:`kvshm.LauncherError` when no private kvshmd can
     be started (with its output), :class:`kvshm.KvshmError` when a daemon refuses the ring for a reason retrying
@@ -426,17 +467,18 @@ class LocalIndexer:
     ``/dev/shm``). A shared daemon that is not reachable yet is not an error: the indexer attaches when it is.
     """
 
-    __slots__ = ("_core", "_ring", "_bs", "_finalizer", "__weakref__")
+    __slots__ = ("_core", "_ring", "_dp", "_scoped", "_finalizer", "__weakref__")
 
     def __init__(
         self,
-        worker_id: int,
-        kv_block_size: int,
-        max_buffer_size: int = 10000,
+        worker_id: SupportsIndex,
+        kv_block_size: SupportsIndex,
+        max_buffer_size: SupportsIndex = 10000,
         *,
         socket_path: str | os.PathLike[str] | None = None,
         ring_dir: str | os.PathLike[str] | None = None,
         ring_bytes: int | None = None,
+        dp_rank: SupportsIndex | None = None,
     ) -> None:
         worker_id = _int_in(worker_id, "worker_id", 0, _U64)
         kv_block_size = _int_in(kv_block_size, "kv_block_size", 1, _U32)
@@ -450,6 +492,14 @@ class LocalIndexer:
             ring_bytes = _parse_size(env, RING_BYTES_ENV) if env else DEFAULT_RING_BYTES
         else:
             ring_bytes = _int_in(ring_bytes, "ring_bytes", 1, _U64)
+        if dp_rank is None:
+            env = os.environ.get(DP_RANK_ENV, "").strip()
+            if env:
+                if not env.isdigit():
+                    raise ValueError(f"kvshm: {DP_RANK_ENV}={env!r} is not a dp rank (an integer in [0, 2**32))")
+                dp_rank = _int_in(int(env), DP_RANK_ENV, 0, _U32)
+        else:
+            dp_rank = _int_in(dp_rank, "dp_rank", 0, _U32)
         core = _Core(
             worker_id,
             kv_block_size,
@@ -457,6 +507,7 @@ class LocalIndexer:
             None if socket_path is None else os.fspath(socket_path),
             None if ring_dir is None else os.fspath(ring_dir),
             ring_bytes,
+            dp_rank,
         )
         try:
             core.start()
@@ -465,48 +516,46 @@ class LocalIndexer:
             raise
         self._core = core
         self._ring = core.ring
-        self._bs = kv_block_size
+        self._dp = 0 if dp_rank is None else dp_rank  # the dp_rank of events published without one
+        self._scoped = dp_rank is not None  # a per-rank producer: events of other ranks are refused
         # Runs on garbage collection of this object or at interpreter exit, whichever comes first.
         self._finalizer = weakref.finalize(self, core.close)
 
     # -- publishing (hot path) ----------------------------------------------------------------------------
     def apply_stored(
         self,
-        seq: int,
-        token_ids: Sequence[int],
-        block_hashes: Sequence[int],
-        parent_hash: int | None = None,
-        dp_rank: int = 0,
+        seq: SupportsIndex,
+        token_ids: IntSequence,
+        block_hashes: IntSequence,
+        parent_hash: SupportsIndex | None = None,
+        dp_rank: SupportsIndex | None = None,
         lora_name: str | None = None,
         is_eagle: bool | None = None,
     ) -> None:
         """Publish a Stored event: ``block_hashes`` chained under ``parent_hash`` (None: a root chain).
 
-        ``token_ids`` holds ``kv_block_size`` tokens per block (Eagle: ``len(block_hashes) * kv_block_size + 1``,
-        the windows overlapping by one token). Hashes may be negative (signed i64): they are taken as u64 two's
-        complement. Raises TypeError/ValueError for bad arguments before anything is written; never blocks and
-        never raises because the ring is full or the daemon is away (the drop is counted).
+        ``token_ids`` normally holds ``kv_block_size`` tokens per block (Eagle: ``len(block_hashes) *
+        kv_block_size + 1``, the windows overlapping by one token). Any other count is published as given, never
+        refused: kvshmd hashes the complete token windows and pairs them with the hashes (the shorter list decides
+        how many blocks are stored), as Dynamo does, and counts the event in ``stats()["token_mismatches"]``.
+        Hashes may be negative (signed i64): they are taken as u64 two's complement. Integers may be numpy
+        integers, and id lists numpy arrays; ``dp_rank`` None means the indexer's own rank (0 without one).
+        Raises TypeError/ValueError for bad arguments before anything is written; never blocks and never raises
+        because the ring is full or the daemon is away (the drop is counted).
         """
         core = self._core
         if core.state:
             core.raise_unusable()
         if is_eagle is None or is_eagle is False:
-            extra = 0
+            eagle = False
         elif is_eagle is True:
-            extra = 1
+            eagle = True
         else:
             raise TypeError(f"kvshm: is_eagle must be a bool or None, not {type(is_eagle).__name__}")
-        try:
-            n = len(block_hashes)
-            nt = len(token_ids)
-        except TypeError:
-            raise TypeError("kvshm: token_ids and block_hashes must be sequences (list, tuple, array)") from None
-        if nt != n * self._bs + extra:
-            raise ValueError(
-                f"kvshm: {nt} token ids for {n} blocks of {self._bs} tokens"
-                + (" (Eagle: want blocks*kv_block_size+1)" if extra else "")
-                + f": want {n * self._bs + extra}"
-            )
+        if dp_rank is None:
+            dp_rank = self._dp
+        elif self._scoped and dp_rank != self._dp:
+            self._wrong_rank(dp_rank)
         if lora_name is not None and lora_name.__class__ is not str:
             raise TypeError(f"kvshm: lora_name must be a str or None, not {type(lora_name).__name__}")
         lock = core.lock  # acquire/release: ~75 ns cheaper than `with` on this path
@@ -515,22 +564,24 @@ class LocalIndexer:
             if core.state:
                 core.raise_unusable()
             # A False return (dropped: ring full) is counted by the ring itself.
-            self._ring.publish_stored(seq, token_ids, block_hashes, parent_hash, dp_rank, lora_name, extra == 1)
+            self._ring.publish_stored(seq, token_ids, block_hashes, parent_hash, dp_rank, lora_name, eagle)
             if not core.attached:
                 core.published_detached += 1
         finally:
             lock.release()
 
-    def apply_removed(self, seq: int, block_hashes: Sequence[int], dp_rank: int = 0) -> None:
-        """Publish a Removed event for ``block_hashes`` (negative hashes taken as u64). Same guarantees as
-        :meth:`apply_stored`."""
+    def apply_removed(
+        self, seq: SupportsIndex, block_hashes: IntSequence, dp_rank: SupportsIndex | None = None
+    ) -> None:
+        """Publish a Removed event for ``block_hashes`` (negative hashes taken as u64). Same arguments rules and
+        guarantees as :meth:`apply_stored`."""
         core = self._core
         if core.state:
             core.raise_unusable()
-        try:
-            len(block_hashes)
-        except TypeError:
-            raise TypeError("kvshm: block_hashes must be a sequence (list, tuple, array)") from None
+        if dp_rank is None:
+            dp_rank = self._dp
+        elif self._scoped and dp_rank != self._dp:
+            self._wrong_rank(dp_rank)
         lock = core.lock  # acquire/release: ~75 ns cheaper than `with` on this path
         lock.acquire()
         try:
@@ -542,12 +593,17 @@ class LocalIndexer:
         finally:
             lock.release()
 
-    def apply_cleared(self, seq: int, dp_rank: int = 0) -> None:
-        """Publish a Cleared event (the worker dropped every block, all dp_ranks). Same guarantees as
+    def apply_cleared(self, seq: SupportsIndex, dp_rank: SupportsIndex | None = None) -> None:
+        """Publish a Cleared event: the worker dropped every block this indexer publishes for (all dp_ranks of
+        the worker; with ``dp_rank=`` given to the constructor, that rank). Same guarantees as
         :meth:`apply_stored`."""
         core = self._core
         if core.state:
             core.raise_unusable()
+        if dp_rank is None:
+            dp_rank = self._dp
+        elif self._scoped and dp_rank != self._dp:
+            self._wrong_rank(dp_rank)
         lock = core.lock  # acquire/release: ~75 ns cheaper than `with` on this path
         lock.acquire()
         try:
@@ -559,8 +615,23 @@ class LocalIndexer:
         finally:
             lock.release()
 
+    def _wrong_rank(self, dp_rank: object) -> None:
+        """Raises for an event whose dp_rank differs from a per-rank indexer's: TypeError when it is not an
+        integer, else ValueError (publishing it would mix ranks in a stream that stands for one)."""
+        if isinstance(dp_rank, bool):
+            raise TypeError("kvshm: dp_rank must be an int, not bool")
+        try:
+            rank = operator.index(dp_rank)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(f"kvshm: dp_rank must be an int, not {type(dp_rank).__name__}") from None
+        if rank != self._dp:
+            raise ValueError(
+                f"kvshm: this LocalIndexer publishes for dp_rank {self._dp} only (constructed with dp_rank="
+                f"{self._dp}), not {rank}: create one LocalIndexer per rank, or one without dp_rank for all ranks"
+            )
+
     # -- queries ------------------------------------------------------------------------------------------
-    def get_events_json(self, start: int | None = None, end: int | None = None) -> str:
+    def get_events_json(self, start: SupportsIndex | None = None, end: SupportsIndex | None = None) -> str:
         """The recovery query: Dynamo's ``WorkerKvQueryResponse`` JSON for ids ``[start, end]``.
 
         ``Events`` (the suffix from ``start`` to the newest event), ``TreeDump`` (``start`` None or older than the
@@ -576,17 +647,28 @@ class LocalIndexer:
             end = _int_in(end, "end", 0, _U64)
         return core.events_json(start, end)
 
-    def stats(self) -> dict[str, Any]:
-        """Local counters and state (no daemon round trip): publishes, drops, attachment, ring fill."""
+    def stats(self, *, daemon: bool = True) -> dict[str, Any]:
+        """Counters and state: the local ones (publishes, drops, attachment, ring fill) and what the daemon knows
+        of this producer's stream (one STATS round trip on the Unix socket, bounded by a 2 s deadline; with
+        ``daemon=False`` none: local fields only, no I/O, for tight loops or a daemon that may be stopped).
+
+        The daemon's fields are None when it is away or not asked: ``incomplete`` (True while answers miss events kvshm lost:
+        ring full, corrupt record, unknown history; see ``lost_ranges``), ``lost_ranges`` (``[{"first", "last",
+        "reason"}]``, newest last), ``token_mismatches`` (Stored events whose token count was not blocks x
+        block_size), ``daemon_stream`` (the daemon's whole STATS entry for this stream). Never raises because
+        the daemon is unreachable.
+        """
         core = self._core
         if core.state == _FORKED:
             core.raise_unusable()
         with core.lock:
             detached = core.published_detached
             ring = dict(self._ring.stats()) if core.state == _OPEN else {}
-        daemon = core.daemon
+        proc = core.daemon
+        stream = core.daemon_stream() if daemon and core.state == _OPEN else None
         return {
             "worker_id": core.worker_id,
+            "dp_rank": core.dp_rank,
             "kv_block_size": core.kv_block_size,
             "max_buffer_size": core.max_buffer_size,
             "mode": "shared" if core.shared else "private",
@@ -595,7 +677,7 @@ class LocalIndexer:
             "closed": core.state == _CLOSED,
             "attached": core.attached,
             "attaches": core.attaches,
-            "daemon_pid": None if daemon is None else daemon.pid,
+            "daemon_pid": None if proc is None else proc.pid,
             "daemon_restarts": core.daemon_restarts,
             "last_attach": dict(core.attach_reply),  # the daemon's ATTACH reply: epoch, stream_epoch, resumed, head
             "last_error": core.last_error,
@@ -604,6 +686,10 @@ class LocalIndexer:
             "published_while_detached": detached,
             "ring_truncated": core.ring_truncated,  # the ring file was cut short: every publish is dropped
             "ring": ring,
+            "incomplete": None if stream is None else stream.get("incomplete"),
+            "lost_ranges": None if stream is None else stream.get("lost_ranges"),
+            "token_mismatches": None if stream is None else stream.get("token_mismatches"),
+            "daemon_stream": stream,
         }
 
     def shutdown(self) -> None:
@@ -625,7 +711,9 @@ class LocalIndexer:
         state = {_OPEN: "open", _CLOSED: "closed", _FORKED: "forked"}[core.state]
         return (
             f"LocalIndexer(worker_id={core.worker_id}, kv_block_size={core.kv_block_size}, "
-            f"max_buffer_size={core.max_buffer_size}, {state}, "
+            f"max_buffer_size={core.max_buffer_size}, "
+            + ("" if core.dp_rank is None else f"dp_rank={core.dp_rank}, ")
+            + f"{state}, "
             f"{'shared' if core.shared else 'private'} daemon at {core.socket_path!r})"
         )
 

@@ -65,7 +65,7 @@ import sys
 import tempfile
 import time
 import weakref
-from typing import Any, Final
+from typing import Any, Final, SupportsIndex
 
 from kvshm._encode import Prepared, check_seq_dp, prepare_cleared, prepare_removed, prepare_stored
 
@@ -353,11 +353,11 @@ class RingWriter:
 
     def publish_stored(
         self,
-        seq: int,
+        seq: SupportsIndex,
         token_ids: Any,
         block_hashes: Any,
-        parent_hash: int | None,
-        dp_rank: int,
+        parent_hash: SupportsIndex | None,
+        dp_rank: SupportsIndex,
         lora_name: str | None,
         is_eagle: bool,
     ) -> bool:
@@ -367,13 +367,13 @@ class RingWriter:
             self._refuse()
         return self._publish(prepare_stored(seq, token_ids, block_hashes, parent_hash, dp_rank, lora_name, is_eagle))
 
-    def publish_removed(self, seq: int, block_hashes: Any, dp_rank: int) -> bool:
+    def publish_removed(self, seq: SupportsIndex, block_hashes: Any, dp_rank: SupportsIndex) -> bool:
         """Publishes a Removed event. Never blocks; returns False when it was dropped (counted)."""
         if self._forked or self._closed:
             self._refuse()
         return self._publish(prepare_removed(seq, block_hashes, dp_rank))
 
-    def publish_cleared(self, seq: int, dp_rank: int) -> bool:
+    def publish_cleared(self, seq: SupportsIndex, dp_rank: SupportsIndex) -> bool:
         """Publishes a Cleared event. Never blocks; returns False when it was dropped (counted)."""
         if self._forked or self._closed:
             self._refuse()
