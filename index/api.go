@@ -195,7 +195,8 @@ type Score struct {
 }
 
 // LostRange is a range of event ids the index never applied (inclusive). Unknown marks a point where the
-// history is unknown (MarkUnknownHistory); then First-1 is the last id seen before it (First == Last+1).
+// history is unknown (MarkUnknownHistory); then First is the first id after that point and First-1 the last id
+// seen before it (First == Last+1), or First == Last == 0 when it lies before every event.
 type LostRange struct {
 	First, Last uint64
 	Unknown     bool
@@ -219,7 +220,7 @@ type Stats struct {
 
 	// ResidentBlocks is Dynamo's current_size: the number of (dp_rank, block hash) lookup entries.
 	ResidentBlocks int
-	// Nodes is the number of live tree nodes (including empty leaves Dynamo keeps).
+	// Nodes is the number of live tree nodes (including unheld nodes kept for reuse).
 	Nodes   int
 	DpRanks []uint32
 

@@ -121,6 +121,9 @@ func (ix *Indexer) writeCheckpoint(w io.Writer, meta []byte, version uint32) err
 		e.u32(nd.firstChild)
 		e.u32(nd.nextSib)
 	}
+	if version != checkpointV1 {
+		e.bytes(t.flags)
+	}
 	keys := make([]uint32, 0, len(t.extra))
 	for n := range t.extra {
 		keys = append(keys, n)
@@ -294,9 +297,10 @@ const MaxCheckpointBytes = 1 << 36
 
 // ckDec decodes little-endian values from a byte slice; the first error sticks and later reads return zeros.
 type ckDec struct {
-	b   []byte
-	off int
-	err *CheckpointError
+	b       []byte
+	off     int
+	err     *CheckpointError
+	version uint32
 }
 
 func (d *ckDec) fail(format string, args ...any) {
@@ -391,6 +395,7 @@ func (d *ckDec) decode() (*Indexer, []byte) {
 	}
 	d.off = len(checkpointMagic)
 	version := d.u32()
+	d.version = version
 	if version != checkpointVersion && version != checkpointV1 {
 		d.off -= 4
 		d.fail("unsupported format version %d (this build reads %d and %d)", version, checkpointV1, checkpointVersion)
@@ -532,6 +537,28 @@ func (d *ckDec) decodeTree(t *tree) bool {
 			blockHash: binary.LittleEndian.Uint64(p), tokensHash: binary.LittleEndian.Uint64(p[8:]),
 			workers: binary.LittleEndian.Uint64(p[16:]), parent: binary.LittleEndian.Uint32(p[24:]),
 			firstChild: binary.LittleEndian.Uint32(p[28:]), nextSib: binary.LittleEndian.Uint32(p[32:]),
+		}
+	}
+	flagsAt := d.off
+	if d.version == checkpointV1 {
+		// Version 1 had no edge flags: every block is an edge of its own (the dump then groups blocks by worker
+		// sets alone).
+		t.flags = make([]uint8, nn)
+		for i := 1; i < nn; i++ {
+			t.flags[i] = flagEdge
+		}
+	} else {
+		f := d.take(nn)
+		if f == nil {
+			return false
+		}
+		t.flags = slices.Clone(f)
+		for i, v := range t.flags {
+			if v&^(flagEdge|flagInternal) != 0 || (i == 0 && v != 0) {
+				d.off = flagsAt + i
+				d.fail("node %d: unknown edge flags %#x", i, v)
+				return false
+			}
 		}
 	}
 	bad := func(i int, format string, args ...any) bool {

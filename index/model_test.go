@@ -17,6 +17,7 @@ import (
 var (
 	seedFlag  = flag.Uint64("seed", 0, "TestModel: replay this seed (0 = time-based)")
 	stepsFlag = flag.Int("steps", 3000, "TestModel: events per run")
+	everyFlag = flag.Bool("every", false, "TestModel: compare after every event")
 )
 
 type mNode struct {
@@ -59,10 +60,12 @@ func (t *mTree) store(dp uint32, hasParent bool, parent uint64, blocks []Block) 
 		}
 	}
 	for _, b := range blocks {
+		// A child no worker holds counts as absent (1.6.1 has pruned it); when a node is needed, it is reused in
+		// place with the new block hash.
 		c := p.children[b.TokensHash]
+		var stale *mNode
 		if c != nil && len(c.workers) == 0 {
-			t.clearChildren(c)
-			c.bh = b.BlockHash
+			stale, c = c, nil
 		}
 		if c == nil {
 			x := lk[b.BlockHash]
@@ -77,6 +80,13 @@ func (t *mTree) store(dp uint32, hasParent bool, parent uint64, blocks []Block) 
 				return StatusInvalidBlockSequence
 			case x != nil && !t.attached(x):
 				c = x
+				if stale != nil {
+					stale.parent = nil
+				}
+			case stale != nil:
+				t.clearChildren(stale)
+				c = stale
+				c.bh = b.BlockHash
 			default:
 				c = newMNode(b.BlockHash, b.TokensHash)
 			}
@@ -544,7 +554,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		if (gotErr != nil) != (want != StatusOK) {
 			t.Fatalf("step %d: err %v with status %v", step, gotErr, want)
 		}
-		if step%7 == 0 || step == steps-1 {
+		if step%7 == 0 || step == steps-1 || *everyFlag {
 			compareModel(t, step, ix, m, rng, ctx, lastSeqs)
 		}
 	}

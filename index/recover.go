@@ -257,6 +257,7 @@ func (s *dumpSnap) response(hit bool) Response {
 // treeSnapshot is a copy of the tree taken under mu, encoded after the lock is released.
 type treeSnapshot struct {
 	nodes  []node
+	flags  []uint8
 	extra  map[uint32][]uint64
 	dps    []uint32 // dp of each slot
 	order  []int    // the slots dumped, sorted by dp
@@ -283,7 +284,7 @@ func (ix *Indexer) buildDump(f rankFilter) (*dumpSnap, string) {
 		snap.last = ix.log.lastID()
 	}
 	snap.base = snap.last
-	ts := treeSnapshot{nodes: slices.Clone(ix.tree.nodes), blocks: ix.tree.residentBlocks(), rank: f.on}
+	ts := treeSnapshot{nodes: slices.Clone(ix.tree.nodes), flags: slices.Clone(ix.tree.flags), blocks: ix.tree.residentBlocks(), rank: f.on}
 	if len(ix.tree.extra) > 0 {
 		ts.extra = make(map[uint32][]uint64, len(ix.tree.extra))
 		for k, v := range ix.tree.extra {
@@ -330,15 +331,6 @@ func (ix *Indexer) buildDump(f rankFilter) (*dumpSnap, string) {
 	return snap, ""
 }
 
-// live reports whether the dump visits n: it is held by a dumped slot, or (whole-stream dumps) it has
-// children, as 1.6.1 visits a node with workers or children.
-func (ts *treeSnapshot) live(n uint32) bool {
-	if ts.heldAny(n) {
-		return true
-	}
-	return !ts.rank && ts.nodes[n].firstChild != nilNode
-}
-
 func (ts *treeSnapshot) heldAny(n uint32) bool {
 	for _, s := range ts.order {
 		if ts.has(n, s) {
@@ -358,11 +350,143 @@ func (ts *treeSnapshot) sameHolders(a, b uint32) bool {
 	return true
 }
 
-// appendLiveChildren appends n's live children in insertion order (they are linked newest first).
-func (ts *treeSnapshot) appendLiveChildren(dst []uint32, n uint32) []uint32 {
+// appendChains writes the dump as Dynamo 1.6.1's dump_tree_as_events does, over its compressed edges (the edge
+// flags of tree.go): breadth-first over chains. A chain starts at a live edge (its first block held by a dumped
+// dp_rank, or, in a whole-stream dump, with children) and takes in the edge below it while both edges are held to
+// their end by the same non-empty set of dp_ranks and by no dp_rank only partly, and that edge is its only live
+// child. A chain is written as one Stored event per dp_rank holding it to its end (the whole chain), then one per
+// dp_rank holding a prefix of its single edge (that prefix), dp_ranks ascending in each group; parent_hash = the
+// block hash above the chain (null under the root); event ids from 0. The live children of the chain's last block
+// follow in the queue. An edge ends early where a dp_rank holds a block without the one before it (possible after
+// removals inside an edge of a multi-rank stream), so every event is a prefix-closed run.
+func (ts *treeSnapshot) appendChains(dst []byte, worker uint64) ([]byte, int) {
+	nodes := ts.nodes
+	queue := ts.appendLiveEdges(make([]uint32, 0, 64), rootNode)
+	var kids []uint32
+	id := uint64(0)
+	for qi := 0; qi < len(queue); qi++ {
+		start := queue[qi]
+		end := ts.edgeEnd(start)
+		partial := ts.partlyHeld(start, end)
+		for !partial {
+			kids = ts.appendLiveEdges(kids[:0], end)
+			if len(kids) != 1 {
+				break
+			}
+			c := kids[0]
+			cend := ts.edgeEnd(c)
+			if !ts.heldAny(cend) || !ts.sameHolders(end, cend) || ts.partlyHeld(c, cend) {
+				break
+			}
+			end = cend
+		}
+		if partial {
+			kids = ts.appendLiveEdges(kids[:0], end)
+		}
+		p := nodes[start].parent
+		for _, full := range []bool{true, false} {
+			for _, s := range ts.order {
+				if !ts.has(start, s) || ts.has(end, s) != full {
+					continue
+				}
+				if id > 0 {
+					dst = append(dst, ',')
+				}
+				dst = appendStoredHead(dst, DumpChains, worker, id, p != rootNode, nodes[p].blockHash)
+				for n, first := start, true; ; first = false {
+					if !first {
+						dst = append(dst, ',')
+					}
+					dst = appendBlock(dst, nodes[n].blockHash, nodes[n].tokensHash)
+					if n == end {
+						break
+					}
+					n = ts.next(n)
+					if !full && !ts.has(n, s) {
+						break
+					}
+				}
+				dst = append(dst, jsStoredTail...)
+				dst = appendEventTail(dst, ts.dps[s])
+				id++
+			}
+		}
+		queue = append(queue, kids...)
+	}
+	return dst, int(id)
+}
+
+// edgeNext returns the block after n in n's edge, or nilNode at the end of the edge. The edge ends early before a
+// block held by a dumped dp_rank that does not hold n.
+func (ts *treeSnapshot) edgeNext(n uint32) uint32 {
+	for c := ts.nodes[n].firstChild; c != nilNode; c = ts.nodes[c].nextSib {
+		if ts.flags[c]&flagEdge == 0 {
+			for _, s := range ts.order {
+				if ts.has(c, s) && !ts.has(n, s) {
+					return nilNode
+				}
+			}
+			return c
+		}
+	}
+	return nilNode
+}
+
+// next returns the block after n in a chain: the rest of n's edge, or the only live edge below it.
+func (ts *treeSnapshot) next(n uint32) uint32 {
+	if c := ts.edgeNext(n); c != nilNode {
+		return c
+	}
+	for c := ts.nodes[n].firstChild; c != nilNode; c = ts.nodes[c].nextSib {
+		if ts.isEdge(c) && ts.live(c) {
+			return c
+		}
+	}
+	return nilNode
+}
+
+// edgeEnd returns the last block of the edge that n begins.
+func (ts *treeSnapshot) edgeEnd(n uint32) uint32 {
+	for c := ts.edgeNext(n); c != nilNode; c = ts.edgeNext(n) {
+		n = c
+	}
+	return n
+}
+
+// isEdge reports whether the child c begins an edge of the dump: flagged so, or a block edgeNext does not continue
+// its parent's edge with.
+func (ts *treeSnapshot) isEdge(c uint32) bool {
+	return ts.flags[c]&flagEdge != 0 || ts.edgeNext(ts.nodes[c].parent) != c
+}
+
+// partlyHeld reports whether a dumped dp_rank holds the edge start..end only partly (1.6.1's worker cutoffs).
+func (ts *treeSnapshot) partlyHeld(start, end uint32) bool {
+	for _, s := range ts.order {
+		if ts.has(start, s) && !ts.has(end, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// live reports whether the dump visits the edge that n begins: n is held by a dumped slot, or (whole-stream
+// dumps) its edge's last block has children, as 1.6.1 visits a node with workers or children.
+func (ts *treeSnapshot) live(n uint32) bool {
+	if ts.heldAny(n) {
+		return true
+	}
+	return !ts.rank && ts.nodes[ts.edgeEnd(n)].firstChild != nilNode
+}
+
+// appendLiveEdges appends the live edges below n (n's children that begin an edge), in insertion order (they
+// are linked newest first).
+func (ts *treeSnapshot) appendLiveEdges(dst []uint32, n uint32) []uint32 {
+	if ts.rank && n != rootNode && !ts.heldAny(n) {
+		return dst // a rank view does not descend below a block the rank does not hold
+	}
 	k := len(dst)
 	for c := ts.nodes[n].firstChild; c != nilNode; c = ts.nodes[c].nextSib {
-		if ts.live(c) {
+		if (n == rootNode || ts.isEdge(c)) && ts.live(c) {
 			dst = append(dst, c)
 		}
 	}
@@ -370,68 +494,12 @@ func (ts *treeSnapshot) appendLiveChildren(dst []uint32, n uint32) []uint32 {
 	return dst
 }
 
-// appendChains writes the dump as Dynamo 1.6.1's dump_tree_as_events does: breadth-first over chains; a chain
-// starts at a live node and goes on through its only live child while that child is held by exactly the same
-// (non-empty) set of dp_ranks; each chain is one Stored event per holder (dp_rank ascending) with every block
-// of the chain, parent_hash = the block hash above the chain (null under the root); ids from 0.
-func (ts *treeSnapshot) appendChains(dst []byte, worker uint64) ([]byte, int) {
-	nodes := ts.nodes
-	queue := ts.appendLiveChildren(make([]uint32, 0, 64), rootNode)
-	var kids []uint32
-	id := uint64(0)
-	for qi := 0; qi < len(queue); qi++ {
-		start := queue[qi]
-		end := start
-		for {
-			kids = ts.appendLiveChildren(kids[:0], end)
-			if len(kids) != 1 || !ts.heldAny(kids[0]) || !ts.sameHolders(end, kids[0]) {
-				break
-			}
-			end = kids[0]
-		}
-		p := nodes[start].parent
-		for _, s := range ts.order {
-			if !ts.has(start, s) {
-				continue
-			}
-			if id > 0 {
-				dst = append(dst, ',')
-			}
-			dst = appendStoredHead(dst, DumpChains, worker, id, p != rootNode, nodes[p].blockHash)
-			for n, first := start, true; ; n, first = ts.onlyLiveChild(n), false {
-				if !first {
-					dst = append(dst, ',')
-				}
-				dst = appendBlock(dst, nodes[n].blockHash, nodes[n].tokensHash)
-				if n == end {
-					break
-				}
-			}
-			dst = append(dst, jsStoredTail...)
-			dst = appendEventTail(dst, ts.dps[s])
-			id++
-		}
-		queue = append(queue, kids...)
-	}
-	return dst, int(id)
-}
-
-// onlyLiveChild returns the live child of a chain node that is not the chain's end (it has exactly one).
-func (ts *treeSnapshot) onlyLiveChild(n uint32) uint32 {
-	for c := ts.nodes[n].firstChild; c != nilNode; c = ts.nodes[c].nextSib {
-		if ts.live(c) {
-			return c
-		}
-	}
-	return nilNode
-}
-
 // appendBFS writes the older dump (upstream b2b7868): for every live node reachable from the root,
 // breadth-first, one single-block Stored event per holder (dp_rank ascending), parent_hash = the parent's block
 // hash (null under the root), ids from 0.
 func (ts *treeSnapshot) appendBFS(dst []byte, worker uint64) ([]byte, int) {
 	nodes := ts.nodes
-	queue := ts.appendLiveChildren(make([]uint32, 0, len(nodes)), rootNode)
+	queue := ts.appendLiveNodes(make([]uint32, 0, len(nodes)), rootNode)
 	id := uint64(0)
 	for qi := 0; qi < len(queue); qi++ {
 		n := queue[qi]
@@ -450,9 +518,22 @@ func (ts *treeSnapshot) appendBFS(dst []byte, worker uint64) ([]byte, int) {
 			dst = appendEventTail(dst, ts.dps[s])
 			id++
 		}
-		queue = ts.appendLiveChildren(queue, n)
+		queue = ts.appendLiveNodes(queue, n)
 	}
 	return dst, int(id)
+}
+
+// appendLiveNodes appends n's children that a blocks-shape dump visits (held by a dumped slot, or, in a
+// whole-stream dump, with children), in insertion order (they are linked newest first).
+func (ts *treeSnapshot) appendLiveNodes(dst []uint32, n uint32) []uint32 {
+	k := len(dst)
+	for c := ts.nodes[n].firstChild; c != nilNode; c = ts.nodes[c].nextSib {
+		if ts.heldAny(c) || (!ts.rank && ts.nodes[c].firstChild != nilNode) {
+			dst = append(dst, c)
+		}
+	}
+	slices.Reverse(dst[k:])
+	return dst
 }
 
 func (ts *treeSnapshot) has(n uint32, s int) bool {

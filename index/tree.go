@@ -2,19 +2,21 @@ package index
 
 import "math/bits"
 
-// The radix tree (Dynamo's variant A, one node per block) of one worker, stored as a compact arena.
+// The radix tree (one node per block, with 1.6.1's compressed edges recorded as node flags) of one stream,
+// stored as a compact arena.
 //
 // Node identity is a uint32 index into tree.nodes; index 0 is the root. A node's children are linked through
 // firstChild/nextSib (for the breadth-first dump and for detaching them) and found through one tree-wide
-// open-addressing table keyed by (parent index, tokens hash) (childTable). The worker set of a node is a bitmask over the tree's dp_rank slots
-// (slot i = the i-th dp_rank seen); slots 64 and above live in the sparse tree.extra map. Per slot, a lookup map
-// sends a block hash to the node that holds it.
+// open-addressing table keyed by (parent index, tokens hash) (childTable). The worker set of a node is a bitmask
+// over the tree's dp_rank slots (slot i = the i-th dp_rank seen); slots 64 and above live in the sparse tree.extra
+// map. Per slot, a lookup map sends a block hash to the node that holds it. tree.flags holds each node's edge flags.
 //
-// Lifetime (what Dynamo's reference counting gives): a node lives while it is attached (in its parent's children)
-// or referenced by a lookup entry (node.refs). A node that loses its last worker has its children detached; a
+// Lifetime (what reference counting gives Dynamo): a node lives while it is attached (in its parent's children)
+// or referenced by a lookup entry (node.refs). A node that loses its last worker has its children detached, except
+// an unheld, unreferenced block that continues its edge (kept, as 1.6.1 keeps uncovered blocks in an edge); a
 // detached node without lookup references is freed with its detached subtree, and its index goes on a free list.
-// An attached node without workers stays (Dynamo keeps it in its parent's map and reuses it, with its old block
-// hash, when the same tokens hash is stored under that parent again).
+// An attached node without workers stays; a store reaching it by its tokens reuses it in place with the new block
+// hash (1.6.1 would have pruned it and made a new node).
 //
 // Owned by the Indexer; protected by Indexer.mu.
 
@@ -38,10 +40,22 @@ type slotState struct {
 	lookup map[uint64]uint32 // block hash -> node index
 }
 
+// Edge flags, one byte per node in tree.flags. The tree has one node per block, but 1.6.1's radix tree is
+// compressed (an edge holds a run of blocks) and its dump groups blocks by those edges and by how far each worker
+// covers them; the flags record where 1.6.1's edges begin and end so that the dump groups blocks as 1.6.1 does.
+// flagEdge marks a node that begins an edge (every child of the root does); the other nodes of an edge hang as
+// the only "in-edge" child (flagEdge clear) of the node before them. flagInternal marks the last node of an edge
+// that has had edges attached below it (1.6.1's `internal`: such an edge is never extended again).
+const (
+	flagEdge     uint8 = 1
+	flagInternal uint8 = 2
+)
+
 type tree struct {
 	nodes    []node
-	freeHead uint32 // free list through node.firstChild; nilNode when empty
-	live     int    // live nodes, root excluded
+	flags    []uint8 // per node (edge flags); len(flags) == len(nodes)
+	freeHead uint32  // free list through node.firstChild; nilNode when empty
+	live     int     // live nodes, root excluded
 	children childTable
 	slots    []slotState
 	slotOf   map[uint32]int
@@ -53,6 +67,7 @@ type tree struct {
 func newTree() *tree {
 	t := &tree{
 		nodes:    make([]node, 1, 1024),
+		flags:    make([]uint8, 1, 1024),
 		freeHead: nilNode,
 		slotOf:   make(map[uint32]int),
 	}
@@ -148,9 +163,11 @@ func (t *tree) newNode(bh, th uint64) uint32 {
 	if n := t.freeHead; n != nilNode {
 		t.freeHead = t.nodes[n].firstChild
 		t.nodes[n] = nd
+		t.flags[n] = 0
 		return n
 	}
 	t.nodes = append(t.nodes, nd)
+	t.flags = append(t.flags, 0)
 	return uint32(len(t.nodes) - 1)
 }
 
@@ -175,12 +192,27 @@ func (t *tree) isAncestorOrSelf(x, p uint32) bool {
 
 // clearChildren detaches every child of x (Dynamo's children.clear()); detached children without lookup
 // references are freed with their subtrees.
-func (t *tree) clearChildren(x uint32) {
+func (t *tree) clearChildren(x uint32) { t.detachChildren(x, false) }
+
+// prune detaches the children of x, which no worker holds any more (1.6.1's prune_unreachable), except an
+// in-edge child no worker holds either and no lookup entry names: 1.6.1 keeps the uncovered blocks of an edge in
+// the edge (they decide whether a later store re-covers, extends or splits it), and so does this tree. (A child a
+// lookup still names, through a second hash of the same tokens, is detached as before, so that the lookup rules
+// of store see it as detached.)
+func (t *tree) prune(x uint32) { t.detachChildren(x, true) }
+
+func (t *tree) detachChildren(x uint32, keepEmptyEdge bool) {
 	c := t.nodes[x].firstChild
 	t.nodes[x].firstChild = nilNode
 	for c != nilNode {
 		nc := &t.nodes[c]
 		next := nc.nextSib
+		if keepEmptyEdge && t.flags[c]&flagEdge == 0 && t.noWorkers(c) && nc.refs == 0 {
+			nc.nextSib = t.nodes[x].firstChild
+			t.nodes[x].firstChild = c
+			c = next
+			continue
+		}
 		t.childDelete(c)
 		nc.parent, nc.nextSib = nilNode, nilNode
 		if nc.refs == 0 {
@@ -210,6 +242,7 @@ func (t *tree) free(x uint32) {
 			delete(t.extra, n)
 		}
 		t.nodes[n] = node{parent: nilNode, firstChild: t.freeHead, nextSib: nilNode}
+		t.flags[n] = 0
 		t.freeHead = n
 		t.live--
 	}
@@ -234,10 +267,13 @@ func (t *tree) setLookup(lk map[uint64]uint32, bh uint64, c uint32) {
 	lk[bh] = c
 }
 
-// store applies a Stored event for slot s (§3.2). Dynamo would attach a node found through the lookup under
-// a second parent (a DAG, or a cycle its dump never leaves); this tree stays a tree: a lookup hit that is p or an
-// ancestor of p is InvalidBlockSequence, a hit attached elsewhere is not reused (a new node is made and the old
-// one keeps its workers, as when Dynamo overwrites a lookup entry).
+// store applies a Stored event for slot s. Dynamo would attach a node found through the lookup under a second
+// parent in its older versions (a DAG, or a cycle its dump never leaves); this tree stays a tree: a lookup hit that
+// is p or an ancestor of p is InvalidBlockSequence, a hit attached elsewhere is not reused (a new node is made and
+// the old one keeps its workers, as when a lookup entry is overwritten). The edge flags follow 1.6.1's
+// apply_stored: a store under a block inside an edge splits the edge there unless it only re-covers or extends
+// that edge's own blocks; a new block extends the edge of its parent when the parent ends a leaf edge the worker
+// holds to its end, else it begins an edge.
 func (t *tree) store(s int, hasParent bool, parent uint64, blocks []Block) Status {
 	lk := t.slots[s].lookup
 	p := rootNode
@@ -247,15 +283,17 @@ func (t *tree) store(s int, hasParent bool, parent uint64, blocks []Block) Statu
 			return StatusParentNotFound
 		}
 		p = x
+		if y := t.inEdgeChild(x); y != nilNode && !t.edgeTakes(y, blocks) {
+			t.split(x, y)
+		}
 	}
 	for _, b := range blocks {
 		c, ok := t.child(p, b.TokensHash)
+		stale := nilNode
 		if ok && t.noWorkers(c) {
-			// No worker holds c: Dynamo 1.6.1 has pruned it (its store then makes a new node), so c takes the new
-			// block hash and starts empty (contract decision 3: store 101, 102 under it, remove 102, store 103 with
-			// 102's tokens: the dump says 101 -> 103).
-			t.clearChildren(c)
-			t.nodes[c].blockHash = b.BlockHash
+			// No worker holds c: it counts as absent (1.6.1 has pruned it) and is reused in place when a node is
+			// needed (below).
+			stale, ok = c, false
 		}
 		if !ok {
 			x, hit := lk[b.BlockHash]
@@ -263,17 +301,108 @@ func (t *tree) store(s int, hasParent bool, parent uint64, blocks []Block) Statu
 			case hit && t.isAncestorOrSelf(x, p):
 				return StatusInvalidBlockSequence
 			case hit && t.nodes[x].parent == nilNode:
+				if stale != nilNode {
+					t.detachChild(p, stale)
+				}
 				c = x
+				t.attachEdge(c, p, b.TokensHash, s, false)
+			case stale != nilNode:
+				// The stale node takes the new block hash (contract decision 3: store 101, 102 under it, remove
+				// 102, store 103 with 102's tokens: the dump says 101 -> 103). Where it begins an edge, 1.6.1 has
+				// pruned it and makes a fresh node: so it starts empty. Inside an edge 1.6.1 keeps the edge (and
+				// the old hash: a deviation, see doc.go), and so does this tree (its successors are unheld).
+				c = stale
+				if t.flags[c]&flagEdge != 0 {
+					t.clearChildren(c)
+					t.flags[c] &^= flagInternal
+				}
+				t.nodes[c].blockHash = b.BlockHash
 			default:
 				c = t.newNode(b.BlockHash, b.TokensHash)
+				t.attachEdge(c, p, b.TokensHash, s, true)
 			}
-			t.attach(c, p, b.TokensHash)
 		}
 		t.setLookup(lk, b.BlockHash, c)
 		t.addWorker(c, s)
 		p = c
 	}
 	return StatusOK
+}
+
+// detachChild detaches c from its parent p (a linear walk of p's children: only for a stale child replaced by a
+// re-attached one, a rare path), freeing it when no lookup entry refers to it.
+func (t *tree) detachChild(p, c uint32) {
+	if t.nodes[p].firstChild == c {
+		t.nodes[p].firstChild = t.nodes[c].nextSib
+	} else {
+		for n := t.nodes[p].firstChild; n != nilNode; n = t.nodes[n].nextSib {
+			if t.nodes[n].nextSib == c {
+				t.nodes[n].nextSib = t.nodes[c].nextSib
+				break
+			}
+		}
+	}
+	t.childDelete(c)
+	t.nodes[c].parent, t.nodes[c].nextSib = nilNode, nilNode
+	if t.nodes[c].refs == 0 {
+		t.free(c)
+	}
+}
+
+// inEdgeChild returns the child of n that continues n's edge, or nilNode when n ends its edge.
+func (t *tree) inEdgeChild(n uint32) uint32 {
+	for c := t.nodes[n].firstChild; c != nilNode; c = t.nodes[c].nextSib {
+		if t.flags[c]&flagEdge == 0 {
+			return c
+		}
+	}
+	return nilNode
+}
+
+// edgeTakes reports whether a store of blocks under the node before y (y continuing its edge) leaves the edge
+// whole, as 1.6.1's try_reuse_parent_edge: the blocks equal (tokens and block hashes) the edge's next blocks, or
+// the edge's remaining blocks are a prefix of them and the edge may still be extended (not internal).
+func (t *tree) edgeTakes(y uint32, blocks []Block) bool {
+	n, last := y, y
+	for _, b := range blocks {
+		if n == nilNode {
+			return t.flags[last]&flagInternal == 0
+		}
+		if t.nodes[n].tokensHash != b.TokensHash || t.nodes[n].blockHash != b.BlockHash {
+			return false
+		}
+		last, n = n, t.inEdgeChild(n)
+	}
+	return true
+}
+
+// split ends x's edge at x: y (x's in-edge child) begins an edge of its own.
+func (t *tree) split(x, y uint32) {
+	t.flags[y] |= flagEdge
+	t.flags[x] |= flagInternal
+}
+
+// attachEdge attaches the new (or re-attached) node c under p and sets its edge flags: it extends p's edge when
+// p is not the root, ends its edge (splitting it if p is inside it), the edge is not internal and slot s holds p;
+// else it begins an edge and p's edge becomes internal. fresh says c carries no children of its own.
+func (t *tree) attachEdge(c, p uint32, th uint64, s int, fresh bool) {
+	ext := false
+	if p != rootNode {
+		if y := t.inEdgeChild(p); y != nilNode {
+			t.split(p, y)
+		} else {
+			ext = t.flags[p]&flagInternal == 0 && t.hasWorker(p, s) && fresh
+		}
+	}
+	t.attach(c, p, th)
+	if ext {
+		t.flags[c] &^= flagEdge
+		return
+	}
+	t.flags[c] |= flagEdge
+	if p != rootNode {
+		t.flags[p] |= flagInternal
+	}
 }
 
 // remove applies a Removed event for slot s (§3.3): best effort, first error.
@@ -288,7 +417,7 @@ func (t *tree) remove(s int, hashes []uint64) Status {
 		}
 		t.removeWorker(x, s)
 		if t.noWorkers(x) {
-			t.clearChildren(x)
+			t.prune(x)
 		}
 		delete(lk, h)
 		t.unref(x)
