@@ -10,7 +10,9 @@ REPEATS interleaved rounds of the mean per-call time of N calls:
 * floor (Stored only): ``array('I', tokens)`` + ``array('Q', hashes)`` + one copy of each into a mapping
   (issue 3's baseline).
 
-Token ids and hashes are Python lists, as the engine has them; hashes are signed 64-bit (half negative).
+Token ids and hashes are Python lists, as the engine has them; hashes are signed 64-bit (half negative). When
+numpy is installed, one more case publishes the same event from numpy arrays (int64 tokens and hashes, a numpy
+parent hash): the cost of the conversion path (``tolist()``), for information.
 """
 
 from __future__ import annotations
@@ -65,6 +67,14 @@ def main() -> None:
             ("LocalIndexer.apply_cleared", lambda s: ix.apply_cleared(s)),
             ("RingWriter.publish_cleared", lambda s: ring.publish_cleared(s, 0)),
         ]
+        try:
+            import numpy as np
+        except ImportError:
+            pass
+        else:
+            np_tokens, np_hashes, np_parent = np.array(tokens), np.array(hashes, dtype=np.int64), np.int64(parent)
+            cases.append((f"LocalIndexer.apply_stored {BLOCKS}x{BS} numpy arrays",
+                          lambda s: ix.apply_stored(s, np_tokens, np_hashes, np_parent)))
         pos_hashes = [h & ((1 << 64) - 1) for h in hashes]
         with mmap.mmap(-1, 1 << 20) as mm:
 

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 from kvshm import LocalIndexer
@@ -111,8 +112,9 @@ def shared_daemon_over_http(rng: random.Random) -> None:
                 base = f"http://127.0.0.1:{port}"
                 print(f"\nshared kvshmd (pid {daemon.pid}) with HTTP on {base}; worker 42 published {last + 1} events")
                 for query in (f"start={last - 2}&end={last}", "", f"start={last + 9}"):
-                    with urllib.request.urlopen(f"{base}/kv_recover?{query}&worker_id=42", timeout=30) as resp:
-                        print(f"GET /kv_recover?{query} -> {resp.status} {summary(resp.read().decode())}")
+                    with urllib.request.urlopen(f"{base}/workers/42/kv_recover?{query}", timeout=30) as resp:
+                        print(f"GET /workers/42/kv_recover?{query} -> {resp.status} {summary(resp.read().decode())}")
+                per_rank_producers(sock, base, rng)
                 with urllib.request.urlopen(f"{base}/metrics", timeout=30) as resp:
                     wanted = ("kvshm_resident_blocks", "kvshm_buffered_events", "kvshm_newest_event_id",
                               "kvshm_events_applied_total")
@@ -124,6 +126,28 @@ def shared_daemon_over_http(rng: random.Random) -> None:
             daemon.wait(timeout=30)
     print("shared daemon stopped (SIGTERM: drained, exited 0)" if daemon.returncode == 0
           else f"shared daemon exited {daemon.returncode}")
+
+
+def per_rank_producers(sock: str, base: str, rng: random.Random) -> None:
+    """vLLM's topology on the same shared daemon: worker 43 has one producer per dp rank, each with its own seq
+    space (LocalIndexer(..., dp_rank=r)), each rank reachable at its own URL."""
+    with (
+        LocalIndexer(43, BS, socket_path=sock, dp_rank=0) as r0,
+        LocalIndexer(43, BS, socket_path=sock, dp_rank=1) as r1,
+    ):
+        for ix in (r0, r1):
+            for seq in range(5):
+                tokens = [rng.randrange(150000) for _ in range(2 * BS)]
+                ix.apply_stored(seq, tokens, [rng.getrandbits(63), rng.getrandbits(63)])
+            ix.get_events_json(4)  # waits until the daemon has applied them
+        print("\nworker 43: two per-rank producers (vLLM), ids 0..4 each")
+        for path in ("/kv_recover?start=0&end=4", "/workers/43/kv_recover?start=0&end=4",
+                     "/workers/43/dp/0/kv_recover?start=2&end=4", "/workers/43/dp/1/kv_recover?start=0&end=4"):
+            try:
+                with urllib.request.urlopen(f"{base}{path}", timeout=30) as resp:
+                    print(f"GET {path} -> {resp.status} {summary(resp.read().decode())}")
+            except urllib.error.HTTPError as e:  # 409: ambiguous, the body lists the URLs to use
+                print(f"GET {path} -> {e.code} {json.loads(e.read())['error'][:110]}...")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@ under test), and run a shared kvshmd as an operator would."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
 import struct
 import subprocess
 import time
@@ -47,6 +49,20 @@ def event_ids(resp: Any) -> list[int]:
     return [int(e["event"]["event_id"]) for e in body["events"]]
 
 
+def dump_blocks(resp: Any) -> set[tuple[int, int | None, int, int]]:
+    """What a consumer rebuilds from a TreeDump, as (dp_rank, parent_hash, block_hash, tokens_hash), whatever the
+    dump's shape: Dynamo 1.6.1's merged chains (a Stored event's blocks chain under its parent_hash, each the
+    parent of the next) or one block per event."""
+    got = set()
+    for e in resp["TreeDump"]["events"]:
+        stored = e["event"]["data"]["stored"]
+        parent = stored["parent_hash"]
+        for blk in stored["blocks"]:
+            got.add((e["event"]["dp_rank"], parent, blk["block_hash"], blk["tokens_hash"]))
+            parent = blk["block_hash"]
+    return got
+
+
 def daemon_stream(socket_path: str, worker_id: int) -> dict[str, Any]:
     """The daemon's STATS entry for ``worker_id``."""
     with Client(socket_path, timeout=10) as c:
@@ -81,11 +97,12 @@ class SharedDaemon:
     socket_path: str
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
+    args: tuple[str, ...] = ()  # more `kvshmd serve` flags (--http ADDR, --rank-ports BASE, ...)
 
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [find_kvshmd(), "serve", "--socket", self.socket_path],
+                [find_kvshmd(), "serve", "--socket", self.socket_path, *self.args],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -115,6 +132,51 @@ class SharedDaemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def free_ports(n: int) -> int:
+    """A base port p such that p .. p+n-1 were free on 127.0.0.1 a moment ago (the daemon binds them next; another
+    process could take one in between, which only makes a test fail with a bind error, never pass wrongly)."""
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base: int = probe.getsockname()[1]
+        if base + n > 65535:
+            continue
+        held = []
+        try:
+            for port in range(base, base + n):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    pytest.fail(f"no {n} consecutive free ports")
+
+
+@dataclass
+class HTTPReply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def http_get(port: int, path: str) -> HTTPReply:
+    """GET http://127.0.0.1:port/path as the global indexer does (any status returned, never raised)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return HTTPReply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+    finally:
+        conn.close()
 
 
 def toks(lo: int, n: int) -> list[int]:

@@ -23,7 +23,7 @@ def test_kvshm_does_not_import_numpy() -> None:
     """The package never imports numpy itself (the engine may not have it; importing it costs ~100 ms)."""
     import subprocess
 
-    code = "import kvshm, kv_local_indexer, kvshm._encode, kvshm._ring, kvshm._indexer, sys; print('numpy' in sys.modules)"
+    code = "import kvshm, kv_local_indexer, kvshm._encode, kvshm._indexer, sys; print('numpy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -99,15 +99,65 @@ def test_localindexer_takes_numpy(make_indexer: IndexerFactory) -> None:
     """The same stream published with numpy values and with Python ints: the daemon answers the same bytes."""
     a = make_indexer(np.uint64(3), np.int64(4), np.int32(100))
     b = make_indexer(3, 4, 100)
-    for ix, conv in ((a, np.uint64), (b, int)):
-        ix.apply_stored(conv(0), np.arange(8, dtype=np.int64) if ix is a else toks(0, 8),
-                        np.array([BIG, 12], dtype=np.uint64) if ix is a else [BIG, 12])
-        ix.apply_stored(conv(1), toks(8, 4), [np.int64(NEG)] if ix is a else [NEG], parent_hash=np.int64(12) if ix is a else 12,
-                        dp_rank=np.int64(0) if ix is a else 0)
-        ix.apply_removed(conv(2), np.array([NEG], dtype=np.int64) if ix is a else [NEG])
-        ix.apply_cleared(conv(3), dp_rank=np.uint32(0) if ix is a else 0)
-        ix.apply_stored(conv(4), np.arange(4, dtype=np.uint32) if ix is a else toks(0, 4), (np.uint64(5),) if ix is a else [5])
+    a.apply_stored(np.uint64(0), np.arange(8, dtype=np.int64), np.array([BIG, 12], dtype=np.uint64))
+    b.apply_stored(0, toks(0, 8), [BIG, 12])
+    a.apply_stored(np.int32(1), toks(8, 4), [np.int64(NEG)], parent_hash=np.int64(12), dp_rank=np.int64(0))
+    b.apply_stored(1, toks(8, 4), [NEG], parent_hash=12, dp_rank=0)
+    a.apply_removed(np.uint8(2), np.array([NEG], dtype=np.int64))
+    b.apply_removed(2, [NEG])
+    a.apply_cleared(np.int64(3), dp_rank=np.uint32(0))
+    b.apply_cleared(3, dp_rank=0)
+    a.apply_stored(np.uint16(4), np.arange(4, dtype=np.uint32), (np.uint64(5),))
+    b.apply_stored(4, toks(0, 4), [5])
     for start, end in ((0, None), (2, 4), (None, None)):
         np_start = None if start is None else np.int64(start)
         np_end = None if end is None else np.uint64(end)
         assert a.get_events_json(np_start, np_end) == b.get_events_json(start, end)
+
+SIGNED = [NEG, 7, -(1 << 63), (1 << 63) - 1]
+UNSIGNED = [h % U64 for h in SIGNED]
+
+
+@pytest.mark.parametrize(
+    "hashes",
+    [
+        np.array(SIGNED, dtype=np.int64),  # buffer path: the bytes are the u64s
+        np.array(UNSIGNED, dtype=np.uint64),
+        np.array(SIGNED, dtype=">i8"),  # big-endian: the checked tolist() path
+        np.array([x for h in SIGNED for x in (h, 0)], dtype=np.int64)[::2],  # strided: not contiguous
+        np.array([[h] for h in SIGNED], dtype=np.int64)[:, 0],  # a column: strided too
+    ],
+    ids=["int64", "uint64", "big-endian", "strided", "column"],
+)
+def test_hash_arrays_every_layout(hashes: Any) -> None:
+    assert _encode.encode_removed(1, hashes) == _encode.encode_removed(1, UNSIGNED)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "exc"),
+    [
+        (np.array([1, 2, 3], dtype=np.uint32), None),  # buffer path
+        (np.array([1, 2, 3], dtype=np.int32), None),
+        (np.array([1, 2, 3], dtype=">u4"), None),
+        (np.array([1, 0, 2, 0, 3, 0], dtype=np.uint32)[::2], None),
+        (np.array([1, -2, 3], dtype=np.int32), ValueError),
+        (np.array([1, 1 << 32, 3], dtype=np.uint64), ValueError),
+    ],
+    ids=["uint32", "int32", "big-endian", "strided", "negative", "too large"],
+)
+def test_token_arrays_every_layout(tokens: Any, exc: type[Exception] | None) -> None:
+    if exc is not None:
+        with pytest.raises(exc, match="kvshm"):
+            _encode.encode_stored(1, tokens, [5], None)
+        return
+    assert _encode.encode_stored(1, tokens, [5], None) == _encode.encode_stored(1, [1, 2, 3], [5], None)
+
+
+def test_buffers_are_released() -> None:
+    """The buffer path leaves no export behind: the caller may resize its array right after the call."""
+    from array import array
+
+    hashes, tokens = array("q", SIGNED), array("I", [1, 2, 3])
+    _encode.encode_stored(1, tokens, hashes, None)
+    hashes.append(1)  # BufferError if a memoryview were still exported
+    tokens.append(4)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from conftest import IndexerFactory
-from helpers import SharedDaemon, daemon_stream, event_ids, pid_gone, query, toks, variant, wait_for
+from helpers import SharedDaemon, daemon_stream, dump_blocks, event_ids, pid_gone, query, toks, variant, wait_for
 
 import kvshm
 import kvshm._indexer
@@ -61,11 +61,7 @@ def stream_dump_set(first: int, nxt: int) -> set[tuple[int, int | None, int]]:
 
 
 def dump_set(resp: Any) -> set[tuple[int, int | None, int]]:
-    got = set()
-    for e in resp["TreeDump"]["events"]:
-        (blk,) = e["event"]["data"]["stored"]["blocks"]
-        got.add((e["event"]["dp_rank"], e["event"]["data"]["stored"]["parent_hash"], blk["block_hash"]))
-    return got
+    return {(dp, parent, bh) for dp, parent, bh, _ in dump_blocks(resp)}
 
 
 def test_private_daemon_sigkill_midstream(make_indexer: IndexerFactory) -> None:
@@ -129,9 +125,7 @@ def test_private_daemon_sigkill_midstream(make_indexer: IndexerFactory) -> None:
     ix.apply_stored(nxt + 4, toks(90000, 4), [44], dp_rank=1)
     resp = query(ix)
     assert variant(resp) == "TreeDump" and resp["TreeDump"]["last_event_id"] == nxt + 4, str(resp)[:300]
-    got = {(e["event"]["dp_rank"], e["event"]["data"]["stored"]["parent_hash"],
-            e["event"]["data"]["stored"]["blocks"][0]["block_hash"]) for e in resp["TreeDump"]["events"]}
-    assert got == {(0, None, 42), (0, 42, 43), (1, None, 42)}  # dp 1 shares dp 0's node (same tokens)
+    assert dump_set(resp) == {(0, None, 42), (0, 42, 43), (1, None, 42)}  # dp 1 shares dp 0's node (same tokens)
     assert event_ids(query(ix, nxt + 1)) == [nxt + 1, nxt + 2, nxt + 3, nxt + 4]
 
 
@@ -151,7 +145,7 @@ def test_private_daemon_killed_while_idle_is_restarted(make_indexer: IndexerFact
     resp = query(ix)
     assert variant(resp) == "TreeDump" and resp["TreeDump"]["last_event_id"] == 0 and dump_set(resp) == {(0, None, 1)}
     ix.apply_cleared(1)
-    assert query(ix) == {"TreeDump": {"events": [], "last_event_id": 1}}
+    assert query(ix) == {"TreeDump": {"events": [], "last_event_id": 1, "reset_scope": "all"}}
 
 
 def test_shared_daemon_via_env(shared_daemon: SharedDaemon, ring_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,12 +215,18 @@ def test_shared_daemon_killed_and_restarted(shared_daemon: SharedDaemon, make_in
     shared_daemon.start()
     wait_for(lambda: ix.stats(daemon=False)["attached"], "the client to reattach by itself")
     assert ix.stats()["attaches"] == 2
+    # The restarted daemon resumed at a non-zero head: the history before it is unknown. It answers with what it
+    # applied since (best effort, as Dynamo would) and says the answer is incomplete.
     resp = query(ix)
-    assert variant(resp) == "Error", resp  # the restarted daemon resumed at a non-zero head: history unknown
+    assert variant(resp) == "TreeDump" and resp["TreeDump"]["last_event_id"] == seq - 1, str(resp)[:300]
+    assert {bh for _, _, bh in dump_set(resp)} <= {s * 10 for s in range(30, seq)}
+    st = ix.stats()
+    assert st["incomplete"] is True and "unknown" in st["daemon_stream"]["taint_reason"], str(st["daemon_stream"])
     stream = daemon_stream(shared_daemon.socket_path, 12)
     assert stream["events_received"] == 30  # the events published while it was down were kept in the ring
     ix.apply_cleared(seq)
-    assert query(ix) == {"TreeDump": {"events": [], "last_event_id": seq}}
+    assert query(ix) == {"TreeDump": {"events": [], "last_event_id": seq, "reset_scope": "all"}}
+    assert ix.stats()["incomplete"] is False
 
 
 EXIT_SCRIPT = textwrap.dedent(
@@ -412,7 +412,8 @@ def test_private_daemon_directory_is_private(make_indexer: IndexerFactory) -> No
 def test_missing_daemon_full_ring_is_counted_then_reported(shared_socket: SharedDaemon,
                                                            make_indexer: IndexerFactory) -> None:
     """No daemon and a full ring: publishing neither blocks nor raises; the drops are counted; once a daemon
-    attaches it knows exactly which ids were lost and refuses to dump until a Cleared."""
+    attaches it knows exactly which ids were lost: it answers with what it has, marked incomplete, until a
+    Cleared."""
     ix = make_indexer(worker_id=13, kv_block_size=16, socket_path=shared_socket.socket_path, ring_bytes=64 << 10)
     seq = 0
     while ix.stats(daemon=False)["dropped_events"] < 3:
@@ -425,13 +426,20 @@ def test_missing_daemon_full_ring_is_counted_then_reported(shared_socket: Shared
     shared_socket.start()
     wait_for(lambda: ix.stats(daemon=False)["attached"], "the client to attach")
     wait_for(lambda: ix.stats(daemon=False)["ring"]["used"] == 0, "the daemon to drain the ring")
-    ix.apply_stored(seq, toks(0, 16), [99999])  # carries the LOSS record
+    ix.apply_stored(seq, toks(60000, 16), [99999])  # carries the LOSS record
     resp = query(ix)
-    assert variant(resp) == "Error" and f"{first_lost}..{seq - 1}" in resp["Error"], resp
-    assert variant(query(ix, 0)) == "Error"  # an Events suffix across the lost ids cannot be complete
-    assert event_ids(query(ix, seq)) == [seq]  # one that starts after them can
+    assert variant(resp) == "TreeDump" and resp["TreeDump"]["last_event_id"] == seq, str(resp)[:300]
+    held = {bh for _, _, bh in dump_set(resp)}
+    assert 99999 in held and not held & {4 * s + i for s in range(first_lost, seq) for i in range(1, 5)}
+    st = ix.stats()
+    assert st["incomplete"] is True, st
+    assert [(r["first"], r["last"]) for r in st["lost_ranges"]] == [(first_lost, seq - 1)], st["lost_ranges"]
+    # Events across the lost ids: the suffix of what was applied, as across a gap.
+    assert event_ids(query(ix, 0)) == [*range(first_lost), seq]
+    assert event_ids(query(ix, seq)) == [seq]
     ix.apply_cleared(seq + 1)
-    assert query(ix) == {"TreeDump": {"events": [], "last_event_id": seq + 1}}
+    assert query(ix) == {"TreeDump": {"events": [], "last_event_id": seq + 1, "reset_scope": "all"}}
+    assert ix.stats()["incomplete"] is False
 
 
 class RefusingDaemon:

@@ -387,6 +387,29 @@ def _int_list(values: object, what: str) -> list[Any]:
     return out
 
 
+# Buffer formats whose bytes are already what the event carries (native little-endian: check_platform): any 8-byte
+# integer is its u64 two's complement, a u32 is a token id. Others (int32 tokens may be negative, big-endian, ...)
+# take the checked tolist() path.
+_U64_BYTES_FORMATS: Final = frozenset({"q", "Q", "l", "L", "<q", "<Q", "<l", "<L", "=q", "=Q", "=l", "=L"})
+_U32_BYTES_FORMATS: Final = frozenset({"I", "<I", "=I"})
+
+
+def _from_buffer(values: object, typecode: str, formats: frozenset[str], itemsize: int) -> "array[int] | None":
+    """An array copied from ``values``' buffer (a 1-D C-contiguous numpy array, array.array or memoryview of a
+    format in ``formats``): no per-item work at all. None when ``values`` has no such buffer."""
+    try:
+        mv = memoryview(values)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    with mv:
+        if mv.ndim != 1 or mv.itemsize != itemsize or mv.format not in formats or not mv.c_contiguous:
+            return None
+        out = array(typecode)
+        with mv.cast("B") as raw:  # frombytes wants a byte buffer
+            out.frombytes(raw)
+        return out
+
+
 def _u64_slow(values: list[Any], what: str) -> "array[int]":
     """array('Q', values) for values array() refused: hashes in [-2**63, 0) become their two's complement;
     integer-likes (numpy integers) through operator.index."""
@@ -409,7 +432,12 @@ def _u64_slow(values: list[Any], what: str) -> "array[int]":
 def _u64_array(values: object, what: str) -> "array[int]":
     """The u64 bytes of values as an array: array('Q') for [0, 2**64), else array('q') for [-2**63, 2**63) (its bytes
     are exactly the two's complement u64s; engines hash with signed 64-bit integers), else a Python loop (a list
-    mixing negatives with values >= 2**63, or errors). Non-lists go through :func:`_int_list` first."""
+    mixing negatives with values >= 2**63, or errors). Non-lists: a buffer of 8-byte integers (an int64 or uint64
+    numpy array) is copied as it is, anything else goes through :func:`_int_list` first."""
+    if values.__class__ is not list:
+        out = _from_buffer(values, "Q", _U64_BYTES_FORMATS, 8)
+        if out is not None:
+            return out
     items = _int_list(values, what)
     out = array("Q")
     try:
@@ -437,7 +465,12 @@ def _seq_dp(seq: object, dp_rank: object) -> tuple[int, int]:
 
 
 def _u32_array(values: object) -> "array[int]":
-    """array('I', values) for values that array.fromlist refused (not a list, or bad items)."""
+    """array('I', values) for values that array.fromlist refused (not a list, or bad items); a buffer of u32 (a
+    uint32 numpy array) is copied as it is."""
+    if values.__class__ is not list:
+        fast = _from_buffer(values, "I", _U32_BYTES_FORMATS, 4)
+        if fast is not None:
+            return fast
     out = array("I")
     try:
         out.fromlist(_int_list(values, "token ids"))

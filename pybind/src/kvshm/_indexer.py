@@ -19,9 +19,17 @@ The ATTACH connection stays open for the producer's lifetime: it is the liveness
 supervisor thread watches it; when the daemon goes away it reattaches by itself (restarting the private daemon
 if that is the one that died), with a capped exponential backoff. Meanwhile publishing goes on into the ring
 (events beyond its capacity are dropped and counted: the ring tells the daemon exactly which ids were lost) and
-``get_events_json`` returns ``{"Error": "kvshm: ..."}`` instead of raising. A restarted daemon resumes the ring
-where the dead one stopped; it knows it has lost the history before that, so it answers dumps with the JSON
-``Error`` variant until a ``Cleared`` re-bases the state.
+``get_events_json`` returns ``{"Error": "kvshm: ..."}`` instead of raising. A restarted daemon restores its
+checkpoint and replays the ring (private daemons), or resumes the ring where the dead one stopped and knows it has
+lost the history before that. After any loss the daemon answers, by default, with the best state it has (as Dynamo
+would from the events it applied) and reports the loss: ``stats()["incomplete"]`` and ``stats()["lost_ranges"]``,
+until a ``Cleared`` re-bases the state (``kvshmd --on-loss=error``: the ``Error`` variant instead).
+
+Inputs are the old extension's (Dynamo 1.6.1 decides what they mean): a token count that is not blocks x
+kv_block_size is published as given and hashed by the daemon as Dynamo does (complete windows zipped with the
+hashes); numpy integer scalars and arrays are taken wherever ints and id lists are (see :mod:`kvshm._encode`);
+``bytes``, ``str`` and mappings are refused as id lists. With ``dp_rank=r`` the indexer is the producer of one
+attention-DP rank (kvshmd keeps a stream per ``(worker_id, r)``), and an event of another rank is refused.
 
 Concurrency: publishing is serialized by a lock (uncontended, no system call), so any number of threads may
 publish; queries use their own connections (a small pool, so a slow dump does not hold up a quick Events query).
@@ -635,8 +643,10 @@ class LocalIndexer:
         """The recovery query: Dynamo's ``WorkerKvQueryResponse`` JSON for ids ``[start, end]``.
 
         ``Events`` (the suffix from ``start`` to the newest event), ``TreeDump`` (``start`` None or older than the
-        buffer), ``TooNew``, ``InvalidRange``, or ``{"Error": "kvshm: ..."}`` when the answer cannot be given
-        honestly (events were lost, the daemon is away or restarting). Only bad arguments raise.
+        buffer), ``TooNew``, ``InvalidRange``, or ``{"Error": "kvshm: ..."}`` when the daemon is away or
+        restarting (or, with ``kvshmd --on-loss=error``, when the answer would miss events kvshm lost; by default
+        such an answer is given and ``stats()["incomplete"]`` says so). With ``dp_rank=`` given to the
+        constructor: that rank's stream. Only bad arguments raise.
         """
         core = self._core
         if core.state:
@@ -652,11 +662,12 @@ class LocalIndexer:
         of this producer's stream (one STATS round trip on the Unix socket, bounded by a 2 s deadline; with
         ``daemon=False`` none: local fields only, no I/O, for tight loops or a daemon that may be stopped).
 
-        The daemon's fields are None when it is away or not asked: ``incomplete`` (True while answers miss events kvshm lost:
-        ring full, corrupt record, unknown history; see ``lost_ranges``), ``lost_ranges`` (``[{"first", "last",
-        "reason"}]``, newest last), ``token_mismatches`` (Stored events whose token count was not blocks x
-        block_size), ``daemon_stream`` (the daemon's whole STATS entry for this stream). Never raises because
-        the daemon is unreachable.
+        The daemon's fields are None when it is away or not asked: ``incomplete`` (True while answers miss events
+        kvshm lost: ring full, corrupt record, unknown history; until a Cleared), ``lost_ranges`` (``[{"first",
+        "last", "reason"}]``, newest last; an unknown history is named in ``daemon_stream["taint_reason"]``),
+        ``token_mismatches`` (Stored events whose token count was not blocks x block_size), ``daemon_stream`` (the
+        daemon's whole STATS entry for this stream). ``dp_rank`` is the indexer's rank (None: every rank). Never
+        raises because the daemon is unreachable.
         """
         core = self._core
         if core.state == _FORKED:
