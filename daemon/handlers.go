@@ -94,6 +94,15 @@ func (s *Server) selectStream(worker *uint64, rank *uint32) (target, error) {
 	return s.resolveLocked(worker, rank)
 }
 
+// wireRanges converts the index's lost ranges to the STATS wire type (never nil: JSON [] not null).
+func wireRanges(rs []index.LostRange) []LostRange {
+	out := make([]LostRange, 0, len(rs))
+	for _, lr := range rs {
+		out = append(out, LostRange{First: lr.First, Last: lr.Last, Unknown: lr.Unknown, Reason: lr.Reason})
+	}
+	return out
+}
+
 // current returns the stream's index and attachment (nil when detached).
 func (st *stream) current() (*index.Indexer, *attachment) {
 	st.mu.Lock()
@@ -259,10 +268,7 @@ func (st *stream) statsSnapshot() StreamStats {
 	out.Buffered = is.Buffered
 	out.ResidentBlocks = is.ResidentBlocks
 	out.Tainted, out.Incomplete, out.TaintReason = is.Tainted, is.Incomplete, is.TaintReason
-	out.LostRanges = make([]LostRange, 0, len(is.LostRanges))
-	for _, lr := range is.LostRanges {
-		out.LostRanges = append(out.LostRanges, LostRange{First: lr.First, Last: lr.Last, Unknown: lr.Unknown, Reason: lr.Reason})
-	}
+	out.LostRanges, out.Missing = wireRanges(is.LostRanges), wireRanges(is.Missing)
 	out.LostEvents = is.LostIDs
 	out.IDResets = is.IDResets
 	out.TokenMismatches = base.TokenMismatches + is.TokenMismatches

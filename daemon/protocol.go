@@ -116,8 +116,10 @@ type StreamStats struct {
 	Incomplete  bool        `json:"incomplete"`
 	TaintReason string      `json:"taint_reason,omitempty"`
 	LostRanges  []LostRange `json:"lost_ranges"`
-	LostEvents  uint64      `json:"lost_events"`
-	IDResets    uint64      `json:"id_resets"`
+	// Missing are the losses an incomplete answer misses (since the last Cleared), unknown history included.
+	Missing    []LostRange `json:"missing"`
+	LostEvents uint64      `json:"lost_events"`
+	IDResets   uint64      `json:"id_resets"`
 	// TokenMismatches counts Stored events whose token count was not blocks × block_size (applied as Dynamo
 	// applies them: only complete windows, zipped with the block hashes).
 	TokenMismatches uint64 `json:"token_mismatches"`

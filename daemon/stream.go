@@ -274,8 +274,8 @@ func (a *attachment) drainBatch() int {
 	if empty && hdr.LossPending {
 		a.headerLoss(hdr.LossFirstSeq, hdr.LossLastSeq)
 	}
-	a.applied.Store(a.r.Stats().ReadPos) // release: after every record before it was applied
 	if n == 0 {
+		a.applied.Store(a.r.Stats().ReadPos) // release: everything before it is applied and counted
 		return 0
 	}
 	if a.ckptEvery == 0 {
@@ -296,6 +296,9 @@ func (a *attachment) drainBatch() int {
 	}
 	st.batches.Add(1)
 	a.snapshot()
+	// Release: every record before it is applied, counted and (half-ring) checkpointed, as a barrier completed
+	// after this pass would promise; sync's fast path relies on that.
+	a.applied.Store(a.r.Stats().ReadPos)
 	return n
 }
 

@@ -232,12 +232,15 @@ type Stats struct {
 	TaintReason string
 	// LostRanges are the recent lost ranges of the current numbering (at most MaxLostRanges, merged beyond).
 	LostRanges []LostRange
-	LostIDs    uint64 // total ids lost (MarkLost and refused events)
-	Gaps       uint64 // gaps in event ids (not losses)
-	Losses     uint64 // MarkLost calls
-	Unknowns   uint64 // MarkUnknownHistory calls
-	IDResets   uint64 // backwards or duplicate ids (log restarted)
-	Rejected   uint64 // events refused as invalid input (not applied, counted as lost)
+	// Missing are the losses since the last Cleared, what an incomplete dump misses (the Response.Lost of a
+	// TreeDump), including unknown history before the first event; empty when not Tainted.
+	Missing  []LostRange
+	LostIDs  uint64 // total ids lost (MarkLost and refused events)
+	Gaps     uint64 // gaps in event ids (not losses)
+	Losses   uint64 // MarkLost calls
+	Unknowns uint64 // MarkUnknownHistory calls
+	IDResets uint64 // backwards or duplicate ids (log restarted)
+	Rejected uint64 // events refused as invalid input (not applied, counted as lost)
 	// TokenMismatches counts Stored events whose token count did not match their block count (applied).
 	TokenMismatches uint64
 

@@ -366,6 +366,9 @@ func (ix *Indexer) Stats() Stats {
 	if ix.log.count > 0 {
 		st.FirstEventID, st.LastEventID = ix.log.firstID(), ix.log.lastID()
 	}
+	if len(ix.taintLost) > 0 { // nil when none, however the slice got empty (a restored index compares equal)
+		st.Missing = slices.Clone(ix.taintLost)
+	}
 	if ix.tainted {
 		st.TaintReason = ix.taintMessageLocked()
 	}

@@ -127,6 +127,10 @@ class Client:
         self.connect_timeout = connect_timeout
         self.timeout = timeout
         self._sock: socket.socket | None = None
+        # Replies up to this size arrive with one recv_into here (header and body together); larger ones get a
+        # buffer of their own. Reused across requests: one user at a time.
+        self._rbuf = bytearray(_RECV_CHUNK)
+        self._rview = memoryview(self._rbuf)
 
     # -- connection ---------------------------------------------------------------------------------------
     @property
@@ -196,6 +200,33 @@ class Client:
                 raise
         return self._exchange(kind, frame, timeout)
 
+    def call_text(
+        self, kind: Kind, body: Mapping[str, Any] | None = None, *, retry: bool = True, timeout: float | None = None
+    ) -> str:
+        """Like :meth:`call`, with the reply body decoded as UTF-8 straight from the receive buffer (one copy: a
+        multi-megabyte TreeDump is not copied into bytes first). Invalid UTF-8 is a :class:`FrameError`."""
+        payload = json.dumps(dict(body) if body is not None else {}, separators=(",", ":")).encode()
+        if len(payload) + _FIXED_AFTER_LENGTH > MAX_REQUEST:
+            raise ValueError(f"kvshm: request of {len(payload)} bytes exceeds the {MAX_REQUEST}-byte limit")
+        frame = encode_frame(kind, payload)
+        reused = self._sock is not None
+        try:
+            return self._exchange_text(kind, frame, timeout)
+        except ConnectionLost as e:
+            if not (retry and reused and e.before_reply and not isinstance(e, RequestTimeout)):
+                raise
+        return self._exchange_text(kind, frame, timeout)
+
+    def _exchange_text(self, kind: Kind, frame: bytes, timeout: float | None) -> str:
+        view = self._exchange_view(kind, frame, timeout)
+        try:
+            return str(view, "utf-8")
+        except UnicodeDecodeError as e:
+            self.close()
+            raise FrameError(f"kvshmd {kind.name.lower()}: reply is not UTF-8: {e}") from e
+        finally:
+            view.release()
+
     def call_json(
         self, kind: Kind, body: Mapping[str, Any] | None = None, *, retry: bool = True, timeout: float | None = None
     ) -> dict[str, Any]:
@@ -212,6 +243,15 @@ class Client:
         return value
 
     def _exchange(self, kind: Kind, frame: bytes, timeout: float | None) -> bytes:
+        view = self._exchange_view(kind, frame, timeout)
+        try:
+            return bytes(view)
+        finally:
+            view.release()
+
+    def _exchange_view(self, kind: Kind, frame: bytes, timeout: float | None) -> memoryview:
+        """One request and its OK reply's body, as a view into a receive buffer (valid until the next request;
+        the caller releases it). A small reply costs one recv_into for header and body together."""
         self.connect()
         sock = self._sock
         assert sock is not None
@@ -229,15 +269,27 @@ class Client:
                     self.close()
                     raise refusal from e
                 raise ConnectionLost(f"kvshmd {name}: connection lost: {e.strerror or e}", before_reply=True) from e
-            header = _recv_exact(sock, HEADER_SIZE, deadline, name)
-            length, version, rkind, status = _HEADER.unpack(header)
+            got = _recv_some(sock, self._rview, HEADER_SIZE, deadline, name)
+            length, version, rkind, status = _HEADER.unpack_from(self._rbuf)
             if version != PROTOCOL_VERSION:
                 raise FrameError(f"kvshmd {name}: reply has protocol version {version}, want {PROTOCOL_VERSION}")
             if length < _FIXED_AFTER_LENGTH or length - _FIXED_AFTER_LENGTH > MAX_RESPONSE:
                 raise FrameError(f"kvshmd {name}: reply length {length} out of range")
-            body = _recv_exact(sock, length - _FIXED_AFTER_LENGTH, deadline, name, first=False)
+            total = length + 4
+            if got > total:
+                raise FrameError(f"kvshmd {name}: {got - total} bytes after the reply")
+            if total <= len(self._rbuf):
+                if got < total:
+                    _recv_exact_into(sock, self._rview[got:total], deadline, name)
+                body = self._rview[HEADER_SIZE:total]
+            else:  # a large reply: a buffer of its own, the bytes already read copied once
+                big = bytearray(total - HEADER_SIZE)
+                bview = memoryview(big)
+                bview[:got - HEADER_SIZE] = self._rview[HEADER_SIZE:got]
+                _recv_exact_into(sock, bview[got - HEADER_SIZE:], deadline, name)
+                body = bview
             if status == STATUS_ERROR:
-                code, message = _parse_error(body)
+                code, message = _parse_error(bytes(body))
                 if rkind == 0:  # a refusal of the connection itself (busy, forbidden): the daemon closes it
                     self.close()
                 raise RemoteError(kind, code, message)
@@ -284,10 +336,13 @@ class Client:
     ) -> bytes:
         """EVENTS: the exact ``WorkerKvQueryResponse`` JSON bytes. ``dp_rank`` selects that rank's stream, or the
         rank's view of a stream publishing for every rank (omitted from the body when None)."""
-        body: dict[str, Any] = {"worker_id": worker_id, "start": start, "end": end}
-        if dp_rank is not None:
-            body["dp_rank"] = dp_rank
-        return self.call(Kind.EVENTS, body)
+        return self.call(Kind.EVENTS, _events_body(worker_id, start, end, dp_rank))
+
+    def events_text(
+        self, worker_id: int | None, start: int | None, end: int | None, *, dp_rank: int | None = None
+    ) -> str:
+        """:meth:`events` decoded straight from the receive buffer (what ``get_events_json`` returns)."""
+        return self.call_text(Kind.EVENTS, _events_body(worker_id, start, end, dp_rank))
 
     def dump(self, worker_id: int | None) -> bytes:
         """DUMP: same as EVENTS with start=end=None."""
@@ -322,12 +377,39 @@ def _check_socket_dir(path: str) -> None:
             f"private directory: refusing to connect")
 
 
-def _recv_exact(sock: socket.socket, n: int, deadline: float, name: str, *, first: bool = True) -> bytes:
-    """Read exactly ``n`` bytes before ``deadline``. ``first`` marks the start of a reply: an EOF or reset before
-    any byte of it means the daemon dropped the connection before handling the request (safe to retry)."""
-    buf = bytearray(n)
-    view = memoryview(buf)
+_RECV_CHUNK: Final = 64 << 10
+
+
+def _events_body(worker_id: int | None, start: int | None, end: int | None, dp_rank: int | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"worker_id": worker_id, "start": start, "end": end}
+    if dp_rank is not None:
+        body["dp_rank"] = dp_rank
+    return body
+
+
+def _recv_some(sock: socket.socket, view: memoryview, need: int, deadline: float, name: str) -> int:
+    """Read into ``view`` until at least ``need`` bytes are there (as many as one recv gives, up to len(view));
+    returns the count. The start of a reply: an EOF or reset before any byte means the daemon dropped the
+    connection before handling the request (safe to retry)."""
     got = 0
+    while got < need:
+        try:
+            k = sock.recv_into(view[got:])
+        except TimeoutError as e:
+            raise RequestTimeout(f"kvshmd {name}: no complete reply within the deadline ({got} bytes)") from e
+        except OSError as e:
+            raise ConnectionLost(f"kvshmd {name}: connection lost: {e.strerror or e}", before_reply=got == 0) from e
+        if k == 0:
+            raise ConnectionLost(f"kvshmd {name}: daemon closed the connection", before_reply=got == 0)
+        got += k
+        if got < need:
+            sock.settimeout(_remaining(deadline))
+    return got
+
+
+def _recv_exact_into(sock: socket.socket, view: memoryview, deadline: float, name: str) -> None:
+    """Fill ``view`` (the rest of a reply) before ``deadline``."""
+    got, n = 0, len(view)
     while got < n:
         sock.settimeout(_remaining(deadline))
         try:
@@ -335,13 +417,10 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float, name: str, *, firs
         except TimeoutError as e:
             raise RequestTimeout(f"kvshmd {name}: no complete reply within the deadline ({got}/{n} bytes)") from e
         except OSError as e:
-            raise ConnectionLost(
-                f"kvshmd {name}: connection lost: {e.strerror or e}", before_reply=first and got == 0
-            ) from e
+            raise ConnectionLost(f"kvshmd {name}: connection lost: {e.strerror or e}") from e
         if k == 0:
-            raise ConnectionLost(f"kvshmd {name}: daemon closed the connection", before_reply=first and got == 0)
+            raise ConnectionLost(f"kvshmd {name}: daemon closed the connection")
         got += k
-    return bytes(buf)
 
 
 def _pending_refusal(sock: socket.socket, kind: Kind) -> RemoteError | None:

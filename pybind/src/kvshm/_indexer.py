@@ -405,7 +405,7 @@ class _Core:
             return self.unavailable(self.last_error or "not attached")
         client = self.take_query_client()
         try:
-            body = client.events(self.worker_id, start, end, dp_rank=self.dp_rank)
+            text = client.events_text(self.worker_id, start, end, dp_rank=self.dp_rank)
         except RemoteError as e:
             self.give_back_query_client(client)
             return _error_json(f"kvshm: kvshmd refused the query: {e.code}: {e.message}")
@@ -414,7 +414,7 @@ class _Core:
             self.wake()
             return self.unavailable(str(e))
         self.give_back_query_client(client)
-        return body.decode("utf-8")
+        return text
 
     def daemon_stream(self) -> dict[str, Any] | None:
         """This producer's stream in the daemon's STATS (matched by ring path), or None when the daemon is away,
@@ -699,6 +699,7 @@ class LocalIndexer:
             "ring": ring,
             "incomplete": None if stream is None else stream.get("incomplete"),
             "lost_ranges": None if stream is None else stream.get("lost_ranges"),
+            "missing": None if stream is None else stream.get("missing"),  # what incomplete answers miss
             "token_mismatches": None if stream is None else stream.get("token_mismatches"),
             "daemon_stream": stream,
         }
