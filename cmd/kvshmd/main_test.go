@@ -79,22 +79,7 @@ func TestForgetCommand(t *testing.T) {
 	}
 	dir := t.TempDir()
 	socket := filepath.Join(dir, "s", "kvshmd.sock")
-	srv, err := daemon.New(daemon.Config{SocketPath: socket, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	}()
+	serveDaemon(t, socket)
 	ring := filepath.Join(dir, "w3.ring")
 	w, err := shm.Create(ring, shm.Options{Capacity: 1 << 16, WorkerID: 3, KVBlockSize: 4, MaxBufferSize: 16})
 	if err != nil {
@@ -132,22 +117,7 @@ func TestForgetCommand(t *testing.T) {
 func TestDpRankCommands(t *testing.T) {
 	dir := t.TempDir()
 	socket := filepath.Join(dir, "s", "kvshmd.sock")
-	srv, err := daemon.New(daemon.Config{SocketPath: socket, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	}()
+	serveDaemon(t, socket)
 	qctx, qcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer qcancel()
 	var prods []*sock.Client
@@ -196,3 +166,24 @@ func TestDpRankCommands(t *testing.T) {
 func u64(v uint64) *uint64 { return &v }
 
 func u32(v uint32) *uint32 { return &v }
+
+// serveDaemon runs an in-process daemon on socket until the test ends.
+func serveDaemon(t *testing.T, socket string) {
+	t.Helper()
+	srv, err := daemon.New(daemon.Config{SocketPath: socket, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+}

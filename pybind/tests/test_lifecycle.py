@@ -444,13 +444,11 @@ def test_missing_daemon_full_ring_is_counted_then_reported(shared_socket: Shared
     assert ix.stats()["incomplete"] is False
 
 
-class RefusingDaemon:
-    """A socket that answers every request with one error code (what a misconfigured shared daemon does)."""
+class FakeDaemon:
+    """A socket that stands in for kvshmd: accepts connections on a thread and hands each to ``handle``."""
 
-    def __init__(self, path: str, code: str) -> None:
+    def __init__(self, path: str) -> None:
         import socket as _socket
-
-        from kvshm._client import encode_frame
 
         self.srv = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         self.srv.bind(path)
@@ -458,7 +456,6 @@ class RefusingDaemon:
         self.srv.settimeout(0.1)
         self.stop = threading.Event()
         self.requests = 0
-        body = json.dumps({"error": f"refused for the test ({code})", "code": code}).encode()
 
         def serve() -> None:
             while not self.stop.is_set():
@@ -466,22 +463,38 @@ class RefusingDaemon:
                     conn, _ = self.srv.accept()
                 except TimeoutError:
                     continue
-                with conn:
-                    conn.settimeout(5)
-                    head = conn.recv(8)
-                    if len(head) < 8:
-                        continue
-                    conn.recv(int.from_bytes(head[:4], "little") - 4)
-                    self.requests += 1
-                    conn.sendall(encode_frame(head[5], body, status=1))
+                conn.settimeout(5)
+                self.handle(conn)
 
         self.thread = threading.Thread(target=serve, daemon=True)
         self.thread.start()
+
+    def handle(self, conn: Any) -> None:
+        raise NotImplementedError
 
     def close(self) -> None:
         self.stop.set()
         self.thread.join(5)
         self.srv.close()
+
+
+class RefusingDaemon(FakeDaemon):
+    """Answers every request with one error code (what a misconfigured shared daemon does)."""
+
+    def __init__(self, path: str, code: str) -> None:
+        self.body = json.dumps({"error": f"refused for the test ({code})", "code": code}).encode()
+        super().__init__(path)
+
+    def handle(self, conn: Any) -> None:
+        from kvshm._client import encode_frame
+
+        with conn:
+            head = conn.recv(8)
+            if len(head) < 8:
+                return
+            conn.recv(int.from_bytes(head[:4], "little") - 4)
+            self.requests += 1
+            conn.sendall(encode_frame(head[5], self.body, status=1))
 
 
 def test_shared_daemon_refusing_for_good_is_an_error(short_dir: Path, ring_dir: Path) -> None:
@@ -508,33 +521,17 @@ def test_shared_daemon_busy_is_retried(short_dir: Path, make_indexer: IndexerFac
         fake.close()
 
 
-class HungDaemon:
+class HungDaemon(FakeDaemon):
     """Accepts connections and reads requests but never answers (a hung or SIGSTOPped kvshmd), until release()."""
 
     def __init__(self, path: str) -> None:
-        import socket as _socket
-
-        self.srv = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        self.srv.bind(path)
-        self.srv.listen(8)
-        self.srv.settimeout(0.1)
-        self.stop = threading.Event()
         self.conns: list[Any] = []
-        self.requests = 0
+        super().__init__(path)
 
-        def serve() -> None:
-            while not self.stop.is_set():
-                try:
-                    conn, _ = self.srv.accept()
-                except TimeoutError:
-                    continue
-                self.conns.append(conn)
-                conn.settimeout(5)
-                if len(conn.recv(8)) == 8:
-                    self.requests += 1
-
-        self.thread = threading.Thread(target=serve, daemon=True)
-        self.thread.start()
+    def handle(self, conn: Any) -> None:
+        self.conns.append(conn)
+        if len(conn.recv(8)) == 8:
+            self.requests += 1
 
     def release(self) -> None:
         """Hang up every connection: a pending ATTACH fails."""
@@ -542,10 +539,8 @@ class HungDaemon:
             conn.close()
 
     def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
+        super().close()
         self.release()
-        self.srv.close()
 
 
 def test_constructor_is_bounded_against_a_hung_shared_daemon(short_dir: Path, make_indexer: IndexerFactory,
