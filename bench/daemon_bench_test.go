@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvshm/kvshm/daemon"
 	"github.com/kvshm/kvshm/proto/fbs"
+	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
 )
 
@@ -39,7 +40,7 @@ type benchDaemon struct {
 	cancel context.CancelFunc
 	done   chan error
 	w      *shm.Writer
-	conn   *daemon.Client
+	conn   *sock.Client
 	b      *flatbuffers.Builder
 	seq    uint64
 	next   uint64 // next block hash
@@ -79,18 +80,18 @@ func (d *benchDaemon) stop() {
 	}
 }
 
-func (d *benchDaemon) attach(tb testing.TB, worker uint64, capacity uint64) (*shm.Writer, *daemon.Client) {
+func (d *benchDaemon) attach(tb testing.TB, worker uint64, capacity uint64) (*shm.Writer, *sock.Client) {
 	tb.Helper()
 	path := filepath.Join(tb.TempDir(), fmt.Sprintf("w%d.ring", worker))
 	w, err := shm.Create(path, shm.Options{Capacity: capacity, WorkerID: worker, KVBlockSize: benchBlockSize, MaxBufferSize: 4096})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	c, err := daemon.Dial(context.Background(), d.srv.SocketPath())
+	c, err := sock.Dial(context.Background(), d.srv.SocketPath())
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if _, err := c.Attach(context.Background(), daemon.AttachRequest{RingPath: path, WorkerID: worker, KVBlockSize: benchBlockSize, MaxBufferSize: 4096}); err != nil {
+	if _, err := c.Attach(context.Background(), sock.AttachRequest{RingPath: path, WorkerID: worker, KVBlockSize: benchBlockSize, MaxBufferSize: 4096}); err != nil {
 		tb.Fatal(err)
 	}
 	return w, c
@@ -162,7 +163,7 @@ func BenchmarkDaemonIngest(b *testing.B) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					c, err := daemon.Dial(context.Background(), d.srv.SocketPath())
+					c, err := sock.Dial(context.Background(), d.srv.SocketPath())
 					if err != nil {
 						b.Error(err)
 						return
@@ -183,7 +184,7 @@ func BenchmarkDaemonIngest(b *testing.B) {
 						case n%3 == 0:
 							_, err = c.Stats(ctx, &w)
 						case n%3 == 1:
-							_, err = c.Match(ctx, daemon.MatchRequest{WorkerID: &w, Tokens: make([]uint32, 64)})
+							_, err = c.Match(ctx, sock.MatchRequest{WorkerID: &w, Tokens: make([]uint32, 64)})
 						default:
 							_, err = c.Events(ctx, &w, &d.seq, nil)
 						}

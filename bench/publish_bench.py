@@ -2,7 +2,7 @@
 
 Run with the dev venv (needs msgpack)::
 
-    .venv/bin/python bench/publish_bench.py                # defaults: 64 MiB ring (the LocalIndexer default) in /dev/shm, 15 rounds
+    .venv/bin/python bench/publish_bench.py   # defaults: 64 MiB ring (LocalIndexer's default) in /dev/shm, 15 rounds
     .venv/bin/python bench/publish_bench.py --rounds 30 --n 2000 --capacity 16777216   # a smaller ring
 
 Events (token ids and hashes are Python lists of ints, as an engine has them; hashes are random u64):

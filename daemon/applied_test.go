@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvshm/kvshm/proto/fbs"
+	"github.com/kvshm/kvshm/proto/sock"
 )
 
 // hasSample reports whether the scrape has the exact sample line.
@@ -31,7 +32,7 @@ func TestBlocksAppliedMetric(t *testing.T) {
 	p.mustPublish(removed(3, 0, 11))                                                                                     // ok, 1 block
 	p.mustPublish(fbs.EventSpec{Seq: 4, Kind: fbs.KindStored, BlockHashes: []uint64{30, 31}, TokenIDs: tokens(0, 1, 4)}) // ok (token mismatch), 2 blocks
 	p.mustPublish(cleared(5))                                                                                            // ok, 0 blocks
-	checkStats(t, ts.SocketPath(), 1, func(s StreamStats) bool { return s.EventsReceived == 6 })
+	checkStats(t, ts.SocketPath(), 1, func(s sock.StreamStats) bool { return s.EventsReceived == 6 })
 	m := scrape(t, ts.Server)
 	want := map[[2]string]int{
 		{"stored", "ok"}: 4, {"stored", "parent_not_found"}: 3, {"removed", "block_not_found"}: 2, {"removed", "ok"}: 1,

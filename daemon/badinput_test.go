@@ -9,11 +9,13 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvshm/kvshm/proto/sock"
 )
 
 // rawExchange writes in on a fresh connection (then half-closes when closeWrite) and reads reply frames until the
 // daemon closes the connection or 10 s pass. It reports the frames and whether the daemon closed.
-func rawExchange(t *testing.T, socket string, in []byte, closeWrite bool, then []byte) ([]Frame, bool) {
+func rawExchange(t *testing.T, socket string, in []byte, closeWrite bool, then []byte) ([]sock.Frame, bool) {
 	t.Helper()
 	c, err := net.Dial("unix", socket)
 	if err != nil {
@@ -30,9 +32,9 @@ func rawExchange(t *testing.T, socket string, in []byte, closeWrite bool, then [
 	}
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	br := bufio.NewReader(c)
-	var frames []Frame
+	var frames []sock.Frame
 	for {
-		f, _, err := ReadFrame(br, MaxResponse, nil)
+		f, _, err := sock.ReadFrame(br, sock.MaxResponse, nil)
 		if err != nil {
 			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) || isReset(err) {
 				return frames, true
@@ -58,7 +60,7 @@ func rawExchange(t *testing.T, socket string, in []byte, closeWrite bool, then [
 	}
 }
 
-func req(k Kind, body string) []byte {
+func req(k sock.Kind, body string) []byte {
 	return frameBytes(uint32(4+len(body)), 1, byte(k), 0, []byte(body))
 }
 
@@ -67,10 +69,10 @@ func isReset(err error) bool {
 	return errors.As(err, &oe) && !oe.Timeout()
 }
 
-func errCode(t *testing.T, f Frame) string {
+func errCode(t *testing.T, f sock.Frame) string {
 	t.Helper()
-	var eb errorBody
-	if f.Status != StatusError || json.Unmarshal(f.Body, &eb) != nil || eb.Error == "" {
+	var eb sock.ErrorBody
+	if f.Status != sock.StatusError || json.Unmarshal(f.Body, &eb) != nil || eb.Error == "" {
 		t.Fatalf("reply %v/%v %q is not an error reply", f.Kind, f.Status, f.Body)
 	}
 	return eb.Code
@@ -85,7 +87,7 @@ func TestBadInput(t *testing.T) {
 		c.MaxRequestBytes = 1 << 10
 	})
 	// A bystander keeps querying through the whole test: every bad client below must leave it unaffected.
-	bystander, err := Dial(ctxT(t), ts.SocketPath())
+	bystander, err := sock.Dial(ctxT(t), ts.SocketPath())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +114,7 @@ func TestBadInput(t *testing.T) {
 			t.Errorf("bystander client broken: %v", err)
 		}
 	}()
-	health := frameBytes(4, 1, byte(KindHealth), 0, nil)
+	health := frameBytes(4, 1, byte(sock.KindHealth), 0, nil)
 
 	tests := []struct {
 		name       string
@@ -121,24 +123,24 @@ func TestBadInput(t *testing.T) {
 		wantCode   string // "" = no reply expected
 		wantClosed bool
 	}{
-		{"truncated frame then EOF", frameBytes(100, 1, byte(KindEvents), 0, []byte(`{"start":`)), true, "", true},
-		{"truncated frame then silence", frameBytes(100, 1, byte(KindEvents), 0, []byte(`{"start":`)), false, "", true},
+		{"truncated frame then EOF", frameBytes(100, 1, byte(sock.KindEvents), 0, []byte(`{"start":`)), true, "", true},
+		{"truncated frame then silence", frameBytes(100, 1, byte(sock.KindEvents), 0, []byte(`{"start":`)), false, "", true},
 		{"truncated header", []byte{9, 0, 0}, false, "", true},
-		{"oversized length", frameBytes(0xFFFFFFFF, 1, byte(KindDump), 0, nil), false, CodeTooLarge, true},
-		{"just over the cap", frameBytes(1<<10+1, 1, byte(KindDump), 0, nil), false, CodeTooLarge, true},
-		{"length below header", frameBytes(2, 1, byte(KindHealth), 0, nil), false, CodeBadRequest, true},
-		{"wrong version", frameBytes(4, 2, byte(KindHealth), 0, nil), false, CodeUnsupportedVersion, true},
-		{"garbage (HTTP on the socket)", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), false, CodeUnsupportedVersion, true},
-		{"garbage with version byte 1", []byte{0xff, 0xff, 0xff, 0x7f, 1, 3, 0, 0, 'x'}, false, CodeTooLarge, true},
+		{"oversized length", frameBytes(0xFFFFFFFF, 1, byte(sock.KindDump), 0, nil), false, sock.CodeTooLarge, true},
+		{"just over the cap", frameBytes(1<<10+1, 1, byte(sock.KindDump), 0, nil), false, sock.CodeTooLarge, true},
+		{"length below header", frameBytes(2, 1, byte(sock.KindHealth), 0, nil), false, sock.CodeBadRequest, true},
+		{"wrong version", frameBytes(4, 2, byte(sock.KindHealth), 0, nil), false, sock.CodeUnsupportedVersion, true},
+		{"garbage (HTTP on the socket)", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), false, sock.CodeUnsupportedVersion, true},
+		{"garbage with version byte 1", []byte{0xff, 0xff, 0xff, 0x7f, 1, 3, 0, 0, 'x'}, false, sock.CodeTooLarge, true},
 		{"silent client", nil, false, "", true},
-		{"unknown kind", frameBytes(4, 1, 99, 0, nil), false, CodeUnknownKind, false},
-		{"kind zero", frameBytes(4, 1, 0, 0, nil), false, CodeUnknownKind, false},
-		{"nonzero request status", frameBytes(4, 1, byte(KindHealth), 1, nil), false, CodeBadRequest, false},
-		{"bad JSON", req(KindEvents, `{"sta`), false, CodeBadRequest, false},
-		{"unknown field", req(KindEvents, `{"start_event_id":1}`), false, CodeBadRequest, false},
-		{"negative id", req(KindEvents, `{"start":-1}`), false, CodeBadRequest, false},
-		{"no stream", req(KindDump, `{}`), false, CodeNotFound, false},
-		{"attach relative path", req(KindAttach, `{"ring_path":"x.ring","kv_block_size":4}`), false, CodeBadRequest, false},
+		{"unknown kind", frameBytes(4, 1, 99, 0, nil), false, sock.CodeUnknownKind, false},
+		{"kind zero", frameBytes(4, 1, 0, 0, nil), false, sock.CodeUnknownKind, false},
+		{"nonzero request status", frameBytes(4, 1, byte(sock.KindHealth), 1, nil), false, sock.CodeBadRequest, false},
+		{"bad JSON", req(sock.KindEvents, `{"sta`), false, sock.CodeBadRequest, false},
+		{"unknown field", req(sock.KindEvents, `{"start_event_id":1}`), false, sock.CodeBadRequest, false},
+		{"negative id", req(sock.KindEvents, `{"start":-1}`), false, sock.CodeBadRequest, false},
+		{"no stream", req(sock.KindDump, `{}`), false, sock.CodeNotFound, false},
+		{"attach relative path", req(sock.KindAttach, `{"ring_path":"x.ring","kv_block_size":4}`), false, sock.CodeBadRequest, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -158,7 +160,7 @@ func TestBadInput(t *testing.T) {
 					t.Fatalf("error code %s (%s), want %s", got, frames[0].Body, tt.wantCode)
 				}
 			}
-			if then != nil && (len(frames) != 2 || frames[1].Status != StatusOK || frames[1].Kind != KindHealth) {
+			if then != nil && (len(frames) != 2 || frames[1].Status != sock.StatusOK || frames[1].Kind != sock.KindHealth) {
 				t.Fatalf("connection did not serve HEALTH after the error: %d frames", len(frames))
 			}
 			if tt.wantClosed && !closed {
@@ -174,23 +176,23 @@ func TestBadInput(t *testing.T) {
 // TestConnectionLimit: beyond MaxConns a client gets a busy error and the others are unaffected.
 func TestConnectionLimit(t *testing.T) {
 	ts := startServer(t, func(c *Config) { c.MaxConns = 2 })
-	a, err := Dial(ctxT(t), ts.SocketPath())
+	a, err := sock.Dial(ctxT(t), ts.SocketPath())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	b, err := Dial(ctxT(t), ts.SocketPath())
+	b, err := sock.Dial(ctxT(t), ts.SocketPath())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	for _, c := range []*Client{a, b} { // both admitted
+	for _, c := range []*sock.Client{a, b} { // both admitted
 		if _, err := c.Health(ctxT(t)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	frames, closed := rawExchange(t, ts.SocketPath(), nil, false, nil)
-	if len(frames) != 1 || errCode(t, frames[0]) != CodeBusy || !closed {
+	if len(frames) != 1 || errCode(t, frames[0]) != sock.CodeBusy || !closed {
 		t.Fatalf("third connection: %d frames closed=%v, want one busy error and close", len(frames), closed)
 	}
 	if _, err := a.Health(ctxT(t)); err != nil {
@@ -203,7 +205,7 @@ func TestConnectionLimit(t *testing.T) {
 func TestUnreadReplyWriteTimeout(t *testing.T) {
 	ts := startServer(t, func(c *Config) { c.WriteTimeout = 500 * time.Millisecond })
 	p := newProducer(t, ts.SocketPath(), 1, 1, 1<<20)
-	bystander, err := Dial(ctxT(t), ts.SocketPath())
+	bystander, err := sock.Dial(ctxT(t), ts.SocketPath())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +238,7 @@ func TestUnreadReplyWriteTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer hostile.Close()
-	if _, err := hostile.Write(req(KindDump, `{"worker_id":1}`)); err != nil {
+	if _, err := hostile.Write(req(sock.KindDump, `{"worker_id":1}`)); err != nil {
 		t.Fatal(err)
 	}
 	// While the daemon is stuck writing to the hostile client, the bystander is served and ingest continues.
@@ -259,8 +261,8 @@ func TestUnreadReplyWriteTimeout(t *testing.T) {
 	if isTimeout(err) {
 		t.Fatal("hostile connection not closed by the daemon")
 	}
-	if n >= int64(HeaderSize+len(full)) {
-		t.Fatalf("hostile client read %d bytes: the whole reply of %d was written", n, HeaderSize+len(full))
+	if n >= int64(sock.HeaderSize+len(full)) {
+		t.Fatalf("hostile client read %d bytes: the whole reply of %d was written", n, sock.HeaderSize+len(full))
 	}
 	if _, err := bystander.Health(ctxT(t)); err != nil {
 		t.Fatalf("bystander after the cut-off: %v", err)

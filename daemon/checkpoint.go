@@ -5,26 +5,22 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"github.com/kvshm/kvshm/index"
 	"github.com/kvshm/kvshm/shm"
 )
 
-// Checkpoints (--state-dir): at a graceful shutdown, after a stream's final drain and head release, its index is
-// written to <state-dir>/w<worker_id>-<ring epoch>.ckpt (an ALL stream) or w<worker_id>r<dp_rank>-<ring epoch>.ckpt
-// (a per-rank stream) (index.WriteCheckpoint, with ckptMeta naming the worker, the
-// ring epoch and the ring head the index corresponds to). With --checkpoint-interval the drain goroutine also writes
-// one while the stream runs and releases the ring head only up to it (stream.go, attachment.checkpoint). The first
-// ATTACH of that worker after a restart restores the index when the file's epoch and head equal the ring's, instead
-// of marking the history unknown. A checkpoint is removed once read (restored or not; with --checkpoint-interval a
-// restored one is kept until replaced) and whenever its worker's stream is replaced or forgotten, so none is applied
-// twice. Failures are logged and counted (kvshm_checkpoint_writes_total, kvshm_checkpoint_restores_total) and never
-// stop a shutdown or an attach.
+// Checkpoints (--state-dir, --checkpoint-interval): the design, the file names and every failure outcome are told
+// once, in doc.go ("Checkpoints", "Continuous checkpoints"); the file format is index/CHECKPOINT.md. This file holds
+// the daemon's part: ckptStore (write, look up, remove the files of one state directory) and the meta that names the
+// worker, ring epoch and ring head a checkpoint corresponds to.
 
 // ckptMeta is the daemon's part of a checkpoint (the index's opaque meta). Wire format: never change without
 // changing ckptMagic.
@@ -90,28 +86,30 @@ func prepareStateDir(dir string) error {
 	return nil
 }
 
-// writeCheckpoint saves the index of a stream whose attachment a has ended (final drain done, head released):
-// temporary file 0600, fsync, rename, fsync of the directory. Errors are logged and counted, never returned.
-func (s *Server) writeCheckpoint(st *stream, a *attachment) {
-	_ = s.saveCheckpoint(st.key, a.hdr.Epoch, a.ix, a.finalHead, "shutdown")
+// ckptStore is the checkpoint files of one --state-dir (an empty dir: none). The server hands it to each
+// attachment (whose drain goroutine writes continuous checkpoints) and uses it at attach, forget and shutdown.
+type ckptStore struct {
+	dir    string
+	writes *prometheus.CounterVec // kvshm_checkpoint_writes_total{result}
+	log    *slog.Logger
 }
 
-// saveCheckpoint writes ix as the checkpoint of the stream's ring epoch at ring position head (the index must hold
+// save writes ix: temporary file 0600, fsync, rename, fsync of the directory. It writes ix as the checkpoint of the stream's ring epoch at ring position head (the index must hold
 // exactly the records before head) and logs and counts the outcome. Holding the index's read lock only while the
 // bytes are serialized (WriteCheckpoint), it lets queries run meanwhile; fsync and rename happen after.
-func (s *Server) saveCheckpoint(k streamKey, epoch uint64, ix *index.Indexer, head uint64, trigger string) error {
-	dir := s.cfg.StateDir
+func (c *ckptStore) save(k streamKey, epoch uint64, ix *index.Indexer, head uint64, trigger string) error {
+	dir := c.dir
 	name := ckptName(k, epoch)
-	log := s.log.With(k.logAttrs()...).With("checkpoint", filepath.Join(dir, name))
+	log := c.log.With(k.logAttrs()...).With("checkpoint", filepath.Join(dir, name))
 	size, err := writeFileAtomic(dir, name, func(w *bufio.Writer) error {
 		return ix.WriteCheckpoint(w, encodeCkptMeta(k.worker, epoch, head))
 	})
 	if err != nil {
-		s.m.ckptWrites.WithLabelValues("failed").Inc()
+		c.writes.WithLabelValues("failed").Inc()
 		log.Error("cannot write checkpoint: the next daemon will report unknown history for this worker", "err", err, "trigger", trigger)
 		return err
 	}
-	s.m.ckptWrites.WithLabelValues("ok").Inc()
+	c.writes.WithLabelValues("ok").Inc()
 	if trigger == "shutdown" || trigger == "final" {
 		log.Info("checkpoint written", "epoch", epoch, "head", head, "bytes", size, "trigger", trigger)
 	} else {
@@ -169,16 +167,16 @@ type ckptLoad struct {
 	why    string // for the log when not restored
 }
 
-// loadCheckpoint reads the stream's checkpoint of the ring epoch (ckptName) and accepts it when it was written for
+// load reads the stream's checkpoint of the ring epoch (ckptName) and accepts it when it was written for
 // this worker and ring epoch, at the ring's head or at the end of a published record after it (the previous daemon
 // died between the checkpoint's rename and its head release: r is then moved there), with the index configuration
 // the ring asks for (the loss policy and dump shape
 // are flags, not state: SetPolicies applies the running daemon's). It does not remove the file (see
-// removeCheckpoints).
-func (s *Server) loadCheckpoint(k streamKey, epoch uint64, r *shm.Reader, cfg index.Config) ckptLoad {
+// remove).
+func (c *ckptStore) load(k streamKey, epoch uint64, r *shm.Reader, cfg index.Config) ckptLoad {
 	head := r.Stats().Head
 	worker := k.worker
-	path := filepath.Join(s.cfg.StateDir, ckptName(k, epoch))
+	path := filepath.Join(c.dir, ckptName(k, epoch))
 	// Only a regular file is read, and at most its size: a symlink (to /dev/zero, say) is not followed, and a FIFO
 	// or device neither blocks the open (O_NONBLOCK) nor is read.
 	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
@@ -229,18 +227,18 @@ func sameShape(a, b index.Config) bool {
 	return a.WorkerID == b.WorkerID && a.BlockSize == b.BlockSize && a.MaxBufferSize == b.MaxBufferSize
 }
 
-// removeCheckpoints deletes every checkpoint of the stream k (any ring epoch; not those of the worker's other
+// remove deletes every checkpoint of the stream k (any ring epoch; not those of the worker's other
 // scopes): it was consumed, or its stream was replaced or forgotten. Errors are logged.
-func (s *Server) removeCheckpoints(k streamKey) { s.removeCheckpointsBut(k, "") }
+func (c *ckptStore) remove(k streamKey) { c.removeBut(k, "") }
 
-// removeCheckpointsBut is removeCheckpoints sparing the file named keep (a restored checkpoint that stays valid
+// removeBut is remove sparing the file named keep (a restored checkpoint that stays valid
 // under --checkpoint-interval: the head is released only after a newer one replaced it).
-func (s *Server) removeCheckpointsBut(k streamKey, keep string) {
-	if s.cfg.StateDir == "" {
+func (c *ckptStore) removeBut(k streamKey, keep string) {
+	if c.dir == "" {
 		return
 	}
 	prefix := ckptPrefix(k)
-	paths, _ := filepath.Glob(filepath.Join(s.cfg.StateDir, prefix+"*"+ckptSuffix))
+	paths, _ := filepath.Glob(filepath.Join(c.dir, prefix+"*"+ckptSuffix))
 	for _, p := range paths {
 		if rest := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(p), prefix), ckptSuffix); rest == "" || strings.ContainsFunc(rest, func(r rune) bool { return r < '0' || r > '9' }) {
 			continue // another worker's file or not ours (w1-2.ckpt must not match w1-*-x.ckpt patterns)
@@ -249,9 +247,9 @@ func (s *Server) removeCheckpointsBut(k streamKey, keep string) {
 			continue
 		}
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			s.log.Warn("cannot remove checkpoint", "path", p, "err", err)
+			c.log.Warn("cannot remove checkpoint", "path", p, "err", err)
 		} else if err == nil {
-			s.log.Debug("checkpoint removed", "path", p)
+			c.log.Debug("checkpoint removed", "path", p)
 		}
 	}
 }

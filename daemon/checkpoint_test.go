@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/kvshm/kvshm/proto/fbs"
+	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
 )
 
@@ -82,9 +83,9 @@ func grepLines(s, sub string) string {
 }
 
 // lastID waits until the daemon applied event id last of p's worker.
-func lastID(t *testing.T, socket string, p *producer, last uint64) StreamStats {
+func lastID(t *testing.T, socket string, p *producer, last uint64) sock.StreamStats {
 	t.Helper()
-	return checkStats(t, socket, p.worker, func(s StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == last })
+	return checkStats(t, socket, p.worker, func(s sock.StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == last })
 }
 
 // TestCheckpointRestart: a daemon with --state-dir is stopped with SIGTERM while its producer lives on and keeps
@@ -158,7 +159,7 @@ func restartUnknown(t *testing.T, d *daemonProc, p *producer, next uint64, state
 	if !rep.Resumed || rep.Restored || rep.Head == 0 {
 		t.Fatalf("attach = %+v, want resumed, not restored\n%s", rep, d.log)
 	}
-	st := checkStats(t, d.socket, p.worker, func(s StreamStats) bool { return s.Attached })
+	st := checkStats(t, d.socket, p.worker, func(s sock.StreamStats) bool { return s.Attached })
 	if !st.Tainted {
 		t.Errorf("stream not tainted after an unrestored resume: %+v", st)
 	}

@@ -18,10 +18,11 @@ import (
 
 	"github.com/kvshm/kvshm/index"
 	"github.com/kvshm/kvshm/proto/fbs"
+	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
 )
 
-// The concurrency simulation (STYLE §9, after bbolt's simulation_test.go): one producer publishes a random event
+// The concurrency simulation (after bbolt's simulation_test.go): one producer publishes a random event
 // stream at full speed through a real ring, the daemon's drain goroutine applies it, and 64 query clients ask
 // EVENTS, DUMP, STATS, MATCH and HEALTH meanwhile. Every reply is recorded with the window of states the daemon
 // may have answered from: lo = the last id whose Publish had returned before the request was sent (read-your-
@@ -139,13 +140,13 @@ func variant(body []byte) string {
 // simObs is one reply received during the simulation, with the window of states it may describe.
 type simObs struct {
 	client, q  int
-	kind       Kind
+	kind       sock.Kind
 	start, end *uint64
 	tokens     []uint32
 	lo, hi     uint64
-	body       []byte       // EVENTS, DUMP
-	stats      StreamStats  // STATS
-	scores     []MatchScore // MATCH
+	body       []byte            // EVENTS, DUMP
+	stats      sock.StreamStats  // STATS
+	scores     []sock.MatchScore // MATCH
 }
 
 func (o *simObs) String() string {
@@ -282,7 +283,7 @@ func TestConcurrencySimulation(t *testing.T) {
 			var obs []*simObs
 			defer func() { obsCh <- obs }()
 			rng := rand.New(rand.NewPCG(seed, uint64(i)))
-			c, err := Dial(context.Background(), ts.SocketPath())
+			c, err := sock.Dial(context.Background(), ts.SocketPath())
 			if err != nil {
 				errs <- err
 				return
@@ -300,10 +301,10 @@ func TestConcurrencySimulation(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 				switch (i + count) % 5 {
 				case 0:
-					o.kind = KindDump
+					o.kind = sock.KindDump
 					o.body, err = c.Dump(ctx, &w)
 				case 1:
-					o.kind = KindEvents
+					o.kind = sock.KindEvents
 					var s uint64
 					switch r := rng.IntN(100); {
 					case r < 30: // resume where this client left off (a dump once it fell behind the log)
@@ -323,8 +324,8 @@ func TestConcurrencySimulation(t *testing.T) {
 					}
 					o.body, err = c.Events(ctx, &w, o.start, o.end)
 				case 2:
-					o.kind = KindStats
-					var r StatsReply
+					o.kind = sock.KindStats
+					var r sock.StatsReply
 					r, err = c.Stats(ctx, &w)
 					if err == nil && len(r.Streams) != 1 {
 						err = fmt.Errorf("stats: %d streams", len(r.Streams))
@@ -333,7 +334,7 @@ func TestConcurrencySimulation(t *testing.T) {
 						o.stats = r.Streams[0]
 					}
 				case 3:
-					o.kind = KindMatch
+					o.kind = sock.KindMatch
 					// The path of a block stored around the ids being published (queries are answered some hundreds
 					// of events later under load, and the tree is cleared every ~100 events), sometimes with a
 					// foreign tail.
@@ -348,12 +349,12 @@ func TestConcurrencySimulation(t *testing.T) {
 							o.tokens = append(o.tokens, tokens(7, 1, 4)...)
 						}
 					}
-					var r MatchReply
-					r, err = c.Match(ctx, MatchRequest{WorkerID: &w, Tokens: o.tokens})
+					var r sock.MatchReply
+					r, err = c.Match(ctx, sock.MatchRequest{WorkerID: &w, Tokens: o.tokens})
 					o.scores = r.Scores
 				case 4:
-					o.kind = KindHealth
-					var r HealthReply
+					o.kind = sock.KindHealth
+					var r sock.HealthReply
 					r, err = c.Health(ctx)
 					if err == nil && (r.Status != "ok" || r.Streams != 1) {
 						err = fmt.Errorf("health: %+v", r)
@@ -370,7 +371,7 @@ func TestConcurrencySimulation(t *testing.T) {
 						lastL = max(lastL, l)
 					}
 				}
-				if o.kind != KindHealth {
+				if o.kind != sock.KindHealth {
 					obs = append(obs, o)
 				}
 			}
@@ -433,7 +434,7 @@ func checkSimulation(t *testing.T, seed uint64, sim *simEvents, cfg index.Config
 			continue
 		}
 		switch o.kind {
-		case KindEvents, KindDump:
+		case sock.KindEvents, sock.KindDump:
 			l, ok, err := claimedState(o.body)
 			switch {
 			case err != nil:
@@ -447,7 +448,7 @@ func checkSimulation(t *testing.T, seed uint64, sim *simEvents, cfg index.Config
 			}
 			byState[l] = append(byState[l], o)
 			counts[variant(o.body)]++
-		case KindStats:
+		case sock.KindStats:
 			var l uint64
 			if o.stats.LastEventID != nil {
 				l = *o.stats.LastEventID
@@ -458,7 +459,7 @@ func checkSimulation(t *testing.T, seed uint64, sim *simEvents, cfg index.Config
 			}
 			byState[l] = append(byState[l], o)
 			counts["Stats"]++
-		case KindMatch:
+		case sock.KindMatch:
 			matches = append(matches, o)
 			counts["Match"]++
 			if len(o.scores) > 0 {
@@ -502,9 +503,9 @@ func checkSimulation(t *testing.T, seed uint64, sim *simEvents, cfg index.Config
 		}
 		for _, o := range byState[l] {
 			switch o.kind {
-			case KindEvents, KindDump:
+			case sock.KindEvents, sock.KindDump:
 				var start *uint64
-				if o.kind == KindEvents {
+				if o.kind == sock.KindEvents {
 					start = o.start
 				}
 				want, err := model.Recover(context.Background(), start, o.end)
@@ -518,7 +519,7 @@ func checkSimulation(t *testing.T, seed uint64, sim *simEvents, cfg index.Config
 						fail(o, "%v", err)
 					}
 				}
-			case KindStats:
+			case sock.KindStats:
 				ms, s := model.Stats(), o.stats
 				var first uint64
 				if s.FirstEventID != nil {

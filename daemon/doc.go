@@ -10,7 +10,7 @@
 //
 // A producer creates its ring (package shm), connects, sends ATTACH and keeps that connection open for its whole
 // life: EOF on it is how the daemon learns the producer is gone (a periodic check of the ring header's
-// producer_pid is the backstop). Queries go on other connections (Client). Every query on a stream first waits
+// producer_pid is the backstop). Queries go on other connections (sock.Client). Every query on a stream first waits
 // until the drain goroutine has applied everything published before the query arrived (read-your-writes). When the
 // producer's tail word already equals the position the drain goroutine last applied up to, and the ring header
 // reports no pending loss, there is nothing to wait for and the query answers at once (no round trip to the drain
@@ -49,6 +49,9 @@
 //	  shm.Open validates the header; the file was not swapped meanwhile          bad_request / conflict
 //	  header worker_id, kv_block_size (and max_buffer_size when given) match     bad_request
 //	  no live producer on the (worker, scope) key, none on this connection       conflict
+//
+// lifecycle.go carries these tables out: openRing is the validation, planAttach the outcome table as a pure
+// function of the stream's and the ring's state (TestPlanAttach), install the step that applies its decision.
 //
 //	Outcome                                        index                              reply / stats
 //	first attach of the worker, head = 0           new                                stream_epoch 1, resumed false
@@ -146,8 +149,8 @@
 // record (a bug in fbs or index) is recovered (one deferred recover per pass, not per record: BenchmarkDrainBatch
 // measured no difference): the record is skipped, counted as malformed, logged with its stack, the index is marked
 // unknown-history, and the pass continues with the next record.
-// Idle strategy (idle.go): spin ~30 µs, Gosched to ~60 µs, nanosleep 50 µs doubling to 1 ms, and after 100 ms
-// without records the stream parks on the ring's futex doorbell (shm.Reader.Park, up to 250 ms per park): the
+// Idle strategy (idle.go, with its figures): spin, Gosched, then naps of growing length that a query barrier cuts
+// short, and after coldAfter without records the stream parks on the ring's futex doorbell (shm.Reader.Park, up to 250 ms per park): the
 // producer's next publish wakes it (FUTEX_WAKE, only while the consumer is parked), a query barrier or a stop
 // wakes it with Reader.Wake, and the timeout bounds a wakeup the Python producer can lose (it cannot fence; see
 // shm/FORMAT.md, "Doorbell") and paces the idle housekeeping (heartbeat, ring stats, CLOSED check, pid check).
@@ -216,45 +219,14 @@
 // above 65535 or more than 256 ranks is logged and counted (kvshm_rank_port_errors_total), never fatal, and not
 // retried; the rank stays reachable at its /workers URL. All HTTP listeners share the --http-max-conns bound.
 //
-// # Frame protocol (Unix socket, SOCK_STREAM)
+// # Socket protocol
 //
-// Both directions carry frames; all integers little-endian:
-//
-//	0                4        5        6                 8
-//	+----------------+--------+--------+-----------------+----------------------+
-//	| length u32 LE  | ver=1  | kind u8| status u16 LE   | body (length-4 bytes)|
-//	+----------------+--------+--------+-----------------+----------------------+
-//
-// length counts everything after the length field (4 + body). Requests: status 0, length ≤ 4 MiB (configurable);
-// replies echo the kind, length ≤ 1 GiB, status 0 OK or 1 ERROR with body {"error":"<message>","code":"<code>"}.
-// Bodies are JSON; request decoding is strict (unknown fields, trailing data, negative or fractional ids are
-// bad_request). Bodies are in protocol.go:
-//
-//	kind  name    request body                                      OK reply body
-//	1     ATTACH  {"ring_path","worker_id","kv_block_size",         {"worker_id","epoch","stream_epoch","resumed","head",
-//	               "max_buffer_size","dp_rank"?}                     "restored"}
-//	2     DETACH  {"worker_id": u64, "dp_rank"?}                    {}
-//	3     EVENTS  {"worker_id"?, "start"?, "end"?, "dp_rank"?}      WorkerKvQueryResponse JSON
-//	4     DUMP    {"worker_id"?, "dp_rank"?}                        WorkerKvQueryResponse JSON
-//	5     STATS   {"worker_id"?, "dp_rank"?}                        {"streams":[{..., "dp_rank": u32|null,
-//	                                                                 "incomplete", "token_mismatches", ...}]}
-//	6     MATCH   {"worker_id"?, "tokens", "lora_name"?, "is_eagle", {"scores":[{"worker_id","dp_rank","blocks"}]}
-//	               "dp_rank"?}
-//	7     HEALTH  {}                                                {"status":"ok","version","streams"}
-//	8     FORGET  {"worker_id": u64, "dp_rank"?}                    {}; not_found for an unknown stream, conflict
-//	                                                                while a producer is attached (a stream whose
-//	                                                                producer is detaching is forgotten after its
-//	                                                                final drain)
-//
-// worker_id and dp_rank select a stream as /kv_recover does (see "Recovery routes"): null (or absent) selects the
-// only stream (conflict with several); dp_rank omitted is omitted from the body (older clients are unchanged). For
-// STATS null means every stream, worker_id w's streams, dp_rank r for each worker its rank-r stream or else its ALL
-// stream. DETACH and FORGET select exactly one stream, never a rank view: dp_rank r is the per-rank stream r;
-// omitted, the worker's ALL stream, else its only stream, else conflict.
-// EVENTS and DUMP reply with the index's WorkerKvQueryResponse JSON bytes unchanged (an incomplete answer is
-// visible in STATS, not in the frame). FORGET drops the stream's index, counters and every metric series labelled
-// with its worker_id and dp_rank, so a shared daemon does not keep the state
-// of departed workers forever; a later ATTACH of that worker starts a new stream (stream_epoch 1).
+// The frame format, the request and reply bodies, stream selection by worker_id and dp_rank, and the error codes
+// are specified in proto/sock/PROTOCOL.md (package sock holds the codec, the types and the Go client); this
+// package serves them (server.go, handlers.go). FORGET drops the stream's index, counters and every metric series
+// labelled with its worker_id and dp_rank, so a shared daemon does not keep the state of departed workers forever;
+// a later ATTACH of that worker starts a new stream (stream_epoch 1). FORGET of a stream whose producer is
+// detaching forgets it after its final drain.
 //
 // # Failure outcomes
 //
@@ -263,7 +235,7 @@
 //	length > cap                                      too_large reply, connection closed (body never read)
 //	version ≠ 1 (e.g. HTTP or garbage on the socket)  unsupported_version reply, connection closed
 //	unknown kind / nonzero request status / bad JSON  unknown_kind / bad_request reply, connection stays usable
-//	(JSON: a key in another case, a duplicate key,    (request bodies decode strictly: decodeStrict)
+//	(JSON: a key in another case, a duplicate key,    (request bodies decode strictly: sock.DecodeStrict)
 //	null, trailing data are bad JSON too)
 //	frame started but not finished in 10 s            connection closed (counted: frame_timeout)
 //	non-producer connection silent for 5 min          connection closed (counted: idle); clients reconnect
@@ -281,7 +253,8 @@
 //	corrupt tail word more than a ring ahead          SkipToTail stays; the producer's next publish rewrites it
 //	corrupt tail word within a ring ahead             the reader skips there; the producer re-bases at that head
 //	                                                  (one event dropped, reported by a LOSS record): no wedge
-//	ring file truncated under the daemon (SIGBUS)     a memory fault on the drain goroutine (SetPanicOnFault): only
+//	ring file truncated under the daemon (SIGBUS;     a memory fault on the drain goroutine (SetPanicOnFault), or
+//	an idle stream checks the size every 100 ms)      the idle size check (shm.Reader.Truncated): only
 //	                                                  that attachment ends (unknown history, counted, logged, the
 //	                                                  producer's connection closed); the daemon goes on
 //	ring state word reads CLOSED, producer connected  ignored (logged once): only the producer ends its stream
@@ -355,8 +328,8 @@
 // daemon knows). A restored index has no dump cache, so its first dump is built from the tree: equivalent to, but
 // not always byte-equal with, a cached dump the old daemon had extended with the log tail (the same difference any
 // cache invalidation makes).
-// Idle CPU grows with the number of idle streams (~0.3-0.6% of a core each on the VM measured); a doorbell
-// (futex in the ring header) would remove it but needs producer support. The pid backstop is only armed when the
+// An idle stream wakes once per park (250 ms, see "Drain loop"), so idle CPU grows slowly with the number of idle
+// streams (README, "Performance", has the measured figures). The pid backstop is only armed when the
 // attaching process is the ring's producer_pid (same pid namespace); otherwise socket EOF is the only death
 // signal. A stream's index is kept while the daemon runs until an operator sends FORGET (`kvshmd forget`); a
 // recovery query that selected the stream just before FORGET may re-create its recovery_* series once. Panic

@@ -3,6 +3,8 @@ package daemon
 import (
 	"fmt"
 	"testing"
+
+	"github.com/kvshm/kvshm/proto/sock"
 )
 
 // TestDrainPanicContained: a panic while applying one record (injected through applyHook) does not crash the
@@ -24,7 +26,7 @@ func TestDrainPanicContained(t *testing.T) {
 	p.mustPublish(stored(1, 0, u64p(10), []uint64{11}, tokens(4, 1, 4)))
 	p.mustPublish(stored(2, 0, u64p(11), []uint64{12}, tokens(8, 1, 4))) // panics
 	p.mustPublish(stored(3, 0, nil, []uint64{20}, tokens(20, 1, 4)))
-	s := checkStats(t, ts.SocketPath(), worker, func(s StreamStats) bool { return s.EventsReceived >= 3 })
+	s := checkStats(t, ts.SocketPath(), worker, func(s sock.StreamStats) bool { return s.EventsReceived >= 3 })
 	if s.MalformedEvents != 1 || !s.Tainted || !s.Attached || !s.ProducerAlive {
 		t.Fatalf("after the panic: %+v, want 1 malformed event, tainted, producer still attached", s)
 	}
@@ -37,7 +39,7 @@ func TestDrainPanicContained(t *testing.T) {
 	p.mustPublish(stored(5, 0, nil, []uint64{40}, tokens(40, 1, 4))) // panics
 	p.mustPublish(cleared(6))
 	p.mustPublish(stored(7, 0, nil, []uint64{50}, tokens(50, 1, 4)))
-	s = checkStats(t, ts.SocketPath(), worker, func(s StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == 7 })
+	s = checkStats(t, ts.SocketPath(), worker, func(s sock.StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == 7 })
 	if s.MalformedEvents != 2 || s.Tainted || s.ResidentBlocks != 1 {
 		t.Fatalf("after the second panic and a Cleared: %+v, want 2 malformed, untainted, 1 block", s)
 	}

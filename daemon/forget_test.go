@@ -5,6 +5,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/kvshm/kvshm/proto/sock"
 )
 
 // scrape returns the /metrics text of an in-process server.
@@ -39,14 +41,14 @@ func TestForget(t *testing.T) {
 		body string
 		code string
 	}{
-		{"no worker_id", `{}`, CodeBadRequest},
-		{"null worker_id", `{"worker_id":null}`, CodeBadRequest},
-		{"unknown field", `{"worker":1}`, CodeBadRequest},
-		{"unknown worker", `{"worker_id":7}`, CodeNotFound},
-		{"attached producer", `{"worker_id":1}`, CodeConflict},
+		{"no worker_id", `{}`, sock.CodeBadRequest},
+		{"null worker_id", `{"worker_id":null}`, sock.CodeBadRequest},
+		{"unknown field", `{"worker":1}`, sock.CodeBadRequest},
+		{"unknown worker", `{"worker_id":7}`, sock.CodeNotFound},
+		{"attached producer", `{"worker_id":1}`, sock.CodeConflict},
 	}
 	for _, tt := range tests {
-		if _, err := q.Do(ctxT(t), KindForget, []byte(tt.body)); !IsCode(err, tt.code) {
+		if _, err := q.Do(ctxT(t), sock.KindForget, []byte(tt.body)); !sock.IsCode(err, tt.code) {
 			t.Errorf("%s: FORGET %s = %v, want code %s", tt.name, tt.body, err, tt.code)
 		}
 	}
@@ -56,20 +58,20 @@ func TestForget(t *testing.T) {
 
 	// The producer dies: the stream stays queryable until forgotten.
 	p1.conn.Close()
-	checkStats(t, socket, 1, func(s StreamStats) bool { return !s.Attached && !s.ProducerAlive })
+	checkStats(t, socket, 1, func(s sock.StreamStats) bool { return !s.Attached && !s.ProducerAlive })
 	if m := scrape(t, ts.Server); !strings.Contains(m, `worker_id="1"`) {
 		t.Fatalf("metrics lack worker 1 before FORGET:\n%s", m)
 	}
 	if err := q.Forget(ctxT(t), 1); err != nil {
 		t.Fatalf("FORGET of a dead producer's stream: %v", err)
 	}
-	if _, err := q.Stats(ctxT(t), u64p(1)); !IsCode(err, CodeNotFound) {
+	if _, err := q.Stats(ctxT(t), u64p(1)); !sock.IsCode(err, sock.CodeNotFound) {
 		t.Fatalf("STATS after FORGET = %v, want not_found", err)
 	}
-	if _, err := q.Dump(ctxT(t), u64p(1)); !IsCode(err, CodeNotFound) {
+	if _, err := q.Dump(ctxT(t), u64p(1)); !sock.IsCode(err, sock.CodeNotFound) {
 		t.Fatalf("DUMP after FORGET = %v, want not_found", err)
 	}
-	if err := q.Forget(ctxT(t), 1); !IsCode(err, CodeNotFound) {
+	if err := q.Forget(ctxT(t), 1); !sock.IsCode(err, sock.CodeNotFound) {
 		t.Fatalf("second FORGET = %v, want not_found", err)
 	}
 	m := scrape(t, ts.Server)

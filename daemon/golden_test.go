@@ -22,6 +22,7 @@ import (
 	flatbuffers "github.com/google/flatbuffers/go"
 
 	"github.com/kvshm/kvshm/proto/fbs"
+	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
 )
 
@@ -57,13 +58,13 @@ func TestProtocolScripts(t *testing.T) {
 type scriptEnv struct {
 	t         *testing.T
 	ts        *testServer
-	q         *Client
+	q         *sock.Client
 	producers map[string]*scriptProducer // by "W" (ALL stream) or "W/R" (per-rank)
 }
 
 type scriptProducer struct {
 	w    *shm.Writer
-	conn *Client
+	conn *sock.Client
 	bs   uint32
 	b    *flatbuffers.Builder
 }
@@ -80,7 +81,7 @@ func runScript(t *testing.T, file string) {
 		c.IdleTimeout = 5 * time.Second         // longer than send's 1 s wait: "open" means not closed
 		c.FrameTimeout = 100 * time.Millisecond // shorter: a truncated frame shows as closed
 	})
-	env.q, err = Dial(ctxT(t), env.ts.SocketPath())
+	env.q, err = sock.Dial(ctxT(t), env.ts.SocketPath())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,11 +165,11 @@ func (e *scriptEnv) run(line string) string {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { p.w.Close() })
-		if p.conn, err = Dial(ctxT(t), e.ts.SocketPath()); err != nil {
+		if p.conn, err = sock.Dial(ctxT(t), e.ts.SocketPath()); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { p.conn.Close() })
-		rep, err := p.conn.Attach(ctxT(t), AttachRequest{RingPath: path, WorkerID: w, KVBlockSize: p.bs, MaxBufferSize: 64, DpRank: rank})
+		rep, err := p.conn.Attach(ctxT(t), sock.AttachRequest{RingPath: path, WorkerID: w, KVBlockSize: p.bs, MaxBufferSize: 64, DpRank: rank})
 		if err != nil {
 			return livePID.ReplaceAllString(errText(err), "(pid P, ring R)") // stable across runs
 		}
@@ -219,7 +220,7 @@ func (e *scriptEnv) run(line string) string {
 			if err != nil {
 				t.Fatal(err)
 			}
-			i := slices.IndexFunc(sr.Streams, func(s StreamStats) bool {
+			i := slices.IndexFunc(sr.Streams, func(s sock.StreamStats) bool {
 				return (s.DpRank != nil) == perRank && (!perRank || uint64(*s.DpRank) == r)
 			})
 			if i >= 0 && !sr.Streams[i].Attached {
@@ -234,7 +235,7 @@ func (e *scriptEnv) run(line string) string {
 		return e.send(strings.Join(f[1:], ""))
 	}
 	// Requests: key=value fields become a JSON object (numbers stay numbers, "null" stays null).
-	kinds := map[string]Kind{"detach": KindDetach, "events": KindEvents, "dump": KindDump, "stats": KindStats, "match": KindMatch, "health": KindHealth, "forget": KindForget}
+	kinds := map[string]sock.Kind{"detach": sock.KindDetach, "events": sock.KindEvents, "dump": sock.KindDump, "stats": sock.KindStats, "match": sock.KindMatch, "health": sock.KindHealth, "forget": sock.KindForget}
 	kind, ok := kinds[f[0]]
 	if !ok {
 		t.Fatalf("unknown command %q", line)
@@ -254,7 +255,7 @@ func (e *scriptEnv) run(line string) string {
 	if err != nil {
 		return errText(err)
 	}
-	if kind == KindStats {
+	if kind == sock.KindStats {
 		return statsSummary(t, body)
 	}
 	return string(body)
@@ -270,7 +271,7 @@ func (e *scriptEnv) anyProducer() *scriptProducer {
 
 // statsSummary prints the stable fields of a STATS reply (no paths, pids, epochs, byte counts).
 func statsSummary(t *testing.T, body []byte) string {
-	var r StatsReply
+	var r sock.StatsReply
 	if err := json.Unmarshal(body, &r); err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +295,7 @@ func statsSummary(t *testing.T, body []byte) string {
 }
 
 func errText(err error) string {
-	var re *RemoteError
+	var re *sock.RemoteError
 	if errors.As(err, &re) {
 		return "error " + re.Code + ": " + re.Message
 	}
@@ -319,7 +320,7 @@ func (e *scriptEnv) send(hexBytes string) string {
 	br := bufio.NewReader(c)
 	for {
 		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
-		f, _, err := ReadFrame(br, MaxResponse, nil)
+		f, _, err := sock.ReadFrame(br, sock.MaxResponse, nil)
 		if err != nil {
 			if isTimeout(err) {
 				b.WriteString("connection open\n")

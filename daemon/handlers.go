@@ -5,85 +5,82 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/kvshm/kvshm/index"
-	"github.com/kvshm/kvshm/shm"
+	"github.com/kvshm/kvshm/proto/sock"
 )
 
 // dispatch serves one well-framed request. Errors that are not *replyError become internal errors.
-func (s *Server) dispatch(cc *conn, kind Kind, body []byte) ([]byte, error) {
+func (s *Server) dispatch(cc *conn, kind sock.Kind, body []byte) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.QueryTimeout)
 	defer cancel()
 	switch kind {
-	case KindAttach:
-		var req AttachRequest
-		if err := decodeStrict(body, &req); err != nil {
-			return nil, errorf(CodeBadRequest, "%v", err)
+	case sock.KindAttach:
+		var req sock.AttachRequest
+		if err := sock.DecodeStrict(body, &req); err != nil {
+			return nil, errorf(sock.CodeBadRequest, "%v", err)
 		}
 		rep, err := s.attach(cc, req)
 		if err != nil {
 			return nil, err
 		}
 		return json.Marshal(rep)
-	case KindDetach:
-		var req WorkerRequest
-		if err := decodeStrict(body, &req); err != nil {
-			return nil, errorf(CodeBadRequest, "%v", err)
+	case sock.KindDetach:
+		var req sock.WorkerRequest
+		if err := sock.DecodeStrict(body, &req); err != nil {
+			return nil, errorf(sock.CodeBadRequest, "%v", err)
 		}
 		if req.WorkerID == nil {
-			return nil, errorf(CodeBadRequest, "detach needs a worker_id")
+			return nil, errorf(sock.CodeBadRequest, "detach needs a worker_id")
 		}
 		return []byte("{}"), s.detach(cc, *req.WorkerID, req.DpRank)
-	case KindForget:
-		var req WorkerRequest
-		if err := decodeStrict(body, &req); err != nil {
-			return nil, errorf(CodeBadRequest, "%v", err)
+	case sock.KindForget:
+		var req sock.WorkerRequest
+		if err := sock.DecodeStrict(body, &req); err != nil {
+			return nil, errorf(sock.CodeBadRequest, "%v", err)
 		}
 		if req.WorkerID == nil {
-			return nil, errorf(CodeBadRequest, "forget needs a worker_id")
+			return nil, errorf(sock.CodeBadRequest, "forget needs a worker_id")
 		}
 		return []byte("{}"), s.forget(ctx, *req.WorkerID, req.DpRank)
-	case KindEvents, KindDump:
-		var req EventsRequest
-		if kind == KindDump {
-			var wr WorkerRequest
-			if err := decodeStrict(body, &wr); err != nil {
-				return nil, errorf(CodeBadRequest, "%v", err)
+	case sock.KindEvents, sock.KindDump:
+		var req sock.EventsRequest
+		if kind == sock.KindDump {
+			var wr sock.WorkerRequest
+			if err := sock.DecodeStrict(body, &wr); err != nil {
+				return nil, errorf(sock.CodeBadRequest, "%v", err)
 			}
 			req.WorkerID, req.DpRank = wr.WorkerID, wr.DpRank
-		} else if err := decodeStrict(body, &req); err != nil {
-			return nil, errorf(CodeBadRequest, "%v", err)
+		} else if err := sock.DecodeStrict(body, &req); err != nil {
+			return nil, errorf(sock.CodeBadRequest, "%v", err)
 		}
 		resp, _, err := s.recover(ctx, req.WorkerID, req.DpRank, req.Start, req.End)
 		if err != nil {
 			return nil, err
 		}
 		return resp.JSON, nil
-	case KindStats:
-		var req WorkerRequest
-		if err := decodeStrict(body, &req); err != nil {
-			return nil, errorf(CodeBadRequest, "%v", err)
+	case sock.KindStats:
+		var req sock.WorkerRequest
+		if err := sock.DecodeStrict(body, &req); err != nil {
+			return nil, errorf(sock.CodeBadRequest, "%v", err)
 		}
 		return s.stats(ctx, req.WorkerID, req.DpRank)
-	case KindMatch:
-		var req MatchRequest
-		if err := decodeStrict(body, &req); err != nil {
-			return nil, errorf(CodeBadRequest, "%v", err)
+	case sock.KindMatch:
+		var req sock.MatchRequest
+		if err := sock.DecodeStrict(body, &req); err != nil {
+			return nil, errorf(sock.CodeBadRequest, "%v", err)
 		}
 		return s.match(ctx, req)
-	case KindHealth:
+	case sock.KindHealth:
 		var req struct{}
-		if err := decodeStrict(body, &req); err != nil {
-			return nil, errorf(CodeBadRequest, "%v", err)
+		if err := sock.DecodeStrict(body, &req); err != nil {
+			return nil, errorf(sock.CodeBadRequest, "%v", err)
 		}
-		return json.Marshal(HealthReply{Status: "ok", Version: s.cfg.Version, Streams: len(s.streamList())})
+		return json.Marshal(sock.HealthReply{Status: "ok", Version: s.cfg.Version, Streams: len(s.streamList())})
 	}
-	return nil, errorf(CodeUnknownKind, "unknown request kind %d", kind)
+	return nil, errorf(sock.CodeUnknownKind, "unknown request kind %d", kind)
 }
 
 // selectStream finds the stream a query means (see resolveLocked); a rank view of an ALL stream selects the ALL
@@ -95,10 +92,10 @@ func (s *Server) selectStream(worker *uint64, rank *uint32) (target, error) {
 }
 
 // wireRanges converts the index's lost ranges to the STATS wire type (never nil: JSON [] not null).
-func wireRanges(rs []index.LostRange) []LostRange {
-	out := make([]LostRange, 0, len(rs))
+func wireRanges(rs []index.LostRange) []sock.LostRange {
+	out := make([]sock.LostRange, 0, len(rs))
 	for _, lr := range rs {
-		out = append(out, LostRange{First: lr.First, Last: lr.Last, Unknown: lr.Unknown, Reason: lr.Reason})
+		out = append(out, sock.LostRange{First: lr.First, Last: lr.Last, Unknown: lr.Unknown, Reason: lr.Reason})
 	}
 	return out
 }
@@ -116,7 +113,7 @@ func (st *stream) caughtUp(ctx context.Context) (*index.Indexer, error) {
 	ix, a := st.current()
 	if a != nil {
 		if err := a.sync(ctx); err != nil {
-			return nil, errorf(CodeBusy, "%s: drain did not catch up with the ring: %v", st.key, err)
+			return nil, errorf(sock.CodeBusy, "%s: drain did not catch up with the ring: %v", st.key, err)
 		}
 		ix, _ = st.current()
 	}
@@ -153,13 +150,13 @@ func (s *Server) recover(ctx context.Context, worker *uint64, rank *uint32, star
 	if err != nil {
 		s.m.recoveries.WithLabelValues(wl, rl, "failed").Inc()
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			return resp, st, errorf(CodeBusy, "%s: recovery did not finish: %v", st.key, err)
+			return resp, st, errorf(sock.CodeBusy, "%s: recovery did not finish: %v", st.key, err)
 		}
 		return resp, st, fmt.Errorf("%s: recover: %w", st.key, err)
 	}
-	if uint64(len(resp.JSON))+lengthCounted > MaxResponse {
+	if uint64(len(resp.JSON)) > sock.MaxResponseBody {
 		s.m.recoveries.WithLabelValues(wl, rl, "failed").Inc()
-		return index.Response{}, st, errorf(CodeTooLarge, "%s: response of %d bytes exceeds the 1 GiB frame cap", st.key, len(resp.JSON))
+		return index.Response{}, st, errorf(sock.CodeTooLarge, "%s: response of %d bytes exceeds the 1 GiB frame cap", st.key, len(resp.JSON))
 	}
 	res := resultNames[resp.Kind]
 	if res == "" {
@@ -181,7 +178,7 @@ func (s *Server) recover(ctx context.Context, worker *uint64, rank *uint32, star
 	return resp, st, nil
 }
 
-func (s *Server) match(ctx context.Context, req MatchRequest) ([]byte, error) {
+func (s *Server) match(ctx context.Context, req sock.MatchRequest) ([]byte, error) {
 	tg, err := s.selectStream(req.WorkerID, req.DpRank)
 	if err != nil {
 		return nil, err
@@ -196,11 +193,11 @@ func (s *Server) match(ctx context.Context, req MatchRequest) ([]byte, error) {
 	}
 	scores, err := ix.MatchTokens(req.Tokens, lora, req.IsEagle)
 	if err != nil {
-		return nil, errorf(CodeBadRequest, "match: %v", err)
+		return nil, errorf(sock.CodeBadRequest, "match: %v", err)
 	}
-	rep := MatchReply{Scores: make([]MatchScore, 0, len(scores))}
+	rep := sock.MatchReply{Scores: make([]sock.MatchScore, 0, len(scores))}
 	for _, sc := range scores {
-		rep.Scores = append(rep.Scores, MatchScore{WorkerID: sc.WorkerID, DpRank: sc.DpRank, Blocks: sc.Blocks})
+		rep.Scores = append(rep.Scores, sock.MatchScore{WorkerID: sc.WorkerID, DpRank: sc.DpRank, Blocks: sc.Blocks})
 	}
 	return json.Marshal(rep)
 }
@@ -237,9 +234,9 @@ func (s *Server) stats(ctx context.Context, worker *uint64, rank *uint32) ([]byt
 		default:
 			what = fmt.Sprintf("dp_rank %d", *rank)
 		}
-		return nil, errorf(CodeNotFound, "no stream for %s", what)
+		return nil, errorf(sock.CodeNotFound, "no stream for %s", what)
 	}
-	rep := StatsReply{Streams: make([]StreamStats, 0, len(list))}
+	rep := sock.StatsReply{Streams: make([]sock.StreamStats, 0, len(list))}
 	for _, st := range list {
 		if _, err := st.caughtUp(ctx); err != nil {
 			return nil, err
@@ -250,10 +247,10 @@ func (s *Server) stats(ctx context.Context, worker *uint64, rank *uint32) ([]byt
 }
 
 // statsSnapshot assembles a stream's STATS entry.
-func (st *stream) statsSnapshot() StreamStats {
+func (st *stream) statsSnapshot() sock.StreamStats {
 	st.mu.Lock()
 	ix := st.ix
-	out := StreamStats{
+	out := sock.StreamStats{
 		WorkerID: st.key.worker, DpRank: st.key.dpRank(), KVBlockSize: st.blockSize, MaxBufferSize: st.maxBuffer, RingPath: st.ringPath,
 		Epoch: st.epoch, StreamEpoch: st.streamEpoch, Resets: st.resets.Load(),
 		ProducerAlive: st.alive, ProducerPID: st.lastHeader.ProducerPID, Attached: st.att != nil,
@@ -290,293 +287,4 @@ func (st *stream) statsSnapshot() StreamStats {
 // labels are the stream's metric label values (worker_id, dp_rank).
 func (st *stream) labels() (string, string) {
 	return strconv.FormatUint(st.key.worker, 10), st.key.rankLabel()
-}
-
-// attach validates an ATTACH request, opens the ring and starts (or resumes, or replaces) the worker's stream.
-func (s *Server) attach(cc *conn, req AttachRequest) (AttachReply, error) {
-	if cc.att != nil {
-		return AttachReply{}, errorf(CodeConflict, "this connection already attached %s; open a new connection", cc.att.st.key)
-	}
-	if req.KVBlockSize == 0 {
-		return AttachReply{}, errorf(CodeBadRequest, "kv_block_size must be > 0")
-	}
-	if !filepath.IsAbs(req.RingPath) {
-		return AttachReply{}, errorf(CodeBadRequest, "ring_path %q must be absolute", req.RingPath)
-	}
-	if int(cc.uid) != s.uid {
-		return AttachReply{}, errorf(CodeForbidden, "peer uid %d is not the daemon's uid %d", cc.uid, s.uid)
-	}
-	fi, err := os.Lstat(req.RingPath)
-	if err != nil {
-		return AttachReply{}, errorf(CodeNotFound, "ring file: %v", err)
-	}
-	if !fi.Mode().IsRegular() {
-		return AttachReply{}, errorf(CodeForbidden, "ring %s is not a regular file (mode %s)", req.RingPath, fi.Mode())
-	}
-	sys := fi.Sys().(*syscall.Stat_t)
-	if sys.Uid != cc.uid {
-		return AttachReply{}, errorf(CodeForbidden, "ring %s is owned by uid %d, not by the producer's uid %d", req.RingPath, sys.Uid, cc.uid)
-	}
-	if fi.Mode().Perm()&0o022 != 0 {
-		return AttachReply{}, errorf(CodeForbidden, "ring %s has mode %04o: it must not be group/other writable", req.RingPath, fi.Mode().Perm())
-	}
-	r, err := shm.Open(req.RingPath)
-	if err != nil {
-		return AttachReply{}, errorf(CodeBadRequest, "open ring: %v", err)
-	}
-	keep := false
-	defer func() {
-		if !keep {
-			_ = r.Close()
-		}
-	}()
-	if fi2, err := os.Stat(req.RingPath); err != nil || !os.SameFile(fi, fi2) {
-		return AttachReply{}, errorf(CodeConflict, "ring %s was replaced while attaching; retry", req.RingPath)
-	}
-	h := r.Header()
-	switch {
-	case h.WorkerID != req.WorkerID:
-		return AttachReply{}, errorf(CodeBadRequest, "ring header worker_id %d does not match the request's %d", h.WorkerID, req.WorkerID)
-	case h.KVBlockSize != req.KVBlockSize:
-		return AttachReply{}, errorf(CodeBadRequest, "ring header kv_block_size %d does not match the request's %d", h.KVBlockSize, req.KVBlockSize)
-	case req.MaxBufferSize != 0 && h.MaxBufferSize != req.MaxBufferSize:
-		return AttachReply{}, errorf(CodeBadRequest, "ring header max_buffer_size %d does not match the request's %d", h.MaxBufferSize, req.MaxBufferSize)
-	}
-	head := r.Stats().Head
-	key := keyOf(req.WorkerID, req.DpRank)
-	// Resuming a ring this daemon does not know: look for the checkpoint of a gracefully stopped daemon. Read outside
-	// s.mu (it may be large); startStream decides under the lock whether it applies.
-	var ck *ckptLoad
-	s.mu.Lock()
-	known := s.streams[key] != nil
-	s.mu.Unlock()
-	if s.cfg.StateDir != "" && !known {
-		// Even at head 0: the first checkpoint of a ring may have been written just before a crash that kept its
-		// head from being released. A fresh ring with no checkpoint is not a "missing" restore.
-		l := s.loadCheckpoint(key, h.Epoch, r, s.indexConfig(req.WorkerID, req.KVBlockSize, h.MaxBufferSize))
-		if head > 0 || l.result != ckptMissing {
-			ck = &l
-		}
-		if l.ix != nil {
-			head = l.head
-		}
-	}
-	for {
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			return AttachReply{}, errorf(CodeBusy, "daemon is shutting down")
-		}
-		st := s.streams[key]
-		var old *attachment
-		if st != nil {
-			st.mu.Lock()
-			old = st.att
-			st.mu.Unlock()
-		}
-		if old != nil {
-			select {
-			case <-old.stop: // ending: wait for its final drain, then decide again
-				s.mu.Unlock()
-				<-old.done
-				continue
-			default:
-			}
-			s.mu.Unlock()
-			scope := "scope ALL (no dp_rank: one producer for every rank)"
-			if key.perRank {
-				scope = fmt.Sprintf("dp_rank %d", key.rank)
-			}
-			return AttachReply{}, errorf(CodeConflict, "worker %d already has a live producer for %s (pid %d, ring %s); producers that each publish one attention-DP rank with their own seq space must pass dp_rank (LocalIndexer(..., dp_rank=r) or KVSHM_DP_RANK) so each gets its own stream", req.WorkerID, scope, old.hdr.ProducerPID, old.st.ringPath)
-		}
-		rep, err := s.startStream(cc, st, key, r, h, req, head, ck)
-		s.mu.Unlock()
-		if err != nil {
-			return AttachReply{}, err
-		}
-		keep = true
-		if key.perRank {
-			s.rankPorts.ensure(key.rank) // per-rank attach: rank r's port (--rank-ports) opens before the reply
-		}
-		return rep, nil
-	}
-}
-
-// startStream installs the attachment. Called with s.mu held.
-// ck is the checkpoint lookup done by attach (nil when none was made).
-func (s *Server) startStream(cc *conn, st *stream, key streamKey, r *shm.Reader, h shm.Header, req AttachRequest, head uint64, ck *ckptLoad) (AttachReply, error) {
-	newIndex := func() (*index.Indexer, error) {
-		// The header's max_buffer_size is authoritative (the request's, when nonzero, was checked against it).
-		ix, err := index.New(s.indexConfig(req.WorkerID, req.KVBlockSize, h.MaxBufferSize))
-		if err != nil {
-			return nil, errorf(CodeBadRequest, "create index: %v", err)
-		}
-		return ix, nil
-	}
-	log := s.log.With(key.logAttrs()...)
-	resumed, restored := false, false
-	switch {
-	case st == nil: // first producer for this worker since the daemon started
-		ix, err := newIndex()
-		if err != nil {
-			return AttachReply{}, err
-		}
-		if head > 0 && ck != nil && ck.ix != nil {
-			ix, restored = ck.ix, true
-		}
-		st = &stream{key: key, srv: s, ix: ix, streamEpoch: 1}
-		s.streams[key] = st
-		if ck != nil {
-			s.m.ckptRestores.WithLabelValues(ck.result).Inc()
-		}
-		// Any checkpoint of this worker is now consumed (restored) or stale (another epoch, head or content). With
-		// --checkpoint-interval the restored one stays: it matches the persisted head until a newer one replaces it
-		// (the head is released only after that), so a crash before then restores it again.
-		if restored && s.cfg.CheckpointInterval > 0 {
-			s.removeCheckpointsBut(key, ckptName(key, h.Epoch))
-		} else {
-			s.removeCheckpoints(key)
-		}
-		switch {
-		case restored:
-			resumed = true
-			log.Info("resuming a ring from the checkpoint of a gracefully stopped daemon: nothing lost", "head", head, "epoch", h.Epoch)
-		case head > 0:
-			resumed = true
-			ix.MarkUnknownHistory(fmt.Sprintf("daemon resumed ring at head %d: events consumed by an earlier daemon are gone", head))
-			why := "no --state-dir"
-			if s.cfg.StateDir != "" {
-				why = "checkpoint not looked up (the stream existed when the attach began)"
-			}
-			if ck != nil {
-				why = ck.why
-			}
-			log.Warn("resuming a ring consumed by an earlier daemon: earlier state is unknown until a Cleared", "head", head, "epoch", h.Epoch, "checkpoint", why)
-		}
-	case h.Epoch == st.epoch: // same producer incarnation reattached: continue the same index
-		resumed = true
-		if ck != nil && ck.moved {
-			// Another attach created the stream while this one read a checkpoint ahead of the ring's head, so the
-			// records the reader skipped for it reach no index.
-			st.ix.MarkUnknownHistory(fmt.Sprintf("ring resumed at checkpoint head %d, but the checkpoint was not used", head))
-		}
-		log.Info("producer reattached the same ring; continuing", "head", head, "epoch", h.Epoch)
-	default: // producer restarted: its cache is empty
-		ix, err := newIndex()
-		if err != nil {
-			return AttachReply{}, err
-		}
-		st.mu.Lock()
-		st.base = addStats(st.base, st.ix.Stats())
-		st.ix = ix
-		st.streamEpoch++
-		st.mu.Unlock()
-		st.resets.Add(1)
-		s.removeCheckpoints(key)
-		if head > 0 {
-			resumed = true
-			ix.MarkUnknownHistory(fmt.Sprintf("new ring epoch resumed at head %d", head))
-		}
-		log.Info("producer restarted (new ring epoch): index reset", "old_epoch", st.epoch, "epoch", h.Epoch, "stream_epoch", st.streamEpoch)
-	}
-	st.mu.Lock()
-	is := st.ix.Stats()
-	a := &attachment{
-		st: st, r: r, hdr: h, ix: st.ix, log: log, idl: idler{r: r}, lease: cc,
-		checkPID: h.ProducerPID != 0 && int32(h.ProducerPID) == cc.pid,
-		stop:     make(chan struct{}), done: make(chan struct{}), syncs: make(chan syncReq, 64),
-		ckptEvery: s.cfg.CheckpointInterval, lastCkpt: time.Now(), ckptHead: head,
-		seqSeen: is.SeenAny, lastSeq: is.LastSeenID, ranks: rankSet{on: s.rankPorts.base != 0 && !key.perRank},
-	}
-	st.att, st.alive = a, true
-	st.blockSize, st.maxBuffer, st.ringPath, st.epoch = req.KVBlockSize, h.MaxBufferSize, req.RingPath, h.Epoch
-	st.lastHeader, st.lastRing = h, r.Stats()
-	rep := AttachReply{WorkerID: req.WorkerID, Epoch: h.Epoch, StreamEpoch: st.streamEpoch, Resumed: resumed, Head: head, Restored: restored}
-	st.mu.Unlock()
-	cc.att = a
-	if !a.checkPID {
-		log.Info("producer pid check disabled: the attaching process is not the ring's producer_pid (or another pid namespace)", "peer_pid", cc.pid, "producer_pid", h.ProducerPID)
-	}
-	log.Info("producer attached", "ring", req.RingPath, "epoch", h.Epoch, "stream_epoch", rep.StreamEpoch, "resumed", resumed, "restored", restored, "head", head, "producer_pid", h.ProducerPID)
-	go a.run()
-	return rep, nil
-}
-
-// detach ends the attachment of the stream (worker, rank) (see selectExactLocked) after a final drain; the index
-// stays queryable.
-func (s *Server) detach(cc *conn, worker uint64, rank *uint32) error {
-	s.mu.Lock()
-	st, err := s.selectExactLocked(worker, rank)
-	s.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	_, a := st.current()
-	if a == nil {
-		return nil // already detached: idempotent
-	}
-	if a.lease != cc {
-		// Another client ending a live producer's stream would leave it publishing into a ring nobody reads.
-		return errorf(CodeForbidden, "%s is attached by producer pid %d: only the producer detaches it, on its ATTACH "+
-			"connection (FORGET drops a worker whose producer is gone)", st.key, a.hdr.ProducerPID)
-	}
-	a.finish("detach requested")
-	<-a.done
-	return nil
-}
-
-// forget drops a stream whose producer is gone (see selectExactLocked): its index, counters and metric series. A
-// stream with an attached producer is refused (conflict); one whose attachment is ending is forgotten after the
-// final drain.
-func (s *Server) forget(ctx context.Context, worker uint64, rank *uint32) error {
-	for {
-		s.mu.Lock()
-		st, err := s.selectExactLocked(worker, rank)
-		if err != nil {
-			s.mu.Unlock()
-			return err
-		}
-		_, a := st.current()
-		if a == nil {
-			// Attach installs an attachment only under s.mu, so none can appear before the stream is gone.
-			delete(s.streams, st.key)
-			s.removeCheckpoints(st.key)
-			s.mu.Unlock()
-			s.m.forgetStream(st.labels())
-			s.log.Info("stream forgotten: index and metrics dropped", st.key.logAttrs()...)
-			return nil
-		}
-		s.mu.Unlock()
-		select {
-		case <-a.stop: // ending: wait for its final drain, then decide again
-		default:
-			return errorf(CodeConflict, "%s has an attached producer (pid %d): it must detach or exit first", st.key, a.hdr.ProducerPID)
-		}
-		select {
-		case <-a.done:
-		case <-ctx.Done():
-			return errorf(CodeBusy, "%s: the producer's final drain did not finish: %v", st.key, ctx.Err())
-		}
-	}
-}
-
-// addStats accumulates the cumulative counters of a replaced index.
-func addStats(a, b index.Stats) index.Stats {
-	for k := range a.Applied {
-		for j := range a.Applied[k] {
-			a.Applied[k][j] += b.Applied[k][j]
-		}
-	}
-	a.LostIDs += b.LostIDs
-	a.Gaps += b.Gaps
-	a.Losses += b.Losses
-	a.Unknowns += b.Unknowns
-	a.IDResets += b.IDResets
-	a.Rejected += b.Rejected
-	a.DumpBuilds += b.DumpBuilds
-	a.DumpCacheHits += b.DumpCacheHits
-	a.DumpCacheExtends += b.DumpCacheExtends
-	a.DumpErrors += b.DumpErrors
-	a.TokenMismatches += b.TokenMismatches
-	return a
 }

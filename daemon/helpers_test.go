@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvshm/kvshm/index"
 	"github.com/kvshm/kvshm/proto/fbs"
+	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
 )
 
@@ -150,7 +151,7 @@ func startDaemon(t testing.TB, socket string, args ...string) *daemonProc {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		c, err := Dial(ctx, socket)
+		c, err := sock.Dial(ctx, socket)
 		if err == nil {
 			_, err = c.Health(ctx)
 			c.Close()
@@ -237,7 +238,7 @@ func (p *daemonProc) waitExit(t testing.TB, d time.Duration) int {
 type producer struct {
 	t      testing.TB
 	w      *shm.Writer
-	conn   *Client
+	conn   *sock.Client
 	socket string
 	path   string
 	worker uint64
@@ -246,7 +247,7 @@ type producer struct {
 	maxBuf uint32
 	oracle *index.Indexer
 	b      *flatbuffers.Builder
-	rep    AttachReply
+	rep    sock.AttachReply
 }
 
 func ctxT(t testing.TB) context.Context {
@@ -289,18 +290,18 @@ func (p *producer) newOracle() {
 }
 
 // attach opens a new attaching connection (closing the previous one first).
-func (p *producer) attach() AttachReply {
+func (p *producer) attach() sock.AttachReply {
 	p.t.Helper()
 	if p.conn != nil {
 		p.conn.Close()
 	}
-	c, err := Dial(ctxT(p.t), p.socket)
+	c, err := sock.Dial(ctxT(p.t), p.socket)
 	if err != nil {
 		p.t.Fatal(err)
 	}
 	p.conn = c
 	p.t.Cleanup(func() { c.Close() })
-	rep, err := c.Attach(ctxT(p.t), AttachRequest{RingPath: p.path, WorkerID: p.worker, KVBlockSize: p.bs, MaxBufferSize: p.maxBuf, DpRank: p.rank})
+	rep, err := c.Attach(ctxT(p.t), sock.AttachRequest{RingPath: p.path, WorkerID: p.worker, KVBlockSize: p.bs, MaxBufferSize: p.maxBuf, DpRank: p.rank})
 	if err != nil {
 		p.t.Fatalf("attach: %v", err)
 	}
@@ -380,12 +381,20 @@ func u64p(v uint64) *uint64 { return &v }
 func u32p(v uint32) *uint32 { return &v }
 
 // dialT connects a query client to socket, failing the test if it cannot, and closes it when the test ends.
-func dialT(t testing.TB, socket string) *Client {
+func dialT(t testing.TB, socket string) *sock.Client {
 	t.Helper()
-	c, err := Dial(ctxT(t), socket)
+	c, err := sock.Dial(ctxT(t), socket)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// frameBytes is a frame with any header fields, including the malformed ones sock.AppendHeader never writes.
+func frameBytes(length uint32, ver, kind byte, status uint16, body []byte) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, length)
+	b = append(b, ver, kind)
+	b = binary.LittleEndian.AppendUint16(b, status)
+	return append(b, body...)
 }

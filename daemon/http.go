@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvshm/kvshm/index"
+	"github.com/kvshm/kvshm/proto/sock"
 )
 
 // RecoverQuery is the parsed query string of GET /kv_recover.
@@ -111,7 +112,7 @@ func (s *Server) Handler() http.Handler {
 
 func handleHealthz(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		httpError(w, http.StatusMethodNotAllowed, CodeBadRequest, "use GET")
+		httpError(w, http.StatusMethodNotAllowed, sock.CodeBadRequest, "use GET")
 		return
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -122,13 +123,13 @@ func handleHealthz(w http.ResponseWriter, r *http.Request) {
 func (s *Server) recoverQuery(w http.ResponseWriter, r *http.Request) (RecoverQuery, bool) {
 	if r.Method != http.MethodGet {
 		w.Header().Set("Allow", "GET")
-		s.m.requests.WithLabelValues("http", "events", CodeBadRequest).Inc()
-		httpError(w, http.StatusMethodNotAllowed, CodeBadRequest, "use GET "+r.URL.Path+"?start=&end=")
+		s.m.requests.WithLabelValues("http", "events", sock.CodeBadRequest).Inc()
+		httpError(w, http.StatusMethodNotAllowed, sock.CodeBadRequest, "use GET "+r.URL.Path+"?start=&end=")
 		return RecoverQuery{}, false
 	}
 	q, err := ParseRecoverQuery(r.URL.RawQuery)
 	if err != nil {
-		s.httpFail(w, errorf(CodeBadRequest, "%v", err))
+		s.httpFail(w, errorf(sock.CodeBadRequest, "%v", err))
 		return q, false
 	}
 	return q, true
@@ -142,18 +143,18 @@ func (s *Server) pathQuery(w http.ResponseWriter, r *http.Request, withRank bool
 		return 0, 0, q, false
 	}
 	if q.WorkerID != nil || q.DpRank != nil {
-		s.httpFail(w, errorf(CodeBadRequest, "worker_id and dp_rank are given by the path, not the query string"))
+		s.httpFail(w, errorf(sock.CodeBadRequest, "worker_id and dp_rank are given by the path, not the query string"))
 		return 0, 0, q, false
 	}
 	worker, err := parseDecimal(r.PathValue("worker_id"), 64)
 	if err != nil {
-		s.httpFail(w, errorf(CodeBadRequest, "worker_id %q in the path %v", r.PathValue("worker_id"), err))
+		s.httpFail(w, errorf(sock.CodeBadRequest, "worker_id %q in the path %v", r.PathValue("worker_id"), err))
 		return 0, 0, q, false
 	}
 	var rank uint64
 	if withRank {
 		if rank, err = parseDecimal(r.PathValue("dp_rank"), 32); err != nil {
-			s.httpFail(w, errorf(CodeBadRequest, "dp_rank %q in the path %v", r.PathValue("dp_rank"), err))
+			s.httpFail(w, errorf(sock.CodeBadRequest, "dp_rank %q in the path %v", r.PathValue("dp_rank"), err))
 			return 0, 0, q, false
 		}
 	}
@@ -194,7 +195,7 @@ func (s *Server) serveRecover(w http.ResponseWriter, r *http.Request, worker *ui
 func (s *Server) httpFail(w http.ResponseWriter, err error) {
 	var re *replyError
 	if !errors.As(err, &re) {
-		re = &replyError{code: CodeInternal, msg: err.Error()}
+		re = &replyError{code: sock.CodeInternal, msg: err.Error()}
 	}
 	s.m.requests.WithLabelValues("http", "events", re.code).Inc()
 	httpError(w, httpStatus(re.code), re.code, re.msg)
@@ -221,17 +222,17 @@ func lostHeader(lost []index.LostRange) string {
 
 func httpStatus(code string) int {
 	switch code {
-	case CodeBadRequest:
+	case sock.CodeBadRequest:
 		return http.StatusBadRequest
-	case CodeNotFound:
+	case sock.CodeNotFound:
 		return http.StatusNotFound
-	case CodeConflict:
+	case sock.CodeConflict:
 		return http.StatusConflict
-	case CodeBusy:
+	case sock.CodeBusy:
 		return http.StatusServiceUnavailable
-	case CodeTooLarge:
+	case sock.CodeTooLarge:
 		return http.StatusInsufficientStorage
-	case CodeForbidden:
+	case sock.CodeForbidden:
 		return http.StatusForbidden
 	}
 	return http.StatusInternalServerError
@@ -240,7 +241,7 @@ func httpStatus(code string) int {
 func httpError(w http.ResponseWriter, status int, code, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_, _ = w.Write(append(encodeErrorBody(code, msg), '\n'))
+	_, _ = w.Write(append(sock.EncodeErrorBody(code, msg), '\n'))
 }
 
 // slogAdapter routes promhttp's error log to slog.
@@ -259,7 +260,7 @@ type limitListener struct {
 
 // httpBusyReply is the whole answer to a connection beyond the bound.
 var httpBusyReply = func() []byte {
-	body := append(encodeErrorBody(CodeBusy, "too many HTTP connections; retry later"), '\n')
+	body := append(sock.EncodeErrorBody(sock.CodeBusy, "too many HTTP connections; retry later"), '\n')
 	return append(fmt.Appendf(nil, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n", len(body)), body...)
 }()
 

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvshm/kvshm/proto/sock"
 )
 
 func TestParseRecoverQuery(t *testing.T) {
@@ -143,7 +145,7 @@ func TestHTTPRecoverStatus(t *testing.T) {
 			t.Errorf("/kv_recover?%s = %d %s, want %d with %s", tt.query, code, body, tt.code, tt.body)
 		}
 		if code != http.StatusOK {
-			var eb errorBody
+			var eb sock.ErrorBody
 			if err := json.Unmarshal([]byte(body), &eb); err != nil || eb.Error == "" {
 				t.Errorf("/kv_recover?%s: error body %q is not {\"error\",\"code\"}", tt.query, body)
 			}

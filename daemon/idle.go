@@ -9,20 +9,23 @@ import (
 	"github.com/kvshm/kvshm/shm"
 )
 
-// Idle strategy of a drain goroutine (Aeron's BackoffIdleStrategy, with the sleeps done by nanosleep, ending in a
+// Idle strategy of a drain goroutine (Aeron's BackoffIdleStrategy, with the sleeps done by futex naps, ending in a
 // futex doorbell):
 //
-//	after the last record: 0 ─ spinFor ─ yieldFor ──── warm: nanosleep 50µs,100µs,…,1ms ──── coldAfter ── parked ──►
-//	                       busy poll    Gosched polls  poll after each sleep                    Reader.Park ≤ parkFor
+//	after the last record: 0 ─ spinFor ─ yieldFor ──── warm: Nap 50µs,100µs,…,1ms ──── coldAfter ── parked ──►
+//	                       busy poll    Gosched polls  poll after each nap              Reader.Park ≤ parkFor
 //
 // Go timers cannot sleep below about 1 ms on an idle Linux process (the netpoller waits in whole milliseconds), so
-// the warm sleeps go through nanosleep(2) on the drain goroutine's own locked OS thread, whose timer slack is
-// lowered to 1 µs (prctl PR_SET_TIMERSLACK; the default 50 µs slack would double a 50 µs sleep). While records keep
-// coming a record is reached within about one sleep period (~100 µs at a few thousand records per second).
+// the warm sleeps are timed futex waits (shm.Reader.Nap) on the drain goroutine's own locked OS thread, whose timer
+// slack is lowered to 1 µs (prctl PR_SET_TIMERSLACK; the default 50 µs slack would double a 50 µs sleep). While
+// records keep coming a record is reached within about one sleep period (~100 µs at a few thousand records per
+// second). A query barrier cuts a nap short (Reader.Wake), so a query never waits out a sleep.
 //
 // Each wakeup costs ~10-40 µs of CPU on a virtual machine (measured: a C nanosleep(1 ms) loop uses 0.7% of a core
-// there, the same loop in Go 2-4%), so sleeping 1 ms forever cannot meet "≤ 1% of a core when idle". After
-// coldAfter without records the stream parks: shm.Reader.Park sets the ring's consumer_parked word and sleeps in
+// there, the same loop in Go 2-4%), so sleeping 1 ms forever cannot meet "≤ 1% of a core when idle", and a stream
+// that naps for long after each of its records costs a lot on a node of many slowly publishing ranks (with 100 ms,
+// 64 streams at 10 events/s took 24-42% of a core: bench/RESULTS.md, scale). After coldAfter without records the
+// stream parks: shm.Reader.Park sets the ring's consumer_parked word and sleeps in
 // FUTEX_WAIT on the tail word; the producer's next publish sees the flag and rings (FUTEX_WAKE), so the first
 // record after an idle period is reached in about one wakeup, and an idle stream costs one wakeup per parkFor. A
 // query barrier or a stop interrupts the park with Reader.Wake. The park timeout bounds what a missed doorbell can
@@ -37,7 +40,7 @@ const (
 	yieldFor  = 60 * time.Microsecond
 	minSleep  = 50 * time.Microsecond
 	maxSleep  = time.Millisecond
-	coldAfter = 100 * time.Millisecond
+	coldAfter = 20 * time.Millisecond // a stream publishing every 100 ms parks between records (issue 9)
 	parkFor   = 250 * time.Millisecond
 )
 
@@ -73,7 +76,7 @@ func (i *idler) idle(now time.Time) bool {
 		runtime.Gosched()
 		return false
 	case since < coldAfter:
-		nanosleep(i.sleep)
+		i.r.Nap(i.sleep) // a query barrier's wake cuts it short
 		i.sleep = min(2*i.sleep, maxSleep)
 		return true
 	}
@@ -81,11 +84,6 @@ func (i *idler) idle(now time.Time) bool {
 	return true
 }
 
-// wake interrupts a park (or makes the next one return at once) so a barrier or a stop is seen at once. Safe for
-// concurrent use, also after the drain goroutine closed the ring.
+// wake interrupts a nap or a park (or makes the next one return at once) so a barrier or a stop is seen at once.
+// Safe for concurrent use, also after the drain goroutine closed the ring.
 func (i *idler) wake() { i.r.Wake() }
-
-func nanosleep(d time.Duration) {
-	ts := unix.NsecToTimespec(int64(d))
-	_ = unix.Nanosleep(&ts, nil) // EINTR just ends the sleep early
-}

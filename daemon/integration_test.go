@@ -12,6 +12,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvshm/kvshm/internal/testenv"
+	"github.com/kvshm/kvshm/proto/sock"
 )
 
 // queryCase is one recovery query; nil bounds are open.
@@ -48,7 +51,7 @@ var queryCases = []queryCase{
 func checkAgainstOracle(t *testing.T, p *producer, socket, httpAddr, phase string) {
 	t.Helper()
 	ctx := ctxT(t)
-	c, err := Dial(ctx, socket)
+	c, err := sock.Dial(ctx, socket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +114,7 @@ func checkAgainstOracle(t *testing.T, p *producer, socket, httpAddr, phase strin
 	}
 
 	for _, toks := range [][]uint32{tokens(1000, 2, p.bs), tokens(1000, 1, p.bs), tokens(5000, 1, p.bs), nil} {
-		m, err := c.Match(ctx, MatchRequest{WorkerID: &w, Tokens: toks})
+		m, err := c.Match(ctx, sock.MatchRequest{WorkerID: &w, Tokens: toks})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -120,7 +123,7 @@ func checkAgainstOracle(t *testing.T, p *producer, socket, httpAddr, phase strin
 			t.Fatalf("%s: match %v: %+v, want %+v", phase, toks, m.Scores, wantScores)
 		}
 		for i, s := range wantScores {
-			if m.Scores[i] != (MatchScore{WorkerID: s.WorkerID, DpRank: s.DpRank, Blocks: s.Blocks}) {
+			if m.Scores[i] != (sock.MatchScore{WorkerID: s.WorkerID, DpRank: s.DpRank, Blocks: s.Blocks}) {
 				t.Errorf("%s: match score %d: %+v, want %+v", phase, i, m.Scores[i], s)
 			}
 		}
@@ -194,7 +197,7 @@ func TestIntegrationProcess(t *testing.T) {
 		t.Errorf("kvshmd events --start 11: %v\n got %s\nwant %s", err, out, want.JSON)
 	}
 	out, err = exec.Command(kvshmdBin, "stats", "--socket", socket).Output()
-	var sr StatsReply
+	var sr sock.StatsReply
 	if err != nil || json.Unmarshal(out, &sr) != nil || len(sr.Streams) != 1 || sr.Streams[0].WorkerID != 7 {
 		t.Errorf("kvshmd stats: %v %s", err, out)
 	}
@@ -279,9 +282,7 @@ func assertDumpPrefix(t *testing.T, socket, prefix string) {
 func promtool(t *testing.T, metrics []byte) {
 	t.Helper()
 	path, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Fatalf("promtool not found: install Debian's prometheus package (apt-get install prometheus), as .ci/run does")
-	}
+	testenv.Require(t, err, "promtool", "install Debian's prometheus package (apt-get install prometheus), as .ci/run does")
 	cmd := exec.Command(path, "check", "metrics")
 	cmd.Stdin = bytes.NewReader(metrics)
 	out, err := cmd.CombinedOutput()

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
 )
 
@@ -36,6 +37,6 @@ func TestClosedStateWhileLeased(t *testing.T) {
 		p.mustPublish(stored(seq, 0, u64p(seq), []uint64{seq + 1}, tokens(uint32(seq+1), 1, 4)))
 	}
 	eventsEqual(t, q, p, u64p(0), "after the state word read CLOSED")
-	checkStats(t, socket, 9, func(s StreamStats) bool { return s.Attached })
+	checkStats(t, socket, 9, func(s sock.StreamStats) bool { return s.Attached })
 
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
 )
 
@@ -56,11 +57,11 @@ func TestSignalDrainsRing(t *testing.T) {
 func waitStopped(t *testing.T, pid int) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		st, err := shm.ReadProcStat(pid)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if i := bytes.LastIndexByte(b, ')'); i > 0 && i+2 < len(b) && b[i+2] == 'T' {
+		if st.State == 'T' {
 			return
 		}
 	}
@@ -128,7 +129,7 @@ func TestKillRestartResumes(t *testing.T) {
 	for i := range uint64(10) {
 		p.mustPublish(stored(i, 0, nil, []uint64{500 + i}, tokens(uint32(i*10), 1, 4)))
 	}
-	checkStats(t, socket, 5, func(s StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == 9 })
+	checkStats(t, socket, 5, func(s sock.StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == 9 })
 	_, before, _ := shm.Inspect(p.path)
 	d1.kill()
 	for i := uint64(10); i < 20; i++ { // the producer keeps publishing while no daemon runs
@@ -139,7 +140,7 @@ func TestKillRestartResumes(t *testing.T) {
 	if !rep.Resumed || rep.Head != before.Head || rep.Head == 0 || rep.Epoch != p.w.Header().Epoch {
 		t.Fatalf("attach after restart = %+v, want resumed at head %d", rep, before.Head)
 	}
-	st := checkStats(t, socket, 5, func(s StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == 19 })
+	st := checkStats(t, socket, 5, func(s sock.StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == 19 })
 	if !st.Tainted || *st.FirstEventID != 10 || st.Buffered != 10 {
 		t.Errorf("stats after resume = %+v, want tainted with events 10..19", st)
 	}
@@ -148,10 +149,10 @@ func TestKillRestartResumes(t *testing.T) {
 }
 
 // checkStats polls STATS of worker until ok accepts it (up to 10 s) and returns it.
-func checkStats(t *testing.T, socket string, worker uint64, ok func(StreamStats) bool) StreamStats {
+func checkStats(t *testing.T, socket string, worker uint64, ok func(sock.StreamStats) bool) sock.StreamStats {
 	t.Helper()
 	c := dialT(t, socket)
-	var last StreamStats
+	var last sock.StreamStats
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		r, err := c.Stats(ctxT(t), &worker)
 		if err != nil {
@@ -252,8 +253,8 @@ func TestClientRefusesImpostor(t *testing.T) {
 	if err := os.Chown(theirs, nobody, nobody); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Dial(ctxT(t), filepath.Join(theirs, "kvshmd.sock")); !errors.Is(err, ErrUntrustedServer) {
-		t.Fatalf("Dial into another user's directory = %v, want ErrUntrustedServer", err)
+	if _, err := sock.Dial(ctxT(t), filepath.Join(theirs, "kvshmd.sock")); !errors.Is(err, sock.ErrUntrustedServer) {
+		t.Fatalf("Dial into another user's directory = %v, want sock.ErrUntrustedServer", err)
 	}
 
 	ours := t.TempDir()
@@ -282,9 +283,9 @@ func TestClientRefusesImpostor(t *testing.T) {
 	if line, err := br.ReadString('\n'); err != nil || line != "listening\n" {
 		t.Fatalf("impostor did not start: %q %v", line, err)
 	}
-	_, err = Dial(ctxT(t), path)
-	if !errors.Is(err, ErrUntrustedServer) || !strings.Contains(err.Error(), "uid 65534") {
-		t.Fatalf("Dial to another user's listener = %v, want ErrUntrustedServer naming uid 65534", err)
+	_, err = sock.Dial(ctxT(t), path)
+	if !errors.Is(err, sock.ErrUntrustedServer) || !strings.Contains(err.Error(), "uid 65534") {
+		t.Fatalf("Dial to another user's listener = %v, want sock.ErrUntrustedServer naming uid 65534", err)
 	}
 	rest, _ := io.ReadAll(br)
 	_ = impostor.Wait()

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvshm/kvshm/index"
+	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
 )
 
@@ -96,7 +97,7 @@ func TestKnownLossInNextAnswer(t *testing.T) {
 			// The LOSS record that finally comes with the next event adds nothing: the loss is counted once.
 			seq := last + 1
 			p.mustPublish(stored(seq, 0, nil, []uint64{1000 + seq}, tokens(uint32(seq), 1, p.bs)))
-			s = checkStats(t, ts.SocketPath(), 4, func(s StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == seq })
+			s = checkStats(t, ts.SocketPath(), 4, func(s sock.StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == seq })
 			if s.LostEvents != last-first+1 || len(s.LostRanges) != 1 {
 				t.Fatalf("after the LOSS record: lost=%d ranges=%+v, want the same single range %d..%d", s.LostEvents, s.LostRanges, first, last)
 			}
@@ -174,7 +175,7 @@ func TestTokenMismatchCounted(t *testing.T) {
 	p := newProducer(t, ts.SocketPath(), 3, 4, 1<<16)
 	p.mustPublish(stored(0, 0, nil, []uint64{1, 2}, tokens(0, 2, 4)[:6])) // 6 tokens for 2 blocks of 4
 	p.mustPublish(stored(1, 0, nil, []uint64{3}, tokens(100, 1, 4)))
-	s := checkStats(t, ts.SocketPath(), 3, func(s StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == 1 })
+	s := checkStats(t, ts.SocketPath(), 3, func(s sock.StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == 1 })
 	if s.TokenMismatches != 1 || s.Incomplete {
 		t.Fatalf("STATS token_mismatches=%d incomplete=%v, want 1 and complete", s.TokenMismatches, s.Incomplete)
 	}
@@ -240,7 +241,7 @@ func TestHeaderLossGrowsThenReported(t *testing.T) {
 	}
 	next := big + 1
 	p.mustPublish(stored(next, 0, nil, []uint64{1000 + next}, tokens(uint32(next), 1, p.bs))) // carries LOSS first..big
-	s := checkStats(t, ts.SocketPath(), 4, func(s StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == next })
+	s := checkStats(t, ts.SocketPath(), 4, func(s sock.StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == next })
 	if s.LostEvents != big-first+1 || s.LossPending {
 		t.Fatalf("after the LOSS record: lost=%d ranges=%+v pending=%v; want %d lost once", s.LostEvents, s.LostRanges, s.LossPending, big-first+1)
 	}
@@ -259,7 +260,7 @@ func TestKnownLossAfterSIGSTOP(t *testing.T) {
 	d := startDaemon(t, socket, "--http", "127.0.0.1:0")
 	p := newProducer(t, socket, 12, 4, 1<<16)
 	p.mustPublish(cleared(0))
-	checkStats(t, socket, 12, func(s StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == 0 })
+	checkStats(t, socket, 12, func(s sock.StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == 0 })
 	if err := d.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}

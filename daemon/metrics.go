@@ -51,7 +51,7 @@ func newMetrics(reg *prometheus.Registry, s *Server) (*metrics, error) {
 			Name: "kvshm_rank_port_errors_total", Help: "Ranks whose --rank-ports listener could not be opened (bind failure, port beyond 65535, listener limit).",
 		}),
 		ckptWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvshm_checkpoint_writes_total", Help: "Index checkpoints written at shutdown (--state-dir), by result (ok, failed).",
+			Name: "kvshm_checkpoint_writes_total", Help: "Index checkpoints written (--state-dir: at shutdown, and while streams run with --checkpoint-interval), by result (ok, failed).",
 		}, []string{"result"}),
 		ckptRestores: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvshm_checkpoint_restores_total", Help: "Checkpoint lookups when a ring is resumed (--state-dir), by result (restored, missing, stale, corrupt, error).",

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvshm/kvshm/index"
 	"github.com/kvshm/kvshm/proto/fbs"
+	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
 )
 
@@ -41,12 +42,12 @@ func producerMain() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	c, err := Dial(context.Background(), socket)
+	c, err := sock.Dial(context.Background(), socket)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if _, err := c.Attach(context.Background(), AttachRequest{RingPath: path, WorkerID: 21, KVBlockSize: 4, MaxBufferSize: 1024}); err != nil {
+	if _, err := c.Attach(context.Background(), sock.AttachRequest{RingPath: path, WorkerID: 21, KVBlockSize: 4, MaxBufferSize: 1024}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -89,13 +90,13 @@ func TestProducerProcessKilled(t *testing.T) {
 		_ = cmd.Wait()
 		t.Fatalf("producer process: %q %v\n%s", line, err, stderr.String())
 	}
-	st := checkStats(t, ts.SocketPath(), 21, func(s StreamStats) bool { return s.Attached })
+	st := checkStats(t, ts.SocketPath(), 21, func(s sock.StreamStats) bool { return s.Attached })
 	if st.ProducerPID != uint32(cmd.Process.Pid) {
 		t.Errorf("producer pid %d, want %d", st.ProducerPID, cmd.Process.Pid)
 	}
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
-	st = checkStats(t, ts.SocketPath(), 21, func(s StreamStats) bool { return !s.Attached && !s.ProducerAlive })
+	st = checkStats(t, ts.SocketPath(), 21, func(s sock.StreamStats) bool { return !s.Attached && !s.ProducerAlive })
 	if st.LastEventID == nil || *st.LastEventID != n-1 || st.Tainted {
 		t.Fatalf("after the producer died: %+v, want all %d events applied", st, n)
 	}
@@ -103,7 +104,7 @@ func TestProducerProcessKilled(t *testing.T) {
 	for _, ev := range procEvents(n) {
 		_, _ = oracle.ApplyStoredTokens(ev.Seq, 0, ev.HasParent, ev.ParentHash, le64(ev.BlockHashes), le32(ev.TokenIDs), nil, false)
 	}
-	c, err := Dial(ctxT(t), ts.SocketPath())
+	c, err := sock.Dial(ctxT(t), ts.SocketPath())
 	if err != nil {
 		t.Fatal(err)
 	}

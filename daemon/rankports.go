@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/kvshm/kvshm/proto/sock"
 )
 
 // maxRankPorts bounds the rank listeners (open or failed) a daemon keeps: a producer publishing events of
@@ -133,7 +135,7 @@ func (s *Server) rankHandler(r uint32) http.Handler {
 			return
 		}
 		if q.DpRank != nil && *q.DpRank != r {
-			s.httpFail(w, errorf(CodeBadRequest, "this port answers dp_rank %d, not %d", r, *q.DpRank))
+			s.httpFail(w, errorf(sock.CodeBadRequest, "this port answers dp_rank %d, not %d", r, *q.DpRank))
 			return
 		}
 		s.serveRecover(w, req, q.WorkerID, &r, q)

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/kvshm/kvshm/proto/sock"
 )
 
 // streamKey identifies a stream: a worker and the scope of its producer. Scope ALL (perRank false: no dp_rank in
@@ -106,19 +108,19 @@ func (s *Server) resolveLocked(worker *uint64, rank *uint32) (target, error) {
 		workers := s.workersLocked()
 		switch {
 		case len(workers) == 0:
-			return target{}, errorf(CodeNotFound, "no stream: no producer has attached yet")
+			return target{}, errorf(sock.CodeNotFound, "no stream: no producer has attached yet")
 		case rank == nil && len(s.streams) == 1:
 			for _, st := range s.streams {
 				return target{st: st}, nil
 			}
 		case rank == nil:
-			return target{}, errorf(CodeConflict, "%d streams are attached: give a worker_id (and a dp_rank for a per-rank stream), or use the stream's own URL: %s", len(s.streams), strings.Join(s.urlsLocked(nil), " "))
+			return target{}, errorf(sock.CodeConflict, "%d streams are attached: give a worker_id (and a dp_rank for a per-rank stream), or use the stream's own URL: %s", len(s.streams), strings.Join(s.urlsLocked(nil), " "))
 		case len(workers) > 1:
 			urls := make([]string, len(workers))
 			for i, w := range workers {
 				urls[i] = rankURL(w, *rank)
 			}
-			return target{}, errorf(CodeConflict, "%d workers are attached: give a worker_id, or use the worker's URL for dp_rank %d: %s", len(workers), *rank, strings.Join(urls, " "))
+			return target{}, errorf(sock.CodeConflict, "%d workers are attached: give a worker_id, or use the worker's URL for dp_rank %d: %s", len(workers), *rank, strings.Join(urls, " "))
 		}
 		w := workers[0]
 		worker = &w
@@ -131,7 +133,7 @@ func (s *Server) resolveLocked(worker *uint64, rank *uint32) (target, error) {
 			r := *rank
 			return target{st: st, view: &r}, nil
 		}
-		return target{}, errorf(CodeNotFound, "no stream for worker_id %d dp_rank %d (%d streams attached)", *worker, *rank, len(s.streams))
+		return target{}, errorf(sock.CodeNotFound, "no stream for worker_id %d dp_rank %d (%d streams attached)", *worker, *rank, len(s.streams))
 	}
 	if st := s.streams[streamKey{worker: *worker}]; st != nil {
 		return target{st: st}, nil // no dp_rank means scope ALL, as in ATTACH
@@ -145,11 +147,11 @@ func (s *Server) resolveLocked(worker *uint64, rank *uint32) (target, error) {
 	}
 	switch n {
 	case 0:
-		return target{}, errorf(CodeNotFound, "no stream for worker_id %d (%d attached)", *worker, len(s.streams))
+		return target{}, errorf(sock.CodeNotFound, "no stream for worker_id %d (%d attached)", *worker, len(s.streams))
 	case 1:
 		return target{st: only}, nil
 	}
-	return target{}, errorf(CodeConflict, "worker %d has %d streams (one producer per dp_rank): give a dp_rank, or use the rank's URL: %s", *worker, n, strings.Join(s.urlsLocked(worker), " "))
+	return target{}, errorf(sock.CodeConflict, "worker %d has %d streams (one producer per dp_rank): give a dp_rank, or use the rank's URL: %s", *worker, n, strings.Join(s.urlsLocked(worker), " "))
 }
 
 // workersLocked returns the distinct worker ids of the streams, sorted.
@@ -190,7 +192,7 @@ func (s *Server) selectExactLocked(worker uint64, rank *uint32) (*stream, error)
 		return st, nil
 	}
 	if rank != nil {
-		return nil, errorf(CodeNotFound, "no stream for worker_id %d dp_rank %d (%d streams attached)", worker, *rank, len(s.streams))
+		return nil, errorf(sock.CodeNotFound, "no stream for worker_id %d dp_rank %d (%d streams attached)", worker, *rank, len(s.streams))
 	}
 	t, err := s.resolveLocked(&worker, nil)
 	if err != nil {

@@ -18,25 +18,27 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvshm/kvshm/index"
+	"github.com/kvshm/kvshm/proto/sock"
+	"github.com/kvshm/kvshm/shm"
 )
 
-// Config configures a Server. Zero values select the documented defaults.
+// Config configures a Server. A zero field selects its value in DefaultConfig (OnLoss, DumpShape: their zero values).
 type Config struct {
-	SocketPath        string        // default DefaultSocketPath()
-	SocketMode        os.FileMode   // default 0600
+	SocketPath        string        // the Unix socket
+	SocketMode        os.FileMode   // the socket file's mode
 	HTTPAddr          string        // "" = no HTTP listener
 	ParentPID         int           // > 0: shut down (after draining) when this process is gone
-	MaxRequestBytes   uint32        // request frame cap (length field); default DefaultMaxRequest
-	MaxConns          int           // concurrent connections; default 1024
-	HTTPMaxConns      int           // concurrent HTTP connections; beyond it a client gets 503 and is closed; default 256
-	HTTPHeaderTimeout time.Duration // an HTTP request's headers must arrive within this; default 10s
-	HTTPIdleTimeout   time.Duration // an idle keep-alive HTTP connection is closed after this; default 2m
-	IdleTimeout       time.Duration // a connection that never attached and sends nothing for this long is closed; default 5m
-	FrameTimeout      time.Duration // a started frame must be complete within this; default 10s
-	WriteTimeout      time.Duration // a reply must be written within this; default 60s
-	QueryTimeout      time.Duration // bound on one query (including waiting for the single-flight dump); default 120s
-	PIDCheckInterval  time.Duration // producer pid backstop period; default 1s
-	ParentPoll        time.Duration // --parent-pid poll period; default 200ms
+	MaxRequestBytes   uint32        // request frame cap (length field)
+	MaxConns          int           // concurrent connections
+	HTTPMaxConns      int           // concurrent HTTP connections; beyond it a client gets 503 and is closed
+	HTTPHeaderTimeout time.Duration // an HTTP request's headers must arrive within this
+	HTTPIdleTimeout   time.Duration // an idle keep-alive HTTP connection is closed after this
+	IdleTimeout       time.Duration // a connection that never attached and sends nothing for this long is closed
+	FrameTimeout      time.Duration // a started frame must be complete within this
+	WriteTimeout      time.Duration // a reply must be written within this
+	QueryTimeout      time.Duration // bound on one query (including waiting for the single-flight dump)
+	PIDCheckInterval  time.Duration // producer pid backstop period
+	ParentPoll        time.Duration // --parent-pid poll period
 	StateDir          string        // "" = no checkpoints; else indexes are checkpointed here at shutdown (created 0700)
 	// CheckpointInterval > 0 (requires StateDir): also checkpoint each stream while it runs and release its ring head
 	// only up to a written checkpoint, so a crash loses nothing (see doc.go, "Continuous checkpoints"). 0 = off.
@@ -50,52 +52,64 @@ type Config struct {
 	// of the only worker, opened when the daemon first holds a stream covering r (--rank-ports). 0 = off.
 	RankPortsBase int
 	Version       string       // reported by HEALTH and kvshm_build_info
-	Logger        *slog.Logger // default slog.Default()
+	Logger        *slog.Logger //
 	Registry      *prometheus.Registry
 }
 
+// DefaultConfig returns the defaults every zero field of a Config stands for (New fills them in); kvshmd serve shows
+// them as its flag defaults.
+func DefaultConfig() Config {
+	return Config{
+		SocketPath:        sock.DefaultSocketPath(),
+		SocketMode:        0o600,
+		MaxRequestBytes:   sock.DefaultMaxRequest,
+		MaxConns:          1024,
+		HTTPMaxConns:      256,
+		HTTPHeaderTimeout: 10 * time.Second,
+		HTTPIdleTimeout:   2 * time.Minute,
+		IdleTimeout:       5 * time.Minute,
+		FrameTimeout:      10 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		QueryTimeout:      120 * time.Second,
+		PIDCheckInterval:  time.Second,
+		ParentPoll:        200 * time.Millisecond,
+		OnLoss:            index.LossBestEffort,
+		DumpShape:         index.DumpChains,
+		Version:           "dev",
+	}
+}
+
 func (c *Config) fill() {
+	d := DefaultConfig()
 	if c.SocketPath == "" {
-		c.SocketPath = DefaultSocketPath()
+		c.SocketPath = d.SocketPath
 	}
 	if c.SocketMode == 0 {
-		c.SocketMode = 0o600
+		c.SocketMode = d.SocketMode
 	}
 	if c.MaxRequestBytes == 0 {
-		c.MaxRequestBytes = DefaultMaxRequest
+		c.MaxRequestBytes = d.MaxRequestBytes
 	}
-	if c.MaxConns <= 0 {
-		c.MaxConns = 1024
+	for _, f := range []struct {
+		v   *int
+		def int
+	}{{&c.MaxConns, d.MaxConns}, {&c.HTTPMaxConns, d.HTTPMaxConns}} {
+		if *f.v <= 0 {
+			*f.v = f.def
+		}
 	}
-	if c.HTTPMaxConns <= 0 {
-		c.HTTPMaxConns = 256
-	}
-	if c.HTTPHeaderTimeout <= 0 {
-		c.HTTPHeaderTimeout = 10 * time.Second
-	}
-	if c.HTTPIdleTimeout <= 0 {
-		c.HTTPIdleTimeout = 2 * time.Minute
-	}
-	if c.IdleTimeout <= 0 {
-		c.IdleTimeout = 5 * time.Minute
-	}
-	if c.FrameTimeout <= 0 {
-		c.FrameTimeout = 10 * time.Second
-	}
-	if c.WriteTimeout <= 0 {
-		c.WriteTimeout = 60 * time.Second
-	}
-	if c.QueryTimeout <= 0 {
-		c.QueryTimeout = 120 * time.Second
-	}
-	if c.PIDCheckInterval <= 0 {
-		c.PIDCheckInterval = time.Second
-	}
-	if c.ParentPoll <= 0 {
-		c.ParentPoll = 200 * time.Millisecond
+	for _, f := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{{&c.HTTPHeaderTimeout, d.HTTPHeaderTimeout}, {&c.HTTPIdleTimeout, d.HTTPIdleTimeout}, {&c.IdleTimeout, d.IdleTimeout},
+		{&c.FrameTimeout, d.FrameTimeout}, {&c.WriteTimeout, d.WriteTimeout}, {&c.QueryTimeout, d.QueryTimeout},
+		{&c.PIDCheckInterval, d.PIDCheckInterval}, {&c.ParentPoll, d.ParentPoll}} {
+		if *f.v <= 0 {
+			*f.v = f.def
+		}
 	}
 	if c.Version == "" {
-		c.Version = "dev"
+		c.Version = d.Version
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -118,6 +132,7 @@ type Server struct {
 	httpS     *http.Server
 	httpSem   chan struct{} // one token per open HTTP connection, shared by --http and the rank ports
 	rankPorts rankPorts
+	ckpt      *ckptStore
 	nconns    atomic.Int64 // open connections. Updated atomically.
 
 	ctx    context.Context // canceled at shutdown: aborts queries in flight
@@ -155,6 +170,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("register metrics: %w", err)
 	}
 	s.m = m
+	s.ckpt = &ckptStore{dir: cfg.StateDir, writes: m.ckptWrites, log: s.log}
 	return s, nil
 }
 
@@ -229,7 +245,8 @@ func (s *Server) Serve(ctx context.Context) error {
 }
 
 func (s *Server) watchParent(ctx context.Context, cancel context.CancelFunc) {
-	start, _ := procStartTime(s.cfg.ParentPID)
+	st, _ := shm.ReadProcStat(s.cfg.ParentPID) // start time 0 when unreadable: processAlive then checks the pid only
+	start := st.StartTime
 	t := time.NewTicker(s.cfg.ParentPoll)
 	defer t.Stop()
 	for {
@@ -293,7 +310,7 @@ func (s *Server) shutdown() {
 		sort.Slice(attached, func(i, j int) bool { return compareKeys(attached[i].st.key, attached[j].st.key) < 0 })
 		for _, l := range attached {
 			<-l.a.done
-			s.writeCheckpoint(l.st, l.a) // after the final drain and head release: the index matches the ring head
+			_ = s.ckpt.save(l.st.key, l.a.hdr.Epoch, l.a.ix, l.a.finalHead, "shutdown") // after the final drain and head release: the index matches the ring head
 		}
 	}
 	s.log.Info("kvshmd stopped: rings drained")
@@ -323,16 +340,15 @@ func (s *Server) acceptLoop() error {
 
 // conn is one client connection, served by one goroutine.
 type conn struct {
-	c    *net.UnixConn
-	uid  uint32
-	pid  int32
-	att  *attachment // set by ATTACH on this connection. Owned by the connection goroutine.
-	buf  []byte
-	resp []byte
+	c   *net.UnixConn
+	uid uint32
+	pid int32
+	att *attachment // set by ATTACH on this connection. Owned by the connection goroutine.
+	buf []byte
 }
 
 func (s *Server) admit(c *net.UnixConn) {
-	cred, err := peerCred(c)
+	cred, err := sock.PeerCred(c)
 	if err != nil {
 		s.m.rejected.WithLabelValues("peercred").Inc()
 		s.log.Warn("refusing connection: cannot read peer credentials", "err", err)
@@ -342,13 +358,13 @@ func (s *Server) admit(c *net.UnixConn) {
 	if int(cred.Uid) != s.uid {
 		s.m.rejected.WithLabelValues("forbidden").Inc()
 		s.log.Warn("refusing connection from another user", "peer_uid", cred.Uid, "peer_pid", cred.Pid, "uid", s.uid)
-		s.refuse(c, CodeForbidden, fmt.Sprintf("peer uid %d is not the daemon's uid %d", cred.Uid, s.uid))
+		s.refuse(c, sock.CodeForbidden, fmt.Sprintf("peer uid %d is not the daemon's uid %d", cred.Uid, s.uid))
 		return
 	}
 	if s.nconns.Add(1) > int64(s.cfg.MaxConns) {
 		s.nconns.Add(-1)
 		s.m.rejected.WithLabelValues("busy").Inc()
-		s.refuse(c, CodeBusy, fmt.Sprintf("connection limit %d reached; retry later", s.cfg.MaxConns))
+		s.refuse(c, sock.CodeBusy, fmt.Sprintf("connection limit %d reached; retry later", s.cfg.MaxConns))
 		return
 	}
 	cc := &conn{c: c, uid: cred.Uid, pid: cred.Pid}
@@ -368,7 +384,7 @@ func (s *Server) admit(c *net.UnixConn) {
 // refuse sends one unsolicited error frame (kind 0) and closes, without reading anything.
 func (s *Server) refuse(c *net.UnixConn, code, msg string) {
 	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-	_ = WriteFrame(c, 0, StatusError, encodeErrorBody(code, msg))
+	_ = sock.WriteFrame(c, 0, sock.StatusError, sock.EncodeErrorBody(code, msg))
 	_ = c.Close()
 }
 
@@ -402,7 +418,7 @@ func (s *Server) serveConn(cc *conn) {
 			return
 		}
 		_ = cc.c.SetReadDeadline(time.Now().Add(s.cfg.FrameTimeout))
-		f, buf, err := ReadFrame(br, s.cfg.MaxRequestBytes, cc.buf)
+		f, buf, err := sock.ReadFrame(br, s.cfg.MaxRequestBytes, cc.buf)
 		cc.buf = buf
 		if err != nil {
 			s.frameError(cc, f, err)
@@ -415,15 +431,15 @@ func (s *Server) serveConn(cc *conn) {
 }
 
 // frameError answers a frame that could not be read and is followed by closing the connection.
-func (s *Server) frameError(cc *conn, f Frame, err error) {
+func (s *Server) frameError(cc *conn, f sock.Frame, err error) {
 	var code string
 	switch {
-	case errors.Is(err, ErrUnsupportedVersion):
-		code = CodeUnsupportedVersion
-	case errors.Is(err, ErrFrameTooLarge):
-		code = CodeTooLarge
-	case errors.Is(err, ErrFrameTooShort):
-		code = CodeBadRequest
+	case errors.Is(err, sock.ErrUnsupportedVersion):
+		code = sock.CodeUnsupportedVersion
+	case errors.Is(err, sock.ErrFrameTooLarge):
+		code = sock.CodeTooLarge
+	case errors.Is(err, sock.ErrFrameTooShort):
+		code = sock.CodeBadRequest
 	case isTimeout(err):
 		s.m.rejected.WithLabelValues("frame_timeout").Inc()
 		s.log.Warn("closing connection: frame not completed in time", "peer_pid", cc.pid, "timeout", s.cfg.FrameTimeout)
@@ -434,31 +450,31 @@ func (s *Server) frameError(cc *conn, f Frame, err error) {
 	}
 	s.m.requests.WithLabelValues("socket", f.Kind.String(), code).Inc()
 	s.log.Warn("bad frame: replying with an error and closing", "peer_pid", cc.pid, "code", code, "err", err)
-	s.reply(cc, f.Kind, StatusError, encodeErrorBody(code, err.Error()))
+	s.reply(cc, f.Kind, sock.StatusError, sock.EncodeErrorBody(code, err.Error()))
 }
 
 // handleFrame serves one request; false closes the connection.
-func (s *Server) handleFrame(cc *conn, f Frame) bool {
+func (s *Server) handleFrame(cc *conn, f sock.Frame) bool {
 	start := time.Now()
 	var body []byte
 	var err error
 	switch {
-	case f.Status != StatusOK:
-		err = errorf(CodeBadRequest, "request status must be 0, got %d", f.Status)
-	case !f.Kind.known():
-		err = errorf(CodeUnknownKind, "unknown request kind %d (this daemon speaks kinds 1-%d of version %d)", f.Kind, KindForget, Version)
+	case f.Status != sock.StatusOK:
+		err = errorf(sock.CodeBadRequest, "request status must be 0, got %d", f.Status)
+	case !f.Kind.Known():
+		err = errorf(sock.CodeUnknownKind, "unknown request kind %d (this daemon speaks kinds 1-%d of version %d)", f.Kind, sock.KindForget, sock.Version)
 	default:
 		body, err = s.dispatch(cc, f.Kind, f.Body)
 	}
 	code := "ok"
-	status := StatusOK
+	status := sock.StatusOK
 	if err != nil {
 		var re *replyError
 		if !errors.As(err, &re) {
-			re = &replyError{code: CodeInternal, msg: err.Error()}
+			re = &replyError{code: sock.CodeInternal, msg: err.Error()}
 			s.log.Error("request failed", "kind", f.Kind, "err", err)
 		}
-		code, status, body = re.code, StatusError, encodeErrorBody(re.code, re.msg)
+		code, status, body = re.code, sock.StatusError, sock.EncodeErrorBody(re.code, re.msg)
 	}
 	s.m.requests.WithLabelValues("socket", f.Kind.String(), code).Inc()
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {
@@ -467,9 +483,9 @@ func (s *Server) handleFrame(cc *conn, f Frame) bool {
 	return s.reply(cc, f.Kind, status, body)
 }
 
-func (s *Server) reply(cc *conn, kind Kind, status Status, body []byte) bool {
+func (s *Server) reply(cc *conn, kind sock.Kind, status sock.Status, body []byte) bool {
 	_ = cc.c.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
-	if err := WriteFrame(cc.c, kind, status, body); err != nil {
+	if err := sock.WriteFrame(cc.c, kind, status, body); err != nil {
 		s.log.Warn("closing connection: cannot write reply", "peer_pid", cc.pid, "kind", kind, "err", err)
 		return false
 	}

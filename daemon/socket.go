@@ -6,20 +6,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
-)
 
-// DefaultSocketPath is $XDG_RUNTIME_DIR/kvshm/kvshmd.sock, else /tmp/kvshm-<uid>/kvshmd.sock.
-func DefaultSocketPath() string {
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "kvshm", "kvshmd.sock")
-	}
-	return filepath.Join(os.TempDir(), "kvshm-"+strconv.Itoa(os.Getuid()), "kvshmd.sock")
-}
+	"github.com/kvshm/kvshm/proto/sock"
+	"github.com/kvshm/kvshm/shm"
+)
 
 // prepareSocketDir creates dir with mode 0700 when it is missing and checks that it is a directory owned by the
 // daemon's user and not writable by group or others (so nobody else can replace the socket file).
@@ -27,27 +21,7 @@ func prepareSocketDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create socket directory %s: %w", dir, err)
 	}
-	return checkSocketDir(dir)
-}
-
-// checkSocketDir checks that dir is a directory owned by this process's user and not writable by group or others.
-// Both ends check it: the daemon before it listens, a client before it connects (so that nobody else can have put
-// the socket there).
-func checkSocketDir(dir string) error {
-	var st unix.Stat_t
-	if err := unix.Lstat(dir, &st); err != nil {
-		return fmt.Errorf("stat socket directory %s: %w", dir, err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-		return fmt.Errorf("socket directory %s is not a directory: %w", dir, ErrUnsafeDir)
-	}
-	if int(st.Uid) != os.Getuid() {
-		return fmt.Errorf("socket directory %s is owned by uid %d, not %d: %w", dir, st.Uid, os.Getuid(), ErrUnsafeDir)
-	}
-	if st.Mode&0o022 != 0 {
-		return fmt.Errorf("socket directory %s has mode %04o (group/other writable): %w", dir, st.Mode&0o7777, ErrUnsafeDir)
-	}
-	return nil
+	return sock.CheckSocketDir(dir)
 }
 
 // removeStaleSocket removes path when it is a socket nobody listens on (a killed daemon's leftover). It returns
@@ -100,25 +74,6 @@ func listenUnix(path string, mode os.FileMode) (*net.UnixListener, bool, error) 
 	return ln, hadFile, nil
 }
 
-// peerCred returns the peer's credentials captured at connect() (SO_PEERCRED).
-func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	var cred *unix.Ucred
-	var gerr error
-	if err := rc.Control(func(fd uintptr) {
-		cred, gerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return nil, err
-	}
-	if gerr != nil {
-		return nil, fmt.Errorf("getsockopt SO_PEERCRED: %w", gerr)
-	}
-	return cred, nil
-}
-
 // processAlive reports whether pid exists and, when startTime is nonzero, still has that start time (field 22 of
 // /proc/<pid>/stat), so a recycled pid is not mistaken for the original process.
 func processAlive(pid int, startTime uint64) bool {
@@ -131,58 +86,9 @@ func processAlive(pid int, startTime uint64) bool {
 	if startTime == 0 {
 		return true
 	}
-	st, err := procStartTime(pid)
+	st, err := shm.ReadProcStat(pid)
 	if err != nil {
 		return !errors.Is(err, os.ErrNotExist)
 	}
-	return st == startTime
-}
-
-// procStartTime reads field 22 (starttime, clock ticks since boot) of /proc/<pid>/stat.
-func procStartTime(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	// comm (field 2) may contain spaces and parentheses: fields after it start after the last ')'.
-	i := lastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("parse /proc/%d/stat: no comm", pid)
-	}
-	field := 2
-	start := -1
-	for j := i + 1; j < len(b); j++ {
-		if b[j] == ' ' {
-			field++
-			if field == 22 {
-				start = j + 1
-			} else if field == 23 {
-				return strconv.ParseUint(string(b[start:j]), 10, 64)
-			}
-		}
-	}
-	return 0, fmt.Errorf("parse /proc/%d/stat: short", pid)
-}
-
-func lastIndexByte(b []byte, c byte) int {
-	for i := len(b) - 1; i >= 0; i-- {
-		if b[i] == c {
-			return i
-		}
-	}
-	return -1
-}
-
-// checkServerCred checks that the process listening on c runs as this process's user. A client checks it before
-// sending anything: another local user who bound the socket path first (say, in a shared temp directory) must
-// learn nothing (a ring path, a query) and answer nothing.
-func checkServerCred(c *net.UnixConn) error {
-	cred, err := peerCred(c)
-	if err != nil {
-		return err
-	}
-	if int(cred.Uid) != os.Getuid() {
-		return fmt.Errorf("kvshmd socket served by uid %d (pid %d), not by uid %d: %w", cred.Uid, cred.Pid, os.Getuid(), ErrUntrustedServer)
-	}
-	return nil
+	return st.StartTime == startTime
 }

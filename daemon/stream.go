@@ -25,7 +25,6 @@ const (
 // if any.
 type stream struct {
 	key streamKey // immutable
-	srv *Server
 
 	// Rate limits of the warn lines about incomplete answers and token-count mismatches. Safe for concurrent use.
 	incompleteLog, mismatchLog rateLog
@@ -66,7 +65,10 @@ type attachment struct {
 	// on it (another client's DETACH is refused). The daemon itself ends an attachment only when the lease is
 	// gone, the producer's pid is gone, or at shutdown (which closes every connection).
 	lease        *conn
-	closedLogged bool // owned by the drain goroutine: the CLOSED-while-leased warning was logged
+	ckpt         *ckptStore    // where checkpoints go (--state-dir)
+	rankPorts    *rankPorts    // --rank-ports: a rank's first event on an ALL stream opens its port
+	pidEvery     time.Duration // producer pid check period (backstop to the lease)
+	closedLogged bool          // owned by the drain goroutine: the CLOSED-while-leased warning was logged
 	// applied is the ring position up to which every record is applied, stored by the drain goroutine after each
 	// pass (updated atomically); with the producer's tail equal to it and no loss pending, a query needs no round
 	// trip to the drain goroutine (sync's fast path). mapMu guards the mapping's lifetime for that read: the drain
@@ -204,7 +206,7 @@ func (a *attachment) run() {
 	a.idl.worked(time.Now())
 	lastSnap := time.Now()
 	lastPID := lastSnap
-	pidEvery := a.st.srv.cfg.PIDCheckInterval
+	pidEvery := a.pidEvery
 	for {
 		a.corruptPass = false
 		n := a.drainBatch()
@@ -236,6 +238,12 @@ func (a *attachment) run() {
 		}
 		if now.Sub(lastSnap) >= snapshotPeriod {
 			lastSnap = now
+			if cut, size := a.r.Truncated(); cut {
+				// An idle stream touches only the header page, which may outlive the truncation: without this
+				// check the producer's drops (which it can no longer count in the header) would go unreported.
+				a.ringFault(ringTruncated{size})
+				return
+			}
 			a.snapshot()
 			if a.hdrClosed() && !a.closedLogged {
 				// The producer says goodbye by closing its connection (or DETACH on it); a state word that reads
@@ -416,16 +424,24 @@ func isMemoryFault(r any) bool {
 	return ok
 }
 
-// ringFault ends an attachment whose ring mapping faulted (the file was truncated): nothing more can be read, so the
+// ringTruncated is the cause ringFault reports when the idle check finds the ring file shorter than its mapping.
+type ringTruncated struct{ size int64 }
+
+func (e ringTruncated) String() string {
+	return fmt.Sprintf("the ring file was truncated to %d bytes", e.size)
+}
+
+// ringFault ends an attachment whose ring mapping faulted, or whose file the idle check found truncated: nothing
+// more can be read, so the
 // history after the last applied record is unknown (kept queryable, marked, counted), the mapping is released without
 // touching it again (no final drain, no head store), and the producer's connection is closed so that it learns of
 // it. Runs on the drain goroutine, in run's deferred handler.
 func (a *attachment) ringFault(r any) {
 	a.st.corrupt.Add(1)
-	a.log.Error("ring mapping fault (the ring file was truncated?): attachment ended, state after the last applied "+
-		"event is unknown", "panic", fmt.Sprint(r))
-	a.ix.MarkUnknownHistory(fmt.Sprintf("ring mapping fault: %v", r))
-	a.finish("ring mapping fault") // barriers waiting on it are released by run closing done
+	a.log.Error("ring unusable (its file was truncated): attachment ended, state after the last applied event is "+
+		"unknown", "cause", fmt.Sprint(r))
+	a.ix.MarkUnknownHistory(fmt.Sprintf("ring unusable: %v", r))
+	a.finish("ring unusable") // barriers waiting on it are released by run closing done
 	a.closeRing()
 	st := a.st
 	st.mu.Lock()
@@ -501,7 +517,7 @@ func (a *attachment) applyEvent(rec shm.Record, c *batchCounts) {
 	}
 	if a.ranks.on && !a.ranks.has(v.DpRank) {
 		a.ranks.add(v.DpRank)
-		a.st.srv.rankPorts.ensure(v.DpRank) // first event of this rank on an ALL stream
+		a.rankPorts.ensure(v.DpRank) // first event of this rank on an ALL stream
 	}
 	if err != nil && a.log.Enabled(context.Background(), slog.LevelDebug) {
 		// Tree errors (parent/block not found) are normal under eviction races and counted by the index.
@@ -630,10 +646,9 @@ func (a *attachment) periodicCheckpoint(now time.Time) {
 // crash before the next good checkpoint then reports unknown history instead of restoring an index that lacks the
 // released records (the head check at restore would refuse it too).
 func (a *attachment) checkpoint(trigger string) {
-	srv := a.st.srv
 	head := a.r.Stats().ReadPos
-	if err := srv.saveCheckpoint(a.st.key, a.hdr.Epoch, a.ix, head, trigger); err != nil {
-		srv.removeCheckpoints(a.st.key)
+	if err := a.ckpt.save(a.st.key, a.hdr.Epoch, a.ix, head, trigger); err != nil {
+		a.ckpt.remove(a.st.key)
 	}
 	a.r.Release()
 	a.lastCkpt, a.ckptHead, a.ckptForce = time.Now(), head, false

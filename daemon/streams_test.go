@@ -9,10 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
 )
 
-func eventsEqual(t *testing.T, c *Client, p *producer, start *uint64, what string) {
+func eventsEqual(t *testing.T, c *sock.Client, p *producer, start *uint64, what string) {
 	t.Helper()
 	got, err := c.Events(ctxT(t), &p.worker, start, nil)
 	if err != nil {
@@ -30,7 +31,7 @@ func TestProducerLifecycle(t *testing.T) {
 	ts := startServer(t, nil)
 	socket := ts.SocketPath()
 	q := dialT(t, socket)
-	stats := func() StreamStats {
+	stats := func() sock.StreamStats {
 		t.Helper()
 		r, err := q.Stats(ctxT(t), u64p(1))
 		if err != nil {
@@ -52,7 +53,7 @@ func TestProducerLifecycle(t *testing.T) {
 	// (final drain) and the index stays queryable.
 	p.mustPublish(stored(5, 0, nil, []uint64{15}, tokens(5, 1, 4)))
 	p.conn.Close()
-	checkStats(t, socket, 1, func(s StreamStats) bool { return !s.Attached && !s.ProducerAlive })
+	checkStats(t, socket, 1, func(s sock.StreamStats) bool { return !s.Attached && !s.ProducerAlive })
 	eventsEqual(t, q, p, u64p(0), "after producer death")
 
 	// The same ring (same epoch) reattached: the index continues.
@@ -74,14 +75,14 @@ func TestProducerLifecycle(t *testing.T) {
 	}
 	defer w2.Close()
 	c2 := dialT(t, socket)
-	_, err = c2.Attach(ctxT(t), AttachRequest{RingPath: other, WorkerID: 1, KVBlockSize: 4, MaxBufferSize: p.maxBuf})
-	if !IsCode(err, CodeConflict) {
+	_, err = c2.Attach(ctxT(t), sock.AttachRequest{RingPath: other, WorkerID: 1, KVBlockSize: 4, MaxBufferSize: p.maxBuf})
+	if !sock.IsCode(err, sock.CodeConflict) {
 		t.Fatalf("second live producer: %v, want conflict", err)
 	}
 
 	// The producer restarts: a new ring (new epoch) for the same worker resets the stream.
 	p.conn.Close()
-	checkStats(t, socket, 1, func(s StreamStats) bool { return !s.Attached })
+	checkStats(t, socket, 1, func(s sock.StreamStats) bool { return !s.Attached })
 	_ = p.w.Close()
 	if err := os.Remove(p.path); err != nil {
 		t.Fatal(err)
@@ -106,7 +107,7 @@ func TestProducerLifecycle(t *testing.T) {
 	// then published into a ring nobody read): from another client it is forbidden; on the producer's ATTACH
 	// connection it drains and keeps the index.
 	p.mustPublish(stored(1, 0, u64p(77), []uint64{78}, tokens(81, 1, 4)))
-	if err := q.Detach(ctxT(t), 1); !IsCode(err, CodeForbidden) {
+	if err := q.Detach(ctxT(t), 1); !sock.IsCode(err, sock.CodeForbidden) {
 		t.Fatalf("DETACH of a live producer from another client = %v, want forbidden", err)
 	}
 	if s := stats(); !s.Attached {
@@ -123,13 +124,13 @@ func TestProducerLifecycle(t *testing.T) {
 	// Several streams: a null worker_id is ambiguous for queries, STATS lists all.
 	p2 := newProducer(t, socket, 2, 4, 1<<16)
 	p2.mustPublish(cleared(0))
-	if _, err := q.Dump(ctxT(t), nil); !IsCode(err, CodeConflict) {
+	if _, err := q.Dump(ctxT(t), nil); !sock.IsCode(err, sock.CodeConflict) {
 		t.Fatalf("dump with two streams and no worker_id: %v, want conflict", err)
 	}
 	if r, err := q.Stats(ctxT(t), nil); err != nil || len(r.Streams) != 2 {
 		t.Fatalf("stats of all streams: %+v %v", r, err)
 	}
-	if _, err := q.Events(ctxT(t), u64p(3), nil, nil); !IsCode(err, CodeNotFound) {
+	if _, err := q.Events(ctxT(t), u64p(3), nil, nil); !sock.IsCode(err, sock.CodeNotFound) {
 		t.Fatalf("events of an unknown worker: %v, want not_found", err)
 	}
 }
@@ -160,42 +161,42 @@ func TestAttachValidation(t *testing.T) {
 
 	tests := []struct {
 		name string
-		req  AttachRequest
+		req  sock.AttachRequest
 		code string
 		msg  string
 	}{
-		{"missing file", AttachRequest{RingPath: filepath.Join(dir, "nope"), WorkerID: 9, KVBlockSize: 16}, CodeNotFound, "no such file"},
-		{"symlink", AttachRequest{RingPath: link, WorkerID: 9, KVBlockSize: 16}, CodeForbidden, "not a regular file"},
-		{"group writable", AttachRequest{RingPath: loose, WorkerID: 9, KVBlockSize: 16}, CodeForbidden, "group/other writable"},
-		{"not a ring", AttachRequest{RingPath: junk, WorkerID: 9, KVBlockSize: 16}, CodeBadRequest, "open ring"},
-		{"worker mismatch", AttachRequest{RingPath: path, WorkerID: 8, KVBlockSize: 16}, CodeBadRequest, "worker_id"},
-		{"block size mismatch", AttachRequest{RingPath: path, WorkerID: 9, KVBlockSize: 32}, CodeBadRequest, "kv_block_size"},
-		{"buffer mismatch", AttachRequest{RingPath: path, WorkerID: 9, KVBlockSize: 16, MaxBufferSize: 9}, CodeBadRequest, "max_buffer_size"},
-		{"zero block size", AttachRequest{RingPath: path, WorkerID: 9}, CodeBadRequest, "kv_block_size"},
+		{"missing file", sock.AttachRequest{RingPath: filepath.Join(dir, "nope"), WorkerID: 9, KVBlockSize: 16}, sock.CodeNotFound, "no such file"},
+		{"symlink", sock.AttachRequest{RingPath: link, WorkerID: 9, KVBlockSize: 16}, sock.CodeForbidden, "not a regular file"},
+		{"group writable", sock.AttachRequest{RingPath: loose, WorkerID: 9, KVBlockSize: 16}, sock.CodeForbidden, "group/other writable"},
+		{"not a ring", sock.AttachRequest{RingPath: junk, WorkerID: 9, KVBlockSize: 16}, sock.CodeBadRequest, "open ring"},
+		{"worker mismatch", sock.AttachRequest{RingPath: path, WorkerID: 8, KVBlockSize: 16}, sock.CodeBadRequest, "worker_id"},
+		{"block size mismatch", sock.AttachRequest{RingPath: path, WorkerID: 9, KVBlockSize: 32}, sock.CodeBadRequest, "kv_block_size"},
+		{"buffer mismatch", sock.AttachRequest{RingPath: path, WorkerID: 9, KVBlockSize: 16, MaxBufferSize: 9}, sock.CodeBadRequest, "max_buffer_size"},
+		{"zero block size", sock.AttachRequest{RingPath: path, WorkerID: 9}, sock.CodeBadRequest, "kv_block_size"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := Dial(ctxT(t), ts.SocketPath())
+			c, err := sock.Dial(ctxT(t), ts.SocketPath())
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer c.Close()
 			_, err = c.Attach(ctxT(t), tt.req)
-			if !IsCode(err, tt.code) || !strings.Contains(err.Error(), tt.msg) {
+			if !sock.IsCode(err, tt.code) || !strings.Contains(err.Error(), tt.msg) {
 				t.Fatalf("attach: %v, want code %s mentioning %q", err, tt.code, tt.msg)
 			}
 		})
 	}
 	// After all refusals the valid attach works, and attaching twice on one connection is a conflict.
-	c, err := Dial(ctxT(t), ts.SocketPath())
+	c, err := sock.Dial(ctxT(t), ts.SocketPath())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if _, err := c.Attach(ctxT(t), AttachRequest{RingPath: path, WorkerID: 9, KVBlockSize: 16, MaxBufferSize: 8}); err != nil {
+	if _, err := c.Attach(ctxT(t), sock.AttachRequest{RingPath: path, WorkerID: 9, KVBlockSize: 16, MaxBufferSize: 8}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Attach(ctxT(t), AttachRequest{RingPath: path, WorkerID: 9, KVBlockSize: 16}); !IsCode(err, CodeConflict) {
+	if _, err := c.Attach(ctxT(t), sock.AttachRequest{RingPath: path, WorkerID: 9, KVBlockSize: 16}); !sock.IsCode(err, sock.CodeConflict) {
 		t.Fatalf("second attach on one connection: %v, want conflict", err)
 	}
 }
@@ -228,7 +229,7 @@ func TestRingLossAndCorruption(t *testing.T) {
 		}
 	}
 	p.mustPublish(stored(seq, 0, nil, []uint64{seq}, tokens(uint32(seq), 1, 4)))
-	s := checkStats(t, socket, 4, func(s StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == seq })
+	s := checkStats(t, socket, 4, func(s sock.StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == seq })
 	if !s.Tainted || s.LostEvents != 10 || s.DroppedEvents != 10 || len(s.LostRanges) == 0 {
 		t.Fatalf("after ring-full loss: %+v, want tainted with 10 lost", s)
 	}
@@ -256,7 +257,7 @@ func TestRingLossAndCorruption(t *testing.T) {
 	}
 	f.Close()
 	p.w.Publish()
-	s = checkStats(t, socket, 4, func(s StreamStats) bool { return s.CorruptRecords == 1 })
+	s = checkStats(t, socket, 4, func(s sock.StreamStats) bool { return s.CorruptRecords == 1 })
 	if !s.Tainted {
 		t.Fatalf("after corruption: %+v, want tainted", s)
 	}
@@ -265,11 +266,21 @@ func TestRingLossAndCorruption(t *testing.T) {
 		t.Fatal("append")
 	}
 	p.w.Publish()
-	checkStats(t, socket, 4, func(s StreamStats) bool { return s.MalformedEvents == 1 })
+	checkStats(t, socket, 4, func(s sock.StreamStats) bool { return s.MalformedEvents == 1 })
 	// Ingest continues; a Cleared re-bases again.
 	p.mustPublish(cleared(seq))
-	s = checkStats(t, socket, 4, func(s StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == seq })
+	s = checkStats(t, socket, 4, func(s sock.StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == seq })
 	if s.Tainted {
 		t.Fatalf("a Cleared after the corruption should re-base: %+v", s)
+	}
+}
+
+// TestConfigDefaults: a zero Config stands for DefaultConfig (the one home of the defaults kvshmd serve shows).
+func TestConfigDefaults(t *testing.T) {
+	var c Config
+	c.fill()
+	c.Logger, c.Registry = nil, nil
+	if d := DefaultConfig(); c != d {
+		t.Fatalf("zero Config filled to\n%+v\nDefaultConfig\n%+v", c, d)
 	}
 }

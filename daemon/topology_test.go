@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/kvshm/kvshm/index"
+	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
 )
 
@@ -63,7 +64,7 @@ func wantJSON(t *testing.T, addr, path string, want []byte) {
 func wantStatus(t *testing.T, addr, path string, code int, want ...string) string {
 	t.Helper()
 	got, _, body := httpGet(t, addr, path)
-	var eb errorBody
+	var eb sock.ErrorBody
 	if got != code || json.Unmarshal([]byte(body), &eb) != nil || eb.Code == "" {
 		t.Fatalf("GET %s = %d %s, want %d with an error body", path, got, body, code)
 	}
@@ -138,7 +139,7 @@ func TestPerRankProducers(t *testing.T) {
 
 	// A second producer for (5, rank 0) while the first lives: conflict, with the hint.
 	dup := newRankProducerNoAttach(t, socket, 5, u32p(0))
-	if _, err := dup.Attach(ctxT(t), dup.req); !IsCode(err, CodeConflict) || !strings.Contains(err.Error(), "dp_rank 0") || !strings.Contains(err.Error(), "must pass dp_rank") {
+	if _, err := dup.Attach(ctxT(t), dup.req); !sock.IsCode(err, sock.CodeConflict) || !strings.Contains(err.Error(), "dp_rank 0") || !strings.Contains(err.Error(), "must pass dp_rank") {
 		t.Fatalf("second live producer for worker 5 dp_rank 0: %v, want conflict with the dp_rank hint", err)
 	}
 
@@ -154,7 +155,7 @@ func TestPerRankProducers(t *testing.T) {
 			wantJSON(t, addr, fmt.Sprintf("/workers/5/dp/%d/kv_recover?%s", rank, q.qs), want)
 			wantJSON(t, addr, fmt.Sprintf("/kv_recover?dp_rank=%d&%s", rank, q.qs), want)
 			wantJSON(t, addr, fmt.Sprintf("/kv_recover?worker_id=5&dp_rank=%d&%s", rank, q.qs), want)
-			got, err := dialT(t, socket).EventsOf(ctxT(t), EventsRequest{WorkerID: u64p(5), Start: q.start, End: q.end, DpRank: &rank})
+			got, err := dialT(t, socket).EventsOf(ctxT(t), sock.EventsRequest{WorkerID: u64p(5), Start: q.start, End: q.end, DpRank: &rank})
 			if err != nil || string(got) != string(want) {
 				t.Fatalf("socket EVENTS rank %d %s = %s, %v; want %s", rank, q.qs, got, err, want)
 			}
@@ -168,7 +169,7 @@ func TestPerRankProducers(t *testing.T) {
 		sr.Streams[1].DpRank == nil || *sr.Streams[1].DpRank != 1 || *sr.Streams[1].LastEventID != 5 {
 		t.Fatalf("STATS worker 5 = %+v, %v; want the rank 0 and rank 1 streams", sr, err)
 	}
-	sr, err = c.StatsOf(ctxT(t), WorkerRequest{DpRank: u32p(1)})
+	sr, err = c.StatsOf(ctxT(t), sock.WorkerRequest{DpRank: u32p(1)})
 	if err != nil || len(sr.Streams) != 1 || *sr.Streams[0].DpRank != 1 {
 		t.Fatalf("STATS dp_rank 1 = %+v, %v; want the rank 1 stream", sr, err)
 	}
@@ -179,16 +180,16 @@ func TestPerRankProducers(t *testing.T) {
 		}
 	}
 	// DETACH and FORGET of rank 1 only: rank 0 keeps answering.
-	if err := c.Detach(ctxT(t), 5); !IsCode(err, CodeConflict) {
+	if err := c.Detach(ctxT(t), 5); !sock.IsCode(err, sock.CodeConflict) {
 		t.Fatalf("DETACH worker 5 without dp_rank = %v, want conflict (two per-rank streams)", err)
 	}
-	if err := c.DetachStream(ctxT(t), WorkerRequest{WorkerID: u64p(5), DpRank: u32p(1)}); !IsCode(err, CodeForbidden) {
+	if err := c.DetachStream(ctxT(t), sock.WorkerRequest{WorkerID: u64p(5), DpRank: u32p(1)}); !sock.IsCode(err, sock.CodeForbidden) {
 		t.Fatalf("DETACH of rank 1 from another client = %v, want forbidden (only its producer detaches it)", err)
 	}
-	if err := r1.conn.DetachStream(ctxT(t), WorkerRequest{WorkerID: u64p(5), DpRank: u32p(1)}); err != nil {
+	if err := r1.conn.DetachStream(ctxT(t), sock.WorkerRequest{WorkerID: u64p(5), DpRank: u32p(1)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.ForgetStream(ctxT(t), WorkerRequest{WorkerID: u64p(5), DpRank: u32p(1)}); err != nil {
+	if err := c.ForgetStream(ctxT(t), sock.WorkerRequest{WorkerID: u64p(5), DpRank: u32p(1)}); err != nil {
 		t.Fatal(err)
 	}
 	if m := scrape(t, ts.Server); strings.Contains(m, `dp_rank="1"`) {
@@ -200,8 +201,8 @@ func TestPerRankProducers(t *testing.T) {
 
 // rawAttach is an attaching connection with its request, for tests that expect the ATTACH to fail.
 type rawAttach struct {
-	*Client
-	req AttachRequest
+	*sock.Client
+	req sock.AttachRequest
 }
 
 // newRankProducerNoAttach creates a ring for (worker, rank) and a connection, without attaching.
@@ -213,7 +214,7 @@ func newRankProducerNoAttach(t *testing.T, socket string, worker uint64, rank *u
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = w.Close() })
-	return rawAttach{dialT(t, socket), AttachRequest{RingPath: path, WorkerID: worker, KVBlockSize: 4, MaxBufferSize: 1024, DpRank: rank}}
+	return rawAttach{dialT(t, socket), sock.AttachRequest{RingPath: path, WorkerID: worker, KVBlockSize: 4, MaxBufferSize: 1024, DpRank: rank}}
 }
 
 // TestAllStreamRankViews: one producer for every rank (TensorRT-LLM, no dp_rank) publishes ranks 0 and 1; each
@@ -234,7 +235,7 @@ func TestAllStreamRankViews(t *testing.T) {
 			want := oracleJSON(t, p, qs.start, qs.end, &r)
 			wantJSON(t, addr, fmt.Sprintf("/workers/8/dp/%d/kv_recover?%s", r, qs.s), want)
 			wantJSON(t, addr, fmt.Sprintf("/kv_recover?dp_rank=%d&%s", r, qs.s), want)
-			got, err := dialT(t, ts.SocketPath()).DumpOf(ctxT(t), WorkerRequest{DpRank: &r})
+			got, err := dialT(t, ts.SocketPath()).DumpOf(ctxT(t), sock.WorkerRequest{DpRank: &r})
 			if want := oracleJSON(t, p, nil, nil, &r); err != nil || string(got) != string(want) {
 				t.Fatalf("socket DUMP dp_rank %d = %s, %v; want %s", r, got, err, want)
 			}
@@ -353,7 +354,7 @@ func TestPerRankCheckpoints(t *testing.T) {
 			t.Fatalf("checkpoint of %v: %v", p.rank, err)
 		}
 	}
-	ts = srv()
+	srv() // the restarted daemon (stopped by its cleanup)
 	for _, p := range ps {
 		if rep := p.attach(); !rep.Restored {
 			t.Fatalf("reattach of rank %v = %+v, want restored", p.rank, rep)
@@ -361,7 +362,7 @@ func TestPerRankCheckpoints(t *testing.T) {
 	}
 	for _, p := range ps {
 		want := oracleJSON(t, p, nil, nil, nil)
-		got, err := dialT(t, socket).DumpOf(ctxT(t), WorkerRequest{WorkerID: u64p(6), DpRank: p.rank}) // no rank: the ALL stream
+		got, err := dialT(t, socket).DumpOf(ctxT(t), sock.WorkerRequest{WorkerID: u64p(6), DpRank: p.rank}) // no rank: the ALL stream
 		if err != nil || string(got) != string(want) {
 			t.Fatalf("rank %v after restore: %s, %v; want %s", p.rank, got, err, want)
 		}

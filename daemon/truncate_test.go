@@ -4,12 +4,22 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/kvshm/kvshm/proto/sock"
+	"github.com/kvshm/kvshm/shm"
 )
 
 // TestTruncatedRing is issue 10's defect 5 on the daemon's side: a ring file truncated under a running shared
 // daemon killed it with SIGBUS (every worker down). Now the fault ends only that attachment (counted, logged, the
 // history after it marked unknown, the producer's connection closed) and the daemon serves the other workers.
 func TestTruncatedRing(t *testing.T) {
+	t.Run("to nothing", func(t *testing.T) { truncatedRing(t, 0) })
+	// Found by the soak suite: the header page survives, so an idle drain goroutine (it reads only header words)
+	// never faults; its periodic size check ends the stream instead, or the producer's drops would go unreported.
+	t.Run("header page kept", func(t *testing.T) { truncatedRing(t, 2*shm.HeaderSize) })
+}
+
+func truncatedRing(t *testing.T, size int64) {
 	ts := startServer(t, nil)
 	socket := ts.SocketPath()
 	q := dialT(t, socket)
@@ -23,7 +33,7 @@ func TestTruncatedRing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Truncate(victim.path, 0); err != nil {
+	if err := os.Truncate(victim.path, size); err != nil {
 		t.Fatal(err)
 	}
 	// The test's Go producer would fault too when it closes (the Python producer guards itself: pybind's
@@ -31,7 +41,7 @@ func TestTruncatedRing(t *testing.T) {
 	t.Cleanup(func() { _ = os.Truncate(victim.path, fi.Size()) })
 	// The drain goroutine touches the header within snapshotPeriod even when idle; waiting for that only orders
 	// the test, it times nothing.
-	st := checkStats(t, socket, 30, func(s StreamStats) bool { return !s.Attached })
+	st := checkStats(t, socket, 30, func(s sock.StreamStats) bool { return !s.Attached })
 	if st.CorruptRecords == 0 || !st.Incomplete {
 		t.Fatalf("victim stream after the fault = %+v, want a corruption counted and the answer incomplete", st)
 	}

@@ -64,13 +64,22 @@ func (ix *Indexer) writeCheckpoint(w io.Writer, meta []byte, version uint32) err
 	e.u32(version)
 	e.u32(uint32(len(meta)))
 	e.bytes(meta)
+	ix.encodeConfig(e)
+	ix.encodeIDs(e, version)
+	ix.tree.encode(e, version)
+	ix.log.encode(e)
+	return e.finish()
+}
 
-	// Configuration.
+// encodeConfig writes the config section (CHECKPOINT.md).
+func (ix *Indexer) encodeConfig(e *ckEnc) {
 	e.u64(ix.cfg.WorkerID)
 	e.u32(ix.cfg.BlockSize)
 	e.u64(uint64(ix.cfg.MaxBufferSize))
+}
 
-	// Id bookkeeping and counters.
+// encodeIDs writes the ids section: id bookkeeping, taint, counters, lost ranges.
+func (ix *Indexer) encodeIDs(e *ckEnc, version uint32) {
 	var flags uint8
 	if ix.seenAny {
 		flags |= 1
@@ -103,9 +112,11 @@ func (ix *Indexer) writeCheckpoint(w io.Writer, meta []byte, version uint32) err
 			e.lostRange(r)
 		}
 	}
+}
 
-	// Tree: slots, node arena, spilled worker bits, lookups.
-	t := ix.tree
+// encode writes the tree section: slots, node arena, spilled worker bits, lookups (sorted: the output is
+// deterministic).
+func (t *tree) encode(e *ckEnc, version uint32) {
 	e.u32(uint32(len(t.slots)))
 	for _, s := range t.slots {
 		e.u32(s.dp)
@@ -151,10 +162,12 @@ func (ix *Indexer) writeCheckpoint(w io.Writer, meta []byte, version uint32) err
 			e.u32(s.lookup[h])
 		}
 	}
+}
 
-	// Event log, oldest first.
-	e.u32(uint32(ix.log.count))
-	for _, p := range ix.log.view(0, nil) {
+// encode writes the log section: the event log, oldest first.
+func (l *eventLog) encode(e *ckEnc) {
+	e.u32(uint32(l.count))
+	for _, p := range l.view(0, nil) {
 		for k := range p.hdrs {
 			h := &p.hdrs[k]
 			e.u64(h.id)
@@ -172,7 +185,6 @@ func (ix *Indexer) writeCheckpoint(w io.Writer, meta []byte, version uint32) err
 			}
 		}
 	}
-	return e.finish()
 }
 
 // ckChunk is the size of the encoder's buffer: it is checksummed and written whenever it fills.
@@ -416,6 +428,25 @@ func (d *ckDec) decode() (*Indexer, []byte) {
 	}
 	meta := slices.Clone(d.take(int(mlen)))
 
+	ix := d.decodeConfig()
+	if ix == nil || !d.decodeIDs(ix, version) {
+		return nil, nil
+	}
+	if !d.decodeTree(ix.tree) {
+		return nil, nil
+	}
+	if !d.decodeLog(ix) {
+		return nil, nil
+	}
+	if d.off != len(d.b) {
+		d.fail("%d bytes of trailing data", len(d.b)-d.off)
+		return nil, nil
+	}
+	return ix, meta
+}
+
+// decodeConfig reads the config section and returns an empty index of that configuration (nil on error).
+func (d *ckDec) decodeConfig() *Indexer {
 	cfg := Config{WorkerID: d.u64(), BlockSize: d.u32()}
 	mb := d.u64()
 	if d.err == nil && (cfg.BlockSize == 0 || mb > maxCkptBuffer) {
@@ -423,14 +454,18 @@ func (d *ckDec) decode() (*Indexer, []byte) {
 	}
 	cfg.MaxBufferSize = int(mb)
 	if d.err != nil {
-		return nil, nil
+		return nil
 	}
 	ix, err := New(cfg)
 	if err != nil {
 		d.fail("invalid config: %v", err)
-		return nil, nil
+		return nil
 	}
+	return ix
+}
 
+// decodeIDs reads the ids section (id bookkeeping, taint, counters, lost ranges) into ix.
+func (d *ckDec) decodeIDs(ix *Indexer, version uint32) bool {
 	flags := d.u8()
 	if flags&^3 != 0 {
 		d.fail("unknown flags %#x", flags)
@@ -459,7 +494,7 @@ func (d *ckDec) decode() (*Indexer, []byte) {
 	nl := d.count(21, "lost range")
 	if nl > MaxLostRanges {
 		d.fail("%d lost ranges (at most %d)", nl, MaxLostRanges)
-		return nil, nil
+		return false
 	}
 	for range nl {
 		r := d.lostRange()
@@ -482,41 +517,59 @@ func (d *ckDec) decode() (*Indexer, []byte) {
 		if nt > MaxLostRanges || (nt > 0) != ix.tainted {
 			d.fail("%d losses since the last Cleared (at most %d, and some exactly when tainted: %v)", nt,
 				MaxLostRanges, ix.tainted)
-			return nil, nil
+			return false
 		}
 		for range nt {
 			ix.taintLost = append(ix.taintLost, d.lostRange())
 		}
 	}
-	if d.err != nil {
-		return nil, nil
-	}
-	if !d.decodeTree(ix.tree) {
-		return nil, nil
-	}
-	if !d.decodeLog(ix) {
-		return nil, nil
-	}
-	if d.off != len(d.b) {
-		d.fail("%d bytes of trailing data", len(d.b)-d.off)
-		return nil, nil
-	}
-	return ix, meta
+	return d.err == nil
 }
 
-// decodeTree reads the slots, the node arena, the spilled worker bits and the lookups into t, and validates the
-// structure the tree code relies on: a forest (the root plus detached nodes referenced by lookups) in which every
-// live node is reached exactly once through its parent's child list, a free list covering every other node,
-// unique (parent, tokens hash) edges, worker bits only for existing slots, lookups pointing at live nodes.
+// decodeTree reads the tree section into t (the slots, the node arena, the spilled worker bits and the lookups, in
+// the order of CHECKPOINT.md), and validates the structure the tree code relies on: a forest (the root plus
+// detached nodes referenced by lookups) in which every live node is reached exactly once through its parent's child
+// list, a free list covering every other node, unique (parent, tokens hash) edges, worker bits only for existing
+// slots, lookups pointing at live nodes.
 func (d *ckDec) decodeTree(t *tree) bool {
-	ns := d.count(4, "slot")
-	for range ns {
+	td := &treeDec{d: d, t: t}
+	return td.slots() && td.arena() && td.freeList() && td.forest() && td.extra() && td.lookups()
+}
+
+// treeDec is the state decodeTree's steps share.
+type treeDec struct {
+	d       *ckDec
+	t       *tree
+	ns, nn  int     // slots, nodes
+	nodesAt int     // offset of the node arena (for errors naming a node)
+	state   []uint8 // per node: 0 unseen, 1 free, 2 live (reached)
+}
+
+// bad fails at node i's offset.
+func (td *treeDec) bad(i int, format string, args ...any) bool {
+	td.d.off = td.nodesAt + i*nodeBytes
+	td.d.fail("node %d: "+format, append([]any{i}, args...)...)
+	return false
+}
+
+// slots reads n_slots and the dp_ranks (distinct).
+func (td *treeDec) slots() bool {
+	d, t := td.d, td.t
+	td.ns = d.count(4, "slot")
+	for range td.ns {
 		dp := d.u32()
 		if _, dup := t.slotOf[dp]; dup && d.err == nil {
 			d.fail("dp_rank %d appears twice", dp)
 		}
 		t.slot(dp)
 	}
+	return true // a failure sticks in d.err, checked by arena
+}
+
+// arena reads n_nodes, free_head and the nodes, and checks every link is inside the arena and every worker bit
+// names an existing slot.
+func (td *treeDec) arena() bool {
+	d, t := td.d, td.t
 	nn := d.count(nodeBytes, "node")
 	t.freeHead = d.u32()
 	if d.err != nil {
@@ -526,7 +579,7 @@ func (d *ckDec) decodeTree(t *tree) bool {
 		d.fail("node count %d", nn)
 		return false
 	}
-	nodesAt := d.off
+	td.nn, td.nodesAt = nn, d.off
 	t.nodes = make([]node, nn)
 	for i := range t.nodes {
 		p := d.take(nodeBytes)
@@ -561,37 +614,46 @@ func (d *ckDec) decodeTree(t *tree) bool {
 			}
 		}
 	}
-	bad := func(i int, format string, args ...any) bool {
-		d.off = nodesAt + i*nodeBytes
-		d.fail("node %d: "+format, append([]any{i}, args...)...)
-		return false
-	}
 	ref := func(x uint32) bool { return x == nilNode || int(x) < nn }
 	for i := range t.nodes {
 		nd := &t.nodes[i]
 		if !ref(nd.parent) || !ref(nd.firstChild) || !ref(nd.nextSib) {
-			return bad(i, "link out of the arena (parent %d, child %d, sibling %d)", nd.parent, nd.firstChild, nd.nextSib)
+			return td.bad(i, "link out of the arena (parent %d, child %d, sibling %d)", nd.parent, nd.firstChild, nd.nextSib)
 		}
-		if ns < 64 && nd.workers>>uint(ns) != 0 {
-			return bad(i, "worker bits %#x beyond the %d dp_rank slots", nd.workers, ns)
+		if td.ns < 64 && nd.workers>>uint(td.ns) != 0 {
+			return td.bad(i, "worker bits %#x beyond the %d dp_rank slots", nd.workers, td.ns)
 		}
 	}
-	// State per node: 0 unseen, 1 free, 2 live (reached).
-	state := make([]uint8, nn)
+	return true
+}
+
+// freeList follows free_head: each free node once, never the root, unlinked and without workers; then checks the
+// root.
+func (td *treeDec) freeList() bool {
+	t, nn := td.t, td.nn
+	td.state = make([]uint8, nn)
+	state := td.state
 	for x, steps := t.freeHead, 0; x != nilNode; x, steps = t.nodes[x].firstChild, steps+1 {
 		if x == rootNode || int(x) >= nn || state[x] != 0 {
-			return bad(int(min(x, uint32(nn-1))), "free list revisits or names the root or leaves the arena (%d)", x)
+			return td.bad(int(min(x, uint32(nn-1))), "free list revisits or names the root or leaves the arena (%d)", x)
 		}
 		nd := &t.nodes[x]
 		if nd.parent != nilNode || nd.nextSib != nilNode || nd.workers != 0 {
-			return bad(int(x), "free node is linked or has workers")
+			return td.bad(int(x), "free node is linked or has workers")
 		}
 		state[x] = 1
 	}
 	root := &t.nodes[rootNode]
 	if state[rootNode] != 0 || root.parent != nilNode || root.nextSib != nilNode || root.workers != 0 {
-		return bad(0, "invalid root")
+		return td.bad(0, "invalid root")
 	}
+	return true
+}
+
+// forest walks down from the root and every detached node: every live node is reached exactly once from its own
+// parent, no two children of a node share a tokens hash. It builds the child table and the live count.
+func (td *treeDec) forest() bool {
+	t, nn, state := td.t, td.nn, td.state
 	// Size the child table once for every node (it would grow to about this while the tree was built).
 	size := 16
 	for size*3 < nn*4 {
@@ -608,7 +670,7 @@ func (d *ckDec) decodeTree(t *tree) bool {
 			continue
 		}
 		if t.nodes[i].nextSib != nilNode {
-			return bad(i, "detached node has a sibling")
+			return td.bad(i, "detached node has a sibling")
 		}
 		state[i] = 2
 		live++
@@ -618,10 +680,10 @@ func (d *ckDec) decodeTree(t *tree) bool {
 			stack = stack[:len(stack)-1]
 			for c := t.nodes[p].firstChild; c != nilNode; c = t.nodes[c].nextSib {
 				if state[c] != 0 || t.nodes[c].parent != p {
-					return bad(int(c), "child of %d reached twice, free, or naming parent %d", p, t.nodes[c].parent)
+					return td.bad(int(c), "child of %d reached twice, free, or naming parent %d", p, t.nodes[c].parent)
 				}
 				if _, dup := t.child(p, t.nodes[c].tokensHash); dup {
-					return bad(int(c), "second child of %d under tokens hash %d", p, t.nodes[c].tokensHash)
+					return td.bad(int(c), "second child of %d under tokens hash %d", p, t.nodes[c].tokensHash)
 				}
 				t.childInsert(c)
 				state[c] = 2
@@ -632,11 +694,17 @@ func (d *ckDec) decodeTree(t *tree) bool {
 	}
 	for i := range state {
 		if state[i] == 0 {
-			return bad(i, "not on the free list and not reachable through its parent %d", t.nodes[i].parent)
+			return td.bad(i, "not on the free list and not reachable through its parent %d", t.nodes[i].parent)
 		}
 	}
 	t.live = live - 1
+	return true
+}
 
+// extra reads the worker bits of slots >= 64: live nodes in ascending order, a nonzero word, no bits beyond the
+// slots.
+func (td *treeDec) extra() bool {
+	d, t, nn, ns := td.d, td.t, td.nn, td.ns
 	ne := d.count(8, "extra worker set")
 	prev := int64(-1)
 	for range ne {
@@ -651,7 +719,7 @@ func (d *ckDec) decodeTree(t *tree) bool {
 			return false
 		}
 		switch {
-		case int64(n) <= prev || int(n) >= nn || n == rootNode || state[n] != 2:
+		case int64(n) <= prev || int(n) >= nn || n == rootNode || td.state[n] != 2:
 			d.fail("extra worker set of node %d (not increasing, or not a live node)", n)
 		case !nonzero || ns <= 64 || nw > (ns-1)/64:
 			d.fail("extra worker set of node %d: %d words for %d slots, all zero %v", n, nw, ns, !nonzero)
@@ -667,6 +735,13 @@ func (d *ckDec) decodeTree(t *tree) bool {
 		t.extra[n] = ws
 		prev = int64(n)
 	}
+	return true
+}
+
+// lookups reads each slot's lookup (ascending hashes, pointing at live non-root nodes), counts the node
+// references, and checks that every detached node is referenced.
+func (td *treeDec) lookups() bool {
+	d, t, nn := td.d, td.t, td.nn
 	for s := range t.slots {
 		nk := d.count(12, "lookup entry")
 		lk := make(map[uint64]uint32, nk)
@@ -676,7 +751,7 @@ func (d *ckDec) decodeTree(t *tree) bool {
 			if d.err != nil {
 				return false
 			}
-			if (k > 0 && h <= last) || x == rootNode || int(x) >= nn || state[x] != 2 {
+			if (k > 0 && h <= last) || x == rootNode || int(x) >= nn || td.state[x] != 2 {
 				d.fail("lookup of dp_rank %d: hash %d -> node %d (not increasing, or not a live node)", t.slots[s].dp, h, x)
 				return false
 			}
@@ -687,8 +762,8 @@ func (d *ckDec) decodeTree(t *tree) bool {
 		t.slots[s].lookup = lk
 	}
 	for i := 1; i < nn; i++ {
-		if state[i] == 2 && t.nodes[i].parent == nilNode && t.nodes[i].refs == 0 {
-			return bad(i, "detached node without lookup references")
+		if td.state[i] == 2 && t.nodes[i].parent == nilNode && t.nodes[i].refs == 0 {
+			return td.bad(i, "detached node without lookup references")
 		}
 	}
 	return d.err == nil

@@ -297,11 +297,13 @@ func FuzzReadCheckpoint(f *testing.F) {
 			if b2 := checkpointBytes(t, ix, meta); !bytes.Equal(b, b2) {
 				t.Fatalf("accepted checkpoint re-encodes differently")
 			}
+			checkTree(t, ix, "accepted checkpoint")
 			_, _ = ix.Recover(context.Background(), nil, nil)
 			_ = ix.FindMatches([]uint64{0, 1, 2}, false)
 			_, _ = ix.Apply(&Event{ID: 1 << 40, Kind: KindRemoved, Hashes: []uint64{0, 1, 2, 3}})
 			_, _ = ix.Apply(&Event{ID: 1<<40 + 1, Kind: KindStored, Blocks: []Block{{1, 1}, {2, 2}}})
 			_, _ = ix.Apply(&Event{ID: 1<<40 + 2, Kind: KindCleared})
+			checkTree(t, ix, "events after an accepted checkpoint")
 		}
 		try(b)
 		if len(b) >= 4 {

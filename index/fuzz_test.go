@@ -3,6 +3,7 @@ package index
 import (
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"testing"
 )
@@ -108,6 +109,7 @@ func FuzzApplyStoredTokens(f *testing.F) {
 				t.Fatalf("unexpected error %v", err)
 			}
 			hasParent, parent = true, binary.LittleEndian.Uint64(append(slices.Clone(hashes), make([]byte, 8)...))
+			checkTree(t, ix, fmt.Sprintf("event %d", id))
 		}
 		st := ix.Stats()
 		if st.Buffered+int(st.Rejected) != 3 {

@@ -21,7 +21,8 @@ func seq(n int) []uint32 {
 	return out
 }
 
-// TestHashVectors checks the test vectors of reference §2.
+// TestHashVectors checks tokens-hash vectors computed outside kvshm (upstream protocols.rs compute_block_hash_for_seq:
+// XXH3-64, seed 1337).
 func TestHashVectors(t *testing.T) {
 	if got := xxh3.HashSeed([]byte("test data"), BaseSeed); got != 13226331709069118873 {
 		t.Fatalf(`xxh3("test data", 1337) = %d, want 13226331709069118873`, got)
@@ -196,7 +197,7 @@ const sharedHashVectors = "../testdata/hash/vectors.json"
 
 type hashVector struct {
 	Name         string   `json:"name"`
-	Source       string   `json:"source"` // "reference §2" (asserted upstream or computed independently) or "go index"
+	Source       string   `json:"source"` // "independent" (computed outside kvshm) or "go index"
 	Tokens       []uint32 `json:"tokens"`
 	BlockSize    uint32   `json:"block_size"`
 	LoraName     *string  `json:"lora_name"`
@@ -213,7 +214,7 @@ type hashVectorFile struct {
 // hashVectorSources lists the shared vectors; want is nil when the value is computed by HashTokens (-update).
 func hashVectorSources() []hashVector {
 	s := func(v string) *string { return &v }
-	ref := "reference §2"
+	ref := "independent"
 	return []hashVector{
 		{"tokens 0..3, bs 4", ref, seq(4), 4, nil, false, []uint64{9143094415614847814}},
 		{"tokens 0..15, bs 16", ref, seq(16), 16, nil, false, []uint64{15310707395893867146}},
@@ -235,7 +236,7 @@ func hashVectorSources() []hashVector {
 }
 
 // TestSharedHashVectors: testdata/hash/vectors.json equals HashTokens on every vector, and the reference vectors
-// carry the values of reference §2. -update rewrites the file (computed values from HashTokens).
+// carry the values computed outside kvshm. -update rewrites the file (computed values from HashTokens).
 func TestSharedHashVectors(t *testing.T) {
 	hashOf := func(v hashVector) []uint64 {
 		lora := ""

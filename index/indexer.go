@@ -44,7 +44,7 @@ type Indexer struct {
 	scratch []Block
 	hashes  []uint64
 
-	// The dump cache (§5.4). Protected by cmu.
+	// The dump cache (upstream local.rs get_cached_or_fresh_dump). Protected by cmu.
 	cmu       sync.Mutex
 	cache     *dumpSnap
 	building  bool
@@ -167,6 +167,11 @@ func (ix *Indexer) applyLocked(id uint64, dp uint32, kind Kind, hasParent bool, 
 		ix.tainted, ix.taintMore = false, 0
 		ix.taintLost = ix.taintLost[:0]
 		ix.gen.Add(1)
+	}
+	if checkInvariants {
+		if err := ix.tree.check(); err != nil {
+			panic(fmt.Sprintf("after event %d (%s): %v", id, kind, err))
+		}
 	}
 	ix.treeVersion++
 	ix.c.applied[kind-1][res.Status]++
@@ -303,7 +308,7 @@ func (ix *Indexer) reject(id uint64, err error) {
 	ix.markUnknownLocked(reason)
 }
 
-// FindMatches returns the overlap scores of a tokens-hash sequence (Dynamo's find_matches, §3.6): for each
+// FindMatches returns the overlap scores of a tokens-hash sequence (upstream radix_tree.rs find_matches): for each
 // dp_rank, the number of leading blocks it holds. Ranks with score 0 are omitted; the order is by dp_rank.
 func (ix *Indexer) FindMatches(localHashes []uint64, earlyExit bool) []Score {
 	ix.mu.RLock()

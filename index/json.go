@@ -5,7 +5,7 @@ import (
 	"unicode/utf8"
 )
 
-// Hand-rolled JSON appenders for Dynamo's RouterEvent and WorkerKvQueryResponse (reference §1). They write the
+// Hand-rolled JSON appenders for Dynamo's RouterEvent and WorkerKvQueryResponse (upstream protocols.rs and indexer/types.rs). They write the
 // bytes serde_json writes for those types: no whitespace, fields in declaration order, u64 numbers in decimal
 // (never through float64), "cleared" as a bare string, null for start_position and mm_extra_info.
 

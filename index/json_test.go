@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,7 +16,7 @@ import (
 
 var update = flag.Bool("update", false, "rewrite golden files (testdata/*.txt, ../testdata/json/*.json)")
 
-// The literal examples of reference §1.8.
+// Literal RouterEvent examples (the serde shape of upstream protocols.rs), as in testdata/json/blocks.
 const (
 	refStored  = `{"worker_id":7,"storage_tier":"device","event":{"event_id":42,"data":{"stored":{"parent_hash":270656378982115943,"start_position":null,"blocks":[{"block_hash":2733357436102908004,"tokens_hash":2825904518766229643,"mm_extra_info":null},{"block_hash":2451106649480522483,"tokens_hash":10358785732907640880,"mm_extra_info":null}]}},"dp_rank":0}}`
 	refRemoved = `{"worker_id":7,"storage_tier":"device","event":{"event_id":43,"data":{"removed":{"block_hashes":[18405780835976372970]}},"dp_rank":0}}`
@@ -183,7 +184,7 @@ func TestRouterEventReferenceExamples(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			if string(tc.got) != tc.want {
-				t.Fatalf("JSON differs from reference §1.8:\n got %s\nwant %s", tc.got, tc.want)
+				t.Fatalf("JSON differs from the literal example:\n got %s\nwant %s", tc.got, tc.want)
 			}
 			checkGolden(t, "blocks/"+tc.name+".json", tc.got)
 		})
@@ -316,3 +317,49 @@ func TestJSONStringEscaping(t *testing.T) {
 }
 
 func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
+
+// TestParallelDumpEqualsSequential: a dump large enough to be encoded by several goroutines (parallelDumpBlocks)
+// is byte for byte the sequential encoding of the same plan: the parts, their commas and their event ids join up.
+func TestParallelDumpEqualsSequential(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	ix, _ := New(Config{WorkerID: 3, BlockSize: 4, MaxBufferSize: 100})
+	var stored []uint64 // block hashes stored so far, candidates for parents and removals
+	next := uint64(1)
+	for id := uint64(1); ix.Stats().ResidentBlocks < parallelDumpBlocks+4096; id++ {
+		dp := uint32(rng.IntN(3))
+		n := 1 + rng.IntN(8)
+		hashes := make([]uint64, n)
+		for i := range hashes {
+			hashes[i], next = next, next+1
+		}
+		ev := &Event{ID: id, DpRank: dp, Kind: KindStored}
+		if len(stored) > 0 && rng.IntN(3) > 0 {
+			ev.HasParent, ev.Parent = true, stored[rng.IntN(len(stored))]
+		}
+		for i, h := range hashes {
+			ev.Blocks = append(ev.Blocks, Block{BlockHash: h, TokensHash: rng.Uint64() | uint64(i)})
+		}
+		_, _ = ix.Apply(ev)
+		stored = append(stored, hashes...)
+		if rng.IntN(10) == 0 {
+			id++
+			_, _ = ix.Apply(&Event{ID: id, DpRank: dp, Kind: KindRemoved, Hashes: []uint64{stored[rng.IntN(len(stored))]}})
+		}
+	}
+	snap, msg := ix.buildDump(rankFilter{})
+	if msg != "" {
+		t.Fatal(msg)
+	}
+	ix.mu.RLock()
+	ts := ix.snapshotTreeLocked(rankFilter{})
+	ix.mu.RUnlock()
+	evs := ts.planChains()
+	want := append([]byte(jsTreeDumpHead), ts.encodeChains(nil, 3, evs, 0)...)
+	want = appendDumpTail(want, DumpChains, snap.last)
+	if !bytes.Equal(snap.json, want) {
+		t.Fatalf("parallel dump (%d bytes, %d events) differs from the sequential encoding (%d bytes)", len(snap.json), snap.events, len(want))
+	}
+	if !json.Valid(snap.json) || snap.events != len(evs) {
+		t.Fatalf("dump: valid JSON %v, %d events, want %d", json.Valid(snap.json), snap.events, len(evs))
+	}
+}

@@ -138,14 +138,6 @@ func (l *eventLog) view(i int, dst []logPart) []logPart {
 	return dst
 }
 
-func viewLen(parts []logPart) int {
-	n := 0
-	for _, p := range parts {
-		n += len(p.hdrs)
-	}
-	return n
-}
-
 // rankFilter selects the events of one dp_rank (and every Cleared, written with that dp_rank) of a multi-rank
 // stream; the zero value selects everything.
 type rankFilter struct {

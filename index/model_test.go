@@ -136,6 +136,11 @@ func (t *mTree) remove(dp uint32, hashes []uint64) Status {
 			st = StatusBlockNotFound
 			continue
 		}
+		if x.bh != h && lk[x.bh] == x { // a second hash of a block the rank holds under its own: only it goes
+			delete(lk, h)
+			st = StatusBlockNotFound
+			continue
+		}
 		delete(x.workers, dp)
 		if len(x.workers) == 0 {
 			t.clearChildren(x)
@@ -267,10 +272,8 @@ func (m *model) buffer() []mEvent {
 	return m.events
 }
 
-func (m *model) lose(first, last uint64) {
-	if m.seenAny && first > m.lastSeen+1 {
-		first = m.lastSeen + 1
-	}
+// lose records the ids up to last as lost (the model needs only the upper end: a suffix crossing it is affected).
+func (m *model) lose(last uint64) {
 	m.lostHi = append(m.lostHi, last)
 	m.tainted = true
 	if !m.seenAny || last > m.lastSeen {
@@ -447,7 +450,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			first := id
 			last := id + uint64(rng.IntN(3))
 			ix.MarkLost(first, last, "test loss")
-			m.lose(first, last)
+			m.lose(last)
 			id = last
 			continue
 		case p < 3:
@@ -554,6 +557,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		if (gotErr != nil) != (want != StatusOK) {
 			t.Fatalf("step %d: err %v with status %v", step, gotErr, want)
 		}
+		checkTree(t, ix, fmt.Sprintf("step %d", step))
 		if step%7 == 0 || step == steps-1 || *everyFlag {
 			compareModel(t, step, ix, m, rng, ctx, lastSeqs)
 		}

@@ -3,7 +3,9 @@ package index
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
+	"sync"
 )
 
 // Recover answers a recovery query (Dynamo 1.6.1's get_events_in_id_range, then its dump path) with the
@@ -265,6 +267,36 @@ type treeSnapshot struct {
 	blocks int
 }
 
+// snapshotTreeLocked copies what a dump reads of the tree (the read lock held): the node arena and edge flags,
+// extra worker sets, the slots' dp_ranks and the slots to dump (f's rank, or all of them by dp_rank).
+func (ix *Indexer) snapshotTreeLocked(f rankFilter) treeSnapshot {
+	ts := treeSnapshot{nodes: slices.Clone(ix.tree.nodes), flags: slices.Clone(ix.tree.flags), blocks: ix.tree.residentBlocks(), rank: f.on}
+	if len(ix.tree.extra) > 0 {
+		ts.extra = make(map[uint32][]uint64, len(ix.tree.extra))
+		for k, v := range ix.tree.extra {
+			ts.extra[k] = slices.Clone(v)
+		}
+	}
+	for _, s := range ix.tree.slots {
+		ts.dps = append(ts.dps, s.dp)
+	}
+	if f.on {
+		if s, ok := ix.tree.slotOf[f.dp]; ok {
+			ts.order = []int{s}
+			ts.blocks = len(ix.tree.slots[s].lookup)
+		} else {
+			ts.order, ts.blocks = []int{}, 0
+		}
+		return ts
+	}
+	ts.order = make([]int, len(ts.dps))
+	for i := range ts.order {
+		ts.order[i] = i
+	}
+	slices.SortFunc(ts.order, func(a, b int) int { return int64cmp(int64(ts.dps[a]), int64(ts.dps[b])) })
+	return ts
+}
+
 // buildDump snapshots the tree and the watermark under the read lock, then encodes the dump outside it. It
 // returns an error message instead when the index is tainted under LossError.
 func (ix *Indexer) buildDump(f rankFilter) (*dumpSnap, string) {
@@ -284,38 +316,13 @@ func (ix *Indexer) buildDump(f rankFilter) (*dumpSnap, string) {
 		snap.last = ix.log.lastID()
 	}
 	snap.base = snap.last
-	ts := treeSnapshot{nodes: slices.Clone(ix.tree.nodes), flags: slices.Clone(ix.tree.flags), blocks: ix.tree.residentBlocks(), rank: f.on}
-	if len(ix.tree.extra) > 0 {
-		ts.extra = make(map[uint32][]uint64, len(ix.tree.extra))
-		for k, v := range ix.tree.extra {
-			ts.extra[k] = slices.Clone(v)
-		}
-	}
-	for _, s := range ix.tree.slots {
-		ts.dps = append(ts.dps, s.dp)
-	}
-	if f.on {
-		if s, ok := ix.tree.slotOf[f.dp]; ok {
-			ts.order = []int{s}
-			ts.blocks = len(ix.tree.slots[s].lookup)
-		} else {
-			ts.order, ts.blocks = []int{}, 0
-		}
-	}
+	ts := ix.snapshotTreeLocked(f)
 	ix.mu.RUnlock()
 
 	ix.dumpBuilds.Add(1)
 	if ix.testBuildHook != nil {
 		ix.testBuildHook()
 	}
-	if !f.on {
-		ts.order = make([]int, len(ts.dps))
-		for i := range ts.order {
-			ts.order[i] = i
-		}
-		slices.SortFunc(ts.order, func(a, b int) int { return int64cmp(int64(ts.dps[a]), int64(ts.dps[b])) })
-	}
-
 	perBlock := 100 // a chain's block; its event's head is amortized
 	if snap.shape == DumpBlocks {
 		perBlock = 260
@@ -360,10 +367,61 @@ func (ts *treeSnapshot) sameHolders(a, b uint32) bool {
 // follow in the queue. An edge ends early where a dp_rank holds a block without the one before it (possible after
 // removals inside an edge of a multi-rank stream), so every event is a prefix-closed run.
 func (ts *treeSnapshot) appendChains(dst []byte, worker uint64) ([]byte, int) {
+	evs := ts.planChains()
+	parts := 1
+	if ts.blocks >= parallelDumpBlocks {
+		parts = min(runtime.GOMAXPROCS(0), maxDumpWorkers, len(evs))
+	}
+	if parts <= 1 {
+		return ts.encodeChains(dst, worker, evs, 0), len(evs)
+	}
+	// Formatting the numbers is most of a dump's cost: the parts are encoded concurrently (ids are positions in
+	// evs, so each part knows its own), the first straight into dst, the others into buffers appended after.
+	bufs := make([][]byte, parts)
+	per := (len(evs) + parts - 1) / parts
+	partCap := (cap(dst)-len(dst))/parts + 64 // read before the first part starts appending to dst
+	var wg sync.WaitGroup
+	for k := 1; k < parts; k++ {
+		lo, hi := k*per, min((k+1)*per, len(evs))
+		if lo >= hi {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b := make([]byte, 0, partCap)
+			bufs[k] = ts.encodeChains(append(b, ','), worker, evs[lo:hi], uint64(lo))
+		}()
+	}
+	dst = ts.encodeChains(dst, worker, evs[:min(per, len(evs))], 0)
+	wg.Wait()
+	for _, b := range bufs[1:] {
+		dst = append(dst, b...)
+	}
+	return dst, len(evs)
+}
+
+// Parallel dump encoding: dumps of at least parallelDumpBlocks blocks are encoded by up to maxDumpWorkers
+// goroutines.
+const (
+	parallelDumpBlocks = 16 << 10
+	maxDumpWorkers     = 4
+)
+
+// chainEvent is one Stored event of a chain dump: the blocks from start to end (full), or the prefix of them that
+// slot holds (!full), under the block parent.
+type chainEvent struct {
+	start, end, parent uint32
+	slot               int32
+	full               bool
+}
+
+// planChains walks the tree as appendChains describes and returns its events in order (event id = index).
+func (ts *treeSnapshot) planChains() []chainEvent {
 	nodes := ts.nodes
+	evs := make([]chainEvent, 0, ts.blocks/4+8)
 	queue := ts.appendLiveEdges(make([]uint32, 0, 64), rootNode)
 	var kids []uint32
-	id := uint64(0)
 	for qi := 0; qi < len(queue); qi++ {
 		start := queue[qi]
 		end := ts.edgeEnd(start)
@@ -386,34 +444,42 @@ func (ts *treeSnapshot) appendChains(dst []byte, worker uint64) ([]byte, int) {
 		p := nodes[start].parent
 		for _, full := range []bool{true, false} {
 			for _, s := range ts.order {
-				if !ts.has(start, s) || ts.has(end, s) != full {
-					continue
+				if ts.has(start, s) && ts.has(end, s) == full {
+					evs = append(evs, chainEvent{start: start, end: end, parent: p, slot: int32(s), full: full})
 				}
-				if id > 0 {
-					dst = append(dst, ',')
-				}
-				dst = appendStoredHead(dst, DumpChains, worker, id, p != rootNode, nodes[p].blockHash)
-				for n, first := start, true; ; first = false {
-					if !first {
-						dst = append(dst, ',')
-					}
-					dst = appendBlock(dst, nodes[n].blockHash, nodes[n].tokensHash)
-					if n == end {
-						break
-					}
-					n = ts.next(n)
-					if !full && !ts.has(n, s) {
-						break
-					}
-				}
-				dst = append(dst, jsStoredTail...)
-				dst = appendEventTail(dst, ts.dps[s])
-				id++
 			}
 		}
 		queue = append(queue, kids...)
 	}
-	return dst, int(id)
+	return evs
+}
+
+// encodeChains appends the RouterEvent JSON of evs, comma-separated, the first with event id id.
+func (ts *treeSnapshot) encodeChains(dst []byte, worker uint64, evs []chainEvent, id uint64) []byte {
+	nodes := ts.nodes
+	for i, e := range evs {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = appendStoredHead(dst, DumpChains, worker, id+uint64(i), e.parent != rootNode, nodes[e.parent].blockHash)
+		s := int(e.slot)
+		for n, first := e.start, true; ; first = false {
+			if !first {
+				dst = append(dst, ',')
+			}
+			dst = appendBlock(dst, nodes[n].blockHash, nodes[n].tokensHash)
+			if n == e.end {
+				break
+			}
+			n = ts.next(n)
+			if !e.full && !ts.has(n, s) {
+				break
+			}
+		}
+		dst = append(dst, jsStoredTail...)
+		dst = appendEventTail(dst, ts.dps[s])
+	}
+	return dst
 }
 
 // edgeNext returns the block after n in n's edge, or nilNode at the end of the edge. The edge ends early before a

@@ -267,7 +267,7 @@ func (t *tree) setLookup(lk map[uint64]uint32, bh uint64, c uint32) {
 	lk[bh] = c
 }
 
-// store applies a Stored event for slot s. Dynamo would attach a node found through the lookup under a second
+// store applies a Stored event for slot s (upstream radix_tree.rs apply_stored). Dynamo would attach a node found through the lookup under a second
 // parent in its older versions (a DAG, or a cycle its dump never leaves); this tree stays a tree: a lookup hit that
 // is p or an ancestor of p is InvalidBlockSequence, a hit attached elsewhere is not reused (a new node is made and
 // the old one keeps its workers, as when a lookup entry is overwritten). The edge flags follow 1.6.1's
@@ -415,6 +415,15 @@ func (t *tree) remove(s int, hashes []uint64) Status {
 			st = StatusBlockNotFound
 			continue
 		}
+		if own := t.nodes[x].blockHash; own != h && lk[own] == x {
+			// h is a second hash of a block this rank still holds under its own hash (the same tokens stored
+			// again under the same parent): the rank keeps the block. Only the alias goes (1.6.1 never indexed
+			// it: BlockNotFound, nothing changes).
+			delete(lk, h)
+			t.unref(x)
+			st = StatusBlockNotFound
+			continue
+		}
 		t.removeWorker(x, s)
 		if t.noWorkers(x) {
 			t.prune(x)
@@ -425,7 +434,7 @@ func (t *tree) remove(s int, hashes []uint64) Status {
 	return st
 }
 
-// clearAll applies a Cleared event (§3.4, worker-wide): every slot's blocks are dropped; the slots keep empty
+// clearAll applies a Cleared event (upstream radix_tree.rs clear_all_blocks; worker-wide): every slot's blocks are dropped; the slots keep empty
 // lookup entries.
 func (t *tree) clearAll() {
 	for s := range t.slots {
@@ -445,7 +454,7 @@ func (t *tree) clearAll() {
 	}
 }
 
-// findMatches computes Dynamo's overlap scores (§3.6, variant A) into scores (indexed by slot; 0 = no score).
+// findMatches computes Dynamo's overlap scores (upstream radix_tree.rs find_matches; one node per block) into scores (indexed by slot; 0 = no score).
 func (t *tree) findMatches(seq []uint64, earlyExit bool, scores []uint32) {
 	if len(seq) == 0 {
 		return

@@ -55,3 +55,14 @@ func TestChildTable(t *testing.T) {
 		}
 	}
 }
+
+// checkTree fails the test when ix's tree breaks an invariant (tree.check).
+func checkTree(t testing.TB, ix *Indexer, when string) {
+	t.Helper()
+	ix.mu.RLock()
+	err := ix.tree.check()
+	ix.mu.RUnlock()
+	if err != nil {
+		t.Fatalf("%s: %v", when, err)
+	}
+}

@@ -46,6 +46,10 @@
 // stores are full fences on amd64); the Python writer cannot fence between its tail store and its load of the flag,
 // so its wakeup can be lost, and the Park timeout bounds that delay. FORMAT.md, "Doorbell", has the argument.
 //
+// Identity: the header names the producer by pid and start time (field 22 of /proc/<pid>/stat), so a recycled pid is
+// not taken for the producer. ReadProcStat is the one parser of that file in Go (the daemon uses it for its pid
+// checks; Python's is kvshm._ring.proc_stat).
+//
 // # Usage
 //
 //	w, err := shm.Create(path, shm.Options{Capacity: 16 << 20, WorkerID: 1})  // producer

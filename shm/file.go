@@ -43,38 +43,53 @@ type identity struct {
 }
 
 func selfIdentity() (identity, error) {
-	st, err := procStartTime("/proc/self/stat")
+	st, err := ReadProcStat(0)
 	if err != nil {
-		return identity{}, err
+		return identity{}, fmt.Errorf("read producer start time: %w", err)
 	}
 	epoch := uint64(time.Now().UnixNano())
 	if epoch == 0 {
 		epoch = 1
 	}
-	return identity{pid: uint32(os.Getpid()), startTime: st, epoch: epoch}, nil
+	return identity{pid: uint32(os.Getpid()), startTime: st.StartTime, epoch: epoch}, nil
 }
 
-// procStartTime returns field 22 (starttime, clock ticks since boot) of a /proc/<pid>/stat file. The command name
-// (field 2) may contain spaces and parentheses, so fields are counted after the last ')'.
-func procStartTime(path string) (uint64, error) {
+// ProcStat is what kvshm reads from /proc/<pid>/stat.
+type ProcStat struct {
+	State     byte   // field 3: R, S, D, T, Z (zombie), X (dead), ...
+	StartTime uint64 // field 22: clock ticks since boot (the ring header's producer_start_time)
+}
+
+// ReadProcStat reads /proc/<pid>/stat (pid 0: the calling process). A process that does not exist yields an error
+// wrapping os.ErrNotExist. This is kvshm's one /proc/<pid>/stat parser in Go (Python: kvshm._ring.proc_stat).
+func ReadProcStat(pid int) (ProcStat, error) {
+	if pid == 0 {
+		return readProcStat("/proc/self/stat")
+	}
+	return readProcStat("/proc/" + strconv.Itoa(pid) + "/stat")
+}
+
+// readProcStat parses a /proc/<pid>/stat file. The command name (field 2) may contain spaces and parentheses, so
+// fields are counted after the last ')'.
+func readProcStat(path string) (ProcStat, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return 0, fmt.Errorf("read producer start time: %w", err)
+		return ProcStat{}, err
 	}
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("read producer start time: malformed %s", path)
+		return ProcStat{}, fmt.Errorf("parse %s: no command name", path)
 	}
 	// After ") " come fields 3, 4, ...; field 22 is the 20th of them.
 	f := bytes.Fields(b[i+1:])
-	if len(f) < 20 {
-		return 0, fmt.Errorf("read producer start time: %s has %d fields after the name", path, len(f))
+	if len(f) < 20 || len(f[0]) != 1 {
+		return ProcStat{}, fmt.Errorf("parse %s: %d fields after the command name", path, len(f))
 	}
 	v, err := strconv.ParseUint(string(f[19]), 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("read producer start time: %w", err)
+		return ProcStat{}, fmt.Errorf("parse %s: start time: %w", path, err)
 	}
-	return v, nil
+	return ProcStat{State: f[0][0], StartTime: v}, nil
 }
 
 func (o Options) withDefaults() (Options, error) {

@@ -36,7 +36,7 @@ func applyPatches(bases [][]byte, in []byte) []byte {
 	if len(in) > 0 {
 		sel, in = in[0], in[1:]
 	}
-	m := append(make([]byte, 0, 0), bases[int(sel)%len(bases)]...)
+	m := append([]byte(nil), bases[int(sel)%len(bases)]...)
 	capacity := uint64(len(m) - HeaderSize)
 	for ; len(in) >= 4; in = in[4:] {
 		off := uint64(in[1]) | uint64(in[2])<<8

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvshm/kvshm/internal/testenv"
 )
 
 // parkPythonScript is a Python producer (pybind/src/kvshm/_ring.py) that creates a ring, prints its path, and
@@ -32,9 +34,8 @@ func TestParkWokenByPythonPublish(t *testing.T) {
 	if py == "" {
 		py, _ = filepath.Abs("../.venv/bin/python")
 	}
-	if _, err := os.Stat(py); err != nil {
-		t.Fatalf("this test needs kvshm's dev interpreter: %v (run `make venv` or set KVSHM_PYTHON)", err)
-	}
+	_, err := os.Stat(py)
+	testenv.Require(t, err, "kvshm's dev interpreter", "run `make venv` or set KVSHM_PYTHON")
 	src, err := filepath.Abs("../pybind/src")
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -182,4 +183,32 @@ func TestParkWakeAfterClose(t *testing.T) {
 		t.Error("Park after Close = true, want false")
 	}
 	_ = r
+}
+
+// TestNapWoken: a Wake during a Nap ends it (never by the timeout), a Wake before it makes it return at once, and a
+// Nap sets no consumer_parked (a producer publishing meanwhile makes no system call).
+func TestNapWoken(t *testing.T) {
+	w, r, _ := newTestRing(t, Options{Capacity: MinCapacity})
+	r.Wake()
+	if woken, timedOut := r.nap(parkTimeout); !woken || timedOut {
+		t.Fatalf("nap after a Wake = (woken %v, timedOut %v), want (true, false) at once", woken, timedOut)
+	}
+	done := make(chan [2]bool)
+	go func() {
+		woken, timedOut := r.nap(parkTimeout)
+		done <- [2]bool{woken, timedOut}
+	}()
+	for !r.napping.Load() {
+		runtime.Gosched()
+	}
+	if p := loadParked(w.m); p != 0 {
+		t.Errorf("consumer_parked = %d during a nap, want 0", p)
+	}
+	r.Wake()
+	if got := <-done; !got[0] || got[1] {
+		t.Fatalf("nap woken by Wake = (woken %v, timedOut %v), want (true, false)", got[0], got[1])
+	}
+	if woken, timedOut := r.nap(time.Millisecond); woken || !timedOut {
+		t.Fatalf("nap without a Wake = (woken %v, timedOut %v), want (false, true)", woken, timedOut)
+	}
 }

@@ -7,7 +7,7 @@ package shm_test
 //	KVSHM_STRESS_EVENTS=1000000 go test ./shm -run PythonProducerStress   # the million-event run
 //
 // The Python interpreter is $KVSHM_PYTHON, else the repository's .venv/bin/python (`make venv`). A missing
-// interpreter fails the tests: they must never pass by skipping in CI.
+// interpreter skips the tests, except in CI and `make test`, where it fails them (internal/testenv).
 
 import (
 	"bufio"
@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvshm/kvshm/internal/testenv"
 	"github.com/kvshm/kvshm/proto/fbs"
 	"github.com/kvshm/kvshm/shm"
 )
@@ -46,10 +47,8 @@ func pythonInterpreter(t *testing.T) string {
 		}
 		p = abs
 	}
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("Python producer tests need an interpreter with kvshm's dev dependencies: %v "+
-			"(run `make venv` or set KVSHM_PYTHON)", err)
-	}
+	_, err := os.Stat(p)
+	testenv.Require(t, err, "an interpreter with kvshm's dev dependencies", "run `make venv` or set KVSHM_PYTHON")
 	return p
 }
 

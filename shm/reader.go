@@ -55,7 +55,9 @@ type Reader struct {
 	wakeMu  sync.Mutex  // held by Wake while it rings and by Close while it drops futex
 	futex   *uint32     // low half of the tail word; nil after Close. Written under wakeMu by the owner.
 	parking atomic.Bool // Park is between its wake check and its return. Updated atomically.
-	wakeReq atomic.Bool // a Wake that Park has not consumed yet. Updated atomically.
+	wakeReq atomic.Bool // a Wake that Park or Nap has not consumed yet. Updated atomically.
+	napping atomic.Bool // Nap is between its wake check and its return. Updated atomically.
+	napWord uint32      // Nap's process-private futex word (never written: only its address matters)
 }
 
 // Open maps an existing ring for its consumer. It validates the magic (ErrMagic), the version (ErrVersion), the
@@ -280,6 +282,20 @@ func (r *Reader) SkipTo(pos uint64) error {
 	return nil
 }
 
+// Truncated reports whether the ring file is now shorter than the mapping (another process truncated it): any
+// access to the mapping past the file's end is a SIGBUS, and a reader that only touches the header page (an idle
+// consumer) would not notice otherwise. It costs one fstat; false when the Reader was not opened from a file.
+func (r *Reader) Truncated() (bool, int64) {
+	if r.f == nil {
+		return false, 0
+	}
+	fi, err := r.f.Stat()
+	if err != nil {
+		return false, 0
+	}
+	return fi.Size() < int64(HeaderSize)+int64(r.capacity), fi.Size()
+}
+
 // Published returns the producer's tail word (acquire) and whether its header reports a pending loss. Unlike the
 // other methods it may be called from any goroutine, provided the caller keeps Close from running meanwhile; a
 // consumer uses it to see that it has already applied everything published (tail == its read position, no loss
@@ -343,16 +359,41 @@ func (r *Reader) park(timeout time.Duration) (woken, timedOut bool) {
 // tailMoved reports whether t, a tail word loaded at the read position r.pos == r.tail, publishes new records.
 func (r *Reader) tailMoved(t uint64) bool { return t != r.tail && r.checkTail(t) == nil }
 
-// Wake makes the current Park return (true) at once, or the next one if none is in progress. Safe for concurrent
-// use with every method, including Close; it does nothing to the ring. A FUTEX_WAKE can reach the kernel before
-// Park's FUTEX_WAIT does (the tail word did not change, so the wait still starts), so Wake repeats it until Park
-// has returned; that window is a few instructions, longer only if Park's thread is descheduled right there.
+// Nap sleeps up to d unless Wake is called (before or during it), and reports whether it was woken. Unlike Park
+// it does not set consumer_parked, so a producer publishing meanwhile makes no system call and is reached only
+// when the nap ends: a consumer naps for short backoff sleeps while records are still likely to come, and a Wake
+// (a query waiting for what was just published) cuts the nap short. It sleeps on a word of this process
+// (FUTEX_PRIVATE); timedOut says the wait ended with ETIMEDOUT.
+func (r *Reader) Nap(d time.Duration) (woken bool) {
+	woken, _ = r.nap(d)
+	return woken
+}
+
+func (r *Reader) nap(d time.Duration) (woken, timedOut bool) {
+	r.napping.Store(true) // from here on a Wake keeps ringing until nap returns (see Wake)
+	defer r.napping.Store(false)
+	if r.wakeReq.Swap(false) {
+		return true, false
+	}
+	timedOut = futexWaitPrivate(&r.napWord, 0, d) == unix.ETIMEDOUT
+	return r.wakeReq.Swap(false), timedOut
+}
+
+// Wake makes the current Park or Nap return (true) at once, or the next one if none is in progress. Safe for
+// concurrent use with every method, including Close; it does nothing to the ring. A FUTEX_WAKE can reach the
+// kernel before the sleeper's FUTEX_WAIT does (the word did not change, so the wait still starts), so Wake repeats
+// it until the sleeper has returned; that window is a few instructions, longer only if the sleeper's thread is
+// descheduled right there.
 func (r *Reader) Wake() {
-	r.wakeReq.Store(true) // seq-cst, before the parking load: pairs with Park's parking store and wakeReq swap
+	r.wakeReq.Store(true) // seq-cst, before the parking/napping loads: pairs with their stores and wakeReq swaps
 	r.wakeMu.Lock()
 	defer r.wakeMu.Unlock()
-	for i := 0; r.futex != nil && r.parking.Load(); i++ {
-		if futexWakeAll(r.futex) > 0 {
+	for i := 0; r.napping.Load() || (r.futex != nil && r.parking.Load()); i++ {
+		n := futexWakePrivate(&r.napWord)
+		if r.futex != nil && r.parking.Load() {
+			n += futexWakeAll(r.futex)
+		}
+		if n > 0 {
 			return // the ring's one consumer is awake (one consumer per ring)
 		}
 		if i < 16 {

@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestLayoutOffsets pins every offset to the table of CONTRACTS §2 / FORMAT.md: the Python writer uses the same
+// TestLayoutOffsets pins every offset to the table of FORMAT.md: the Python writer uses the same
 // numbers.
 func TestLayoutOffsets(t *testing.T) {
 	for _, c := range []struct {
@@ -333,10 +333,10 @@ func TestCreateFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w2.Close()
-	st2, _ := procStartTime("/proc/self/stat")
-	if h := w2.Header(); h.ProducerPID != uint32(os.Getpid()) || h.ProducerStartTime != st2 || h.Epoch == 0 {
+	st2, _ := ReadProcStat(0)
+	if h := w2.Header(); h.ProducerPID != uint32(os.Getpid()) || h.ProducerStartTime != st2.StartTime || h.Epoch == 0 {
 		t.Fatalf("identity = pid %d start %d epoch %d, want pid %d start %d, epoch != 0",
-			h.ProducerPID, h.ProducerStartTime, h.Epoch, os.Getpid(), st2)
+			h.ProducerPID, h.ProducerStartTime, h.Epoch, os.Getpid(), st2.StartTime)
 	}
 	if fi, _ := os.Stat(p2); fi.Mode().Perm() != 0o640 {
 		t.Fatalf("mode %v, want 0640", fi.Mode().Perm())
@@ -359,23 +359,34 @@ func TestOptionsValidation(t *testing.T) {
 	}
 }
 
-func TestProcStartTime(t *testing.T) {
+func TestProcStat(t *testing.T) {
 	dir := t.TempDir()
-	fields := "S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 987654321 20 21"
+	fields := "T 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 987654321 20 21"
 	for _, comm := range []string{"(python3)", "(a) (b c))", "()"} {
 		p := filepath.Join(dir, "stat")
 		if err := os.WriteFile(p, []byte("1234 "+comm+" "+fields+"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if got, err := procStartTime(p); err != nil || got != 987654321 {
-			t.Errorf("comm %q: start time %d, %v; want 987654321", comm, got, err)
+		if got, err := readProcStat(p); err != nil || got != (ProcStat{State: 'T', StartTime: 987654321}) {
+			t.Errorf("comm %q: %+v, %v; want state T, start time 987654321", comm, got, err)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(dir, "short"), []byte("1 (x) S 1 2"), 0o600); err != nil {
-		t.Fatal(err)
+	for name, body := range map[string]string{"short": "1 (x) S 1 2", "no comm": "1 x S", "bad start": "1 (x) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 -5 20"} {
+		p := filepath.Join(dir, "bad")
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := readProcStat(p); err == nil {
+			t.Errorf("%s: stat file accepted", name)
+		}
 	}
-	if _, err := procStartTime(filepath.Join(dir, "short")); err == nil {
-		t.Error("short stat file accepted")
+	if _, err := ReadProcStat(1<<22 + 1); !errors.Is(err, os.ErrNotExist) { // above pid_max's ceiling
+		t.Errorf("a pid that cannot exist: %v, want os.ErrNotExist", err)
+	}
+	self, err := ReadProcStat(os.Getpid())
+	if again, err2 := ReadProcStat(0); err != nil || err2 != nil || self.StartTime == 0 || again.StartTime != self.StartTime ||
+		!bytes.ContainsRune([]byte("RSD"), rune(self.State)) {
+		t.Errorf("own stat: %+v, %v; /proc/self: %+v, %v; want a live state and one start time", self, err, again, err2)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvshm/kvshm/daemon"
 	"github.com/kvshm/kvshm/proto/fbs"
+	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
 )
 
@@ -102,12 +103,12 @@ func TestForgetCommand(t *testing.T) {
 	defer w.Close()
 	qctx, qcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer qcancel()
-	prod, err := daemon.Dial(qctx, socket)
+	prod, err := sock.Dial(qctx, socket)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer prod.Close()
-	if _, err := prod.Attach(qctx, daemon.AttachRequest{RingPath: ring, WorkerID: 3, KVBlockSize: 4}); err != nil {
+	if _, err := prod.Attach(qctx, sock.AttachRequest{RingPath: ring, WorkerID: 3, KVBlockSize: 4}); err != nil {
 		t.Fatal(err)
 	}
 	forget := func(want int, wantText string) {
@@ -149,7 +150,7 @@ func TestDpRankCommands(t *testing.T) {
 	}()
 	qctx, qcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer qcancel()
-	var prods []*daemon.Client
+	var prods []*sock.Client
 	for r := range uint32(2) {
 		ring := filepath.Join(dir, fmt.Sprintf("w3-r%d.ring", r))
 		w, err := shm.Create(ring, shm.Options{Capacity: 1 << 16, WorkerID: 3, KVBlockSize: 4, MaxBufferSize: 16})
@@ -157,12 +158,12 @@ func TestDpRankCommands(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer w.Close()
-		prod, err := daemon.Dial(qctx, socket)
+		prod, err := sock.Dial(qctx, socket)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer prod.Close()
-		if _, err := prod.Attach(qctx, daemon.AttachRequest{RingPath: ring, WorkerID: 3, KVBlockSize: 4, DpRank: &r}); err != nil {
+		if _, err := prod.Attach(qctx, sock.AttachRequest{RingPath: ring, WorkerID: 3, KVBlockSize: 4, DpRank: &r}); err != nil {
 			t.Fatal(err)
 		}
 		prods = append(prods, prod)
@@ -185,7 +186,7 @@ func TestDpRankCommands(t *testing.T) {
 	cli(exitOK, `"last_event_id":1}}`, "events", "--dp-rank", "1", "--start", "0")
 	cli(exitOK, `"last_event_id":0,"reset_scope":"all"}}`, "dump", "--worker", "3", "--dp-rank", "0")
 	cli(exitFailure, "--dp-rank for a per-rank stream", "dump", "--worker", "3")
-	if err := prods[1].DetachStream(qctx, daemon.WorkerRequest{WorkerID: u64(3), DpRank: u32(1)}); err != nil {
+	if err := prods[1].DetachStream(qctx, sock.WorkerRequest{WorkerID: u64(3), DpRank: u32(1)}); err != nil {
 		t.Fatal(err)
 	}
 	cli(exitOK, "{}", "forget", "--worker", "3", "--dp-rank", "1")

@@ -91,7 +91,8 @@ var vectorCases = []struct {
 	{name: "cleared_large", ev: EventSpec{Seq: math.MaxUint64, DpRank: math.MaxUint32, Kind: KindCleared}},
 }
 
-// vectorJSON is the shared JSON input shape (CONTRACTS §0).
+// vectorJSON is the shared JSON input shape of testdata/events (<name>.json beside <name>.bin; read by this test and
+// pybind/tests/test_encode.py).
 type vectorJSON struct {
 	Seq         uint64   `json:"seq"`
 	DpRank      uint32   `json:"dp_rank"`

@@ -5,8 +5,8 @@ queries, print the answers.
 
 The stream imitates a prefix cache with kv_block_size 16 on two attention-DP ranks: requests share system-prompt
 prefixes (their own blocks are stored chained under the prompt's last block), one prompt runs with a LoRA adapter,
-the cache evicts (removes) and is reset once (cleared). Then the global indexer's recovery calls are answered with ``get_events_json`` exactly as the old
-``kv_local_indexer`` extension did.
+the cache evicts (removes) and is reset once (cleared). Then the global indexer's recovery calls are answered with
+``get_events_json`` exactly as the old ``kv_local_indexer`` extension did.
 """
 
 from __future__ import annotations

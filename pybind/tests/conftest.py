@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import SharedDaemon
 
 from kvshm import LocalIndexer
+
+from helpers import SharedDaemon
 
 os.environ.setdefault("KVSHMD_LOG_LEVEL", "warn")  # keep the private daemons' logs short
 # Private daemons checkpoint every second here (default 10 s) so the crash tests need not wait for the first one.

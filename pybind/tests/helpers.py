@@ -19,10 +19,11 @@ import pytest
 from kvshm import LocalIndexer
 from kvshm._client import Client, ClientError
 from kvshm._launcher import find_kvshmd
+from kvshm._ring import proc_stat
 
 REPO = Path(__file__).resolve().parents[2]
 TESTDATA = REPO / "testdata"
-OFF_TAIL = 0x80  # ring header: the producer's commit word (CONTRACTS §2)
+OFF_TAIL = 0x80  # ring header: the producer's commit word (shm/FORMAT.md)
 
 def ring_tail(ix: LocalIndexer) -> int:
     """The tail word of the indexer's ring, read from the file (not through the writer)."""
@@ -82,12 +83,8 @@ def wait_for(cond: Callable[[], bool], what: str, timeout: float = 30.0) -> None
 
 def pid_gone(pid: int) -> bool:
     """True when ``pid`` no longer runs (absent, or a zombie waiting for a reaper that is not us)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return True
-    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] in (b"Z", b"X")
+    st = proc_stat(pid)
+    return st is None or st[0] in (b"Z", b"X")
 
 
 @dataclass

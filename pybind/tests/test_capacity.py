@@ -8,10 +8,11 @@ import os
 import signal
 
 import pytest
-from conftest import IndexerFactory
-from helpers import event_ids, query, variant
 
 from kvshm._indexer import DEFAULT_RING_BYTES
+
+from conftest import IndexerFactory
+from helpers import event_ids, query, variant
 
 EVENTS = 6000  # 30 s at 200 events/s
 BLOCKS = 32

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import TESTDATA, SharedDaemon
 
 from kvshm._client import (
     MAX_REQUEST,
@@ -25,6 +24,8 @@ from kvshm._client import (
     RequestTimeout,
     encode_frame,
 )
+
+from helpers import TESTDATA, SharedDaemon
 
 Handler = Callable[[socket.socket, bytes], object]
 
@@ -224,7 +225,7 @@ def test_refusal_at_accept_is_reported_when_our_write_fails(short_dir: Path) -> 
 
 # --------------------------------------------------------------------------------------------------------------
 # Shared protocol vectors (testdata/protocol/frames.json, checked against the daemon's codec by
-# daemon/vectors_test.go).
+# proto/sock/vectors_test.go).
 
 FRAMES = json.loads((TESTDATA / "protocol" / "frames.json").read_text())["frames"]
 REQUESTS = [v for v in FRAMES if v["direction"] == "request"]

@@ -23,7 +23,7 @@ VECTORS = REPO / "testdata" / "events"
 
 
 def official(ev: dict[str, Any]) -> bytes:
-    """The canonical builder call order (CONTRACTS §1) with the official Python builder."""
+    """The canonical builder call order (proto/fbs/codec.go) with the official Python builder."""
     b = flatbuffers.Builder(0)
     kind = ev["kind"]
     if kind == "stored":

@@ -1,5 +1,5 @@
 """LocalIndexer driven the way the engine's publisher drives it (one event per seq), every get_events_json answer
-parsed and checked against the reference semantics (dynamo-local-indexer.md §5.3) and the golden JSON files.
+parsed and checked against upstream local.rs get_events_in_id_range and the golden JSON files.
 
 Real private kvshmd, real ring; no mocks.
 """
@@ -14,12 +14,13 @@ import threading
 from typing import Any
 
 import pytest
-from conftest import IndexerFactory
-from helpers import TESTDATA, daemon_stream, dump_blocks, event_ids, query, toks, variant, wait_for
 
 import kv_local_indexer
 import kvshm
 from kvshm import ClosedError, LocalIndexer
+
+from conftest import IndexerFactory
+from helpers import TESTDATA, daemon_stream, dump_blocks, event_ids, query, toks, variant, wait_for
 
 U64 = 1 << 64
 
@@ -89,7 +90,7 @@ def test_golden_token_mismatch(make_indexer: IndexerFactory) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Reference table (§5.3: max_buffer_size 5, events 5..14, buffer holds 10..14).
+# Upstream classification (local.rs classify_query: max_buffer_size 5, events 5..14, buffer holds 10..14).
 
 
 @pytest.fixture

@@ -9,10 +9,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import IndexerFactory
-from helpers import toks
 
 from kvshm import _encode
+
+from conftest import IndexerFactory
+from helpers import toks
 
 U64 = 1 << 64
 BIG = (1 << 64) - 3  # >= 2**63: not an i64

@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import IndexerFactory
-from helpers import SharedDaemon, daemon_stream, dump_blocks, event_ids, pid_gone, query, toks, variant, wait_for
 
 import kvshm
 import kvshm._indexer
@@ -29,11 +27,14 @@ from kvshm import ForkedProcessError, LauncherError, LocalIndexer
 from kvshm._client import Client
 from kvshm._launcher import PrivateDaemon, find_kvshmd
 
+from conftest import IndexerFactory
+from helpers import SharedDaemon, daemon_stream, dump_blocks, event_ids, pid_gone, query, toks, variant, wait_for
+
 
 def publish_stream(ix: LocalIndexer, first: int, n: int, stop: threading.Event | None = None) -> int:
     """Stores with parents (a chain per 10 events), every 7th a remove; returns the next seq."""
     seq = first
-    for i in range(n):
+    for _ in range(n):
         if stop is not None and stop.is_set():
             break
         if seq % 7 == 6:
@@ -89,7 +90,8 @@ def test_private_daemon_sigkill_midstream(make_indexer: IndexerFactory) -> None:
     os.kill(old_pid, signal.SIGKILL)
     answers = []
     deadline = time.monotonic() + 30
-    while not ((st := ix.stats(daemon=False))["attached"] and st["attaches"] == 2):  # one snapshot: the fields move together
+    # One snapshot: the fields move together.
+    while not ((st := ix.stats(daemon=False))["attached"] and st["attaches"] == 2):
         answers.append(json.loads(ix.get_events_json()))  # must not raise, must be JSON
         assert time.monotonic() < deadline, "the private daemon was not restarted"
         time.sleep(0.005)

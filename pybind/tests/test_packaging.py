@@ -10,11 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO
 
 import kv_local_indexer
 import kvshm
 from kvshm._launcher import packaged_kvshmd
+
+from helpers import REPO
 
 INSTALLED = os.environ.get("KVSHM_TEST_INSTALLED") == "1"
 PT_INTERP = 3

@@ -1,4 +1,4 @@
-"""RingWriter against the ring layout (CONTRACTS §2), parsed here with independent code.
+"""RingWriter against the ring layout (shm/FORMAT.md), parsed here with independent code.
 
 Run: PYTHONPATH=pybind/src .venv/bin/python -m pytest pybind/tests/test_ring.py
 The Go side (shm/python_stress_test.go) reads Python-written rings with the Go Reader.
@@ -14,9 +14,10 @@ import os
 import random
 import stat
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -282,7 +283,8 @@ def test_ring_full_drops_and_reports_loss(ring_dir: str) -> None:
         assert (st["dropped_events"], st["loss_pending"], st["loss_first_seq"], st["loss_last_seq"]) == (
             4, True, seq, seq + 3)
         h = read(w.path).header
-        dropped_bytes = size + len(_encode.encode_removed(1, many)) * 2 + len(_encode.encode_stored(1, toks, hashes, None, 1))
+        dropped_bytes = (size + len(_encode.encode_removed(1, many)) * 2
+                         + len(_encode.encode_stored(1, toks, hashes, None, 1)))
         assert (h["dropped_events"], h["dropped_bytes"], h["loss_pending"]) == (4, dropped_bytes, 1)
         assert (h["loss_first_seq"], h["loss_last_seq"]) == (seq, seq + 3)
         first = c.drain()
@@ -523,3 +525,22 @@ def test_head_from_a_broken_consumer_is_not_trusted(ring_dir: str) -> None:
     finally:
         c.close()
         w.close()
+
+
+def test_proc_stat() -> None:
+    """The one /proc/<pid>/stat parser: our state and start time (checked against an independent parse), None
+    for a pid that does not exist."""
+    st = _ring.proc_stat(os.getpid())
+    assert st is not None
+    raw = Path("/proc/self/stat").read_bytes()
+    assert st == (raw[raw.rindex(b")") + 2 : raw.rindex(b")") + 3], int(raw[raw.rindex(b")") + 1 :].split()[19]))
+    assert _ring.proc_stat() == st
+    assert _ring.proc_stat(2**22 + 1) is None  # above pid_max's ceiling: never a process
+
+
+def test_ring_error_is_a_kvshm_error() -> None:
+    from kvshm import KvshmError, RingError
+
+    assert issubclass(RingError, KvshmError)
+    assert all(issubclass(e, RingError) for e in (_ring.RingPlatformError, _ring.RingLockedError,
+                                                  _ring.RingSpaceError, _ring.RingForkedError, _ring.RingClosedError))

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from kvshm._client import Client
+
 from conftest import IndexerFactory
 from helpers import (
     SharedDaemon,
@@ -27,8 +30,6 @@ from helpers import (
     variant,
     wait_for,
 )
-
-from kvshm._client import Client
 
 BS = 4
 

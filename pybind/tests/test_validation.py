@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import IndexerFactory
-from helpers import daemon_stream, event_ids, query, ring_tail, toks
 
 from kvshm import LocalIndexer
+
+from conftest import IndexerFactory
+from helpers import daemon_stream, event_ids, query, ring_tail, toks
 
 U64 = 1 << 64
 BS = 4

@@ -1,15 +1,8 @@
 """Client for kvshmd's query protocol over a Unix stream socket.
 
-Every message, in both directions, is one frame (all integers little-endian)::
-
-     0                4        5        6                 8
-     +----------------+--------+--------+-----------------+------------------------+
-     | length u32     | ver=1  | kind u8| status u16      | body (length-4 bytes)  |
-     +----------------+--------+--------+-----------------+------------------------+
-
-``length`` counts everything after the length field (4 + body). Requests carry status 0 and a JSON body; the
-reply echoes the kind, with status 0 (OK, body is the answer) or 1 (ERROR, body
-``{"error": "<message>", "code": "<code>"}``). Requests are capped at 4 MiB, replies at 1 GiB.
+Every message, in both directions, is one frame: the byte format (frame diagram, request and reply bodies,
+error codes) is specified in ``proto/sock/PROTOCOL.md`` of the kvshm repository, and pinned for this client and
+the daemon by ``testdata/protocol/frames.json``.
 
 A :class:`Client` owns one connection and is used by one thread at a time (callers serialize it). Every
 request has a deadline; a timeout, an EOF, a reset or a malformed reply closes the connection (the byte stream
@@ -50,7 +43,7 @@ STATUS_ERROR: Final = 1
 MAX_REQUEST: Final = 4 << 20
 MAX_RESPONSE: Final = 1 << 30
 
-# Frame header: length u32, version u8, kind u8, status u16 (wire format: never change without bumping the
+# Frame header, as drawn in proto/sock/PROTOCOL.md (wire format: never change without bumping the
 # version).
 _HEADER: Final = struct.Struct("<IBBH")
 HEADER_SIZE: Final = _HEADER.size  # 8

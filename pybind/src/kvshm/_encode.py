@@ -2,7 +2,7 @@
 
 The official Python builder makes several Python calls per vector element (hundreds of µs for a 1024-token
 event). This encoder produces the *same bytes* as the official builders following kvshm's canonical call order
-(proto/fbs/codec.go, CONTRACTS §1) with a handful of C-level operations per event:
+(proto/fbs/codec.go, proto/fbs/event.fbs) with a handful of C-level operations per event:
 
 * one precompiled :class:`struct.Struct` ``pack_into`` for the ring record header and everything that is not a
   vector (root offset, identifier, both vtables, both tables, the block-hash count),
@@ -60,7 +60,7 @@ import operator
 import struct
 from array import array
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Protocol, SupportsIndex, Union
+from typing import Any, Final, Protocol, SupportsIndex
 
 __all__ = [
     "KIND_CLEARED",
@@ -82,7 +82,7 @@ __all__ = [
 KIND_STORED: Final = 1
 KIND_REMOVED: Final = 2
 KIND_CLEARED: Final = 3
-RECORD_EVENT: Final = 1  # ring record type of an event (CONTRACTS §2)
+RECORD_EVENT: Final = 1  # ring record type of an event (shm/FORMAT.md)
 FILE_IDENTIFIER: Final = b"KVEV"
 U32_MAX: Final = 0xFFFFFFFF
 U64_MAX: Final = 0xFFFFFFFFFFFFFFFF
@@ -98,7 +98,7 @@ class IntArray(Protocol):
 
 # Token ids and block hashes: a list (the fast path), any other sequence of integers or integer-likes (tuple,
 # range, array.array, numpy integer scalars), or a numpy array. Not str, bytes, bytearray or a mapping (TypeError).
-IntSequence = Union[Sequence[SupportsIndex], IntArray]
+IntSequence = Sequence[SupportsIndex] | IntArray
 
 # A writable buffer: mmap.mmap, bytearray or a byte memoryview (typed loosely: struct and slicing accept all).
 Buffer = Any
@@ -140,7 +140,7 @@ class _Sim:
         self.off = off
         self.minalign = minalign
         # (offset from the end at the item's *start in build order*, size, bytes | _Var)
-        self.items: list[tuple[int, int, Union[bytes, _Var]]] = []
+        self.items: list[tuple[int, int, bytes | _Var]] = []
         self.vtable: list[int] = []
         self.object_end = 0
 
@@ -149,12 +149,12 @@ class _Sim:
             self.minalign = size
         self.off += (-(self.off + additional)) & (size - 1)  # zero padding
 
-    def place(self, size: int, value: Union[bytes, _Var]) -> int:
+    def place(self, size: int, value: bytes | _Var) -> int:
         self.off += size
         self.items.append((self.off, size, value))
         return len(self.items) - 1
 
-    def prepend(self, code: str, value: Union[int, _Var]) -> None:
+    def prepend(self, code: str, value: int | _Var) -> None:
         size = struct.calcsize("<" + code)
         self.prep(size, 0)
         self.place(size, value if isinstance(value, _Var) else struct.pack("<" + code, value))
@@ -202,7 +202,7 @@ class _Sim:
         Returns the Struct (with a leading u32 record length and the record type folded into the first constant),
         the constant chunks, the constant parts of the variables and the head size."""
         total = self.off
-        layout: list[tuple[int, int, Union[bytes, _Var]]] = sorted(
+        layout: list[tuple[int, int, bytes | _Var]] = sorted(
             ((total - end, size, value) for end, size, value in self.items), key=lambda t: t[0]
         )
         runs: list[_Run] = [_Run("C", struct.pack("<I", RECORD_EVENT))]
@@ -394,7 +394,7 @@ _U64_BYTES_FORMATS: Final = frozenset({"q", "Q", "l", "L", "<q", "<Q", "<l", "<L
 _U32_BYTES_FORMATS: Final = frozenset({"I", "<I", "=I"})
 
 
-def _from_buffer(values: object, typecode: str, formats: frozenset[str], itemsize: int) -> "array[int] | None":
+def _from_buffer(values: object, typecode: str, formats: frozenset[str], itemsize: int) -> array[int] | None:
     """An array copied from ``values``' buffer (a 1-D C-contiguous numpy array, array.array or memoryview of a
     format in ``formats``): no per-item work at all. None when ``values`` has no such buffer."""
     try:
@@ -410,7 +410,7 @@ def _from_buffer(values: object, typecode: str, formats: frozenset[str], itemsiz
         return out
 
 
-def _u64_slow(values: list[Any], what: str) -> "array[int]":
+def _u64_slow(values: list[Any], what: str) -> array[int]:
     """array('Q', values) for values array() refused: hashes in [-2**63, 0) become their two's complement;
     integer-likes (numpy integers) through operator.index."""
     out = array("Q")
@@ -429,7 +429,7 @@ def _u64_slow(values: list[Any], what: str) -> "array[int]":
     return out
 
 
-def _u64_array(values: object, what: str) -> "array[int]":
+def _u64_array(values: object, what: str) -> array[int]:
     """The u64 bytes of values as an array: array('Q') for [0, 2**64), else array('q') for [-2**63, 2**63) (its bytes
     are exactly the two's complement u64s; engines hash with signed 64-bit integers), else a Python loop (a list
     mixing negatives with values >= 2**63, or errors). Non-lists: a buffer of 8-byte integers (an int64 or uint64
@@ -464,7 +464,7 @@ def _seq_dp(seq: object, dp_rank: object) -> tuple[int, int]:
         ) from None
 
 
-def _u32_array(values: object) -> "array[int]":
+def _u32_array(values: object) -> array[int]:
     """array('I', values) for values that array.fromlist refused (not a list, or bad items); a buffer of u32 (a
     uint32 numpy array) is copied as it is."""
     if values.__class__ is not list:

@@ -39,25 +39,21 @@ The supervisor thread owns the ATTACH connection and the daemon's restarts. A pr
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import operator
 import os
-import re
 import select
-import struct
 import threading
 import time
 import weakref
-from collections.abc import Sequence
 from typing import Any, Final, SupportsIndex
 
 from ._client import Client, ClientError, RemoteError
 from ._encode import IntSequence
 from ._errors import ClosedError, ForkedProcessError, KvshmError, LauncherError
 from ._launcher import PrivateDaemon
-from ._ring import MAGIC, RingWriter, default_dir
+from ._ring import RingWriter, default_dir, sweep_stale_rings
 
 __all__ = ["LocalIndexer"]
 
@@ -188,7 +184,8 @@ class _Core:
                 self._attach(_FIRST_ATTACH_TIMEOUT)
             except RemoteError as e:
                 if e.code in _PERMANENT:
-                    raise KvshmError(f"kvshm: kvshmd at {self.socket_path} refused the ring {self.ring.path}: {e}") from e
+                    raise KvshmError(
+                        f"kvshm: kvshmd at {self.socket_path} refused the ring {self.ring.path}: {e}") from e
                 self.last_error = str(e)
                 log.warning("kvshm: kvshmd at %s refused to attach yet (%s); will keep trying", self.socket_path, e)
             except (ClientError, OSError) as e:
@@ -728,72 +725,6 @@ class LocalIndexer:
             + f"{state}, "
             f"{'shared' if core.shared else 'private'} daemon at {core.socket_path!r})"
         )
-
-
-_RING_NAME: Final = re.compile(r"kvshm-w\d+-(\d+)-\d+\.ring")
-_RING_IDENTITY: Final = struct.Struct("<8s24xIIQ")  # magic .. producer_pid (0x20) .. producer_start_time (0x28)
-
-
-def sweep_stale_rings(directory: str) -> list[str]:
-    """Remove ring files (``kvshm-w<worker>-<pid>-<epoch>.ring``, ours) whose producer is gone, return their paths.
-
-    A file is stale when its header is complete (magic written), its producer process no longer runs (pid gone or
-    reused: start time differs) and nobody holds its flock (a live RingWriter always does). Unlinking is safe for a
-    daemon still draining it: its mapping outlives the name. Best effort: errors skip the file.
-    """
-    removed: list[str] = []
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return removed
-    uid = os.getuid()
-    for name in names:
-        if not _RING_NAME.fullmatch(name):
-            continue
-        path = os.path.join(directory, name)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            st = os.fstat(fd)
-            if st.st_uid != uid or not (st.st_mode & 0o170000 == 0o100000):
-                continue
-            header = os.pread(fd, _RING_IDENTITY.size, 0)
-            if len(header) < _RING_IDENTITY.size:
-                continue
-            magic, pid, _, start_time = _RING_IDENTITY.unpack(header)
-            if magic != MAGIC or _process_running(pid, start_time):
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                continue  # a live producer holds it
-            os.unlink(path)
-            removed.append(path)
-            log.info("kvshm: removed the stale ring %s of dead producer pid %d", path, pid)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-    return removed
-
-
-def _process_running(pid: int, start_time: int) -> bool:
-    """Whether ``pid`` runs and (when ``start_time`` is known) is the process that started at that time."""
-    if pid <= 0:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True  # cannot tell: keep the file
-    fields = stat[stat.rindex(b")") + 2 :].split()
-    if fields[0] in (b"Z", b"X"):
-        return False
-    return start_time == 0 or int(fields[19]) == start_time
 
 
 def _error_json(message: str) -> str:

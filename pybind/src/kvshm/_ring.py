@@ -1,6 +1,6 @@
 """The producer side of a kvshm ring, in pure Python: events go straight into shared memory, no syscall, no lock.
 
-A ring is an mmap'd regular file (layout version 1, CONTRACTS §2 and shm/FORMAT.md): a 4096-byte header page, then a
+A ring is an mmap'd regular file (layout version 1, shm/FORMAT.md): a 4096-byte header page, then a
 power-of-two data area of 8-byte-aligned records ``[u32 length][u32 type][payload]``. The producer writes a record's
 payload, then its header, then publishes it with ONE aligned 8-byte store of the tail word through
 ``memoryview.cast('Q')``; the Go reader (kvshmd) trusts everything before the tail. On x86-64 that store is a release
@@ -57,9 +57,11 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import logging
 import mmap
 import os
 import platform
+import re
 import struct
 import sys
 import tempfile
@@ -68,6 +70,9 @@ import weakref
 from typing import Any, Final, SupportsIndex
 
 from kvshm._encode import Prepared, check_seq_dp, prepare_cleared, prepare_removed, prepare_stored
+from kvshm._errors import KvshmError
+
+log = logging.getLogger("kvshm")
 
 __all__ = [
     "RingError",
@@ -78,6 +83,9 @@ __all__ = [
     "RingSpaceError",
     "RingWriter",
     "default_dir",
+    "proc_stat",
+    "ring_file_name",
+    "sweep_stale_rings",
 ]
 
 # Wire format: never change without bumping VERSION (mirrors shm/layout.go).
@@ -138,8 +146,8 @@ _C_WAKE_ALL: Final = ctypes.c_long(_INT_MAX)
 _C_ZERO: Final = ctypes.c_long(0)
 
 
-class RingError(Exception):
-    """Base of the errors RingWriter raises."""
+class RingError(KvshmError):
+    """Base of the errors RingWriter raises (a :class:`kvshm.KvshmError`)."""
 
 
 class RingPlatformError(RingError):
@@ -187,15 +195,28 @@ def check_platform() -> None:
         )
 
 
+def proc_stat(pid: int | str = "self") -> tuple[bytes, int] | None:
+    """``(state, start_time)`` of ``/proc/<pid>/stat``: field 3 (the state letter, e.g. ``b"Z"`` for a zombie) and
+    field 22 (start time, clock ticks since boot, what the ring header's ``producer_start_time`` holds). ``None``
+    when the process does not exist; other ``OSError``s propagate. The command name (field 2) may contain spaces and
+    parentheses, so fields are counted after the last ``)``. This is kvshm's one ``/proc/<pid>/stat`` parser in
+    Python (Go: shm.ReadProcStat)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    fields = raw[raw.rindex(b")") + 1 :].split()
+    return fields[0], int(fields[19])
+
+
 def _start_time() -> int:
     """Field 22 of /proc/self/stat (clock ticks since boot); 0 where /proc is missing."""
     try:
-        with open("/proc/self/stat", "rb") as f:
-            raw = f.read()
+        st = proc_stat()
     except OSError:
         return 0
-    fields = raw[raw.rindex(b")") + 1 :].split()
-    return int(fields[19])
+    return 0 if st is None else st[1]
 
 
 # Live writers, marked in a forked child by the at-fork hook (cheaper than os.getpid(), a syscall, per publish).
@@ -217,7 +238,8 @@ class RingWriter:
     __slots__ = (
         "_mm", "_q", "_cap", "_mask", "_max_record", "_tail", "_head_cache", "_forked", "_closed",
         "_loss_pending", "_loss_first", "_loss_last", "_loss_count", "_dropped_events", "_dropped_bytes",
-        "_too_large", "_published", "_truncated", "_fd", "_pid", "_tail_word", "_tail_addr", "path", "epoch", "worker_id",
+        "_too_large", "_published", "_truncated", "_fd", "_pid", "_tail_word", "_tail_addr", "path", "epoch",
+        "worker_id",
         "kv_block_size", "max_buffer_size", "__weakref__",
     )
     _mm: mmap.mmap
@@ -293,7 +315,7 @@ class RingWriter:
         pid = os.getpid()
         if dir is None:
             dir = default_dir()
-        path = os.path.join(dir, name or f"kvshm-w{worker_id}-{pid}-{epoch}.ring")
+        path = os.path.join(dir, name or ring_file_name(worker_id, pid, epoch))
         size = HEADER_SIZE + capacity
 
         try:
@@ -604,6 +626,74 @@ class RingWriter:
 
     def __repr__(self) -> str:
         return f"<RingWriter {self.path} capacity={self._cap} tail={self._tail}{' closed' if self._closed else ''}>"
+
+
+# Ring files kvshm names (ring_file_name): kvshm-w<worker_id>-<pid>-<epoch>.ring.
+_RING_NAME: Final = re.compile(r"kvshm-w\d+-(\d+)-\d+\.ring")
+_RING_IDENTITY: Final = struct.Struct("<8s24xIIQ")  # magic .. producer_pid (0x20) .. producer_start_time (0x28)
+
+
+def ring_file_name(worker_id: int, pid: int, epoch: int) -> str:
+    """The file name RingWriter.create gives a ring by default (sweep_stale_rings only considers such names)."""
+    return f"kvshm-w{worker_id}-{pid}-{epoch}.ring"
+
+
+def sweep_stale_rings(directory: str) -> list[str]:
+    """Remove ring files (``kvshm-w<worker>-<pid>-<epoch>.ring``, ours) whose producer is gone, return their paths.
+
+    A file is stale when its header is complete (magic written), its producer process no longer runs (pid gone or
+    reused: start time differs) and nobody holds its flock (a live RingWriter always does). Unlinking is safe for a
+    daemon still draining it: its mapping outlives the name. Best effort: errors skip the file.
+    """
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    uid = os.getuid()
+    for name in names:
+        if not _RING_NAME.fullmatch(name):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != uid or not (st.st_mode & 0o170000 == 0o100000):
+                continue
+            header = os.pread(fd, _RING_IDENTITY.size, 0)
+            if len(header) < _RING_IDENTITY.size:
+                continue
+            magic, pid, _, start_time = _RING_IDENTITY.unpack(header)
+            if magic != MAGIC or _process_running(pid, start_time):
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a live producer holds it
+            os.unlink(path)
+            removed.append(path)
+            log.info("kvshm: removed the stale ring %s of dead producer pid %d", path, pid)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _process_running(pid: int, start_time: int) -> bool:
+    """Whether ``pid`` runs and (when ``start_time`` is known) is the process that started at that time."""
+    if pid <= 0:
+        return False
+    try:
+        st = proc_stat(pid)
+    except OSError:
+        return True  # cannot tell: keep the file
+    if st is None or st[0] in (b"Z", b"X"):
+        return False
+    return start_time == 0 or st[1] == start_time
 
 
 def _raise_existing(path: str) -> None:

@@ -1,4 +1,4 @@
-package daemon
+package sock
 
 import (
 	"encoding/binary"
@@ -7,12 +7,7 @@ import (
 	"net"
 )
 
-// Frame layout. Wire format: never change without bumping Version.
-//
-//	0                4        5        6                 8
-//	+----------------+--------+--------+-----------------+----------------------+
-//	| length u32 LE  | ver=1  | kind u8| status u16 LE   | body (length-4 bytes)|
-//	+----------------+--------+--------+-----------------+----------------------+
+// The frame layout is drawn in PROTOCOL.md. Wire format: never change without bumping Version.
 const (
 	// Version is the protocol version carried in every frame.
 	Version = 1
@@ -24,6 +19,8 @@ const (
 	DefaultMaxRequest = 4 << 20
 	// MaxResponse caps response frames (length field); a dump larger than this is an internal error.
 	MaxResponse = 1 << 30
+	// MaxResponseBody is the largest reply body: MaxResponse less the header bytes the length field counts.
+	MaxResponseBody = MaxResponse - lengthCounted
 )
 
 // Kind is a request kind; a reply echoes it.
@@ -50,8 +47,8 @@ func (k Kind) String() string {
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
 
-// known reports whether k is a request kind of this protocol version.
-func (k Kind) known() bool { return k >= KindAttach && k <= KindForget }
+// Known reports whether k is a request kind of this protocol version.
+func (k Kind) Known() bool { return k >= KindAttach && k <= KindForget }
 
 // Status is a reply status. Requests carry StatusOK.
 type Status uint16

@@ -1,4 +1,4 @@
-package daemon
+package sock
 
 import (
 	"strings"
@@ -34,18 +34,18 @@ func TestDecodeStrictKeys(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.body, func(t *testing.T) {
 			var got EventsRequest
-			err := decodeStrict([]byte(c.body), &got)
+			err := DecodeStrict([]byte(c.body), &got)
 			if c.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
-					t.Fatalf("decodeStrict(%s) = %v, want an error containing %q", c.body, err, c.wantErr)
+					t.Fatalf("DecodeStrict(%s) = %v, want an error containing %q", c.body, err, c.wantErr)
 				}
 				return
 			}
 			if err != nil {
-				t.Fatalf("decodeStrict(%s) = %v, want nil", c.body, err)
+				t.Fatalf("DecodeStrict(%s) = %v, want nil", c.body, err)
 			}
 			if !eqU(got.WorkerID, c.want.WorkerID) || !eqU(got.Start, c.want.Start) || !eqU(got.End, c.want.End) {
-				t.Fatalf("decodeStrict(%s) = %+v, want %+v", c.body, got, c.want)
+				t.Fatalf("DecodeStrict(%s) = %+v, want %+v", c.body, got, c.want)
 			}
 		})
 	}
@@ -63,10 +63,10 @@ func FuzzDecodeStrictKeys(f *testing.F) {
 			return
 		}
 		var a, b EventsRequest
-		if decodeStrict(body, &a) != nil {
+		if DecodeStrict(body, &a) != nil {
 			return
 		}
-		if err := decodeStrict(body, &b); err != nil || !eqU(a.Start, b.Start) || !eqU(a.End, b.End) {
+		if err := DecodeStrict(body, &b); err != nil || !eqU(a.Start, b.Start) || !eqU(a.End, b.End) {
 			t.Fatalf("accepted body %q decodes differently the second time: %v", body, err)
 		}
 	})

@@ -1,4 +1,4 @@
-package daemon
+package sock
 
 import (
 	"bytes"
@@ -144,16 +144,16 @@ type StatsReply struct {
 	Streams []StreamStats `json:"streams"`
 }
 
-// errorBody is the body of every error reply.
-type errorBody struct {
+// ErrorBody is the body of every error reply.
+type ErrorBody struct {
 	Error string `json:"error"`
 	Code  string `json:"code"`
 }
 
-// decodeStrict decodes a request body (a JSON object) into v, a pointer to a struct: unknown fields, keys that
+// DecodeStrict decodes a request body (a JSON object) into v, a pointer to a struct: unknown fields, keys that
 // match a field only when case is ignored, duplicate keys, a non-object (null included) and trailing data are
 // errors; an empty body is {}. encoding/json alone would accept the middle three.
-func decodeStrict(body []byte, v any) error {
+func DecodeStrict(body []byte, v any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		body = []byte("{}")
 	}
@@ -218,8 +218,9 @@ func jsonFieldNames(t reflect.Type) map[string]bool {
 	return names
 }
 
-func encodeErrorBody(code, msg string) []byte {
-	b, err := json.Marshal(errorBody{Error: msg, Code: code})
+// EncodeErrorBody returns the JSON body of an error reply (the daemon writes it on the socket and over HTTP).
+func EncodeErrorBody(code, msg string) []byte {
+	b, err := json.Marshal(ErrorBody{Error: msg, Code: code})
 	if err != nil { // cannot happen for two strings
 		return []byte(`{"error":"internal","code":"internal"}`)
 	}

@@ -1,4 +1,4 @@
-package daemon
+package sock
 
 import (
 	"bufio"
@@ -24,7 +24,7 @@ type Client struct {
 // Dial connects to the daemon socket at path. It refuses (ErrUntrustedServer, nothing sent) a socket in a
 // directory that is not this user's and private, and a socket served by another user (SO_PEERCRED).
 func Dial(ctx context.Context, path string) (*Client, error) {
-	if err := checkSocketDir(filepath.Dir(path)); err != nil {
+	if err := CheckSocketDir(filepath.Dir(path)); err != nil {
 		return nil, fmt.Errorf("dial kvshmd socket %s: %w: %w", path, ErrUntrustedServer, err)
 	}
 	var d net.Dialer
@@ -89,7 +89,7 @@ func (c *Client) Do(ctx context.Context, kind Kind, body []byte) ([]byte, error)
 }
 
 func remoteError(kind Kind, body []byte) *RemoteError {
-	var eb errorBody
+	var eb ErrorBody
 	if err := json.Unmarshal(body, &eb); err != nil || eb.Code == "" {
 		return &RemoteError{Kind: kind, Code: CodeInternal, Message: fmt.Sprintf("unparseable error reply %q", body)}
 	}

@@ -1,4 +1,4 @@
-package daemon
+package sock
 
 import (
 	"bufio"
@@ -100,13 +100,13 @@ func TestDecodeStrict(t *testing.T) {
 	}
 	for _, tt := range tests {
 		var r EventsRequest
-		err := decodeStrict([]byte(tt.body), &r)
+		err := DecodeStrict([]byte(tt.body), &r)
 		if (err == nil) != tt.ok {
-			t.Errorf("decodeStrict(%q) error = %v, want ok=%v", tt.body, err, tt.ok)
+			t.Errorf("DecodeStrict(%q) error = %v, want ok=%v", tt.body, err, tt.ok)
 		}
 	}
 	var r EventsRequest
-	if err := decodeStrict([]byte(`{"worker_id":18446744073709551615}`), &r); err != nil || *r.WorkerID != 1<<64-1 {
+	if err := DecodeStrict([]byte(`{"worker_id":18446744073709551615}`), &r); err != nil || *r.WorkerID != 1<<64-1 {
 		t.Fatalf("u64 worker id not exact: %v %v", r.WorkerID, err)
 	}
 }

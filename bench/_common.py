@@ -1,0 +1,144 @@
+"""Helpers shared by the recovery benchmark and its child processes: event generators, timing, process stats.
+
+Nothing here measures by itself; see recovery_bench.py.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import statistics
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+BS = 32  # tokens per block, as the engine's kv_block_size
+TICKS = os.sysconf("SC_CLK_TCK")
+
+Event = tuple[list[int], list[int], "int | None"]  # tokens, block hashes, parent hash
+
+
+class ChainGen:
+    """Stored events forming chains: chain c is events j = 0..per_chain-1 of `blocks` blocks each, event j's parent
+    the last block of event j-1. Block hashes are unique positive ints from `base`; the first token window of each
+    chain is unique so no two chains share a root node (tokens after it are a fixed list, which is cheap)."""
+
+    def __init__(self, blocks: int, per_chain: int, base: int = 1 << 40, bs: int = BS) -> None:
+        self.blocks = blocks
+        self.per_chain = per_chain
+        self.next_hash = base
+        self.bs = bs
+        self.rest = [(7 * i + 3) % 150_000 for i in range((blocks - 1) * bs)]
+        self.salt = (base >> 32) % 150_000  # generators with different bases never share a token prefix
+        self.chain = 0
+        self.j = 0
+        self.parent: int | None = None
+
+    def next(self) -> Event:
+        c, j = self.chain, self.j
+        head = [self.salt, c // 150_000, c % 150_000, j] + [1] * (self.bs - 4)
+        hashes = list(range(self.next_hash, self.next_hash + self.blocks))
+        self.next_hash += self.blocks
+        parent = self.parent
+        self.j += 1
+        if self.j == self.per_chain:
+            self.chain, self.j, self.parent = c + 1, 0, None
+        else:
+            self.parent = hashes[-1]
+        return head + self.rest, hashes, parent
+
+    def take(self, n: int) -> Iterator[Event]:
+        for _ in range(n):
+            yield self.next()
+
+
+def summary(samples_ns: Sequence[float]) -> dict[str, float]:
+    """Median, p99, mean (µs) and count of samples in ns."""
+    if not samples_ns:
+        return {"n": 0, "median_us": float("nan"), "p99_us": float("nan"), "mean_us": float("nan")}
+    s = sorted(samples_ns)
+    p99 = s[min(len(s) - 1, int(0.99 * len(s)))]
+    return {"n": len(s), "median_us": statistics.median(s) / 1e3, "p99_us": p99 / 1e3,
+            "mean_us": statistics.fmean(s) / 1e3}
+
+
+def proc_cpu_s(pid: int) -> float:
+    """user+system CPU seconds of a process (and its reaped children not included)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def proc_rss(pid: int, field: str = "RssAnon") -> int:
+    """Resident memory of a process in bytes: RssAnon (default: its heap, without shared-memory rings or mapped
+    files) or VmRSS (everything resident, rings included)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise ValueError(f"no {field} in /proc/{pid}/status")
+
+
+def http_get(host: str, port: int, path: str, timeout: float = 120.0) -> tuple[int, bytes, float]:
+    """One GET on a new connection (as a recovering consumer does); (status, body, seconds)."""
+    t0 = time.perf_counter_ns()
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        body = r.read()
+        status = r.status
+    finally:
+        conn.close()
+    return status, body, (time.perf_counter_ns() - t0) / 1e9
+
+
+def variant(body: bytes | str) -> str:
+    """The WorkerKvQueryResponse variant name of a reply (its first key)."""
+    text = body.decode() if isinstance(body, bytes) else body
+    head = text[:40]
+    return head.split('"')[1] if head.startswith('{"') else head
+
+
+def last_event_id(body: bytes | str) -> int:
+    obj: Any = json.loads(body)
+    (inner,) = obj.values()
+    return int(inner["last_event_id"])
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole machine since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        vals = [int(x) for x in f.readline().split()[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+    return sum(vals) - idle, sum(vals)
+
+
+def busy_pct(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """Share of the machine's CPU time that was busy between two machine_ticks() readings, in %."""
+    total = after[1] - before[1]
+    return 100.0 * (after[0] - before[0]) / total if total else float("nan")
+
+
+def same_reply(a: str, b: str) -> str:
+    """"yes" when byte-identical; "same events, order differs" when a TreeDump holds the same events in another
+    order (1.6.1 orders siblings by hashbrown iteration, which no other implementation reproduces; event ids of a
+    dump are positions); otherwise "no"."""
+    if a == b:
+        return "yes"
+    try:
+        ja, jb = json.loads(a), json.loads(b)
+    except ValueError:
+        return "no"
+    if set(ja) == set(jb) == {"TreeDump"}:
+        def key(e: dict[str, Any]) -> str:
+            e = json.loads(json.dumps(e))
+            e["event"].pop("event_id", None)
+            return json.dumps(e, sort_keys=True)
+
+        ta, tb = ja["TreeDump"], jb["TreeDump"]
+        if ({k: v for k, v in ta.items() if k != "events"} == {k: v for k, v in tb.items() if k != "events"}
+                and sorted(map(key, ta["events"])) == sorted(map(key, tb["events"]))):
+            return "same events, order differs"
+    return "no"

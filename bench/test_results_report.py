@@ -1,0 +1,114 @@
+"""Tests of the RESULTS.md generator: Go output parsing and the goal verdicts (make bench runs these first)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+import results_report as rr  # noqa: E402
+
+GO_OUT = """goos: linux
+pkg: github.com/kvshm/kvshm/index
+BenchmarkApplyStored/blocks=32-2         	  150000	      7510 ns/op	 4.26 M_blocks/s	     0 B/op	       0 allocs/op
+BenchmarkRingPublish-2   	 1000000	      1050 ns/op	         1.31 x-baseline
+BenchmarkTreeDump/blocks=100000/cached   	       3	  4100000 ns/op
+PASS
+ok  	github.com/kvshm/kvshm/index	3.1s
+"""
+
+
+def test_parse_go_keeps_results_and_drops_the_gomaxprocs_suffix() -> None:
+    got = rr.parse_go(GO_OUT)
+    assert [b.name for b in got] == ["BenchmarkApplyStored/blocks=32", "BenchmarkRingPublish",
+                                     "BenchmarkTreeDump/blocks=100000/cached"]
+    assert got[0].iterations == 150000
+    assert got[0].metrics == {"ns/op": 7510.0, "M_blocks/s": 4.26, "B/op": 0.0, "allocs/op": 0.0}
+    assert got[1].metrics["x-baseline"] == 1.31
+
+
+def s(median: float, p99: float | None = None) -> dict[str, float]:
+    return {"n": 10, "median_us": median, "p99_us": p99 or median, "mean_us": median}
+
+
+def results(events_kv: float, events_ref: float | None) -> dict[str, Any]:
+    q = {"events10/kvshm": s(events_kv), "toonew/kvshm": s(50.0), "invalid/kvshm": s(50.1)}
+    if events_ref is not None:
+        q["events10/ref"] = s(events_ref)
+    return {"queries": {"summary": q, "blocks": 100_000, "info": {}}}
+
+
+@pytest.mark.parametrize(
+    ("kv", "ref", "ok"),
+    [
+        (150.0, 100.0, True),  # exactly 1.5x the reference: met
+        (151.0, 100.0, False),  # just over: MISS
+        (10.0, None, None),  # no reference: skipped, never PASS
+    ],
+)
+def test_events_goal_is_a_ratio_against_the_same_run_reference(kv: float, ref: float | None, ok: bool | None) -> None:
+    (g,) = [g for g in rr.goals(results(kv, ref)) if "10 recent events" in g.name]
+    assert g.ok is ok
+    assert rr.verdict(g.ok) == {True: "**PASS**", False: "**MISS**", None: "skipped"}[ok]
+
+
+def test_absolute_goals_use_the_median() -> None:
+    gs = {g.name: g for g in rr.goals(results(1.0, 1.0))}
+    assert gs["`get_events_json` → TooNew"].ok is True  # 50 µs: met
+    assert gs["`get_events_json` → InvalidRange"].ok is False  # 50.1 µs: missed
+
+
+def test_publish_cost_goal_compares_the_engine_with_and_without_traffic() -> None:
+    def side(quiet: float, traffic: float) -> dict[str, Any]:
+        return {"quiet": {"apply_stored": s(quiet), "engine_cpu_pct": 1.0, "daemon_cpu_pct": 0.0},
+                "traffic": {"apply_stored": s(traffic), "engine_cpu_pct": 2.0, "daemon_cpu_pct": 0.0}}
+
+    d = {"deployment": {"sides": {"kvshm": side(10.0, 11.5), "ref": side(10.0, 20.0)}}}
+    (g,) = [g for g in rr.goals(d) if "under recovery traffic" in g.name]
+    assert g.ok is False and g.ratio == pytest.approx(1.15)
+    assert "+100%" in g.baseline
+
+
+def point(workers: int, query_us: float, busy: float, dropped: int = 0) -> dict[str, Any]:
+    return {"workers": workers, "rate": 400.0, "daemon_cpu_pct": 30.0, "daemon_cpu_us_per_event": 10.0,
+            "publisher_cpu_pct": 5.0, "machine_busy_pct": busy, "query": s(query_us), "dropped": dropped,
+            "rss_end": 2**20}
+
+
+@pytest.mark.parametrize(
+    ("points", "want"),
+    [
+        ([point(1, 1000, 50), point(64, 1200, 60)], "**CPU** (kvshmd"),  # latency flat: CPU is named
+        ([point(1, 1000, 50), point(64, 30000, 95)], "**CPU** on this machine"),  # saturated machine
+        ([point(1, 1000, 50), point(64, 30000, 40)], "**query latency under load**"),  # idle machine, slow queries
+        ([point(1, 1000, 50), point(64, 1000, 40, dropped=5)], "**ring capacity / drain rate**"),
+    ],
+)
+def test_first_limit_follows_the_measurements(points: list[dict[str, Any]], want: str) -> None:
+    d = {"machine": {"cores": 2}, "workers": {"rate": 400.0, "points": points}}
+    assert want in rr.first_limit(d)[-1]
+
+
+def dump(*events: tuple[int, int]) -> str:
+    """A TreeDump JSON of events given as (event_id, block_hash)."""
+    evs = [{"worker_id": 1, "event": {"event_id": i, "data": {"stored": {"blocks": [{"block_hash": h}]}}}}
+           for i, h in events]
+    return json.dumps({"TreeDump": {"events": evs, "last_event_id": 9, "reset_scope": "all"}})
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "want"),
+    [
+        (dump((0, 5), (1, 6)), dump((0, 5), (1, 6)), "yes"),
+        (dump((0, 5), (1, 6)), dump((0, 6), (1, 5)), "same events, order differs"),  # ids are positions
+        (dump((0, 5), (1, 6)), dump((0, 5), (1, 7)), "no"),
+        (dump((0, 5)), '{"Events": {"events": [], "last_event_id": 9}}', "no"),
+    ],
+)
+def test_same_reply_tells_order_apart_from_content(a: str, b: str, want: str) -> None:
+    assert _common.same_reply(a, b) == want
