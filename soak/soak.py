@@ -59,11 +59,6 @@ KNOWN: dict[str, str] = {
     "ring_truncate:publish": "issue 10 #5, producer side, still open: a publish into a truncated ring kills the engine "
     "process with SIGBUS (exit -7) when it comes before the supervisor's next size check (1 s cadence); the daemon "
     "side is fixed (SetPanicOnFault)",
-    "ring_truncate:judge": "found by the soak (issue 10 #5 follow-up): after its ring file is truncated, a producer "
-    "that survives drops every publish and knows it (stats: ring_truncated, dropped_events), but the daemon, parked "
-    "on a drained ring, never touches the mapping again: STATS says tainted=false, incomplete=false, lost_events=0 "
-    "and /kv_recover answers a complete TreeDump at the last id before the truncation, silently, for as long as the "
-    "engine runs",
 }
 if os.environ.get("SOAK_KNOWN") is not None:  # e.g. SOAK_KNOWN= (empty) once the lead's fixes are merged
     KNOWN = {k: v for k, v in KNOWN.items() if k in os.environ["SOAK_KNOWN"].split(",")}
