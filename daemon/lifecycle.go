@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -88,7 +90,13 @@ func (s *Server) openRing(cc *conn, req sock.AttachRequest) (*openRing, error) {
 	if int(cc.uid) != s.uid {
 		return nil, errorf(sock.CodeForbidden, "peer uid %d is not the daemon's uid %d", cc.uid, s.uid)
 	}
-	fi, err := os.Lstat(req.RingPath)
+	// A ring is a regular file, never reached through a symlink, except the producer's own sealed memfd, which
+	// it names as /proc/<its pid>/fd/<n> (only its own: the peer's pid comes from SO_PEERCRED).
+	stat := os.Lstat
+	if ownFDPath(req.RingPath, cc.pid) {
+		stat = os.Stat
+	}
+	fi, err := stat(req.RingPath)
 	if err != nil {
 		return nil, errorf(sock.CodeNotFound, "ring file: %v", err)
 	}
@@ -432,4 +440,15 @@ func addStats(a, b index.Stats) index.Stats {
 	a.DumpErrors += b.DumpErrors
 	a.TokenMismatches += b.TokenMismatches
 	return a
+}
+
+// ownFDPath reports whether path is /proc/<pid>/fd/<n> for the given (peer) pid: a descriptor of the producer
+// itself (its memfd ring), which the daemon may open through the link.
+func ownFDPath(path string, pid int32) bool {
+	rest, ok := strings.CutPrefix(path, "/proc/"+strconv.Itoa(int(pid))+"/fd/")
+	if !ok || rest == "" {
+		return false
+	}
+	_, err := strconv.ParseUint(rest, 10, 31)
+	return err == nil
 }

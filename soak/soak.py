@@ -56,9 +56,11 @@ JUDGE_DEADLINE = 20.0  # seconds a consumer may take to converge after a fault b
 # Scenarios whose failures are a defect already filed and not yet fixed on the merged code: their failures are
 # counted apart (known) and do not fail the run; SOAK_STRICT=1 counts them as failures. Each names its defect.
 KNOWN: dict[str, str] = {
-    "ring_truncate:publish": "issue 10 #5, producer side, still open: a publish into a truncated ring kills the engine "
-    "process with SIGBUS (exit -7) when it comes before the supervisor's next size check (1 s cadence); the daemon "
-    "side is fixed (SetPanicOnFault)",
+    "ring_truncate:publish": "issue 10 #5, producer side, file rings only (LocalIndexer(ring_dir=...) or "
+    "KVSHM_RING_DIR): a publish into a truncated ring file kills the engine process with SIGBUS (exit -7) when it "
+    "comes before the supervisor's next size check (1 s cadence). The default ring, a sealed memfd, cannot be "
+    "truncated; "
+    "the daemon side is fixed (SetPanicOnFault, idle size check)",
 }
 if os.environ.get("SOAK_KNOWN") is not None:  # e.g. SOAK_KNOWN= (empty) once the lead's fixes are merged
     KNOWN = {k: v for k, v in KNOWN.items() if k in os.environ["SOAK_KNOWN"].split(",")}
@@ -250,7 +252,7 @@ class Daemon:
 class Producer:
     """A producer process (``producer.py``) with one LocalIndexer per worker."""
 
-    def __init__(self, ctx: Ctx, workers: list[int], *, ring_bytes: int = 1 << 20) -> None:
+    def __init__(self, ctx: Ctx, workers: list[int], *, ring_bytes: int = 1 << 20, memfd: bool = False) -> None:
         self.ctx = ctx
         self.workers = workers
         assert ctx.daemon is not None
@@ -261,7 +263,10 @@ class Producer:
             ctx.warm[w] = Tree()
             ctx.acked[w] = None
         self.errlog = open(os.path.join(ctx.work, f"producer-{workers[0]}-{ctx.lives[workers[0]]}.log"), "wb")
+        # File rings in the work dir (the leak check counts them), or LocalIndexer's default: a sealed memfd.
         env = dict(os.environ, KVSHM_RING_DIR=os.path.join(ctx.work, "rings"))
+        if memfd:
+            del env["KVSHM_RING_DIR"]
         self.p = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "producer.py"), "--socket", ctx.daemon.sock, "--seed", str(ctx.seed),
              "--workers", pairs, "--block-size", str(BLOCK), "--ring-bytes", str(ring_bytes)],
@@ -915,14 +920,27 @@ def sc_ring_scribble(ctx: Ctx) -> None:
 
 
 def sc_ring_truncate(ctx: Ctx) -> None:
-    """Truncate an attached ring file (to 0, one page, or half) while its producer publishes."""
+    """Truncate an attached ring file (to 0, one page, or half) while its producer publishes. Half the runs use
+    LocalIndexer's default ring, a sealed memfd: the truncation must be refused (EPERM) and nothing else happen."""
     rng = ctx.rng
-    with producer(ctx, 1) as p:
+    memfd = rng.random() < 0.5
+    with producer(ctx, 1, memfd=memfd) as p:
         w = p.workers[0]
         p.pub(w, 100)
         ring = p.rings[w]
         size = os.path.getsize(ring)
         new = rng.choice([0, 4096, size // 2])
+        if memfd:
+            try:
+                os.truncate(ring, new)
+            except PermissionError:
+                ctx.fault("memfd ring truncation refused")
+                p.pub(w, 50)
+                judge(ctx, w, "refused truncation of a sealed memfd ring")
+                healthy(ctx, "refused ring truncation")
+                return
+            ctx.fail("wrong answers", f"the memfd ring {ring} of worker {w} could be truncated (not sealed)")
+            return
         os.truncate(ring, new)
         delay = rng.uniform(0, 2)
         ctx.fault(f"ring truncated to {new} bytes")

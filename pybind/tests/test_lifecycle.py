@@ -673,3 +673,41 @@ def test_only_the_producer_detaches_its_stream(shared_daemon: SharedDaemon, make
     ix.shutdown()
     st = daemon_stream(shared_daemon.socket_path, 21)
     assert not st["attached"] and st["last_event_id"] == 49
+
+
+def test_default_ring_is_a_sealed_memfd(short_dir: Path) -> None:
+    """Issue 10, defect 5: without a ring_dir the ring is a memfd sealed against shrinking and growing, so no other
+    process can truncate it under the engine's mapping (the truncation fails, publishing goes on, nothing is lost),
+    and a killed engine leaves no file. The daemon opens it as /proc/<pid>/fd/<n>, and only the producer's own."""
+    ix = LocalIndexer(9, 4)
+    try:
+        path = ix.stats()["ring_path"]
+        assert path.startswith(f"/proc/{os.getpid()}/fd/") and ix.stats()["attached"], ix.stats()
+        for seq in range(10):
+            ix.apply_stored(seq, toks(4 * seq, 4), [seq + 1], parent_hash=seq if seq else None)
+        for size in (0, 4096, 1 << 20):
+            with pytest.raises(PermissionError):
+                os.truncate(path, size)
+        for seq in range(10, 20):
+            ix.apply_stored(seq, toks(4 * seq, 4), [seq + 1], parent_hash=seq)
+        resp = query(ix, 0)
+        assert variant(resp) == "Events" and event_ids(resp) == list(range(20))
+        assert ix.stats(daemon=False)["dropped_events"] == 0
+    finally:
+        ix.shutdown()
+
+
+def test_daemon_refuses_another_process_fd_path(shared_daemon: SharedDaemon) -> None:
+    """A /proc/<pid>/fd/<n> ring path is followed only when pid is the attaching producer itself."""
+    from kvshm._client import RemoteError
+
+    with open(os.devnull) as f:
+        holder = subprocess.Popen(["sleep", "30"], stdin=f)  # another process with a descriptor (its fd 0)
+    try:
+        with Client(shared_daemon.socket_path) as c:
+            with pytest.raises(RemoteError) as e:
+                c.attach(f"/proc/{holder.pid}/fd/0", 1, 4, 0)
+        assert e.value.code == "forbidden" and "not a regular file" in e.value.message
+    finally:
+        holder.kill()
+        holder.wait()

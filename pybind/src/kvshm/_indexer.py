@@ -88,6 +88,7 @@ _QUERY_TIMEOUT: Final = 120.0  # the global indexer's own recovery deadline (Dyn
 _DETACH_TIMEOUT: Final = 5.0
 _STATS_TIMEOUT: Final = 2.0
 _JOIN_TIMEOUT: Final = 5.0
+_HAVE_MEMFD: Final = hasattr(os, "memfd_create")
 _RING_CHECK_INTERVAL: Final = 1.0  # how often the supervisor checks that the ring file was not cut short
 # ATTACH refusals that retrying cannot fix (configuration errors): raised by the constructor.
 _PERMANENT: Final = frozenset({"bad_request", "forbidden", "unsupported_version", "unknown_kind", "too_large"})
@@ -128,7 +129,9 @@ class _Core:
         self.owner_pid = os.getpid()
         # A producer killed without running its exit hooks (SIGKILL, default SIGTERM) leaves its ring file behind.
         sweep_stale_rings(ring_dir or default_dir())
-        # First, so that a refused ring (bad size, full /dev/shm, not x86-64) leaves nothing to clean up.
+        # First, so that a refused ring (bad size, full /dev/shm, not x86-64) leaves nothing to clean up. Without a
+        # ring_dir the ring is a sealed memfd: nobody can truncate it under the engine's mapping (a SIGBUS), and
+        # nothing is left behind by a killed engine.
         self.ring = RingWriter.create(
             ring_dir,
             worker_id=worker_id,
@@ -136,6 +139,7 @@ class _Core:
             max_buffer_size=max_buffer_size,
             capacity=ring_bytes,
             mode=0o600,
+            memfd=ring_dir is None and _HAVE_MEMFD,
         )
         # Hot-path state. state is written under lock (and by the fork hook in a single-threaded child).
         self.state = _OPEN

@@ -170,6 +170,21 @@ class RingClosedError(RingError):
     """The writer has been closed."""
 
 
+_PROC_FD: Final = "/proc/"
+
+
+def _create_memfd(name: str, mode: int) -> tuple[int, str]:
+    """A new memfd that allows sealing (sealed by create once its size is final), mode ``mode``, and the path the
+    daemon opens it by. Raises OSError where the kernel has no memfd_create (create then needs a ``dir``)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.fchmod(fd, mode)  # memfds are created 0777
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, f"/proc/{os.getpid()}/fd/{fd}"
+
+
 def default_dir() -> str:
     """``$KVSHM_RING_DIR`` if set, else /dev/shm if it is a directory, else the temp directory."""
     d = os.environ.get("KVSHM_RING_DIR")
@@ -285,8 +300,14 @@ class RingWriter:
         *,
         max_record: int | None = None,
         name: str | None = None,
+        memfd: bool = False,
     ) -> RingWriter:
         """Creates, preallocates, locks and maps a new ring file and returns its writer.
+
+        With ``memfd`` the ring is an anonymous memory file sealed against shrinking and growing
+        (``memfd_create`` + ``F_SEAL_SHRINK|F_SEAL_GROW``): no process can truncate it under the mapping (which
+        would make the next publish a SIGBUS), it vanishes with its last user, and the daemon opens it as
+        ``/proc/<pid>/fd/<n>`` (``path``); ``dir`` and ``name`` are not used.
 
         ``capacity`` is the data area size (a power of two in [64 KiB, 4 GiB]); ``max_record`` (bytes including the
         8-byte record header, a multiple of 8 in [32, capacity/8]) defaults to capacity/8; ``name`` defaults to
@@ -315,14 +336,16 @@ class RingWriter:
         pid = os.getpid()
         if dir is None:
             dir = default_dir()
-        path = os.path.join(dir, name or ring_file_name(worker_id, pid, epoch))
         size = HEADER_SIZE + capacity
-
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-        except FileExistsError:
-            _raise_existing(path)
-            raise
+        if memfd:
+            fd, path = _create_memfd(ring_file_name(worker_id, pid, epoch), mode)
+        else:
+            path = os.path.join(dir, name or ring_file_name(worker_id, pid, epoch))
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+            except FileExistsError:
+                _raise_existing(path)
+                raise
         try:
             os.fchmod(fd, mode)  # exactly mode, whatever the umask
             try:
@@ -333,12 +356,16 @@ class RingWriter:
                 os.posix_fallocate(fd, 0, size)
             except OSError as e:
                 if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise RingSpaceError(f"kvshm: no space for a {size}-byte ring in {dir}: {e}") from None
+                    where = "shared memory" if memfd else dir
+                    raise RingSpaceError(f"kvshm: no space for a {size}-byte ring in {where}: {e}") from None
                 raise
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            if memfd:  # after the preallocation: the size is final
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
         except BaseException:
             os.close(fd)
-            os.unlink(path)
+            if not memfd:
+                os.unlink(path)
             raise
         # The file is fresh (fallocate zero-fills): tail, head, the counters and the state (INIT) are 0.
         _HEADER.pack_into(mm, 0, MAGIC, VERSION, HEADER_SIZE, capacity, max_record, 0, pid, 0, _start_time(), epoch,
@@ -609,10 +636,13 @@ class RingWriter:
         os.close(self._fd)  # releases the flock (in a child: only the child's descriptor)
 
     def unlink(self) -> None:
-        """Removes the ring file (call after the daemon detached it). A missing file is not an error."""
+        """Removes the ring file (call after the daemon detached it). A missing file is not an error; a memfd ring
+        has no file to remove (it is gone with its last descriptor and mapping)."""
         if self._forked or os.getpid() != self._pid:
             self._forked = True
             self._refuse()
+        if self.path.startswith(_PROC_FD):
+            return
         try:
             os.unlink(self.path)
         except FileNotFoundError:
