@@ -153,23 +153,13 @@ Flags:
 		fmt.Fprintf(stderr, "kvshmd serve: --checkpoint-interval %v: want 0 (off) or a positive duration together with --state-dir\n", o.ckptInterval)
 		return exitUsage
 	}
-	var onLoss index.LossPolicy
-	switch o.onLoss {
-	case index.LossBestEffort.String():
-		onLoss = index.LossBestEffort
-	case index.LossError.String():
-		onLoss = index.LossError
-	default:
+	onLoss, ok := byName(o.onLoss, index.LossBestEffort, index.LossError)
+	if !ok {
 		fmt.Fprintf(stderr, "kvshmd serve: --on-loss %q: want best-effort or error\n", o.onLoss)
 		return exitUsage
 	}
-	var shape index.DumpShape
-	switch o.dumpShape {
-	case index.DumpChains.String():
-		shape = index.DumpChains
-	case index.DumpBlocks.String():
-		shape = index.DumpBlocks
-	default:
+	shape, ok := byName(o.dumpShape, index.DumpChains, index.DumpBlocks)
+	if !ok {
 		fmt.Fprintf(stderr, "kvshmd serve: --dump-shape %q: want chains or blocks\n", o.dumpShape)
 		return exitUsage
 	}
@@ -211,4 +201,15 @@ Flags:
 		return exitFailure
 	}
 	return exitOK
+}
+
+// byName returns the value among vals whose String() is name (a flag naming an enum value).
+func byName[T fmt.Stringer](name string, vals ...T) (T, bool) {
+	for _, v := range vals {
+		if v.String() == name {
+			return v, true
+		}
+	}
+	var zero T
+	return zero, false
 }
