@@ -89,8 +89,8 @@ type Publisher struct {
 	published, replayReqs, badReqs, replayed atomic.Uint64
 	dropped                                  [numDrops]atomic.Uint64
 
-	bufMu sync.Mutex // protects buf, bufStart, bufLen
-	buf   []entry    // ring of the last BufferSteps batches
+	bufMu            sync.Mutex // protects buf, bufStart, bufLen
+	buf              []entry    // ring of the last BufferSteps batches
 	bufStart, bufLen int
 }
 
