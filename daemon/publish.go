@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kvshm/kvshm/index"
 	"github.com/kvshm/kvshm/proto/fbs"
 	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
@@ -213,7 +212,7 @@ func (a *attachment) applyBatch(rec shm.Record, c *batchCounts) {
 		why := indexReason(v.Kind, v.DpRank, meta, a.hdr.KVBlockSize, a.st.groups)
 		if why == indexed {
 			if !began {
-				beginBatch(a.ix, seq)
+				a.ix.BeginBatch(seq)
 				began = true
 			}
 			a.applyView(v, c)
@@ -299,12 +298,4 @@ func (a *attachment) wireEvent(v *fbs.EventView, m *fbs.MetaView) *vllmwire.Even
 		}
 	}
 	return e
-}
-
-// beginBatch calls index.Indexer.BeginBatch (stream core's, contract decision 5) when the index has it.
-// TODO(merge wip/core): call ix.BeginBatch directly once it lands.
-func beginBatch(ix *index.Indexer, id uint64) {
-	if b, ok := any(ix).(interface{ BeginBatch(uint64) }); ok {
-		b.BeginBatch(id)
-	}
 }

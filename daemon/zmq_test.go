@@ -633,3 +633,71 @@ func TestZmqPyzmq(t *testing.T) {
 	t.Logf("with a stuck subscriber: %d batches ingested; zmq published %d, dropped %d (queue_full)", n,
 		s.Zmq.Published-s0.Zmq.Published, s.Zmq.Dropped-s0.Zmq.Dropped)
 }
+
+// TestBatchIndexing: a BATCH's indexable events are applied under its one id (BeginBatch: no id reset, EVENTS
+// returns all of them), the excluded ones are counted by reason and left out of the index; a batch of which
+// nothing is indexed leaves an id gap. No publisher is needed for any of it.
+func TestBatchIndexing(t *testing.T) {
+	ts := startServer(t, nil)
+	p := newProducer(t, ts.cfg.SocketPath, 5, 2, 1<<20)
+	b := flatbuffers.NewBuilder(1024)
+	sub := func(ev fbs.EventSpec) shm.Sub {
+		return shm.Sub{Type: shm.SubEvent, Payload: append([]byte(nil), fbs.Build(b, &ev)...)}
+	}
+	meta := func(m fbs.MetaSpec) shm.Sub {
+		return shm.Sub{Type: shm.SubMeta, Payload: append([]byte(nil), fbs.BuildMeta(b, &m)...)}
+	}
+	writeBatch(t, p, 1, []shm.Sub{sub(cleared(1))})
+	writeBatch(t, p, 2, []shm.Sub{
+		sub(stored(2, 0, nil, []uint64{100}, tokens(1, 1, 2))),
+		meta(fbs.MetaSpec{HasMedium: true, Medium: "CPU"}), // offloaded copy: published, not indexed
+		sub(stored(2, 0, nil, []uint64{900}, tokens(1, 1, 2))),
+		sub(stored(2, 0, u64p(100), []uint64{101}, tokens(3, 1, 2))),
+		meta(fbs.MetaSpec{HasGroupIdx: true, GroupIdx: 1, HasKind: true, Kind: "sliding_window"}),
+		sub(stored(2, 0, nil, []uint64{700}, tokens(1, 1, 2))),
+	})
+	writeBatch(t, p, 3, []shm.Sub{ // nothing indexable: an id gap
+		meta(fbs.MetaSpec{HasBlockSize: true, BlockSize: 16}),
+		sub(stored(3, 0, nil, []uint64{500}, tokens(1, 1, 16))),
+	})
+	writeBatch(t, p, 4, []shm.Sub{sub(removed(4, 0, 101))})
+	c := dialT(t, ts.cfg.SocketPath)
+	body, err := c.Events(ctxT(t), u64p(5), u64p(2), u64p(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var resp struct {
+		Events struct {
+			Events []struct {
+				Event struct {
+					ID   uint64          `json:"event_id"`
+					Data json.RawMessage `json:"data"`
+				} `json:"event"`
+			} `json:"events"`
+		} `json:"Events"`
+	}
+	if err := json.Unmarshal(body, &resp); err != nil {
+		t.Fatalf("events answer %s: %v", body, err)
+	}
+	var ids []uint64
+	for _, e := range resp.Events.Events {
+		ids = append(ids, e.Event.ID)
+	}
+	if fmt.Sprint(ids) != "[2 2 4]" {
+		t.Fatalf("events 2..4: ids %v, want [2 2 4] (two indexed events of batch 2, none of 3): %s", ids, body)
+	}
+	st, err := c.Stats(ctxT(t), u64p(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := st.Streams[0]
+	if s.IDResets != 0 || s.EventsNotIndexed != 3 || s.EventsReceived != 7 || s.Zmq != nil {
+		t.Fatalf("stats: id_resets %d, events_not_indexed %d, events_received %d, zmq %v; want 0, 3, 7, nil",
+			s.IDResets, s.EventsNotIndexed, s.EventsReceived, s.Zmq)
+	}
+	for i, want := range []uint64{1, 1, 0, 1} { // CPU medium, sliding_window kind, -, block_size 16
+		if got := ts.streams[keyOf(5, nil)].notIndexed[i].Load(); got != want {
+			t.Errorf("not indexed %s: %d, want %d", notIndexedLabels[i], got, want)
+		}
+	}
+}
