@@ -5,7 +5,6 @@ per-event fallback for a daemon without BATCH records."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
