@@ -186,8 +186,10 @@ def _widen_publisher_field() -> None:
     if get_origin(ann) is not Literal or PUBLISHER_NAME in get_args(ann):
         return
     widened = Literal[(*get_args(ann), PUBLISHER_NAME)]  # type: ignore[valid-type]
-    field.annotation = widened
+    # pydantic rebuilds a dataclass's schema from the dataclass fields' types: change them all.
+    KVEventsConfig.__dataclass_fields__["publisher"].type = widened
     KVEventsConfig.__annotations__["publisher"] = widened
+    field.annotation = widened
     from pydantic.dataclasses import rebuild_dataclass
 
     rebuild_dataclass(KVEventsConfig, force=True)
