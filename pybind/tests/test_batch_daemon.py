@@ -135,7 +135,7 @@ def test_fallback_without_batches(make_indexer: Any) -> None:
     non-device events are skipped, metadata is dropped, all counted."""
     ix = make_indexer()
     core = ix._core
-    core.attach_reply["batches"] = False
+    core.batches_ok = False
     ix.apply_batch(5, [ke.BlockStored([1], None, [1, 2, 3, 4], 4, None, "GPU", None),
                        ke.BlockStored([9], None, [1, 2, 3, 4], 4, None, "CPU", None),
                        ke.BlockRemoved([7], None)])
