@@ -25,8 +25,9 @@
 // Replay framing follows vLLM 0.33.0's _service_replay: a request is exactly 3 frames after the ROUTER's identity
 // frame is added ([identity, "", start_seq]); vLLM reads start_seq as a big-endian integer of any length, kvshm
 // requires 1..8 bytes. Anything else is counted (BadRequests) and ignored. Replies carry the topic frame as
-// vLLM's do; Dynamo's listener accepts both [_, seq, payload] and [_, _, seq, payload] after its DEALER
-// strips nothing (the identity is ROUTER-side), so both vLLM's and SGLang's shapes parse.
+// vLLM's do, so a DEALER receives ["", topic, seq, payload]; Dynamo's listener accepts that (vLLM's shape) and
+// ["", seq, payload] (SGLang's). Requests are served one at a time: a replay client that stops reading in the
+// middle of its reply holds the replay goroutine (not the live stream) until it reads or disconnects.
 //
 // # What zmq4 v0.17.0 does (read from its source, pinned by the tests)
 //
@@ -36,10 +37,9 @@
 //   - One goroutine writes that queue to every subscriber in turn, with no write deadline: a subscriber that
 //     stops reading (full TCP window) stalls delivery to all subscribers until it reads again or disconnects
 //     (libzmq keeps a queue per subscriber instead). Ingest is never affected (TestStuckSubscriberNeverBlocksPublish).
-//   - ROUTER identifies a peer by the identity it announces in its handshake. libzmq DEALERs that set no
-//     identity announce none, so two anonymous DEALERs connected at once share the identity "" and both get the
-//     replies to either's request. Dynamo's listener holds its DEALER for one replay at a time and ends it at the
-//     end marker; a consumer replaying concurrently from several anonymous DEALERs should set identities.
+//   - ROUTER routes a reply by the identity the peer announced in its handshake, or, when it announced none (a
+//     libzmq DEALER without ZMQ_IDENTITY, as vLLM's and Dynamo's), by a UUID zmq4 assigns to the connection; so
+//     concurrent anonymous replay clients each get their own replies. A reply to a peer that left is dropped.
 //
 // # Errors
 //
