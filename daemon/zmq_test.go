@@ -633,6 +633,9 @@ func TestZmqPyzmq(t *testing.T) {
 		}
 		b := flatbuffers.NewBuilder(4096)
 		ev := stored(10000+uint64(i), 0, nil, hashes, tokens(uint32(i), 64, 4))
+		if i%100 == 99 {
+			ev = cleared(10000 + uint64(i)) // keeps the tree small (the invariants build checks it after every event)
+		}
 		writeBatch(t, p, 1, []shm.Sub{{Type: shm.SubEvent, Payload: fbs.Build(b, &ev)}})
 	}
 	st, err := c.Stats(ctxT(t), u64p(9)) // waits until the drain has applied everything written
