@@ -50,12 +50,12 @@ func indexReason(kind fbs.Kind, rank uint32, m *fbs.MetaView, blockSize uint32, 
 		return indexed
 	}
 	if m.HasMedium && string(m.Medium) != "GPU" {
-		if kind == fbs.KindStored && string(m.Medium) == "CPU" && m.HasGroupIdx && m.HasKind {
+		if kind == fbs.KindStored && string(m.Medium) == "CPU" && m.HasGroupIdx && m.HasKind && learned != nil {
 			learned[groupKey{rank, m.GroupIdx}] = mainAttention(m.Kind)
 		}
 		return notIndexedMedium
 	}
-	if kind == fbs.KindStored && m.HasGroupIdx && m.HasKind {
+	if kind == fbs.KindStored && m.HasGroupIdx && m.HasKind && learned != nil {
 		learned[groupKey{rank, m.GroupIdx}] = mainAttention(m.Kind)
 	}
 	switch {
