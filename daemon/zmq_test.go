@@ -611,8 +611,8 @@ func TestZmqPyzmq(t *testing.T) {
 		t.Fatalf("late subscriber: seq %d payload %x", m.seq, m.payload)
 	}
 
-	// A subscriber that never reads: ingest goes on. zmq4's PUB writes to its subscribers in turn, so once this
-	// one's TCP window is full the others stall too (zmqpub/doc.go); the drain goroutine never waits for it.
+	// A subscriber that never reads: ingest goes on (the drain goroutine never waits for a subscriber; zmqpub
+	// cuts a subscriber whose writes stay blocked for its stall timeout, zmqpub/doc.go).
 	stuck := startPeer(t, "stuck", ep)
 	if m := stuck.line(t); m["ready"] != true {
 		t.Fatalf("stuck peer: %v", m)
