@@ -856,12 +856,13 @@ class LocalIndexer:
 
 
 def _has_meta(e: Any) -> bool:
-    """Whether an event carries metadata that a per-event fallback cannot publish."""
+    """Whether an event carries metadata a single EVENT record cannot express (it stands for medium "GPU" and
+    nothing else), which a per-event fallback therefore drops."""
     if e.__class__.__name__ == "AllBlocksCleared":
         return False
-    return any(
+    return getattr(e, "medium", None) != "GPU" or any(
         getattr(e, f, None) is not None
-        for f in ("medium", "lora_id", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window")
+        for f in ("lora_id", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window")
     )
 
 
