@@ -49,6 +49,7 @@
 //! `BadArgument` to `ValueError`, `Indexer` and `Runtime` to `RuntimeError`.
 
 pub mod consumer;
+pub mod judge;
 pub mod reference;
 pub mod trace;
 pub mod wire;
