@@ -182,7 +182,7 @@ $(CONFENV)/.stamp: conformance/requirements.txt pybind/requirements-dev.txt
 	rm -rf $(CONFENV)
 	$(PYTHON) -m venv $(CONFENV)
 	$(CONFENV)/bin/python -m pip install -q -r conformance/requirements.txt
-	$(CONFENV)/bin/python -m pip install -q -c pybind/requirements-dev.txt pytest
+	$(CONFENV)/bin/python -m pip install -q -c pybind/requirements-dev.txt pytest msgspec pyzmq
 	touch $@
 
 conformance:

@@ -269,7 +269,11 @@ impl StandaloneJudge {
             }
             out.push_str(&serde_json::to_string(tier).expect("str serializes"));
             out.push(':');
-            out.push_str(&canonical_state(events));
+            if tier == "device" {
+                out.push_str(&canonical_state(events));
+            } else {
+                out.push_str(&canonical_state(&parents_first(events)));
+            }
         }
         out.push('}');
         Ok(out)
@@ -310,6 +314,49 @@ impl Drop for StandaloneJudge {
     fn drop(&mut self) {
         sinks().lock().expect("sinks lock").remove(&self.id);
     }
+}
+
+/// A lower tier's dump in an order [`canonical_state`] can read: every Stored event after the
+/// event that stored its parent (1.6.1's lower-tier indexers dump in hash-map order; the
+/// device tier's radix tree dumps parents first already and is read as it comes). Stable:
+/// an event keeps its place among those ready at the same pass; a parent no event stores
+/// stays dangling.
+fn parents_first(events: &[RouterEvent]) -> Vec<RouterEvent> {
+    use dynamo_kv_router::protocols::KvCacheEventData;
+    use std::collections::HashSet;
+    let stores = |e: &RouterEvent| match &e.event.data {
+        KvCacheEventData::Stored(s) => s.blocks.iter().map(|b| b.block_hash.0).collect(),
+        _ => Vec::new(),
+    };
+    let parent = |e: &RouterEvent| match &e.event.data {
+        KvCacheEventData::Stored(s) => s.parent_hash.map(|h| h.0),
+        _ => None,
+    };
+    let stored_somewhere: HashSet<u64> = events.iter().flat_map(stores).collect();
+    let mut emitted: HashSet<u64> = HashSet::new();
+    let mut pending: Vec<&RouterEvent> = events.iter().collect();
+    let mut out = Vec::with_capacity(events.len());
+    while !pending.is_empty() {
+        let before = pending.len();
+        let mut rest = Vec::new();
+        for e in pending {
+            let ready =
+                parent(e).is_none_or(|p| emitted.contains(&p) || !stored_somewhere.contains(&p));
+            if ready {
+                emitted.extend(stores(e));
+                out.push(e.clone());
+            } else {
+                rest.push(e);
+            }
+        }
+        if rest.len() == before {
+            // A cycle of parents (not a tree): keep the rest in dump order.
+            out.extend(rest.into_iter().cloned());
+            break;
+        }
+        pending = rest;
+    }
+    out
 }
 
 fn tier_name(tier: StorageTier) -> String {

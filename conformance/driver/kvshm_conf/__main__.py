@@ -17,6 +17,7 @@ from .gen import PROFILES, Profile, generate
 from .ops import Header, Query, Trace, dump_trace
 from .report import Report
 from .topologies import TOPOLOGIES, run_topology, topology
+from .zmqjudge import ZMQ_PROFILES, run_zmq
 
 
 def kvshmd_path() -> str:
@@ -55,6 +56,12 @@ def run(args: argparse.Namespace) -> int:
                 except (OSError, RuntimeError, TypeError, ValueError) as e:
                     row.add("FAIL", f"seed={seed + k}: the topology could not run: {type(e).__name__}: {e}")
             log(f"  topology {name}: done")
+    if args.part in ("all", "zmq"):
+        for zp in ZMQ_PROFILES:
+            ref_row, kvshm_row = report.row(f"zmq/reference/{zp.name}"), report.row(f"zmq/kvshm/{zp.name}")
+            for k in range(args.seeds):
+                run_zmq(zp, seed + k, ref_row, kvshm_row, log)
+        log("  zmq: done")
     print()
     print(report.table())
     print(f"\nseed {seed}, {args.seeds} seed(s) per scenario, {time.monotonic() - t0:.1f} s")
@@ -147,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="the conformance run (default)")
     r.add_argument("--seed", type=int, default=None, help="base seed (default: from the clock, printed)")
     r.add_argument("--seeds", type=int, default=int(os.environ.get("KVSHM_CONF_SEEDS", "2")))
-    r.add_argument("--part", choices=("all", "differential", "topologies"), default="all")
+    r.add_argument("--part", choices=("all", "differential", "topologies", "zmq"), default="all")
     rec = sub.add_parser("record", help="record the traces of conformance/traces with the real crate")
     rec.add_argument("--out", default="conformance/traces")
     ver = sub.add_parser("verify", help="check conformance/traces against the generator and the replay binary")

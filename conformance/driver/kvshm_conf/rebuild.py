@@ -31,6 +31,10 @@ class Follower:
         r = ev.dp_rank if dp_rank is None else dp_rank
         return self.consumer.apply_live(self.worker_id, r, op_json(ev))
 
+    def live_batch(self, dp_rank: int, seq: int, evs: Iterable[Event]) -> str:
+        """Apply one live batch (events sharing ``seq``) as 1.6.1's ZMQ listener does: all or nothing (stale)."""
+        return self.consumer.apply_live_batch(self.worker_id, dp_rank, seq, [op_json(ev) for ev in evs])
+
     def observe(self, dp_rank: int, seq: int) -> tuple[str, int | None]:
         """What the listener of ``dp_rank`` sees for a live ``seq`` (``initial``, ``contiguous``, ``gap``,
         ``stale``) and the first seq it expects (None before anything was seen)."""
