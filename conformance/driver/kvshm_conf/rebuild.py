@@ -90,12 +90,18 @@ def rebuild(
     *,
     split_ranks: bool = True,
 ) -> tuple[str, list[str], list[int | None]]:
-    """A fresh consumer primed with ``prefix`` (live), then fed ``body`` per rank (each rank's share of the answer
+    """A fresh consumer primed with ``prefix`` (live; a run of events sharing a seq and rank is one batch), then fed ``body`` per rank (each rank's share of the answer
     under its own key when ``split_ranks``). Returns the canonical state, the variants and the watermarks."""
     f = Follower(worker_id, block_size)
     ranks = list(ranks)
+    run: list[Event] = []  # consecutive events sharing (seq, dp_rank): one batch, applied as 1.6.1's listener does
     for ev in prefix:
-        f.live(ev)
+        if run and (run[0].seq, run[0].dp_rank) != (ev.seq, ev.dp_rank):
+            f.live_batch(run[0].dp_rank, run[0].seq, run)
+            run = []
+        run.append(ev)
+    if run:
+        f.live_batch(run[0].dp_rank, run[0].seq, run)
     variants: list[str] = []
     marks: list[int | None] = []
     for r in ranks:
