@@ -60,7 +60,7 @@ def batched(p: Profile, seed: int) -> Stream:
     open_rank: int | None = None
     open_left = 0
     pending_queries: list[tuple[int, Query]] = []
-    for i, op in enumerate(src.ops):
+    for op in src.ops:
         index_of.append(len(ops))
         if isinstance(op, Query):
             open_rank, open_left = None, 0

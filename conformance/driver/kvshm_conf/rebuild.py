@@ -90,8 +90,9 @@ def rebuild(
     *,
     split_ranks: bool = True,
 ) -> tuple[str, list[str], list[int | None]]:
-    """A fresh consumer primed with ``prefix`` (live; a run of events sharing a seq and rank is one batch), then fed ``body`` per rank (each rank's share of the answer
-    under its own key when ``split_ranks``). Returns the canonical state, the variants and the watermarks."""
+    """A fresh consumer primed with ``prefix`` (live; a run of events sharing a seq and rank is one batch), then
+    fed ``body`` per rank (each rank's share of the answer under its own key when ``split_ranks``). Returns the
+    canonical state, the variants and the watermarks."""
     f = Follower(worker_id, block_size)
     ranks = list(ranks)
     run: list[Event] = []  # consecutive events sharing (seq, dp_rank): one batch, applied as 1.6.1's listener does
