@@ -360,6 +360,22 @@ func TestZmqPublishVectors(t *testing.T) {
 		t.Fatalf("stats: no event counted as not indexed, but vectors carry CPU media and sliding-window groups")
 	}
 
+	// /metrics: the ZMQ and filter series, promtool-clean.
+	_, _, metrics := handlerGet(ts.Handler())("/metrics")
+	for _, want := range []string{
+		`kvshm_zmq_published_batches_total{dp_rank="",worker_id="7"}`,
+		`kvshm_zmq_dropped_batches_total{dp_rank="",reason="queue_full",worker_id="7"} 0`,
+		`kvshm_zmq_replay_requests_total{dp_rank="",worker_id="7"} 0`,
+		`kvshm_zmq_replayed_batches_total{dp_rank="",worker_id="7"} 0`,
+		`kvshm_events_not_indexed_total{dp_rank="",reason="medium",worker_id="7"}`,
+		`kvshm_events_not_indexed_total{dp_rank="",reason="kv_cache_spec_kind",worker_id="7"}`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	promtool(t, []byte(metrics))
+
 	// Replay from 1000: every vector batch (and the later ones), then the end marker.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -32,7 +32,7 @@ def stdin_closed(ev: threading.Event) -> None:
 
 def main() -> None:
     mode, endpoint = sys.argv[1], sys.argv[2]
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     done = threading.Event()
     threading.Thread(target=stdin_closed, args=(done,), daemon=True).start()
     if mode == "sub":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,9 @@ class AllBlocksCleared(KVCacheEvent):
 
 class KVEventBatch(EventBatch):
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+
+
+Event = BlockStored | BlockRemoved | AllBlocksCleared
 
 
 def eagle_stream(windows: list[int], block_size: int, nblocks: int) -> list[int]:
@@ -133,7 +137,7 @@ def cleared() -> tuple[dict[str, Any], AllBlocksCleared]:
 
 def vectors() -> list[dict[str, Any]]:
     rng = random.Random(20261201)
-    cases: list[tuple[str, float, int | None, list[tuple[dict[str, Any], Any]]]] = [
+    cases: list[tuple[str, float, int | None, list[tuple[dict[str, Any], Event]]]] = [
         ("empty", 0.0, 0, []),
         ("one stored, the old API's one-event batch", 1764567890.123456, 0,
          [stored(rng, nblocks=2, block_size=4, parent=None, medium="GPU")]),
@@ -158,7 +162,9 @@ def vectors() -> list[dict[str, Any]]:
         ("dp_rank None", 11.0, None, [cleared()]),
     ]
     for i in range(12):
-        evs = [rng.choice([lambda: stored(rng), lambda: removed(rng), cleared])() for _ in range(rng.randint(1, 6))]
+        makers: list[Callable[[], tuple[dict[str, Any], Event]]] = [
+            lambda: stored(rng), lambda: removed(rng), cleared]
+        evs = [rng.choice(makers)() for _ in range(rng.randint(1, 6))]
         cases.append((f"random {i}", rng.uniform(0, 2e9), rng.randint(0, 9), evs))
     out = []
     for name, ts, dp, evs in cases:
