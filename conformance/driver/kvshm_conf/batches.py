@@ -17,6 +17,7 @@ answer are primed batch by batch (:func:`rebuild.rebuild` applies a run of event
 from __future__ import annotations
 
 import bisect
+import json
 import random
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,7 @@ import kvshm
 import kvshm_conformance as ref
 
 from .differential import classify, feed
+from .rebuild import Follower, rebuild
 from .gen import Profile, Stream, generate
 from .ops import U64, Cleared, Event, Op, Query, Removed, Stored
 from .report import Row
@@ -106,6 +108,52 @@ def vllm_event(ev: Event, block_size: int) -> VllmEvent:
     return AllBlocksCleared()
 
 
+def truth_state(p: Profile, fed: list[Event]) -> str:
+    """A consumer that saw every batch live (one per rank key)."""
+    f = Follower(p.worker_id, p.block_size)
+    run: list[Event] = []
+    for ev in fed + [Cleared(-1, -1)]:  # a sentinel closes the last run
+        if run and (run[0].seq, run[0].dp_rank) != (ev.seq, ev.dp_rank):
+            f.live_batch(run[0].dp_rank, run[0].seq, run)
+            run = []
+        run.append(ev)
+    return f.state()
+
+
+def partial_start_batch(q: Query, fed: list[Event], ours: str, theirs: str) -> bool:
+    """Deviation D7's pattern: both answer Events with one ``last_event_id``; Dynamo's events are kvshm's minus a
+    non-empty prefix, and that prefix is events of the batch ``q.start`` names (1.6.1's binary search over equal
+    ids landed inside that batch)."""
+    if q.start is None or sum(1 for ev in fed if ev.seq == q.start) < 2:
+        return False
+    try:
+        a, b = json.loads(ours), json.loads(theirs)
+    except ValueError:
+        return False
+    if not (isinstance(a, dict) and isinstance(b, dict) and set(a) == set(b) == {"Events"}):
+        return False
+    ea, eb = a["Events"]["events"], b["Events"]["events"]
+    if a["Events"]["last_event_id"] != b["Events"]["last_event_id"] or not 0 < len(eb) < len(ea) + 1:
+        return False
+    k = len(ea) - len(eb)
+    return k > 0 and ea[k:] == eb and all(e["event"]["event_id"] == q.start for e in ea[:k])
+
+
+def judge(stream: Stream, index: int, q: Query, fed: list[Event], ours: str, theirs: str) -> tuple[str, str]:
+    """:func:`differential.classify`, and deviation D7 (conformance/README.md) when 1.6.1 answered from inside the
+    start batch while kvshm's answer is the whole batch on and rebuilds what a live consumer holds."""
+    outcome, detail = classify(stream, index, q, fed, ours, theirs)
+    if outcome != "FAIL" or not partial_start_batch(q, fed, ours, theirs):
+        return outcome, detail
+    p = stream.profile
+    assert q.start is not None
+    prefix = [ev for ev in fed if ev.seq < q.start]
+    rebuilt = rebuild(p.worker_id, p.block_size, p.ranks, prefix, ours)[0]
+    if rebuilt == truth_state(p, fed):
+        return "D7", ""
+    return "FAIL", detail + "; kvshm's whole-batch answer does not rebuild the live consumer's state either"
+
+
 def run_batched_stream(stream: Stream, row: Row, log: Callable[[str], None]) -> None:
     p = stream.profile
     per_rank: dict[str, Any] = {} if p.producer_rank is None else {"dp_rank": p.producer_rank}
@@ -135,7 +183,7 @@ def run_batched_stream(stream: Stream, row: Row, log: Callable[[str], None]) -> 
                 flush(i)
                 a = ours.get_events_json(op.start, op.end)
                 b = theirs.get_events_json(op.start, op.end)
-                outcome, detail = classify(stream, i, op, fed, a, b)
+                outcome, detail = judge(stream, i, op, fed, a, b)
                 row.add(outcome, detail)
                 continue
             if batch and (batch[0].seq != op.seq or batch[0].dp_rank != op.dp_rank):
