@@ -26,9 +26,9 @@ import kvshm
 import kvshm_conformance as ref
 
 from .differential import classify, feed
-from .rebuild import Follower, rebuild
 from .gen import Profile, Stream, generate
 from .ops import U64, Cleared, Event, Op, Query, Removed, Stored
+from .rebuild import Follower, rebuild
 from .report import Row
 from .vllm_ref import AllBlocksCleared, BlockRemoved, BlockStored, VllmEvent
 
