@@ -29,8 +29,11 @@ from 0: 1.6.1 replays from 0). Checks, each counted ``identical`` when it holds 
   host-pinned tier (the CPU events) is judged this way only: 1.6.1 keeps it in a lower-tier indexer that drops only
   the named block on a remove (its descendants stay), which the tree-based truth does not model.
 
-A judge has converged when its state equals the truth; the driver polls until then (1.6.1 keeps the listener's
-watermark private) and gives up after ``CONVERGE_S`` seconds (the check fails, with the difference).
+Each rank's last batch stores a marker chain, so a judge whose device tier equals the truth has applied every batch
+(1.6.1 keeps the listener's watermark private: the driver polls the state). While polling, the engine idles as a live
+one does: each rank publishes a no-op batch (a remove of a hash never stored) every 0.2 s, so a listener that missed
+the last batches live (a slow SUB connect after a resume) sees a gap and replays. After ``CONVERGE_S`` seconds the
+driver gives up (the check fails, with the difference).
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ class RankStream:
     batches: list[list[VllmEvent]] = field(default_factory=list)
     device: list[list[Event]] = field(default_factory=list)  # per batch: what 1.6.1's device tree gets
     cpu: list[list[Event]] = field(default_factory=list)  # per batch: what its host-pinned tier gets
+    idle: int = 0  # a hash no batch stores: the idle engine's no-op removes (heartbeats) name it
 
 
 def _stored(ev: Stored, bs: int, medium: str, rng: random.Random) -> BlockStored:
@@ -169,6 +173,12 @@ def make_engine(p: ZmqProfile, seed: int) -> dict[int, RankStream]:
             rs.batches.append(batch)
             rs.device.append(dev)
             rs.cpu.append(cpu)
+        # The last batch stores a marker chain: a judge showing it has applied every batch before it.
+        seq, toks, h = len(rs.batches), [rng.randrange(0, 1 << 20) for _ in range(p.block_size)], fresh()
+        rs.batches.append([BlockStored([h], None, toks, p.block_size, None, "GPU", None)])
+        rs.device.append([Stored(seq, r, tuple(toks), (h,))])
+        rs.cpu.append([])
+        rs.idle = fresh()
     return out
 
 
@@ -268,14 +278,24 @@ def wait_active(judge: ref.StandaloneJudge, worker_id: int, ranks: tuple[int, ..
     time.sleep(SETTLE_S)
 
 
-def converge(judge: ref.StandaloneJudge, want: dict[str, str]) -> dict[str, str]:
-    """Poll the judge's state until its device and host-pinned tiers are ``want``'s, or ``CONVERGE_S``."""
+def converge(
+    judges: dict[str, ref.StandaloneJudge], want: dict[str, str], side: Side, streams: dict[int, RankStream]
+) -> dict[str, dict[str, str]]:
+    """Poll the judges until each one's tiers are ``want``'s, or ``CONVERGE_S``. Meanwhile the engine idles as a
+    live one does: every 0.2 s each rank publishes a batch with one no-op remove (a hash never stored), so a listener
+    that missed the last batches live (a slow SUB connect) sees a gap and replays; the truth is unchanged by it.
+    Returns every judge's tiers."""
     deadline = time.monotonic() + CONVERGE_S
-    got: dict[str, str] = {}
+    beats, beat = 0, time.monotonic() + 0.2
     while True:
-        got = tiers(judge.state())
-        if all(got.get(t, EMPTY) == s for t, s in want.items()) or time.monotonic() > deadline:
+        got = {name: tiers(j.state()) for name, j in judges.items()}
+        done = all(all(g.get(t, EMPTY) == s for t, s in want.items()) for g in got.values())
+        if done or time.monotonic() > deadline:
             return got
+        if time.monotonic() > beat:
+            for r, rs in streams.items():
+                side.publish(r, len(rs.batches) + beats, [BlockRemoved([rs.idle], "GPU")])
+            beats, beat = beats + 1, time.monotonic() + 0.2
         time.sleep(0.05)
 
 
@@ -314,7 +334,8 @@ def run_side(kind: str, p: ZmqProfile, seed: int, streams: dict[int, RankStream]
              log: Callable[[str], None]) -> SideResult:
     """Publish the engine's batches through one side, with the main and late judges (module doc); record checks."""
     where = f"seed={seed} {kind}"
-    n = min(len(rs.batches) for rs in streams.values())
+    n = min(len(rs.batches) for rs in streams.values())  # the pause/late schedule
+    total = max(len(rs.batches) for rs in streams.values())
     paused = p.ranks[1] if len(p.ranks) > 1 else p.ranks[0]
     want = {"device": truth(p, streams, "device")}
     base, rbase = free_port(len(p.ranks)), free_port(len(p.ranks))
@@ -325,7 +346,7 @@ def run_side(kind: str, p: ZmqProfile, seed: int, streams: dict[int, RankStream]
         wait_active(main, p.worker_id, p.ranks)
         late: ref.StandaloneJudge | None = None
         resumed_at = 0
-        for i in range(n):
+        for i in range(total):
             if i == n // 3:
                 side.flush()
                 main.pause(p.worker_id, paused)
@@ -343,13 +364,12 @@ def run_side(kind: str, p: ZmqProfile, seed: int, streams: dict[int, RankStream]
                 resumed_at = len(main.log())
                 wait_active(main, p.worker_id, p.ranks)
             for r in p.ranks:
-                side.publish(r, i, streams[r].batches[i])
+                if i < len(streams[r].batches):
+                    side.publish(r, i, streams[r].batches[i])
         side.flush()
         assert late is not None
-        states: dict[str, dict[str, str]] = {}
-        for name, judge in (("main", main), ("late", late)):
-            got = converge(judge, want)
-            states[name] = got
+        states = converge({"main": main, "late": late}, want, side, streams)
+        for name, got in states.items():
             for tier, s in want.items():
                 if got.get(tier, EMPTY) == s:
                     row.add("identical")

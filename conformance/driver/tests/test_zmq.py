@@ -118,7 +118,7 @@ def test_engine_batches_are_vllm_shaped_and_truth_excludes_decoys() -> None:
     mediums = set()
     groups = set()
     for rs in streams.values():
-        assert len(rs.batches) == len(rs.device) == len(rs.cpu) == 20
+        assert len(rs.batches) == len(rs.device) == len(rs.cpu) == 21  # and the marker batch
         for b, dev in zip(rs.batches, rs.device, strict=True):
             assert b
             kept_out = [
