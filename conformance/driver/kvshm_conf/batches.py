@@ -8,10 +8,11 @@ seq now and then when the profile skips ids), their queries mapped onto the new 
 the batch's, one past the newest stays past the newest).
 
 Each batch goes to kvshm as ONE call, ``LocalIndexer.apply_batch(seq, events, dp_rank=r)`` with vLLM-shaped events
-(:mod:`vllm_ref`'s msgspec Structs: vLLM's own classes pass as they are), and to the reference
-``kvshm_conformance.LocalIndexer`` event by event with the batch's seq. Every query's pair of answers is classified
-as in :mod:`differential` (identical / same state / documented deviation / FAIL); the consumers that rebuild an
-answer are primed batch by batch (:func:`rebuild.rebuild` applies a run of events sharing a seq as one live batch).
+(:mod:`vllm_ref`'s msgspec Structs, as vLLM's own pass; every other batch as ``kvshm.events``' dataclasses), and to
+the reference ``kvshm_conformance.LocalIndexer`` event by event with the batch's seq. Every query's pair of answers is
+classified as in :mod:`differential` (identical / same state / documented deviation / FAIL); the consumers that
+rebuild an answer are primed batch by batch (:func:`rebuild.rebuild` applies a run of events sharing a seq as one live
+batch).
 """
 
 from __future__ import annotations
@@ -108,6 +109,14 @@ def vllm_event(ev: Event, block_size: int) -> VllmEvent:
     return AllBlocksCleared()
 
 
+def kvshm_event(e: VllmEvent) -> Any:
+    """The same event as ``kvshm.events``' slots dataclass (its fields are vLLM's)."""
+    from kvshm import events as kev
+
+    cls = getattr(kev, type(e).__name__)
+    return cls(**{f: getattr(e, f) for f in e.__struct_fields__})
+
+
 def truth_state(p: Profile, fed: list[Event]) -> str:
     """A consumer that saw every batch live (one per rank key)."""
     f = Follower(p.worker_id, p.block_size)
@@ -167,8 +176,11 @@ def run_batched_stream(stream: Stream, row: Row, log: Callable[[str], None]) -> 
             if not batch:
                 return
             seq, rank = batch[0].seq, batch[0].dp_rank
+            events: list[Any] = [vllm_event(ev, p.block_size) for ev in batch]
+            if seq % 2:  # every other batch as kvshm's own event classes (no msgspec)
+                events = [kvshm_event(e) for e in events]
             try:
-                ours.apply_batch(seq, [vllm_event(ev, p.block_size) for ev in batch], dp_rank=rank)
+                ours.apply_batch(seq, events, dp_rank=rank)
                 err = None
             except (TypeError, ValueError, OverflowError) as e:
                 err = f"{type(e).__name__}: {e}"
