@@ -19,14 +19,16 @@
 // Endpoints: bound when the endpoint contains "*" or "::" or is ipc:// (vLLM's rule), connected otherwise (in
 // the background with zmq4's retries, as libzmq connects asynchronously); inproc:// is refused (ErrEndpoint);
 // the replay endpoint is always bound. An ipc:// socket file is chmod 0600 right after the bind (a short window
-// with the umask's mode; the directory is the operator's). "tcp://*:0" binds an OS-chosen port on every interface
+// with the umask's mode; the directory is the operator's); a socket file already at the path (left by a crashed
+// run) is replaced, as libzmq does, anything else there fails the bind; Close removes the files it bound. "tcp://*:0" binds an OS-chosen port on every interface
 // and Stats().Endpoint reports it (vLLM binds the node IP instead).
 //
 // Replay framing follows vLLM 0.33.0's _service_replay: a request is exactly 3 frames after the ROUTER's identity
 // frame is added ([identity, "", start_seq]); vLLM reads start_seq as a big-endian integer of any length, kvshm
 // requires 1..8 bytes. Anything else is counted (BadRequests) and ignored. Replies carry the topic frame as
-// vLLM's do; Dynamo's listener accepts both [_, seq, payload] and [_, _, seq, payload] after its DEALER
-// strips nothing (the identity is ROUTER-side), so both vLLM's and SGLang's shapes parse.
+// vLLM's do, so a DEALER receives ["", topic, seq, payload]; Dynamo's listener accepts that (vLLM's shape) and
+// ["", seq, payload] (SGLang's). Requests are served one at a time: a replay client that stops reading in the
+// middle of its reply holds the replay goroutine (not the live stream) until it reads or disconnects.
 //
 // # What zmq4 v0.17.0 does (read from its source, pinned by the tests)
 //
@@ -34,17 +36,20 @@
 //     messages the message is dropped silently (HWM 0: the queue is unbounded). So Send never waits for a
 //     subscriber, but HWM drops cannot be counted: kvshm counts only its own queue's drops and socket errors.
 //   - One goroutine writes that queue to every subscriber in turn, with no write deadline: a subscriber that
-//     stops reading (full TCP window) stalls delivery to all subscribers until it reads again or disconnects
-//     (libzmq keeps a queue per subscriber instead). Ingest is never affected (TestStuckSubscriberNeverBlocksPublish).
-//   - ROUTER identifies a peer by the identity it announces in its handshake. libzmq DEALERs that set no
-//     identity announce none, so two anonymous DEALERs connected at once share the identity "" and both get the
-//     replies to either's request. Dynamo's listener holds its DEALER for one replay at a time and ends it at the
-//     end marker; a consumer replaying concurrently from several anonymous DEALERs should set identities.
+//     stops reading (full TCP window) would stall delivery to all subscribers (libzmq keeps a queue per
+//     subscriber instead). kvshm's sockets therefore use their own tcp and unix transports (transport.go) that
+//     arm a write deadline: a connection whose peer has not taken a write for Config.StallTimeout (default 2 s)
+//     is closed; its libzmq peer reconnects by itself and sees a seq gap, which it can fill from the replay
+//     socket. The others are delayed by at most that timeout (TestStuckSubscriberIsCut). Ingest is never
+//     affected either way (TestStuckSubscriberNeverBlocksPublish).
+//   - ROUTER routes a reply by the identity the peer announced in its handshake, or, when it announced none (a
+//     libzmq DEALER without ZMQ_IDENTITY, as vLLM's and Dynamo's), by a UUID zmq4 assigns to the connection; so
+//     concurrent anonymous replay clients each get their own replies. A reply to a peer that left is dropped.
 //
 // # Errors
 //
 // New fails with ErrEndpoint (refused endpoint, nothing opened), ErrBind (bind or chmod failed; the message names
-// the endpoint and the errno) or ErrConfig (negative hwm or buffer_steps); on error nothing stays open. After New
+// the endpoint and the errno) or ErrConfig (a negative hwm, buffer_steps or stall timeout); on error nothing stays open. After New
 // nothing fails: a send error is counted (send_error) and the batch is still kept for replay; a replay send error
 // ends that reply. Close is idempotent; Publish after Close drops (closed).
 //
