@@ -12,7 +12,7 @@ GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' -not -path './buil
 
 .PHONY: venv generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
 	vllm-plugin-test \
-	conformance conformance-run conformance-traces \
+	conformance conformance-run conformance-cxx conformance-traces \
 	soak soak-short soakenv soakcheck
 
 # --- tools -------------------------------------------------------------------------------------------------
@@ -191,6 +191,10 @@ demo: wheel
 # driver: random streams side by side with Dynamo's LocalKvIndexer and every topology end to end through
 # `kvshmd serve --http`. Prints one table and the elapsed time; fails on any difference outside the documented
 # table. Needs cargo (Rust >= 1.88), python, go.
+# Also: batches side by side (kvshm apply_batch against 1.6.1 fed event by event under one id) and the ZMQ judge
+# (1.6.1's standalone indexer, feature standalone-indexer, consuming a reference vLLM publisher and kvshm's).
+# The zmq crate's zmq-sys builds its own libzmq 4.3.4 with the cc crate: it needs a C++ compiler, installed here
+# with apt-get (Debian's g++) when there is none, as .ci/run installs promtool; no system libzmq is used.
 # KVSHM_CONF_SEEDS (default 2) seeds per scenario; KVSHM_CONF_ARGS more driver flags (e.g. --seed 42).
 CONFENV          := build/confenv
 CONFWHEEL        := build/confwheel
@@ -201,14 +205,21 @@ $(CONFENV)/.stamp: conformance/requirements.txt pybind/requirements-dev.txt
 	rm -rf $(CONFENV)
 	$(PYTHON) -m venv $(CONFENV)
 	$(CONFENV)/bin/python -m pip install -q -r conformance/requirements.txt
-	$(CONFENV)/bin/python -m pip install -q -c pybind/requirements-dev.txt pytest
+	$(CONFENV)/bin/python -m pip install -q -c pybind/requirements-dev.txt pytest msgspec pyzmq
 	touch $@
 
 conformance:
 	@start=$$(date +%s); rc=0; $(MAKE) --no-print-directory conformance-run || rc=$$?; \
 	echo "make conformance: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 
-conformance-run: wheel $(CONFENV)/.stamp
+conformance-cxx:
+	@if ! command -v c++ >/dev/null 2>&1; then \
+	  echo "make conformance: no C++ compiler (zmq-sys builds libzmq): installing g++ with apt-get"; \
+	  export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && \
+	  apt-get install -y -qq --no-install-recommends g++ >/dev/null; \
+	fi
+
+conformance-run: wheel $(CONFENV)/.stamp conformance-cxx
 	rm -rf $(CONFWHEEL)
 	cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) ../$(CONFENV)/bin/maturin build --release --locked \
 	  --interpreter ../$(CONFENV)/bin/python --out ../$(CONFWHEEL)

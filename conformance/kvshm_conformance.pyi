@@ -47,6 +47,11 @@ class Consumer:
         Returns the observation (see observe). ValueError on a malformed op, a query op, or a
         stored op without a block size.
         """
+    def apply_live_batch(
+        self, worker_id: int, dp_rank: int, seq: int, ops_json: list[str], kv_block_size: int | None = None
+    ) -> str:
+        """Apply one live batch (ops sharing seq, as 1.6.1's ZMQ listener applies a batch) unless seq is stale;
+        the seq becomes the watermark (also for an empty batch). ValueError on a malformed op or another seq."""
     def apply_recovery(self, worker_id: int, dp_rank: int, response_json: str) -> str:
         """Apply a /kv_recover body as kv_recover.rs does; returns the variant name.
 
@@ -57,6 +62,32 @@ class Consumer:
         """Canonical JSON of the tree: equal trees give equal strings."""
     def find_matches(self, tokens_hashes: Iterable[SupportsIndex]) -> list[tuple[int, int, int]]:
         """(worker_id, dp_rank, matched blocks) for each matching worker, sorted."""
+
+class StandaloneJudge:
+    """Dynamo 1.6.1's standalone indexer (WorkerRegistry, its ZMQ listeners, replay, filters, indexer)."""
+
+    def __init__(self, threads: int = 1) -> None: ...
+    def register(
+        self, worker_id: int, dp_rank: int, endpoint: str, replay_endpoint: str | None, block_size: int
+    ) -> None:
+        """POST /register: spawns the listener (SUB on endpoint, DEALER on replay_endpoint).
+
+        ValueError when 1.6.1 refuses it (rank registered twice, another block size, block_size 0).
+        """
+    def pause(self, worker_id: int, dp_rank: int) -> None:
+        """POST /test/pause_listener. ValueError for an unknown listener or one not running."""
+    def resume(self, worker_id: int, dp_rank: int) -> None:
+        """POST /test/resume_listener. ValueError for an unknown listener or one not paused."""
+    def workers_json(self) -> str:
+        """GET /workers: 1.6.1's WorkerInfo list (listener status per rank)."""
+    def dump_json(self) -> str:
+        """The indexer's dump_events() (GET /dump's events): RouterEvent JSON list."""
+    def state(self) -> str:
+        """{tier: canonical state} for each tier holding an event ("device", "host_pinned", ...)."""
+    def find_matches(self, tokens_hashes: Iterable[SupportsIndex]) -> list[tuple[int, int, int]]:
+        """The device tier's (worker_id, dp_rank, matched blocks), sorted."""
+    def log(self) -> list[tuple[str, str, dict[str, str]]]:
+        """The indexer's INFO/WARN log lines on this judge's threads: (level, message, fields), oldest first."""
 
 def parse_response(json: str, types: str) -> str:
     """Parse with "1.6.1" or "b2b7868" types; the body re-serialized from them. ValueError on failure."""

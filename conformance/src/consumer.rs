@@ -160,6 +160,43 @@ impl Consumer {
         Ok(observation)
     }
 
+    /// Apply one live batch (events sharing one seq: a ZMQ batch, as 1.6.1's listener applies
+    /// it): a stale seq drops the whole batch, else every event is applied in order under
+    /// `(worker_id, dp_rank)` and the seq becomes the watermark. An empty batch only moves
+    /// the watermark. Ops with different seqs are a [`Error::BadOp`] (nothing applied).
+    pub fn apply_live_batch(
+        &mut self,
+        worker_id: u64,
+        dp_rank: u32,
+        block_size: u32,
+        seq: u64,
+        ops: &[Op],
+    ) -> Result<Observation, Error> {
+        let mut events = Vec::with_capacity(ops.len());
+        for op in ops {
+            let Some(mut event) = op.event(worker_id, block_size) else {
+                return Err(Error::BadOp("a query op is not a live event".into()));
+            };
+            if event.event.event_id != seq {
+                return Err(Error::BadOp(format!(
+                    "an op with seq {} in the batch of seq {seq}",
+                    event.event.event_id
+                )));
+            }
+            event.event.dp_rank = dp_rank;
+            events.push(event);
+        }
+        let observation = self.observe(worker_id, dp_rank, seq);
+        if let Observation::Stale { .. } = observation {
+            return Ok(observation);
+        }
+        for event in events {
+            let _ = self.tree.apply_event(event);
+        }
+        self.cursors.insert((worker_id, dp_rank), seq);
+        Ok(observation)
+    }
+
     /// Apply a `/kv_recover` answer for `(worker_id, dp_rank)` exactly as deepinfra's
     /// `plan_recovery` + `recover_over_http` do. Returns the variant name.
     pub fn apply_recovery(

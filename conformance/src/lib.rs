@@ -1,11 +1,13 @@
 //! kvshm's conformance harness around the real `dynamo-kv-router` 1.6.1 (crates.io).
 //!
-//! Three parts, one conversion ([`trace`]):
+//! Four parts, one conversion ([`trace`]):
 //! - [`reference::Reference`]: 1.6.1's `LocalKvIndexer` behind a synchronous API, the
 //!   reference kvshm is checked against (the `replay` binary and the Python `LocalIndexer`).
 //! - [`consumer::Consumer`]: a port of deepinfra's global-indexer consumer on 1.6.1's own
 //!   `RadixTree`, to check that kvshm's answers rebuild the state a live listener has.
 //! - [`wire`]: a `/kv_recover` body parsed with 1.6.1's types and with the older b2b7868 ones.
+//! - [`judge::StandaloneJudge`]: 1.6.1's standalone indexer (`WorkerRegistry`, its ZMQ listeners
+//!   with gap detection and replay, its indexer) consuming a real engine-side ZMQ publisher.
 //!
 //! # Python API (module `kvshm_conformance`, built with maturin; stub: `kvshm_conformance.pyi`)
 //!
@@ -26,10 +28,23 @@
 //!     one trace op line (stored/removed/cleared) applied under (worker_id, dp_rank) unless
 //!     stale; returns the observation. A stored op needs a block size (argument or constructor)
 //!     else ValueError; a malformed op raises ValueError.
+//!   .apply_live_batch(worker_id, dp_rank, seq, ops_json: list[str], kv_block_size=None) -> str
+//!     one ZMQ batch (ops sharing seq) as 1.6.1's listener applies it: all unless seq is stale; ValueError on
+//!     an op of another seq (nothing applied)
 //!   .apply_recovery(worker_id, dp_rank, response_json) -> str   the variant name; ValueError if unparsable
 //!   .watermark(worker_id, dp_rank) -> int | None
 //!   .state() -> str                                    canonical JSON (see consumer module doc)
 //!   .find_matches(tokens_hashes: list[int]) -> list[tuple[int, int, int]]   (worker_id, dp_rank, score)
+//! StandaloneJudge(threads: int = 1)       1.6.1's standalone indexer (see the judge module doc)
+//!   .register(worker_id, dp_rank, endpoint, replay_endpoint, block_size) -> None   POST /register
+//!   .pause(worker_id, dp_rank) / .resume(worker_id, dp_rank) -> None               /test/{pause,resume}_listener
+//!   .workers_json() -> str        GET /workers
+//!   .dump_json() -> str           the indexer's dump_events() (GET /dump's events)
+//!   .state() -> str               {tier: canonical state} (consumer module doc)
+//!   .find_matches(tokens_hashes) -> list[tuple[int, int, int]]   device tier
+//!   .log() -> list[tuple[str, str, dict[str, str]]]             its listeners' INFO/WARN lines
+//!     register/pause/resume raise ValueError for what 1.6.1 refuses; state/find_matches RuntimeError
+//!     when the indexer fails.
 //! parse_response(json: str, types: str) -> str
 //!     types "1.6.1" or "b2b7868"; returns the body re-serialized from those types;
 //!     ValueError when it does not parse (or types is unknown).
@@ -49,6 +64,7 @@
 //! `BadArgument` to `ValueError`, `Indexer` and `Runtime` to `RuntimeError`.
 
 pub mod consumer;
+pub mod judge;
 pub mod reference;
 pub mod trace;
 pub mod wire;

@@ -6,6 +6,7 @@ use pyo3::types::{PyBytes, PyDict, PyString};
 
 use crate::Error;
 use crate::consumer::Consumer as RustConsumer;
+use crate::judge::StandaloneJudge as RustJudge;
 use crate::reference::Reference;
 use crate::trace::{self, Op, StoredInput};
 
@@ -187,6 +188,37 @@ impl Consumer {
             .map_err(py_err)
     }
 
+    #[pyo3(signature = (worker_id, dp_rank, seq, ops_json, kv_block_size=None))]
+    fn apply_live_batch(
+        &mut self,
+        worker_id: u64,
+        dp_rank: u32,
+        seq: u64,
+        ops_json: Vec<String>,
+        kv_block_size: Option<u32>,
+    ) -> PyResult<&'static str> {
+        let ops = ops_json
+            .iter()
+            .map(|j| Op::parse(j))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(py_err)?;
+        let block_size = kv_block_size.or(self.block_size);
+        let needs = ops.iter().any(|op| matches!(op, Op::Stored { .. }));
+        let block_size = match block_size {
+            Some(bs) => bs,
+            None if needs => {
+                return Err(PyValueError::new_err(
+                    "a stored op needs kv_block_size (argument or Consumer(kv_block_size=...))",
+                ));
+            }
+            None => 0,
+        };
+        self.inner
+            .apply_live_batch(worker_id, dp_rank, block_size, seq, &ops)
+            .map(|o| o.name())
+            .map_err(py_err)
+    }
+
     fn apply_recovery(
         &mut self,
         worker_id: u64,
@@ -212,6 +244,83 @@ impl Consumer {
     }
 }
 
+/// Dynamo 1.6.1's standalone indexer (WorkerRegistry + its ZMQ listeners) on a private runtime.
+#[pyclass(module = "kvshm_conformance")]
+struct StandaloneJudge {
+    inner: RustJudge,
+}
+
+#[pymethods]
+impl StandaloneJudge {
+    #[new]
+    #[pyo3(signature = (threads=1))]
+    fn new(threads: usize) -> PyResult<Self> {
+        RustJudge::new(threads)
+            .map(|inner| Self { inner })
+            .map_err(py_err)
+    }
+
+    #[pyo3(signature = (worker_id, dp_rank, endpoint, replay_endpoint, block_size))]
+    fn register(
+        &self,
+        py: Python<'_>,
+        worker_id: u64,
+        dp_rank: u32,
+        endpoint: &str,
+        replay_endpoint: Option<&str>,
+        block_size: u32,
+    ) -> PyResult<()> {
+        let inner = &self.inner;
+        py.detach(|| inner.register(worker_id, dp_rank, endpoint, replay_endpoint, block_size))
+            .map_err(py_err)
+    }
+
+    fn pause(&self, py: Python<'_>, worker_id: u64, dp_rank: u32) -> PyResult<()> {
+        let inner = &self.inner;
+        py.detach(|| inner.pause(worker_id, dp_rank))
+            .map_err(py_err)
+    }
+
+    fn resume(&self, py: Python<'_>, worker_id: u64, dp_rank: u32) -> PyResult<()> {
+        let inner = &self.inner;
+        py.detach(|| inner.resume(worker_id, dp_rank))
+            .map_err(py_err)
+    }
+
+    fn workers_json(&self) -> PyResult<String> {
+        self.inner.workers_json().map_err(py_err)
+    }
+
+    fn dump_json(&self, py: Python<'_>) -> PyResult<String> {
+        let inner = &self.inner;
+        py.detach(|| inner.dump_json()).map_err(py_err)
+    }
+
+    fn state(&self, py: Python<'_>) -> PyResult<String> {
+        let inner = &self.inner;
+        py.detach(|| inner.state()).map_err(py_err)
+    }
+
+    fn find_matches(
+        &self,
+        py: Python<'_>,
+        tokens_hashes: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<(u64, u32, u32)>> {
+        let hashes = items(tokens_hashes, "tokens_hashes", hash_of)?;
+        let inner = &self.inner;
+        py.detach(|| inner.find_matches(&hashes)).map_err(py_err)
+    }
+
+    /// The indexer's log lines: (level, message, fields) tuples, oldest first.
+    fn log(&self) -> Vec<(String, String, std::collections::BTreeMap<String, String>)> {
+        self.inner
+            .log()
+            .into_iter()
+            .map(|l| (l.level, l.message, l.fields))
+            .collect()
+    }
+}
+
 /// Parse a `/kv_recover` body with 1.6.1's types ("1.6.1") or the older ones ("b2b7868").
 #[pyfunction]
 fn parse_response(json: &str, types: &str) -> PyResult<String> {
@@ -222,6 +331,7 @@ fn parse_response(json: &str, types: &str) -> PyResult<String> {
 fn kvshm_conformance(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<LocalIndexer>()?;
     m.add_class::<Consumer>()?;
+    m.add_class::<StandaloneJudge>()?;
     m.add_function(wrap_pyfunction!(parse_response, m)?)?;
     Ok(())
 }

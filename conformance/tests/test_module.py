@@ -109,3 +109,23 @@ def test_parse_response() -> None:
     for types in ("1.6.1", "b2b7868", "0.1"):
         with pytest.raises(ValueError):
             k.parse_response('{"Events":[]}', types)
+
+
+def test_standalone_judge_surface() -> None:
+    j = k.StandaloneJudge()
+    assert j.state() == "{}"
+    assert json.loads(j.dump_json()) == []
+    with pytest.raises(ValueError):
+        j.register(1, 0, "tcp://127.0.0.1:1", None, 0)
+    j.register(1, 0, "tcp://127.0.0.1:1", "tcp://127.0.0.1:2", 4)
+    with pytest.raises(ValueError):
+        j.register(1, 0, "tcp://127.0.0.1:1", None, 4)
+    with pytest.raises(ValueError):
+        j.pause(1, 7)
+    [w] = json.loads(j.workers_json())
+    assert (w["instance_id"], w["block_size"], w["endpoints"]) == (1, 4, {"0": "tcp://127.0.0.1:1"})
+    j.pause(1, 0)
+    assert json.loads(j.workers_json())[0]["listeners"]["0"]["status"] == "paused"
+    j.resume(1, 0)
+    assert j.find_matches([1, 2]) == []
+    assert all(isinstance(level, str) and isinstance(f, dict) for level, _, f in j.log())

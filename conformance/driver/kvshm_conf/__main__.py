@@ -12,11 +12,13 @@ from pathlib import Path
 import kvshm
 import kvshm_conformance as ref
 
+from .batches import BATCH_PROFILES, batched, run_batched_stream
 from .differential import feed, run_inputs, run_stream
 from .gen import PROFILES, Profile, generate
 from .ops import Header, Query, Trace, dump_trace
 from .report import Report
 from .topologies import TOPOLOGIES, run_topology, topology
+from .zmqjudge import ZMQ_PROFILES, run_zmq
 
 
 def kvshmd_path() -> str:
@@ -44,6 +46,14 @@ def run(args: argparse.Namespace) -> int:
             for k in range(args.seeds):
                 run_stream(generate(prof, seed + k), row, log)
         run_inputs(report.row("differential/input"))
+    if args.part in ("all", "batches"):
+        for prof in BATCH_PROFILES:
+            row = report.row(f"differential/{prof.name}")
+            for k in range(args.seeds):
+                try:
+                    run_batched_stream(batched(prof, seed + k), row, log)
+                except AttributeError as e:  # a kvshm without apply_batch
+                    row.add("FAIL", f"seed={seed + k}: {type(e).__name__}: {e}")
     if args.part in ("all", "topologies"):
         kvshmd = kvshmd_path()
         for name in TOPOLOGIES:
@@ -55,6 +65,12 @@ def run(args: argparse.Namespace) -> int:
                 except (OSError, RuntimeError, TypeError, ValueError) as e:
                     row.add("FAIL", f"seed={seed + k}: the topology could not run: {type(e).__name__}: {e}")
             log(f"  topology {name}: done")
+    if args.part in ("all", "zmq"):
+        for zp in ZMQ_PROFILES:
+            ref_row, kvshm_row = report.row(f"zmq/reference/{zp.name}"), report.row(f"zmq/kvshm/{zp.name}")
+            for k in range(args.seeds):
+                run_zmq(zp, seed + k, ref_row, kvshm_row, log)
+        log("  zmq: done")
     print()
     print(report.table())
     print(f"\nseed {seed}, {args.seeds} seed(s) per scenario, {time.monotonic() - t0:.1f} s")
@@ -147,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="the conformance run (default)")
     r.add_argument("--seed", type=int, default=None, help="base seed (default: from the clock, printed)")
     r.add_argument("--seeds", type=int, default=int(os.environ.get("KVSHM_CONF_SEEDS", "2")))
-    r.add_argument("--part", choices=("all", "differential", "topologies"), default="all")
+    r.add_argument("--part", choices=("all", "differential", "batches", "topologies", "zmq"), default="all")
     rec = sub.add_parser("record", help="record the traces of conformance/traces with the real crate")
     rec.add_argument("--out", default="conformance/traces")
     ver = sub.add_parser("verify", help="check conformance/traces against the generator and the replay binary")

@@ -16,4 +16,6 @@ DEVIATIONS: dict[str, str] = {
     "D4": "removing a block inside a compressed edge keeps the rest of the edge (1.6.1 drops the worker from it)",
     "D5": "a store reaching an unheld block inside an edge by tokens gives it the new hash (1.6.1 keeps the old)",
     "D6": "backwards ids restart the log; max_buffer_size 0 never serves a stale cached dump",
+    # Judged by its own rule (kvshm_conf.batches.partial_start_batch), not by a generator mark.
+    "D7": "a start id shared by a batch's events answers the whole batch (1.6.1: a suffix of it, by binary search)",
 }

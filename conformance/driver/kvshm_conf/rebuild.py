@@ -31,6 +31,10 @@ class Follower:
         r = ev.dp_rank if dp_rank is None else dp_rank
         return self.consumer.apply_live(self.worker_id, r, op_json(ev))
 
+    def live_batch(self, dp_rank: int, seq: int, evs: Iterable[Event]) -> str:
+        """Apply one live batch (events sharing ``seq``) as 1.6.1's ZMQ listener does: all or nothing (stale)."""
+        return self.consumer.apply_live_batch(self.worker_id, dp_rank, seq, [op_json(ev) for ev in evs])
+
     def observe(self, dp_rank: int, seq: int) -> tuple[str, int | None]:
         """What the listener of ``dp_rank`` sees for a live ``seq`` (``initial``, ``contiguous``, ``gap``,
         ``stale``) and the first seq it expects (None before anything was seen)."""
@@ -86,12 +90,19 @@ def rebuild(
     *,
     split_ranks: bool = True,
 ) -> tuple[str, list[str], list[int | None]]:
-    """A fresh consumer primed with ``prefix`` (live), then fed ``body`` per rank (each rank's share of the answer
-    under its own key when ``split_ranks``). Returns the canonical state, the variants and the watermarks."""
+    """A fresh consumer primed with ``prefix`` (live; a run of events sharing a seq and rank is one batch), then
+    fed ``body`` per rank (each rank's share of the answer under its own key when ``split_ranks``). Returns the
+    canonical state, the variants and the watermarks."""
     f = Follower(worker_id, block_size)
     ranks = list(ranks)
+    run: list[Event] = []  # consecutive events sharing (seq, dp_rank): one batch, applied as 1.6.1's listener does
     for ev in prefix:
-        f.live(ev)
+        if run and (run[0].seq, run[0].dp_rank) != (ev.seq, ev.dp_rank):
+            f.live_batch(run[0].dp_rank, run[0].seq, run)
+            run = []
+        run.append(ev)
+    if run:
+        f.live_batch(run[0].dp_rank, run[0].seq, run)
     variants: list[str] = []
     marks: list[int | None] = []
     for r in ranks:
