@@ -157,17 +157,6 @@ func readTokens(p []byte) (toks []uint32, eagle bool, rest []byte, err error) {
 	return toks, eagle, rest, nil
 }
 
-// eagleWindows turns an Eagle token stream of nblocks*blockSize+1 tokens back into kvshm's layout: blockSize+1
-// tokens per block.
-func eagleWindows(s []uint32, blockSize uint32, nblocks int) []uint32 {
-	bs := int(blockSize)
-	out := make([]uint32, 0, nblocks*(bs+1))
-	for b := range nblocks {
-		out = append(out, s[b*bs:b*bs+bs+1]...)
-	}
-	return out
-}
-
 func decodeEvent(p []byte, e *Event) ([]byte, error) {
 	nk, rest, err := msgp.ReadMapHeaderBytes(p)
 	if err != nil {
@@ -256,13 +245,6 @@ func decodeEvent(p []byte, e *Event) ([]byte, error) {
 	}
 	if seen&need != need || seen&^allowed != 0 {
 		return p, malformed(tag, fmt.Errorf("fields %#x, want all of %#x within %#x", seen, need, allowed))
-	}
-	if e.IsEagle {
-		bs, nb := int(e.BlockSize), len(e.BlockHashes)
-		if bs == 0 || len(e.TokenIDs) != nb*bs+1 {
-			return p, malformed("token_ids", fmt.Errorf("eagle stream of %d tokens for %d blocks of %d", len(e.TokenIDs), nb, bs))
-		}
-		e.TokenIDs = eagleWindows(e.TokenIDs, e.BlockSize, nb)
 	}
 	return rest, nil
 }

@@ -103,7 +103,7 @@ func AppendEvent(dst []byte, e *Event) []byte {
 		} else {
 			dst = msgp.AppendNil(dst)
 		}
-		dst = appendTokens(msgp.AppendString(dst, "token_ids"), e.TokenIDs, e.IsEagle, e.BlockSize, len(e.BlockHashes))
+		dst = appendTokens(msgp.AppendString(dst, "token_ids"), e.TokenIDs, e.IsEagle)
 		dst = msgp.AppendUint64(msgp.AppendString(dst, "block_size"), uint64(e.BlockSize))
 		dst = msgp.AppendString(dst, "lora_id")
 		if e.HasLoraID {
@@ -174,29 +174,22 @@ func appendHashes(dst []byte, hs []uint64) []byte {
 	return dst
 }
 
-// appendTokens appends token_ids. Plain: an array of uints. Eagle: kvshm holds block_size+1 tokens per block,
-// consecutive windows overlapping by one token; the wire carries the chain's token stream s (the first window,
-// then each next window without its first token) as the pairs [s[i], s[i+1]], which Dynamo's parser turns back
-// into s with is_eagle set. A token count that is not nblocks × (block_size+1) is sent as plain tokens.
-func appendTokens(dst []byte, toks []uint32, eagle bool, blockSize uint32, nblocks int) []byte {
-	w := int(blockSize) + 1
-	if !eagle || nblocks == 0 || blockSize == 0 || len(toks) != nblocks*w {
+// appendTokens appends token_ids. Plain: an array of uints. Eagle: kvshm holds the chain's token stream s
+// (nblocks × block_size + 1 tokens: block b's window is s[b*bs : b*bs+bs+1], windows overlapping by one token, as
+// index.AppendBlockHashes hashes them); the wire carries it as the pairs [s[i], s[i+1]], which Dynamo's
+// normalize_token_ids turns back into s with is_eagle set. Fewer than 2 tokens have no pair: sent plain.
+func appendTokens(dst []byte, toks []uint32, eagle bool) []byte {
+	if !eagle || len(toks) < 2 {
 		dst = msgp.AppendArrayHeader(dst, uint32(len(toks)))
 		for _, t := range toks {
 			dst = msgp.AppendUint64(dst, uint64(t))
 		}
 		return dst
 	}
-	n := nblocks*int(blockSize) + 1 // stream length
-	dst = msgp.AppendArrayHeader(dst, uint32(n-1))
-	prev := toks[0]
-	for i := 1; i < n; i++ {
-		// stream index i: block (i-1)/blockSize's window, at offset i - block*blockSize
-		b := (i - 1) / int(blockSize)
-		cur := toks[b*w+i-b*int(blockSize)]
+	dst = msgp.AppendArrayHeader(dst, uint32(len(toks)-1))
+	for i := 1; i < len(toks); i++ {
 		dst = msgp.AppendArrayHeader(dst, 2)
-		dst = msgp.AppendUint64(msgp.AppendUint64(dst, uint64(prev)), uint64(cur))
-		prev = cur
+		dst = msgp.AppendUint64(msgp.AppendUint64(dst, uint64(toks[i-1])), uint64(toks[i]))
 	}
 	return dst
 }

@@ -28,6 +28,8 @@ def test_publish_batches_vllm_wire(make_indexer: Any, short_dir: Path) -> None:
     assert st["batches_supported"] is True and st["publishing"] is True
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sub = sub_socket(ctx, endpoint)
+    # Eagle token pairs (vLLM's and Dynamo's wire form), outside the declared list[int] on purpose.
+    eagle_pairs: Any = [(t, t + 1) for t in range(30, 38)]
     try:
         seq = join(ix, sub)
         cases: list[tuple[list[Any], list[Any]]] = [
@@ -46,6 +48,10 @@ def test_publish_batches_vllm_wire(make_indexer: Any, short_dir: Path) -> None:
                  BlockStored([99], None, [1, 2, 3, 4], 4, None, "CPU", None),
                  AllBlocksCleared()],
             ),
+            (  # Eagle: vLLM's token pairs [s[i], s[i+1]] over the stream of 2 blocks x 4 + 1 tokens, both ways
+                [ke.BlockStored([21, 22], None, eagle_pairs, 4, None, "GPU", None)],
+                [BlockStored([21, 22], None, eagle_pairs, 4, None, "GPU", None)],
+            ),
         ]
         for i, (ours, theirs) in enumerate(cases):
             ts = 1700000000.5 + i
@@ -57,14 +63,14 @@ def test_publish_batches_vllm_wire(make_indexer: Any, short_dir: Path) -> None:
         # The index holds the batch's events under its seq (the CPU event excluded, decision 4).
         resp = query(ix, seq)
         assert variant(resp) == "Events"
-        assert event_ids(resp) == [seq, seq, seq + 1, seq + 1]
+        assert event_ids(resp) == [seq, seq, seq + 1, seq + 1, seq + 2]
         # The daemon's zmq counters pass through stats().
         def zmq_published() -> bool:
             z = ix.stats()["zmq"]
-            return isinstance(z, dict) and z.get("published", 0) >= seq + 2
+            return isinstance(z, dict) and z.get("published", 0) >= seq + 3
         wait_for(zmq_published, "stats()['zmq'] to count the published batches")
         st = ix.stats()
-        assert st["batch"]["records"] == seq + 2 and st["batch"]["fallback_batches"] == 0
+        assert st["batch"]["records"] == seq + 3 and st["batch"]["fallback_batches"] == 0
         assert st["publish"]["endpoint"] == endpoint
     finally:
         sub.close(0)

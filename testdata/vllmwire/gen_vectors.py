@@ -67,31 +67,19 @@ class KVEventBatch(EventBatch):
 Event = BlockStored | BlockRemoved | AllBlocksCleared
 
 
-def eagle_stream(windows: list[int], block_size: int, nblocks: int) -> list[int]:
-    """kvshm's Eagle layout (block_size+1 tokens per block, overlapping by one) to the chain's token stream."""
-    w = block_size + 1
-    s = list(windows[:w])
-    for b in range(1, nblocks):
-        s.extend(windows[b * w + 1 : (b + 1) * w])
-    return s
-
-
 def stored(rng: random.Random, **kw: Any) -> tuple[dict[str, Any], BlockStored]:
     nb = kw.pop("nblocks", rng.randint(0, 4))
     bs = kw.pop("block_size", rng.choice([1, 4, 16, 32]))
     eagle = kw.pop("eagle", False)
     hashes = kw.pop("block_hashes", [rng.getrandbits(rng.choice([6, 8, 16, 32, 64])) for _ in range(nb)])
     nb = len(hashes)
-    per = bs + 1 if eagle else bs
-    windows = kw.pop("token_ids", [rng.getrandbits(rng.choice([7, 8, 16, 17])) for _ in range(nb * per)])
-    if eagle:  # kvshm's Eagle windows overlap by one token: window b is stream[b*bs : b*bs+bs+1]
-        s = [rng.getrandbits(17) for _ in range(nb * bs + 1)]
-        windows = [t for b in range(nb) for t in s[b * bs : b * bs + bs + 1]]
+    # kvshm's tokens: nblocks × block_size, or the Eagle stream of nblocks × block_size + 1 (block b's window is
+    # stream[b*bs : b*bs+bs+1]), sent as vLLM/Dynamo pairs [s[i], s[i+1]].
+    ntok = nb * bs + 1 if eagle else nb * bs
+    windows = kw.pop("token_ids", [rng.getrandbits(rng.choice([7, 8, 16, 17])) for _ in range(ntok)])
+    wire_tokens: list[Any] = windows
     if eagle:
-        stream = eagle_stream(windows, bs, nb)
-        wire_tokens: list[Any] = [(stream[i], stream[i + 1]) for i in range(len(stream) - 1)]
-    else:
-        wire_tokens = windows
+        wire_tokens = [(windows[i], windows[i + 1]) for i in range(len(windows) - 1)]
     f: dict[str, Any] = {
         "parent": kw.pop("parent", rng.choice([None, rng.getrandbits(64), 0])),
         "lora_id": kw.pop("lora_id", None),

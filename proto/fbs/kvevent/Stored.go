@@ -87,8 +87,9 @@ func (rcv *Stored) MutateBlockHashes(j int, n uint64) bool {
 	return false
 }
 
-// / Token ids of all blocks, concatenated: kv_block_size per block, or
-// / kv_block_size+1 per block for Eagle (the windows overlap by one token).
+// / Token ids of the chain: kv_block_size per block; for Eagle the stream of
+// / blocks*kv_block_size+1 tokens (block b's window is tokens[b*bs, b*bs+bs],
+// / bs+1 tokens: consecutive windows overlap by one token).
 func (rcv *Stored) TokenIds(j int) uint32 {
 	o := flatbuffers.UOffsetT(rcv._tab.Offset(8))
 	if o != 0 {
@@ -106,8 +107,9 @@ func (rcv *Stored) TokenIdsLength() int {
 	return 0
 }
 
-// / Token ids of all blocks, concatenated: kv_block_size per block, or
-// / kv_block_size+1 per block for Eagle (the windows overlap by one token).
+// / Token ids of the chain: kv_block_size per block; for Eagle the stream of
+// / blocks*kv_block_size+1 tokens (block b's window is tokens[b*bs, b*bs+bs],
+// / bs+1 tokens: consecutive windows overlap by one token).
 func (rcv *Stored) MutateTokenIds(j int, n uint32) bool {
 	o := flatbuffers.UOffsetT(rcv._tab.Offset(8))
 	if o != 0 {
@@ -127,7 +129,7 @@ func (rcv *Stored) LoraName() []byte {
 }
 
 // / LoRA adapter name; absent or empty means the base model.
-// / Eagle speculative decoding windows (block_size + 1 tokens).
+// / Eagle speculative decoding windows (kv_block_size + 1 tokens each).
 func (rcv *Stored) IsEagle() bool {
 	o := flatbuffers.UOffsetT(rcv._tab.Offset(12))
 	if o != 0 {
@@ -136,7 +138,7 @@ func (rcv *Stored) IsEagle() bool {
 	return false
 }
 
-// / Eagle speculative decoding windows (block_size + 1 tokens).
+// / Eagle speculative decoding windows (kv_block_size + 1 tokens each).
 func (rcv *Stored) MutateIsEagle(n bool) bool {
 	return rcv._tab.MutateBoolSlot(12, n)
 }

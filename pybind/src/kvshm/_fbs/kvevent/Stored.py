@@ -66,8 +66,9 @@ class Stored(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
         return o == 0
 
-    # Token ids of all blocks, concatenated: kv_block_size per block, or
-    # kv_block_size+1 per block for Eagle (the windows overlap by one token).
+    # Token ids of the chain: kv_block_size per block; for Eagle the stream of
+    # blocks*kv_block_size+1 tokens (block b's window is tokens[b*bs, b*bs+bs],
+    # bs+1 tokens: consecutive windows overlap by one token).
     # Stored
     def TokenIds(self, j):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
@@ -103,7 +104,7 @@ class Stored(object):
             return self._tab.String(o + self._tab.Pos)
         return None
 
-    # Eagle speculative decoding windows (block_size + 1 tokens).
+    # Eagle speculative decoding windows (kv_block_size + 1 tokens each).
     # Stored
     def IsEagle(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
