@@ -29,13 +29,13 @@ BLOCK_SIZE = 32  # tokens per block, the stream's kv_block_size
 MEDIUM_GPU = "GPU"
 
 
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     ts: float
     events: list[Any]
     data_parallel_rank: int | None = None
 
 
-class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):  # type: ignore[call-arg]
+class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
     """The tagged base: msgspec writes the subclass name under the key "type"."""
 
 

@@ -112,7 +112,7 @@ class ZmqPublisher:
     def __init__(self, endpoint: str, topic: str, hwm: int = 100_000, buffer_steps: int = 10_000) -> None:
         import zmq
 
-        self.ctx = zmq.Context.instance()
+        self.ctx: Any = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.PUB)
         self.sock.set_hwm(hwm)
         self.sock.linger = 0
@@ -432,7 +432,7 @@ def available() -> tuple[list[str], list[str]]:
     return sides, skipped
 
 
-def wait_subscribed(sub_child: Child, fire: Callable[[str], None], sides: list[str]) -> None:
+def wait_subscribed(sub_child: Child, fire: Callable[[str], object], sides: list[str]) -> None:
     """ZMQ's slow joiner: publishes on each side until the subscriber has seen it."""
     pending = set(sides)
     deadline = time.monotonic() + 20
