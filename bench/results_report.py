@@ -248,7 +248,9 @@ def zmq_section(d: dict[str, Any]) -> list[str]:
           f"Every call timed with all of its work on the timing thread (batch object, encode, send, indexer apply); "
           f"{z['rounds']} rounds × {z['n']} batches per workload and side, sides rotated every round. For (a)/(b) "
           "the two parts are timed too: encode + send is what vLLM's publisher thread does, the indexer apply what "
-          "the old extension costs.", ""]
+          "the old extension costs its caller (the reference applies to its radix tree on a thread of its own, and "
+          "libzmq sends from its I/O thread: work these timings do not include and the threaded CPU below does).",
+          ""]
     rows = []
     sm = inl["summary"]
     for w, wl in ZMQ_WORKLOADS.items():
@@ -271,7 +273,7 @@ def zmq_section(d: dict[str, Any]) -> list[str]:
           "ZmqEventPublisher thread; a fork calling the old indexer on the scheduler thread moves the inline "
           "\"indexer apply\" column there); for (c) `publish` is `apply_batch` on the scheduler thread and there is no "
           "publisher thread. CPU per batch is the engine process's user+system time (all threads: libzmq's I/O "
-          "thread and kvshm's supervisor thread are in \"other\") minus an idle engine running the same pacing loop; "
+          "thread, the reference's radix-tree thread and tokio workers, kvshm's supervisor thread are in \"other\") minus an idle engine running the same pacing loop; "
           "thread figures from pthread CPU clocks. kvshmd's CPU is its own process, off the engine.", ""]
     rows = []
     for w, wl in ZMQ_WORKLOADS.items():
