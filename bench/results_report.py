@@ -273,7 +273,8 @@ def zmq_section(d: dict[str, Any]) -> list[str]:
           "ZmqEventPublisher thread; a fork calling the old indexer on the scheduler thread moves the inline "
           "\"indexer apply\" column there); for (c) `publish` is `apply_batch` on the scheduler thread and there is no "
           "publisher thread. CPU per batch is the engine process's user+system time (all threads: libzmq's I/O "
-          "thread, the reference's radix-tree thread and tokio workers, kvshm's supervisor thread are in \"other\") minus an idle engine running the same pacing loop; "
+          "thread, the reference's radix-tree thread and tokio workers, kvshm's supervisor thread are in \"other\") "
+          "minus an idle engine running the same pacing loop; "
           "thread figures from pthread CPU clocks. kvshmd's CPU is its own process, off the engine.", ""]
     rows = []
     for w, wl in ZMQ_WORKLOADS.items():
