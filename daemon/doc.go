@@ -261,6 +261,13 @@
 //	DETACH of a live producer from another client     forbidden: the producer detaches on its ATTACH connection;
 //	                                                  FORGET drops a worker whose producer is gone
 //	malformed FlatBuffer in an EVENT record           counted, logged, unknown-history, record skipped
+//	malformed BATCH record (layout, a sub-record's    counted (malformed_events), logged, unknown-history, the whole
+//	FlatBuffer or Meta, seqs or dp_ranks differ)      batch skipped (nothing applied, nothing published)
+//	ATTACH publish endpoint refused or not bindable   bad_request naming the endpoint and errno; nothing attached (a
+//	                                                  stream's previous publisher with another config is closed)
+//	ZMQ subscriber slow, stuck or gone                never waits: queue full → dropped, counted
+//	                                                  kvshm_zmq_dropped_batches_total{reason=queue_full}
+//	invalid replay request (frames, seq length)       logged and ignored; no reply
 //	panic while decoding/applying a record (a bug)    recovered; same as a malformed event (logged with the stack)
 //	LOSS record (producer found the ring full)        index.MarkLost(first, last): exactly those ids are lost (the
 //	                                                  part already marked from the header is not marked again)
@@ -307,6 +314,44 @@
 //	                                                  anyway; a crash before the next good checkpoint reports unknown
 //	                                                  history ({result=missing})
 //	--checkpoint-interval without --state-dir, or < 0 New fails with ErrCheckpointInterval (serve: usage error)
+//
+// # Publishing on ZMQ (issue 12)
+//
+// A producer may ask, in its ATTACH (sock.AttachRequest.Publish), that kvshmd publish the stream on ZMQ in vLLM's
+// KV-event wire format (package vllmwire; sockets in package zmqpub). The publisher belongs to the stream, not to
+// the attachment: a re-attach with the same publish config keeps it (subscribers stay connected, the replay buffer
+// is kept), another config closes it and binds anew, an ATTACH without publish closes it; FORGET and shutdown (after
+// the final drain) close it. A bind failure is ATTACH's bad_request (nothing is attached). Every ATTACH reply says
+// "batches": true (this daemon reads BATCH records) and whether the stream is "publishing".
+//
+// The drain goroutine handles the records:
+//
+//	EVENT record   applied as before; published as a one-event batch [now, [event], dp_rank] with seq = its id,
+//	               medium "GPU", lora_id None, block_size = the stream's kv_block_size
+//	BATCH record   validated whole first (shm.Record.ParseBatch, every FlatBuffer and Meta, one seq and dp_rank);
+//	               then each event's Meta (if any) decides whether it is indexed (below); the indexed ones are
+//	               applied after index.Indexer.BeginBatch(seq), so they share the batch's id; every event, indexed
+//	               or not, is published in order as one batch [ts or now, [events], dp_rank] with seq = the id
+//	               (ts 0 from the producer means unknown: the daemon's clock)
+//
+// The index gets an event only if Dynamo's worker side would put it in the device tree (the contract's decision 4,
+// following Dynamo 1.6.1's zmq_wire normalizer): a Meta medium other than "GPU" (reason medium), a
+// kv_cache_spec_kind that is not main attention (full_attention, mla_attention, sink_full_attention;
+// kv_cache_spec_kind), a group_idx other than 0 not learned as main attention, or learned as not
+// (group_idx: a Stored event carrying both group_idx and kind teaches the kind of (dp_rank, group), as Dynamo
+// learns it), or a block_size other than the stream's (block_size) keep it out; each is counted
+// kvshm_events_not_indexed_total{reason}. Cleared and events without Meta are always indexed. A batch of which
+// nothing is indexed leaves an id gap in the index (not a loss).
+//
+// Publishing never slows ingest: the drain goroutine encodes the payload into a reused buffer, copies it once, and
+// hands it to the publisher's queue without blocking (full queue: dropped, counted queue_full); zmqpub/doc.go says
+// what zmq4's PUB does with slow subscribers. Seq continuity is the engine's: seqs are the engine's event ids,
+// so a restarted daemon (or a re-attached producer) continues the same numbering, never reuses a seq, and a
+// subscriber sees a gap for whatever was not published. A restarted daemon replays only what it has published
+// since it started (the replay buffer is in memory); batches the previous daemon published are not replayable,
+// and batches in the ring that a restarted daemon drains again after an unclean stop (from the persisted head) are
+// published again with their original seqs (a subscriber sees seqs it already had; Dynamo's listener drops them
+// as stale). With a restored checkpoint the records before the checkpoint's head are not published again.
 //
 // # Metrics
 //

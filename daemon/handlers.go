@@ -281,6 +281,16 @@ func (st *stream) statsSnapshot() sock.StreamStats {
 	}
 	out.DroppedEvents, out.DroppedBytes, out.LossPending = rs.DroppedEvents, rs.DroppedBytes, rs.LossPending
 	out.DumpBuilds, out.DumpCacheHits = is.DumpBuilds, is.DumpCacheHits
+	for i := range st.notIndexed {
+		out.EventsNotIndexed += st.notIndexed[i].Load()
+	}
+	if zs, on := st.zmqStats(); on {
+		out.Zmq = &sock.ZmqStats{Published: zs.Published, Dropped: zs.DroppedTotal(), ReplayRequests: zs.ReplayRequests,
+			Replayed: zs.Replayed, Endpoint: zs.Endpoint}
+		if zs.ReplayEndpoint != "" {
+			out.Zmq.ReplayEndpoint = &zs.ReplayEndpoint
+		}
+	}
 	return out
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/kvshm/kvshm/index"
 	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
+	"github.com/kvshm/kvshm/zmqpub"
 )
 
 // Stream lifecycle: attach (validate the ring, plan, install), detach and forget. The outcomes are the tables of
@@ -278,17 +279,37 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 		return ix, nil
 	}
 	log := s.log.With(key.logAttrs()...)
+	// The publisher first: a bind failure fails the ATTACH before anything changes (but an existing stream's
+	// publisher with another config is closed by then; see setPublisher).
+	var firstPub *zmqpub.Publisher
+	if st != nil {
+		if err := st.setPublisher(req.Publish, s); err != nil {
+			return sock.AttachReply{}, err
+		}
+	} else if req.Publish != nil {
+		var err error
+		if firstPub, err = zmqpub.New(publishConfig(req.Publish), log); err != nil {
+			return sock.AttachReply{}, errorf(sock.CodeBadRequest, "publish: %v", err)
+		}
+		ps := firstPub.Stats()
+		log.Info("ZMQ publishing", "endpoint", ps.Endpoint, "replay_endpoint", ps.ReplayEndpoint, "topic", req.Publish.Topic,
+			"hwm", req.Publish.HWM, "buffer_steps", req.Publish.BufferSteps)
+	}
 	var ix *index.Indexer
 	switch p.outcome {
 	case attachFirst, attachRestore, attachUnknown: // first producer for this stream since the daemon started
 		var err error
 		if ix, err = newIndex(); err != nil {
+			if firstPub != nil {
+				_ = firstPub.Close()
+			}
 			return sock.AttachReply{}, err
 		}
 		if p.outcome == attachRestore {
 			ix = o.ck.ix
 		}
-		st = &stream{key: key, ix: ix, streamEpoch: 1}
+		st = &stream{key: key, ix: ix, streamEpoch: 1, groups: map[groupKey]bool{}}
+		st.pub.Store(firstPub)
 		s.streams[key] = st
 	case attachRestart: // producer restarted: its cache is empty
 		var err error
@@ -352,7 +373,7 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 	st.blockSize, st.maxBuffer, st.ringPath, st.epoch = req.KVBlockSize, h.MaxBufferSize, req.RingPath, h.Epoch
 	st.lastHeader, st.lastRing = h, o.r.Stats()
 	rep := sock.AttachReply{WorkerID: req.WorkerID, Epoch: h.Epoch, StreamEpoch: st.streamEpoch, Resumed: p.resumed, Head: head,
-		Restored: p.outcome == attachRestore}
+		Restored: p.outcome == attachRestore, Batches: true, Publishing: st.pub.Load() != nil}
 	st.mu.Unlock()
 	cc.att = a
 	if !a.checkPID {
@@ -403,6 +424,7 @@ func (s *Server) forget(ctx context.Context, worker uint64, rank *uint32) error 
 			delete(s.streams, st.key)
 			s.ckpt.remove(st.key)
 			s.mu.Unlock()
+			st.closePublisher()
 			s.m.forgetStream(st.labels())
 			s.log.Info("stream forgotten: index and metrics dropped", st.key.logAttrs()...)
 			return nil

@@ -4,6 +4,7 @@ import (
 	"runtime"
 
 	"github.com/kvshm/kvshm/index"
+	"github.com/kvshm/kvshm/zmqpub"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -132,6 +133,11 @@ var (
 	dMalformedEvents = desc("kvshm_malformed_events_total", "Ring records whose FlatBuffer event failed validation.")
 	dLossRecords     = desc("kvshm_loss_records_total", "Loss records the producer wrote after the ring had been full.")
 	dDrainBatches    = desc("kvshm_drain_batches_total", "Drain batches (one head store each).")
+	dNotIndexed      = desc("kvshm_events_not_indexed_total", "Events published on ZMQ but not applied to the index (not device-tier main attention), by reason (medium, kv_cache_spec_kind, group_idx, block_size).", "reason")
+	dZmqPublished    = desc("kvshm_zmq_published_batches_total", "Batches handed to the stream's ZMQ PUB socket.")
+	dZmqDropped      = desc("kvshm_zmq_dropped_batches_total", "Batches not published on ZMQ, by reason (queue_full: the publisher goroutine was behind; send_error; closed).", "reason")
+	dZmqReplayReqs   = desc("kvshm_zmq_replay_requests_total", "Replay requests served on the stream's ZMQ ROUTER socket (invalid ones are logged, not counted).")
+	dZmqReplayed     = desc("kvshm_zmq_replayed_batches_total", "Batches sent in answer to replay requests.")
 )
 
 var kindLabels = [3]string{"stored", "removed", "cleared"}
@@ -143,7 +149,8 @@ func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dStreams, dProducerUp, dEventsReceived, dBlocksReceived, dEventsApplied, dBlocksApplied,
 		dEventsRejected, dRingUsed, dRingCapacity, dRingDropped, dRingDroppedB, dLostEvents, dSeqGaps, dIDResets,
 		dUnknownHistory, dStreamResets, dStreamEpoch, dTainted, dResidentBlocks, dBuffered, dOldestID, dNewestID,
-		dDumpBuilds, dDumpCacheHits, dCorruptRecords, dMalformedEvents, dLossRecords, dDrainBatches, dTokenMismatch} {
+		dDumpBuilds, dDumpCacheHits, dCorruptRecords, dMalformedEvents, dLossRecords, dDrainBatches, dTokenMismatch,
+		dNotIndexed, dZmqPublished, dZmqDropped, dZmqReplayReqs, dZmqReplayed} {
 		ch <- d
 	}
 }
@@ -196,6 +203,17 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 		emit(dLossRecords, C, float64(st.lossRecords.Load()))
 		emit(dDrainBatches, C, float64(st.batches.Load()))
 		emit(dTokenMismatch, C, float64(is.TokenMismatches))
+		for i, reason := range notIndexedLabels {
+			emit(dNotIndexed, C, float64(st.notIndexed[i].Load()), reason)
+		}
+		if zs, on := st.zmqStats(); on || zs.Published != 0 || zs.DroppedTotal() != 0 || zs.ReplayRequests != 0 {
+			emit(dZmqPublished, C, float64(zs.Published))
+			for i, reason := range zmqpub.DropReasons {
+				emit(dZmqDropped, C, float64(zs.Dropped[i]), reason)
+			}
+			emit(dZmqReplayReqs, C, float64(zs.ReplayRequests))
+			emit(dZmqReplayed, C, float64(zs.Replayed))
+		}
 	}
 }
 

@@ -305,6 +305,7 @@ func (s *Server) shutdown() {
 			a.finish("daemon shutting down")
 			<-a.done
 		}
+		st.closePublisher() // after the final drain published what the ring held
 	}
 	if s.cfg.StateDir != "" && s.cfg.CheckpointInterval == 0 { // with an interval, each final drain wrote its checkpoint
 		sort.Slice(attached, func(i, j int) bool { return compareKeys(attached[i].st.key, attached[j].st.key) < 0 })

@@ -13,6 +13,8 @@ import (
 	"github.com/kvshm/kvshm/index"
 	"github.com/kvshm/kvshm/proto/fbs"
 	"github.com/kvshm/kvshm/shm"
+	"github.com/kvshm/kvshm/vllmwire"
+	"github.com/kvshm/kvshm/zmqpub"
 )
 
 // Drain loop tuning.
@@ -38,6 +40,14 @@ type stream struct {
 	batches     atomic.Uint64
 	resets      atomic.Uint64
 	lossRecords atomic.Uint64
+	notIndexed  [numNotIndexed]atomic.Uint64 // events published but not indexed (decision 4), by reason
+
+	// pub is the stream's ZMQ publisher (nil: not publishing). Stored by ATTACH (s.mu held, no drain goroutine
+	// running), FORGET and shutdown; loaded by the drain goroutine once per record. Updated atomically.
+	pub atomic.Pointer[zmqpub.Publisher]
+	// groups are the KV-cache group kinds learned from the stream's events (indexReason). Owned by the current
+	// attachment's drain goroutine (attachments of a stream run one after the other).
+	groups map[groupKey]bool
 
 	mu          sync.Mutex // protects every field below
 	ix          *index.Indexer
@@ -50,7 +60,8 @@ type stream struct {
 	att         *attachment // nil when no producer is attached
 	lastRing    shm.RingStats
 	lastHeader  shm.Header
-	alive       bool // producer believed alive (attached and not seen dead)
+	alive       bool         // producer believed alive (attached and not seen dead)
+	zmqBase     zmqpub.Stats // counters of the stream's closed publishers
 }
 
 // attachment is one producer's ring, followed by one drain goroutine.
@@ -106,6 +117,13 @@ type attachment struct {
 	view    fbs.EventView
 	hashes  []uint64
 	pending []syncReq
+	// Scratch of BATCH records and ZMQ encoding, owned by the drain goroutine.
+	batch   shm.Batch
+	meta    fbs.MetaView
+	wire    []byte
+	wev     vllmwire.Event
+	whashes []uint64
+	wtoks   []uint32
 }
 
 // syncReq asks the drain goroutine to apply everything published before the request, and to know every loss the
@@ -406,6 +424,8 @@ func (a *attachment) drainRecords(n *int, c *batchCounts, empty *bool) (retry bo
 		switch rec.Type {
 		case shm.TypeEvent:
 			a.applyEvent(rec, c)
+		case shm.TypeBatch:
+			a.applyBatch(rec, c)
 		case shm.TypeLoss:
 			first, last, count, _ := rec.Loss() // length validated by the Reader
 			a.lossSeen(first, last, max(count, 1))
@@ -474,22 +494,44 @@ var applyHook atomic.Pointer[func(worker, seq uint64)]
 func (a *attachment) applyEvent(rec shm.Record, c *batchCounts) {
 	v := &a.view
 	if err := fbs.Decode(rec.Payload, v); err != nil {
-		a.st.malformed.Add(1)
-		a.log.Warn("malformed event in ring: state before the next event is unknown", "pos", rec.Pos, "err", err)
-		a.ix.MarkUnknownHistory(fmt.Sprintf("malformed event at ring position %d", rec.Pos))
+		a.malformedRecord(rec.Pos, err)
 		return
 	}
+	a.applyView(v, c)
+	a.publishEvent(v)
+}
+
+// malformedRecord counts and logs a record that failed validation (an EVENT's FlatBuffer, a BATCH's layout or
+// sub-records) and marks the history unknown: the record is skipped, the rest of the ring is fine.
+func (a *attachment) malformedRecord(pos uint64, err error) {
+	a.st.malformed.Add(1)
+	a.log.Warn("malformed record in ring: state before the next event is unknown", "pos", pos, "err", err)
+	a.ix.MarkUnknownHistory(fmt.Sprintf("malformed record at ring position %d", pos))
+}
+
+// countReceived counts an event received (indexed or not) in the batch counters. It returns the kind index and
+// the number of blocks.
+func (a *attachment) countReceived(v *fbs.EventView, c *batchCounts) (int, uint64) {
 	k := int(v.Kind) - 1
 	if k < 0 || k > 2 {
-		return // Decode accepts only the three kinds
+		return -1, 0 // Decode accepts only the three kinds
 	}
+	c.evs[k]++
+	nb := uint64(v.NumBlocks())
+	c.blks[k] += nb
+	return k, nb
+}
+
+// applyView applies one decoded event to the index.
+func (a *attachment) applyView(v *fbs.EventView, c *batchCounts) {
 	if h := applyHook.Load(); h != nil {
 		(*h)(a.st.key.worker, v.Seq)
 	}
-	c.evs[k]++
+	k, nb := a.countReceived(v, c)
+	if k < 0 {
+		return
+	}
 	a.seqSeen, a.lastSeq = true, v.Seq
-	nb := uint64(v.NumBlocks())
-	c.blks[k] += nb
 	var res index.ApplyResult
 	var err error
 	switch v.Kind {

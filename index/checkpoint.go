@@ -276,7 +276,7 @@ func (e *ckEnc) finish() error {
 
 // ReadCheckpoint reads a checkpoint written by WriteCheckpoint and returns the restored index and the meta it was
 // written with. Every count, index and reference is validated (the tree must be a forest whose nodes are each
-// reachable exactly once, lookups must point at live nodes, log ids must increase, the checksum must match, no
+// reachable exactly once, lookups must point at live nodes, log ids must not decrease, the checksum must match, no
 // byte may follow); any violation is a *CheckpointError wrapping ErrCheckpoint. Errors reading r are returned
 // wrapped as they are. It never panics on any input. The whole checkpoint is read into memory first (sized once
 // when r is an *os.File or has a Len method, as *bytes.Reader does), and never more than that size, or than
@@ -769,7 +769,7 @@ func (td *treeDec) lookups() bool {
 	return d.err == nil
 }
 
-// decodeLog reads the event log (strictly increasing ids, at most max_buffer_size events) into ix.log.
+// decodeLog reads the event log (non-decreasing ids: equal inside a batch; at most max_buffer_size events) into ix.log.
 func (d *ckDec) decodeLog(ix *Indexer) bool {
 	n := d.count(26, "log event")
 	if n > ix.log.max {
@@ -812,7 +812,7 @@ func (d *ckDec) decodeLog(ix *Indexer) bool {
 			d.off = at
 			d.fail("event %d: kind %d", id, kind)
 		}
-		if d.err == nil && i > 0 && id <= last {
+		if d.err == nil && i > 0 && id < last {
 			d.off = at
 			d.fail("event id %d does not follow %d", id, last)
 		}

@@ -104,10 +104,26 @@
 // # Event log and recovery
 //
 // The log keeps the last MaxBufferSize applied events (including those the tree rejected, like Dynamo) with
-// strictly increasing ids, in fixed chunks of 256 headers plus an append-only word arena per chunk: no
+// non-decreasing ids, in fixed chunks of 256 headers plus an append-only word arena per chunk: no
 // allocation per event, binary search by id, and readers encode captured chunks outside the lock. Ids need not be
 // consecutive: a gap (ids the producer never handed to kvshm, e.g. vLLM's skipped BlockStored events) is not a
 // loss; it is counted (ApplyResult.Gap, Stats.Gaps) and invalidates the dump cache, as in 1.6.1.
+//
+// Batches (BeginBatch). An engine publishes KV events in batches under one sequence number, and Dynamo's ZMQ
+// listener gives every event of a batch the batch's seq as its event id, so 1.6.1's LocalKvIndexer holds several
+// events with one id. kvshm numbers the same way (recovery ids and ZMQ seqs are one numbering): BeginBatch(id)
+// opens a batch, and the events that follow with exactly that id are logged with it; only the first is checked
+// against the ids seen (gap, id reset), the 2nd..kth are neither. So log ids are non-decreasing, equal only inside
+// a batch; an Events answer from an id returns every event of that batch (the suffix starts at the first event
+// with id >= start, as 1.6.1 returns every buffered event in range). An event with another id, or the next
+// BeginBatch, closes the batch; without BeginBatch an equal id is still an id reset. An invalid event inside a
+// batch records the batch's id as lost and does not split the batch. A batch can be cut by eviction (the oldest
+// events of the log go one by one) and a reader can run between two events of a batch (the writer holds the lock
+// per event, as 1.6.1's listener applies a batch event by event): an Events answer or a dump then has part of the
+// batch and the batch's id as last_event_id. The dump cache counts the events logged after a snapshot by position
+// (treeVersion), not by id, so a cached dump is extended with the rest of such a batch, never served without it;
+// a consumer that recovered from a partial batch's id asks from id+1 next and misses the rest, as with 1.6.1. A
+// restored checkpoint has no open batch.
 //
 // Recover classifies as 1.6.1's classify_query: end < start → InvalidRange; no start → dump; empty log → dump
 // with last_event_id 0; start > last → TooNew (requested_end = end, or last); start < first → dump; else Events =
@@ -115,7 +131,7 @@
 // the same snapshot. (1.6.1 starts the suffix at its last all-domain Cleared; every event here carries
 // residency_domain "worker", as 1.6.1's own events do, so no Cleared is all-domain and the whole suffix is sent.)
 // Dumps go through 1.6.1's cache: one build at a time (waiters share it), a cached dump is an exact hit when nothing
-// newer was logged, is extended with the log tail (real ids, Stored or Removed) while the tail is covered, holds no
+// was logged since (counted by position, see Batches), is extended with the log tail (real ids, Stored or Removed) while the tail is covered, holds no
 // Cleared and stays within max_buffer_size/2 events of the build, and is invalidated (generation bump) by Cleared,
 // a gap, a loss, an id reset or SetPolicies. A build invalidated while running is rebuilt (1.6.1 returns it
 // uncached); a failed build (Error) is not cached. A TreeDump is consistent with its last_event_id: the tree is
@@ -161,8 +177,8 @@
 //     edge's old block hash (the stale hash of decision 3 by another path); here the new hash, always.
 //   - A store whose parent hash names a second copy of known tokens (a hash the lookup maps to a node under
 //     another hash): applied here; 1.6.1 answers ParentBlockNotFound and drops the child (issue 8 item 6).
-//   - Backwards or duplicate ids (id <= last seen): the event is applied to the tree (the engine's cache did
-//     change), the log restarts at it (so ids stay increasing and binary search valid; 1.6.1 keeps it and breaks
+//   - Backwards or duplicate ids (id <= last seen, outside a batch): the event is applied to the tree (the engine's cache did
+//     change), the log restarts at it (so ids stay non-decreasing and binary search valid; 1.6.1 keeps it and breaks
 //     its own search), the cache is invalidated and Stats.IDResets counts it. Lost ranges of the old numbering are
 //     forgotten; the tree's taint is kept.
 //   - max_buffer_size 0: nothing is logged; the dump cache also checks a tree version so it never serves a stale

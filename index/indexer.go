@@ -40,6 +40,13 @@ type Indexer struct {
 	// Read atomically by dump builders.
 	gen atomic.Uint64
 
+	// batch is the open batch (BeginBatch); owned by the writer goroutine, read and written under mu.
+	batch struct {
+		on   bool   // BeginBatch(id) was called and no event with another id followed
+		id   uint64 // the batch's id
+		seen bool   // an event of the batch was applied or rejected: the next ones with id continue it
+	}
+
 	// scratch is owned by the writer goroutine (only Apply* touch it).
 	scratch []Block
 	hashes  []uint64
@@ -179,11 +186,40 @@ func (ix *Indexer) applyLocked(id uint64, dp uint32, kind Kind, hasParent bool, 
 	return res
 }
 
+// BeginBatch says that the events applied next with exactly this id, until an event with another id, are one
+// batch (an engine's KV-event batch: Dynamo's ZMQ listener gives each event of a batch the batch's seq as its
+// event id). The first of them is checked as any event (gap, id reset); the 2nd..kth are logged with the same id,
+// are not id resets, and an Events answer from that id returns all of them. An event with another id closes the
+// batch; so does the next BeginBatch. Only the writer goroutine calls it.
+func (ix *Indexer) BeginBatch(id uint64) {
+	ix.mu.Lock()
+	ix.batch.on, ix.batch.id, ix.batch.seen = true, id, false
+	ix.mu.Unlock()
+}
+
+// continuesBatchLocked reports whether an event with id is the 2nd..kth of the open batch, and closes the batch
+// when id is another id. Called with mu held by the writer.
+func (ix *Indexer) continuesBatchLocked(id uint64) bool {
+	if !ix.batch.on {
+		return false
+	}
+	if id != ix.batch.id {
+		ix.batch.on = false
+		return false
+	}
+	cont := ix.batch.seen && ix.seenAny && id == ix.lastSeen
+	ix.batch.seen = true
+	return cont
+}
+
 // recordIDLocked checks id against the ids seen: a gap is counted and invalidates the dump cache (the skipped
 // ids were never handed to kvshm: not a loss, as in Dynamo); a backwards or duplicate id restarts the log at it.
 // Called with mu held by the writer.
 func (ix *Indexer) recordIDLocked(id uint64) ApplyResult {
 	var res ApplyResult
+	if ix.continuesBatchLocked(id) {
+		return res // the 2nd..kth event of a batch: same id, same place in the numbering
+	}
 	switch {
 	case !ix.seenAny:
 		ix.seenAny = true
@@ -301,6 +337,10 @@ func (ix *Indexer) reject(id uint64, err error) {
 	defer ix.mu.Unlock()
 	ix.c.rejected++
 	reason := "rejected invalid event: " + err.Error()
+	if ix.continuesBatchLocked(id) {
+		ix.addLostLocked(LostRange{First: id, Last: id, Reason: reason}) // an event of the batch id is lost
+		return
+	}
 	if !ix.seenAny || id > ix.lastSeen {
 		ix.markLostLocked(id, id, reason)
 		return

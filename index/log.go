@@ -1,6 +1,7 @@
 package index
 
-// The bounded event log (Dynamo's event_buffer): the last MaxBufferSize applied events, ids strictly increasing.
+// The bounded event log (Dynamo's event_buffer): the last MaxBufferSize applied events, ids non-decreasing (equal
+// only inside a batch, Indexer.BeginBatch).
 //
 // Storage is a list of fixed chunks of event headers, each with an append-only word arena holding the blocks of
 // its events (Stored: block hash and tokens hash pairs; Removed: hashes). A chunk is never modified below its fill
@@ -43,7 +44,7 @@ func (l *eventLog) hdr(i int) *logHdr {
 func (l *eventLog) firstID() uint64 { return l.hdr(0).id }
 func (l *eventLog) lastID() uint64  { return l.hdr(l.count - 1).id }
 
-// reset empties the log (an id went backwards: the log restarts so ids stay increasing).
+// reset empties the log (an id went backwards: the log restarts so ids stay non-decreasing).
 func (l *eventLog) reset() {
 	clear(l.chunks)
 	l.chunks = l.chunks[:0]

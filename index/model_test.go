@@ -263,6 +263,9 @@ type model struct {
 	lostHi   []uint64 // upper ends of lost ranges in the current numbering
 	tainted  bool
 	strict   bool // LossError
+	// The open batch (BeginBatch): events with its id after the first continue it.
+	batchOn, batchSeen bool
+	batchID            uint64
 }
 
 func (m *model) buffer() []mEvent {
@@ -290,7 +293,18 @@ func (m *model) unknown() {
 }
 
 func (m *model) apply(ev mEvent) Status {
+	cont := false
+	if m.batchOn {
+		if ev.id != m.batchID {
+			m.batchOn = false
+		} else {
+			cont = m.batchSeen && m.seenAny && ev.id == m.lastSeen
+			m.batchSeen = true
+		}
+	}
 	switch {
+	case cont:
+		// The 2nd..kth event of a batch: same id, logged again.
 	case !m.seenAny:
 		m.seenAny = true
 	case ev.id == m.lastSeen+1:
@@ -428,16 +442,27 @@ func runModel(t *testing.T, seed uint64, steps int) {
 	}
 	loras := [][]byte{nil, []byte("a"), []byte("lora-b")}
 	var lastSeqs [][]uint64 // tokens-hash sequences stored recently, for matching
+	batchLeft := 0          // events left in the current batch (same id)
 	for step := 0; step < steps; step++ {
-		// Next id: mostly consecutive, sometimes a gap or a backwards/duplicate id.
-		switch p := rng.IntN(100); {
-		case p < 3:
-			id += 2 + uint64(rng.IntN(3))
-		case p < 5 && id > 0:
-			id -= uint64(rng.IntN(int(min(id, 5)) + 1))
-		default:
-			id++
+		// Next id: mostly consecutive, sometimes a gap or a backwards/duplicate id; inside a batch, the same id.
+		if batchLeft > 0 {
+			batchLeft--
+		} else {
+			switch p := rng.IntN(100); {
+			case p < 3:
+				id += 2 + uint64(rng.IntN(3))
+			case p < 5 && id > 0:
+				id -= uint64(rng.IntN(int(min(id, 5)) + 1))
+			default:
+				id++
+			}
+			if rng.IntN(5) == 0 { // a batch of 2..5 events under this id (BeginBatch)
+				batchLeft = 1 + rng.IntN(4)
+				ix.BeginBatch(id)
+				m.batchOn, m.batchSeen, m.batchID = true, false, id
+			}
 		}
+		inBatch := m.batchOn && m.batchID == id
 		dp := dps[rng.IntN(len(dps))]
 		if rng.IntN(3) > 0 {
 			dp = dps[rng.IntN(min(3, len(dps)))]
@@ -445,7 +470,11 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		ev := mEvent{id: id, dp: dp}
 		var res ApplyResult
 		var gotErr error
-		switch p := rng.IntN(100); {
+		p := rng.IntN(100)
+		if inBatch && p < 3 {
+			p = 50 // a loss does not split a batch (the ring carries a batch as one record)
+		}
+		switch {
 		case p < 2:
 			first := id
 			last := id + uint64(rng.IntN(3))

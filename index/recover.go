@@ -182,7 +182,7 @@ func (ix *Indexer) assessCacheLocked(snap *dumpSnap) (Response, bool) {
 	ix.mu.RLock()
 	invalid := ix.gen.Load() != snap.gen
 	var parts []logPart
-	var lastB uint64
+	var lastB, tv uint64
 	if !invalid {
 		if ix.log.count == 0 {
 			// Exact hit only when nothing was applied since (Dynamo would also hit when max_buffer_size is 0 and
@@ -195,19 +195,25 @@ func (ix *Indexer) assessCacheLocked(snap *dumpSnap) (Response, bool) {
 				return snap.response(true), true
 			}
 		} else {
-			firstB := ix.log.firstID()
+			// Every applied event is logged once and bumps treeVersion, so the events logged since the snapshot
+			// are the last treeVersion-snap.treeVersion of the log. Counting by position, not by id, includes the
+			// rest of a batch whose first events (same id) the snapshot already held.
+			added := ix.treeVersion - snap.treeVersion
 			lastB = ix.log.lastID()
+			tv = ix.treeVersion
 			switch {
-			case lastB <= snap.last:
+			case added == 0:
 				ix.mu.RUnlock()
 				ix.cacheHits.Add(1)
 				return snap.response(true), true
+			case lastB < snap.last:
+				invalid = true
 			case lastB-snap.base > uint64(ix.cfg.MaxBufferSize/2):
 				invalid = true
-			case snap.last+1 < firstB:
-				invalid = true
+			case added > uint64(ix.log.count):
+				invalid = true // some of them were evicted
 			default:
-				i := ix.log.search(snap.last + 1)
+				i := ix.log.count - int(added)
 				if ix.log.hasCleared(i) {
 					invalid = true
 				} else {
@@ -228,7 +234,7 @@ func (ix *Indexer) assessCacheLocked(snap *dumpSnap) (Response, bool) {
 	buf, n := appendViewEvents(buf, snap.shape, ix.cfg.WorkerID, parts, snap.events == 0, rankFilter{})
 	buf = appendDumpTail(buf, snap.shape, lastB)
 	ext := *snap
-	ext.json, ext.events, ext.last = buf, snap.events+n, lastB
+	ext.json, ext.events, ext.last, ext.treeVersion = buf, snap.events+n, lastB, tv
 	ix.cache = &ext
 	ix.cacheExtends.Add(1)
 	return ext.response(true), true

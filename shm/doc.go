@@ -21,7 +21,7 @@
 //	0x048 state   INIT / READY / CLOSED
 //	0x080 tail    producer: the commit word  record: [u32 length][u32 type][payload][pad to 8]
 //	0x100 head    consumer: persisted        length = 8 + len(payload) <= max_record
-//	0x180 loss accounting (producer)         types: EVENT 1, LOSS 2, PADDING 0xFFFFFFFF
+//	0x180 loss accounting (producer)         types: EVENT 1, LOSS 2, BATCH 3, PADDING 0xFFFFFFFF
 //	0x200 consumer heartbeat, 0x208 consumer_parked (doorbell)
 //
 // Publication: the producer writes a record's payload, then its header, then stores the tail. The tail is the only
@@ -37,6 +37,15 @@
 // that fits is preceded, in the same publication, by a LOSS record {first_seq, last_seq, count} naming exactly the
 // dropped seqs; then loss_pending returns to 0. An event larger than max_record is dropped and counted the same way
 // (ErrTooLarge).
+//
+// Batches: a BATCH record (type 3) carries one engine batch atomically (the consumer never sees half of one): the
+// engine's timestamp, then sub-records laid out like ring records, EVENT (1, a kvevent.Event FlatBuffer) and META
+// (4, a kvevent.Meta for the EVENT right after it). Record.Batch parses and validates the layout (ErrMalformedBatch
+// on any violation: the consumer counts the record and skips it); the FlatBuffers stay opaque here, so checking
+// that the EVENTs share one seq and dp_rank is the consumer's job. Writer.WriteBatch writes one; a batch that does
+// not fit is refused whole (the caller counts the loss of its seq with CountDrop). A producer writes BATCH records
+// only to a consumer that said it reads them (kvshmd's ATTACH reply "batches": true): an older Reader reports type 3
+// as corruption. FORMAT.md, "BATCH record", is the byte layout.
 //
 // Doorbell: a consumer with nothing to read can sleep in Reader.Park instead of polling. Park stores
 // consumer_parked = 1 (0x208), re-checks the tail, and sleeps in FUTEX_WAIT (shared, not private: the producer is
@@ -89,6 +98,8 @@
 //     the producer later finds the consumer's head ahead of its own tail (by at most a ring, aligned) it re-bases
 //     there, dropping and reporting one event, so a scribbled tail word costs at most a ring of events, never the
 //     stream.
+//   - Malformed BATCH payload: Record.Batch returns an error wrapping ErrMalformedBatch (Next returned the record:
+//     its header was valid), so only that record is lost; the ring stays in step.
 //   - Magic or version mismatch, invalid header fields or file size: Open refuses with ErrMagic, ErrVersion
 //     (naming both versions) or ErrHeader.
 //   - Second producer on the same file: Create refuses with ErrLocked (ErrExist for a stale file nobody holds).

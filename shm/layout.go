@@ -67,6 +67,7 @@ const (
 const (
 	TypeEvent   uint32 = 1          // payload: a kvevent.Event FlatBuffer (opaque to this package)
 	TypeLoss    uint32 = 2          // payload: first_seq u64, last_seq u64, count u64
+	TypeBatch   uint32 = 3          // payload: ts f64, count u32, flags u32, count sub-records (batch.go)
 	TypePadding uint32 = 0xFFFFFFFF // fills the bytes to the end of the data area; skipped by Next
 )
 

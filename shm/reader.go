@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Record is one EVENT or LOSS record returned by Reader.Next. Payload aliases the mapping: it is valid until the
+// Record is one EVENT, LOSS or BATCH record returned by Reader.Next (Batch parses a BATCH's payload). Payload aliases the mapping: it is valid until the
 // next Release (or SkipToTail, or Close), after which the producer may overwrite it. Copy what you keep.
 type Record struct {
 	Type    uint32
@@ -174,7 +174,7 @@ func (r *Reader) next() (Record, error) {
 			continue
 		}
 		size := align8(length)
-		if (typ != TypeEvent && (typ != TypeLoss || length != lossRecordSize)) ||
+		if (typ != TypeEvent && typ != TypeBatch && (typ != TypeLoss || length != lossRecordSize)) ||
 			length < RecordHeaderSize || length > r.maxRecord || size > room || size > avail {
 			return Record{}, r.badRecord(length, typ, room, avail)
 		}
@@ -194,7 +194,7 @@ func (r *Reader) badRecord(length uint64, typ uint32, room, avail uint64) error 
 		return corruptf(r.pos, "padding length %d, want %d (the bytes to the end)", length, room)
 	case typ == TypePadding:
 		return corruptf(r.pos, "padding of %d bytes runs past the tail (%d bytes published)", length, avail)
-	case typ != TypeEvent && typ != TypeLoss:
+	case typ != TypeEvent && typ != TypeLoss && typ != TypeBatch:
 		return corruptf(r.pos, "unknown record type %#x", typ)
 	case length < RecordHeaderSize:
 		return corruptf(r.pos, "record length %d is shorter than its header", length)

@@ -485,7 +485,8 @@ func TestCorruptRecords(t *testing.T) {
 		reason string
 	}{
 		{"zero type", 64, 0, 16, 0, "unknown record type"},
-		{"unknown type", 64, 0, 16, 3, "unknown record type"},
+		{"unknown type", 64, 0, 16, 5, "unknown record type"},
+		{"sub-record type as a record", 64, 0, 16, SubMeta, "unknown record type"},
 		{"length below header", 64, 0, 4, TypeEvent, "shorter than its header"},
 		{"length above max_record", 16384, 0, 8200, TypeEvent, "exceeds max_record"},
 		{"record past tail", 64, 0, 72, TypeEvent, "past the tail"},
@@ -591,7 +592,7 @@ func TestResumeAtPersistedHead(t *testing.T) {
 
 func TestAppendRejectsReservedTypes(t *testing.T) {
 	w, r, _ := newTestRing(t, Options{Capacity: MinCapacity})
-	for _, typ := range []uint32{0, 3, TypePadding} {
+	for _, typ := range []uint32{0, SubMeta, 5, TypePadding} {
 		if w.Append(typ, []byte("x")) {
 			t.Errorf("Append(type %#x) accepted", typ)
 		}

@@ -31,7 +31,8 @@ type Writer struct {
 	lossLast      uint64
 	lossCount     uint64 // events dropped since the last LOSS record
 
-	lossBuf [LossPayloadSize]byte
+	lossBuf  [LossPayloadSize]byte
+	batchBuf []byte // WriteBatch's staging buffer, reused
 }
 
 // Create makes a new ring file at path and returns its producer. The file is created exclusively with mode
@@ -91,10 +92,10 @@ func (w *Writer) Path() string { return w.path }
 
 // Append stages one record without publishing it (Publish makes staged records visible with one tail store). It
 // returns false, writing nothing visible, when the record does not fit in the free space (including a padding
-// record at the wrap), exceeds max_record, or typ is not TypeEvent or TypeLoss, or the Writer is closed. Append
+// record at the wrap), exceeds max_record, or typ is not TypeEvent, TypeLoss or TypeBatch, or the Writer is closed. Append
 // does not count drops; WriteEvent does.
 func (w *Writer) Append(typ uint32, payload []byte) bool {
-	if w.m == nil || (typ != TypeEvent && typ != TypeLoss) {
+	if w.m == nil || (typ != TypeEvent && typ != TypeLoss && typ != TypeBatch) {
 		return false
 	}
 	length := uint64(RecordHeaderSize) + uint64(len(payload))
@@ -162,6 +163,58 @@ func (w *Writer) Publish() {
 	w.published = w.tail
 	if loadParked(w.m) != 0 { // after the tail store (a full fence on amd64): producer half of the Dekker pair
 		futexWakeAll(tailFutex(w.m))
+	}
+}
+
+// WriteBatch writes one BATCH record of (ts, subs) (layout: AppendBatch), preceded by a LOSS record if a loss is
+// pending, and publishes both with one tail store, like WriteEvent. It returns true when the batch was written.
+// When it does not fit (ring full, or its record exceeds max_record) it writes nothing and returns false at once,
+// without counting a drop: the ring does not read the events' seqs, so a producer that accounts losses calls
+// CountDrop with the batch's seq. subs breaking the layout rules (empty, unknown sub-type, META not followed by an
+// EVENT) return an error wrapping ErrMalformedBatch before anything is staged; a closed Writer returns ErrClosed.
+func (w *Writer) WriteBatch(ts float64, subs []Sub) (bool, error) {
+	if w.m == nil {
+		return false, ErrClosed
+	}
+	var err error
+	if w.batchBuf, err = AppendBatch(w.batchBuf[:0], ts, subs); err != nil {
+		return false, err
+	}
+	if uint64(RecordHeaderSize)+uint64(len(w.batchBuf)) > w.maxRecord {
+		w.Publish()
+		return false, nil
+	}
+	mark, pub := w.tail, w.published
+	if w.lossPending {
+		le := binary.LittleEndian
+		le.PutUint64(w.lossBuf[0:], w.lossFirst)
+		le.PutUint64(w.lossBuf[8:], w.lossLast)
+		le.PutUint64(w.lossBuf[16:], w.lossCount)
+		if !w.Append(TypeLoss, w.lossBuf[:]) {
+			w.Publish()
+			return false, nil
+		}
+	}
+	if !w.Append(TypeBatch, w.batchBuf) {
+		if w.published == pub {
+			w.tail = mark // unstage the LOSS record (never published)
+		}
+		w.Publish()
+		return false, nil
+	}
+	w.Publish()
+	if w.lossPending {
+		w.lossPending, w.lossCount = false, 0
+		storeCounter(w.m, offLossPending, 0)
+	}
+	return true, nil
+}
+
+// CountDrop counts one dropped event (or batch) with seq and n payload bytes, as WriteEvent does for an event that
+// does not fit: the header's loss counters, and a LOSS record before the next record that fits.
+func (w *Writer) CountDrop(seq uint64, n int) {
+	if w.m != nil {
+		w.drop(seq, n)
 	}
 }
 

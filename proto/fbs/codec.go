@@ -49,6 +49,15 @@
 // Nothing is checked twice and nothing is allocated on success; a failure returns a *MalformedError (one small
 // allocation) that wraps ErrMalformed and names the offset and the reason.
 //
+// # Metadata
+//
+// kvevent.Meta carries an event's fields that the index does not need and the ZMQ stream does (vLLM's medium,
+// lora_id, block_size, extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window): a separate root
+// buffer without file identifier, so the Event encoding above stays byte-identical. It travels as a META
+// sub-record of a BATCH ring record (shm/FORMAT.md), just before the EVENT it applies to. BuildMeta fixes its
+// canonical call order; DecodeMeta validates it by the same rules as Decode (with a 4-byte header) and returns
+// errors wrapping ErrMalformedMeta: the daemon counts the whole BATCH record as malformed and skips it.
+//
 // # Caveats
 //
 // EventView's byte slices alias the payload: they are valid exactly as long as the payload is (for a ring record,

@@ -22,6 +22,19 @@ type AttachRequest struct {
 	// as vLLM runs); omitted, the stream is the worker's ALL stream (one producer for every rank, as TensorRT-LLM
 	// runs). Streams are keyed by (worker_id, scope): a second live producer for the same key is a conflict.
 	DpRank *uint32 `json:"dp_rank,omitempty"`
+	// Publish, when given, makes kvshmd publish the stream on ZMQ in vLLM's wire format (package zmqpub); null or
+	// omitted, it does not publish.
+	Publish *Publish `json:"publish,omitempty"`
+}
+
+// Publish is ATTACH's ZMQ publishing request: vLLM's KVEventsConfig fields (the dp_rank port offset already
+// applied by the producer). Every field is required; replay_endpoint may be null (no replay socket).
+type Publish struct {
+	Endpoint       string  `json:"endpoint"`
+	ReplayEndpoint *string `json:"replay_endpoint"`
+	Topic          string  `json:"topic"`
+	HWM            int     `json:"hwm"`
+	BufferSteps    int     `json:"buffer_steps"`
 }
 
 // AttachReply is the body of an ATTACH reply.
@@ -34,6 +47,11 @@ type AttachReply struct {
 	// Restored is true when the index was restored from the checkpoint a gracefully stopped daemon wrote for this
 	// ring epoch and head (--state-dir): nothing was lost. Resumed without Restored means unknown history.
 	Restored bool `json:"restored"`
+	// Batches is true: this daemon understands BATCH ring records (older daemons omit it; a producer then writes
+	// single EVENT records).
+	Batches bool `json:"batches"`
+	// Publishing is true when the stream is published on ZMQ (ATTACH asked for it and the sockets are up).
+	Publishing bool `json:"publishing"`
 }
 
 // WorkerRequest is the body of DETACH, DUMP, STATS and FORGET requests (worker_id may be null, except for DETACH
@@ -137,6 +155,20 @@ type StreamStats struct {
 	LossPending     bool    `json:"loss_pending"`
 	DumpBuilds      uint64  `json:"dump_builds"`
 	DumpCacheHits   uint64  `json:"dump_cache_hits"`
+	// EventsNotIndexed counts the events applied to ZMQ only (not device-tier main attention; kvshm_events_not_indexed_total).
+	EventsNotIndexed uint64 `json:"events_not_indexed"`
+	// Zmq is present when the stream is published on ZMQ.
+	Zmq *ZmqStats `json:"zmq,omitempty"`
+}
+
+// ZmqStats is a stream's ZMQ publisher in a STATS reply.
+type ZmqStats struct {
+	Published      uint64  `json:"published"`
+	Dropped        uint64  `json:"dropped"`
+	ReplayRequests uint64  `json:"replay_requests"`
+	Replayed       uint64  `json:"replayed"`
+	Endpoint       string  `json:"endpoint"`
+	ReplayEndpoint *string `json:"replay_endpoint"`
 }
 
 // StatsReply is the body of a STATS reply.
@@ -174,7 +206,7 @@ func DecodeStrict(body []byte, v any) error {
 // checkObjectKeys checks that body is one JSON object whose keys are each exactly (case included) the json name of
 // one of v's struct fields, at most once. Values are left to json.Decoder.
 func checkObjectKeys(body []byte, v any) error {
-	fields := jsonFieldNames(reflect.TypeOf(v).Elem())
+	fields, nested := jsonFieldNames(reflect.TypeOf(v).Elem())
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if tok, err := dec.Token(); err != nil {
 		return err
@@ -195,17 +227,24 @@ func checkObjectKeys(body []byte, v any) error {
 			return fmt.Errorf("duplicate field %q", key)
 		}
 		seen[key] = true
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
 			return err
+		}
+		if sub := nested[key]; sub != nil && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+			if err := checkObjectKeys(raw, reflect.New(sub).Interface()); err != nil {
+				return fmt.Errorf("%s: %w", key, err)
+			}
 		}
 	}
 	return nil
 }
 
-// jsonFieldNames returns the json names of a struct type's fields.
-func jsonFieldNames(t reflect.Type) map[string]bool {
+// jsonFieldNames returns the json names of a struct type's fields, and the struct type of those that hold a
+// struct (or a pointer to one): their objects are checked the same way.
+func jsonFieldNames(t reflect.Type) (map[string]bool, map[string]reflect.Type) {
 	names := make(map[string]bool, t.NumField())
+	nested := map[string]reflect.Type{}
 	for f := range t.Fields() {
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 		if name == "" {
@@ -213,9 +252,16 @@ func jsonFieldNames(t reflect.Type) map[string]bool {
 		}
 		if name != "-" {
 			names[name] = true
+			ft := f.Type
+			if ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Struct {
+				nested[name] = ft
+			}
 		}
 	}
-	return names
+	return names, nested
 }
 
 // EncodeErrorBody returns the JSON body of an error reply (the daemon writes it on the socket and over HTTP).

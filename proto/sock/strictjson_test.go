@@ -51,6 +51,31 @@ func TestDecodeStrictKeys(t *testing.T) {
 	}
 }
 
+// TestDecodeStrictNested: the rules hold inside ATTACH's publish object too.
+func TestDecodeStrictNested(t *testing.T) {
+	for _, c := range []struct{ body, wantErr string }{
+		{`{"publish":{"endpoint":"tcp://*:1","replay_endpoint":null,"topic":"","hwm":1,"buffer_steps":2}}`, ""},
+		{`{"publish":null}`, ""},
+		{`{"publish":{"Endpoint":"x"}}`, `publish: unknown field "Endpoint"`},
+		{`{"publish":{"endpoint":"x","endpoint":"y"}}`, `publish: duplicate field "endpoint"`},
+		{`{"publish":{"endpoint":"x","bogus":1}}`, `publish: unknown field "bogus"`},
+		{`{"publish":{"hwm":"1"}}`, "cannot unmarshal"},
+		{`{"publish":[]}`, "want a JSON object"},
+	} {
+		var got AttachRequest
+		err := DecodeStrict([]byte(c.body), &got)
+		if c.wantErr == "" {
+			if err != nil {
+				t.Errorf("DecodeStrict(%s) = %v, want nil", c.body, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+			t.Errorf("DecodeStrict(%s) = %v, want an error containing %q", c.body, err, c.wantErr)
+		}
+	}
+}
+
 func eqU(a, b *uint64) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
 
 // FuzzDecodeStrict: no panic on any body, and an accepted body re-decodes the same way.

@@ -54,6 +54,7 @@ func vectorSources(t *testing.T) []frameVector {
 		return string(b)
 	}
 	lora := "adapter-a"
+	replayEP := "tcp://*:5568"
 	reqs := []struct {
 		name, method string
 		kind         Kind
@@ -61,6 +62,10 @@ func vectorSources(t *testing.T) []frameVector {
 	}{
 		{"attach request", "attach", KindAttach, AttachRequest{RingPath: "/dev/shm/kvshm-7.ring", WorkerID: 7, KVBlockSize: 32, MaxBufferSize: 10000}},
 		{"attach request, per-rank stream (dp_rank)", "attach", KindAttach, AttachRequest{RingPath: "/dev/shm/kvshm-7-r1.ring", WorkerID: 7, KVBlockSize: 32, MaxBufferSize: 10000, DpRank: u32p(1)}},
+		{"attach request, ZMQ publishing (publish)", "attach", KindAttach, AttachRequest{RingPath: "/dev/shm/kvshm-7-r1.ring", WorkerID: 7, KVBlockSize: 16, MaxBufferSize: 10000, DpRank: u32p(1),
+			Publish: &Publish{Endpoint: "tcp://*:5558", ReplayEndpoint: &replayEP, Topic: "kv", HWM: 100000, BufferSteps: 10000}}},
+		{"attach request, ZMQ publishing without replay", "attach", KindAttach, AttachRequest{RingPath: "/dev/shm/kvshm-7.ring", WorkerID: 7, KVBlockSize: 16, MaxBufferSize: 10000,
+			Publish: &Publish{Endpoint: "ipc:///run/kv.sock", HWM: 0, BufferSteps: 0}}},
 		{"detach request", "detach", KindDetach, WorkerRequest{WorkerID: u64p(7)}},
 		{"events request", "events", KindEvents, EventsRequest{WorkerID: u64p(7), Start: u64p(2), End: nil}},
 		{"events request, u64 max ids", "events", KindEvents, EventsRequest{WorkerID: u64p(1<<64 - 1), Start: u64p(1<<64 - 1), End: u64p(1<<64 - 1)}},
@@ -87,6 +92,13 @@ func vectorSources(t *testing.T) []frameVector {
 			Tainted: true, Incomplete: true, TaintReason: "event ids 80..81 were lost (producer dropped 2 events (ring full))",
 			LostRanges: []LostRange{{First: 80, Last: 81, Reason: "producer dropped 2 events (ring full)"}}, LostEvents: 2, TokenMismatches: 3,
 			EventsReceived: 98, RingCapacity: 1 << 26, DroppedEvents: 2, DroppedBytes: 900,
+		}}})),
+		reply("attach OK reply (batches, publishing)", KindAttach, StatusOK, mj(AttachReply{WorkerID: 7, Epoch: 3, StreamEpoch: 1, Batches: true, Publishing: true})),
+		reply("stats OK reply, a published stream", KindStats, StatusOK, mj(StatsReply{Streams: []StreamStats{{
+			WorkerID: 7, KVBlockSize: 16, MaxBufferSize: 10000, RingPath: "/dev/shm/kvshm-7.ring", Epoch: 1, StreamEpoch: 1,
+			ProducerAlive: true, ProducerPID: 4242, Attached: true, FirstEventID: u64p(0), LastEventID: u64p(9), Buffered: 10,
+			EventsReceived: 12, EventsNotIndexed: 2, RingCapacity: 1 << 26,
+			Zmq: &ZmqStats{Published: 10, Dropped: 1, ReplayRequests: 2, Replayed: 7, Endpoint: "tcp://*:5558", ReplayEndpoint: &replayEP},
 		}}})),
 		reply("events OK reply", KindEvents, StatusOK, `{"Events":{"events":[{"worker_id":7,"storage_tier":"device","event":{"event_id":3,"data":"cleared","dp_rank":0}}],"last_event_id":3}}`),
 		reply("detach OK reply (empty object)", KindDetach, StatusOK, `{}`),

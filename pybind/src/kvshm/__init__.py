@@ -10,6 +10,8 @@ radix tree and the recent-event log and answers Dynamo's recovery queries (``get
     ...     print(ix.get_events_json(0))
 """
 
+from . import events
+from ._batch import ZmqPublish
 from ._errors import ClosedError, ForkedProcessError, KvshmError, LauncherError
 from ._indexer import LocalIndexer
 from ._ring import RingError
@@ -21,7 +23,9 @@ __all__ = [
     "LauncherError",
     "LocalIndexer",
     "RingError",
+    "ZmqPublish",
     "__version__",
+    "events",
 ]
 
 __version__ = "0.1.0"

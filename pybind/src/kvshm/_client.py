@@ -306,10 +306,18 @@ class Client:
         return self.call_json(Kind.HEALTH, {}, timeout=timeout)
 
     def attach(
-        self, ring_path: str, worker_id: int, kv_block_size: int, max_buffer_size: int, *, dp_rank: int | None = None
+        self,
+        ring_path: str,
+        worker_id: int,
+        kv_block_size: int,
+        max_buffer_size: int,
+        *,
+        dp_rank: int | None = None,
+        publish: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """ATTACH this connection as the producer of ``ring_path``; never retried (the connection is the lease).
-        ``dp_rank`` makes the stream that rank's only (omitted from the body when None: every rank)."""
+        ``dp_rank`` makes the stream that rank's only (omitted from the body when None: every rank); ``publish``
+        (``kvshm.ZmqPublish.to_json()``) asks the daemon to publish the stream on ZMQ (omitted when None)."""
         body: dict[str, Any] = {
             "ring_path": ring_path,
             "worker_id": worker_id,
@@ -318,6 +326,8 @@ class Client:
         }
         if dp_rank is not None:
             body["dp_rank"] = dp_rank
+        if publish is not None:
+            body["publish"] = publish
         return self.call_json(Kind.ATTACH, body, retry=False)
 
     def detach(self, worker_id: int, *, dp_rank: int | None = None, timeout: float | None = None) -> None:

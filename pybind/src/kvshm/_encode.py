@@ -63,6 +63,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol, SupportsIndex
 
 __all__ = [
+    "BATCH_HEADER",
+    "RECORD_BATCH",
+    "SUB_EVENT",
+    "SUB_META",
+    "build_meta",
+    "prepare_batch",
     "KIND_CLEARED",
     "KIND_REMOVED",
     "KIND_STORED",
@@ -661,3 +667,180 @@ def encode_removed(seq: SupportsIndex, block_hashes: IntSequence, dp_rank: Suppo
 def encode_cleared(seq: SupportsIndex, dp_rank: SupportsIndex = 0) -> bytes:
     """Returns the canonical FlatBuffer of a Cleared event."""
     return _to_bytes(prepare_cleared(seq, dp_rank))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Event metadata (kvevent.Meta) and BATCH records (shm/FORMAT.md, "BATCH record").
+#
+# Meta is small and cached per distinct value, so it is built by a minimal FlatBuffers builder for one table (no
+# runtime dependency) that follows the official builders' arithmetic and kvshm's canonical call order (Go:
+# fbs.BuildMeta): [kind = CreateString], [extra = CreateByteVector], [medium = CreateString], MetaStart, the present
+# fields in schema order, MetaEnd, Finish without file identifier. Tests prove byte identity with the official
+# Python builder and with the shared vectors (testdata/batch) that the Go side checks too.
+
+RECORD_BATCH: Final = 3  # ring record type of a batch
+SUB_EVENT: Final = 1  # sub-record types inside a BATCH
+SUB_META: Final = 4
+BATCH_HEADER: Final = 16  # ts f64, count u32, flags u32
+
+# Meta's vtable slots (proto/fbs/event.fbs): medium, lora_id, block_size, extra_keys, group_idx, kind, window.
+_META_FIELDS: Final = 7
+
+
+class _Back:
+    """A FlatBuffer built back to front (``out`` holds the bytes from the head to the end), with the official
+    builders' alignment rules."""
+
+    __slots__ = ("out", "minalign", "vtable", "object_end")
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.minalign = 1
+        self.vtable: list[int] = []
+        self.object_end = 0
+
+    def prep(self, size: int, additional: int) -> None:
+        if size > self.minalign:
+            self.minalign = size
+        pad = (-(len(self.out) + additional)) & (size - 1)
+        if pad:
+            self.out[0:0] = bytes(pad)
+
+    def prepend(self, fmt: str, value: int) -> None:
+        self.prep(struct.calcsize(fmt), 0)
+        self.out[0:0] = struct.pack(fmt, value)
+
+    def bytes_vector(self, data: bytes, nul: bool) -> int:
+        """CreateString (``nul``) or CreateByteVector; returns the vector's offset."""
+        self.prep(4, len(data) + (1 if nul else 0))
+        self.out[0:0] = data + (b"\x00" if nul else b"")
+        self.out[0:0] = struct.pack("<I", len(data))
+        return len(self.out)
+
+    def uoffset(self, target: int) -> None:
+        self.prep(4, 0)
+        self.out[0:0] = struct.pack("<I", len(self.out) + 4 - target)
+
+    def start(self, fields: int) -> None:
+        self.vtable = [0] * fields
+        self.object_end = len(self.out)
+
+    def slot(self, i: int) -> None:
+        self.vtable[i] = len(self.out)
+
+    def end(self) -> int:
+        self.prepend("<i", 0)  # soffset, patched below
+        obj = len(self.out)
+        vt = self.vtable
+        while vt and vt[-1] == 0:
+            vt = vt[:-1]
+        for f in reversed(vt):
+            self.prepend("<H", obj - f if f else 0)
+        self.prepend("<H", obj - self.object_end)
+        self.prepend("<H", 2 * (len(vt) + 2))
+        at = len(self.out) - obj  # the table's position in out
+        struct.pack_into("<i", self.out, at, len(self.out) - obj)
+        return obj
+
+    def finish(self, root: int) -> bytes:
+        self.prep(self.minalign, 4)
+        self.uoffset(root)
+        return bytes(self.out)
+
+
+def build_meta(
+    medium: str | None = None,
+    lora_id: int | None = None,
+    block_size: int | None = None,
+    extra_keys: bytes | None = None,
+    group_idx: int | None = None,
+    kind: str | None = None,
+    sliding_window: int | None = None,
+) -> bytes:
+    """The canonical ``kvevent.Meta`` FlatBuffer (None = absent; ``extra_keys`` already msgpack-encoded).
+    TypeError/ValueError for values that do not fit their fields (lora_id i64, the others u32, strings UTF-8)."""
+    ints = [lora_id, block_size, group_idx, sliding_window]
+    for i, v in enumerate(ints):
+        if v is not None and v.__class__ is not int:
+            if isinstance(v, bool):
+                raise TypeError("kvshm: event metadata integers must be ints, not bool")
+            try:
+                ints[i] = operator.index(v)
+            except TypeError:
+                raise TypeError(f"kvshm: event metadata integers must be ints, not {type(v).__name__}") from None
+    lora_id, block_size, group_idx, sliding_window = ints
+    b = _Back()
+    try:
+        kind_off = b.bytes_vector(kind.encode("utf-8"), True) if kind is not None else 0
+        extra_off = b.bytes_vector(bytes(extra_keys), False) if extra_keys is not None else 0
+        medium_off = b.bytes_vector(medium.encode("utf-8"), True) if medium is not None else 0
+        b.start(_META_FIELDS)
+        if medium is not None:
+            b.uoffset(medium_off)
+            b.slot(0)
+        if lora_id is not None:
+            b.prepend("<q", lora_id)
+            b.slot(1)
+        if block_size is not None:
+            b.prepend("<I", block_size)
+            b.slot(2)
+        if extra_keys is not None:
+            b.uoffset(extra_off)
+            b.slot(3)
+        if group_idx is not None:
+            b.prepend("<I", group_idx)
+            b.slot(4)
+        if kind is not None:
+            b.uoffset(kind_off)
+            b.slot(5)
+        if sliding_window is not None:
+            b.prepend("<I", sliding_window)
+            b.slot(6)
+    except struct.error as e:
+        raise ValueError(f"kvshm: event metadata out of range: {e}") from None
+    except (AttributeError, UnicodeEncodeError) as e:
+        raise TypeError(f"kvshm: event metadata strings must be str: {e}") from None
+    return b.finish(b.end())
+
+
+_SUB_HEADER: Final = struct.Struct("<II")
+_BATCH_HEAD: Final = struct.Struct("<IIdII")  # record length, type 3, ts, count, flags
+_ZEROS: Final = bytes(8)
+
+
+def _write_batch(buf: Buffer, off: int, p: Prepared) -> None:
+    """Writes a BATCH record: header, then each sub-record (META bytes, or an EVENT through its prepared writer,
+    which writes the sub-record header [8+size][1] exactly as a ring EVENT record's), zero padding between."""
+    size, _, _, _, _, ts, subs = p
+    _BATCH_HEAD.pack_into(buf, off, size + 8, RECORD_BATCH, ts, len(subs), 0)
+    pos = off + 8 + BATCH_HEADER
+    last = len(subs) - 1
+    for i, sub in enumerate(subs):
+        if sub.__class__ is bytes:  # META
+            n = 8 + len(sub)
+            _SUB_HEADER.pack_into(buf, pos, n, SUB_META)
+            buf[pos + 8 : pos + n] = sub
+        else:
+            n = 8 + sub[0]
+            sub[1](buf, pos, sub)
+        if i != last:
+            pad = -n & 7
+            if pad:
+                buf[pos + n : pos + n + pad] = _ZEROS[:pad]
+            n += pad
+        pos += n
+
+
+def prepare_batch(seq: int, dp_rank: int, ts: float, subs: list[Any]) -> Prepared:
+    """A BATCH record of ``subs`` (in order: META bytes, each right before its EVENT, and prepared EVENTs, all
+    prepared with this ``seq`` and ``dp_rank``); ``ts`` the engine's time (0.0 = unknown). Returns ``(size,
+    writer, None, seq, dp_rank, ts, subs)`` like the other ``prepare_*`` functions (size without the record
+    header)."""
+    size = BATCH_HEADER
+    for sub in subs:
+        size += ((len(sub) if sub.__class__ is bytes else sub[0]) + 15) & ~7
+    if subs:
+        last = subs[-1]
+        n = 8 + (len(last) if last.__class__ is bytes else last[0])
+        size -= -n & 7  # the last sub-record is not padded
+    return (size, _write_batch, None, seq, dp_rank, ts, subs)

@@ -47,10 +47,12 @@ import select
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from typing import Any, Final, SupportsIndex
 
+from ._batch import BatchBuilder, ZmqPublish
 from ._client import Client, ClientError, RemoteError
-from ._encode import IntSequence
+from ._encode import IntSequence, prepare_batch
 from ._errors import ClosedError, ForkedProcessError, KvshmError, LauncherError
 from ._launcher import PrivateDaemon
 from ._ring import RingWriter, default_dir, sweep_stale_rings
@@ -121,8 +123,19 @@ class _Core:
         ring_dir: str | None,
         ring_bytes: int,
         dp_rank: int | None,
+        publish: ZmqPublish | None = None,
     ) -> None:
         self.worker_id = worker_id
+        self.publish = publish  # sent in every ATTACH (ports already offset for dp_rank)
+        self.batcher = BatchBuilder(kv_block_size)  # protected by lock
+        # Batch counters, protected by lock.
+        self.batches = 0  # apply_batch calls that published something
+        self.batch_records = 0  # BATCH records written (one per batch)
+        self.batch_records_dropped = 0  # BATCH records the ring refused (full, too large): a loss of their seq
+        self.batch_events = 0  # events in all batches
+        self.batches_fallback = 0  # published event by event (the daemon does not read BATCH records)
+        self.fallback_meta_dropped = 0  # events whose metadata a fallback could not carry
+        self.fallback_not_indexed = 0  # events a fallback skipped (the daemon's index would not apply them)
         self.dp_rank = dp_rank  # None: this producer publishes for every dp_rank of the worker (scope ALL)
         self.kv_block_size = kv_block_size
         self.max_buffer_size = max_buffer_size
@@ -206,7 +219,12 @@ class _Core:
         client = Client(self.socket_path, connect_timeout=2.0, timeout=_ATTACH_TIMEOUT if timeout is None else timeout)
         try:
             reply = client.attach(
-                self.ring.path, self.worker_id, self.kv_block_size, self.max_buffer_size, dp_rank=self.dp_rank
+                self.ring.path,
+                self.worker_id,
+                self.kv_block_size,
+                self.max_buffer_size,
+                dp_rank=self.dp_rank,
+                publish=None if self.publish is None else self.publish.to_json(),
             )
         except BaseException:
             client.close()
@@ -478,6 +496,9 @@ class LocalIndexer:
 
     __slots__ = ("_core", "_ring", "_dp", "_scoped", "_finalizer", "__weakref__")
 
+    # Note for maintainers: apply_stored/removed/cleared are the hot path measured by bench/; apply_batch adds
+    # nothing to them.
+
     def __init__(
         self,
         worker_id: SupportsIndex,
@@ -488,8 +509,11 @@ class LocalIndexer:
         ring_dir: str | os.PathLike[str] | None = None,
         ring_bytes: int | None = None,
         dp_rank: SupportsIndex | None = None,
+        publish: ZmqPublish | None = None,
     ) -> None:
         worker_id = _int_in(worker_id, "worker_id", 0, _U64)
+        if publish is not None and not isinstance(publish, ZmqPublish):
+            raise TypeError(f"kvshm: publish must be a kvshm.ZmqPublish or None, not {type(publish).__name__}")
         kv_block_size = _int_in(kv_block_size, "kv_block_size", 1, _U32)
         max_buffer_size = _int_in(max_buffer_size, "max_buffer_size", 0, _U32)
         if socket_path is None:
@@ -509,6 +533,8 @@ class LocalIndexer:
                 dp_rank = _int_in(int(env), DP_RANK_ENV, 0, _U32)
         else:
             dp_rank = _int_in(dp_rank, "dp_rank", 0, _U32)
+        if publish is not None:
+            publish = publish.for_rank(dp_rank)  # vLLM's port offset (ValueError for ipc:// with a rank > 0)
         core = _Core(
             worker_id,
             kv_block_size,
@@ -517,6 +543,7 @@ class LocalIndexer:
             None if ring_dir is None else os.fspath(ring_dir),
             ring_bytes,
             dp_rank,
+            publish,
         )
         try:
             core.start()
@@ -624,6 +651,82 @@ class LocalIndexer:
         finally:
             lock.release()
 
+    def apply_batch(
+        self,
+        seq: SupportsIndex,
+        events: Sequence[Any],
+        ts: float | None = None,
+        dp_rank: SupportsIndex | None = None,
+    ) -> None:
+        """Publish one engine batch of KV events under one ``seq`` (the batch's event id: every event of it gets
+        this id in kvshm's index and on the ZMQ stream, as Dynamo numbers a vLLM batch).
+
+        ``events``: vLLM's ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared`` objects (recognized by class
+        name, read by vLLM's attribute names: vLLM's msgspec objects pass as they are) or
+        :mod:`kvshm.events`' dataclasses. ``ts`` is the engine's ``time.time()`` for the batch (None: now);
+        ``dp_rank`` None means the indexer's own rank. An empty ``events`` publishes nothing.
+
+        With a kvshmd that reads BATCH records (its ATTACH reply says ``"batches": true``) the batch is one ring
+        record, atomic for the daemon, carrying vLLM's metadata (medium, lora_id, block_size, extra_keys,
+        group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window) for the ZMQ stream. Otherwise (an older or
+        not yet attached daemon) each event the daemon's index would apply is published like ``apply_stored`` /
+        ``apply_removed`` / ``apply_cleared`` with ``seq``, the metadata is dropped, and both are counted in
+        ``stats()["batch"]``; such a daemon takes the 2nd..kth event of a batch as an id reset.
+
+        Same guarantees as :meth:`apply_stored`: TypeError/ValueError for bad arguments before anything is written
+        (extra_keys need msgspec: TypeError naming it); never blocks; never raises because the ring is full (a
+        batch that does not fit, or is larger than the ring's record limit, is dropped whole and its seq counted
+        as lost) or the daemon is away.
+        """
+        core = self._core
+        if core.state:
+            core.raise_unusable()
+        if dp_rank is None:
+            dp = self._dp
+        else:
+            if self._scoped and dp_rank != self._dp:
+                self._wrong_rank(dp_rank)
+            dp = _int_in(dp_rank, "dp_rank", 0, _U32)
+        seq = _int_in(seq, "seq", 0, _U64)
+        if ts is None:
+            ts = time.time()
+        elif isinstance(ts, bool) or not isinstance(ts, (int, float)):
+            raise TypeError(f"kvshm: ts must be a float (time.time()) or None, not {type(ts).__name__}")
+        ts = float(ts)
+        if isinstance(events, (str, bytes)) or not hasattr(events, "__len__"):
+            raise TypeError(f"kvshm: events must be a sequence of events, not {type(events).__name__}")
+        if not events:
+            return
+        ring = self._ring
+        lock = core.lock
+        lock.acquire()
+        try:
+            if core.state:
+                core.raise_unusable()
+            batcher = core.batcher
+            if core.attach_reply.get("batches") is True:
+                subs, _ = batcher.subs(seq, dp, events)  # raises before anything is written
+                if ring.publish_batch(prepare_batch(seq, dp, ts, subs)):
+                    core.batch_records += 1
+                else:
+                    core.batch_records_dropped += 1
+            else:
+                prepared = [batcher.fallback(e, seq, dp) for e in events]  # raises before writing
+                with_meta = sum(1 for e in events if _has_meta(e))
+                for p in prepared:
+                    if p is None:
+                        core.fallback_not_indexed += 1
+                    else:
+                        ring.publish_prepared(p)
+                core.batches_fallback += 1
+                core.fallback_meta_dropped += with_meta
+            core.batches += 1
+            core.batch_events += len(events)
+            if not core.attached:
+                core.published_detached += 1
+        finally:
+            lock.release()
+
     def _wrong_rank(self, dp_rank: object) -> None:
         """Raises for an event whose dp_rank differs from a per-rank indexer's: TypeError when it is not an
         integer, else ValueError (publishing it would mix ranks in a stream that stands for one)."""
@@ -676,6 +779,16 @@ class LocalIndexer:
         with core.lock:
             detached = core.published_detached
             ring = dict(self._ring.stats()) if core.state == _OPEN else {}
+            batch = {
+                "batches": core.batches,
+                "events": core.batch_events,
+                "records": core.batch_records,
+                "records_dropped": core.batch_records_dropped,
+                "fallback_batches": core.batches_fallback,
+                "fallback_meta_dropped": core.fallback_meta_dropped,
+                "fallback_not_indexed": core.fallback_not_indexed,
+                "fields_dropped": core.batcher.fields_dropped,
+            }
         proc = core.daemon
         stream = core.daemon_stream() if daemon and core.state == _OPEN else None
         return {
@@ -702,6 +815,13 @@ class LocalIndexer:
             "lost_ranges": None if stream is None else stream.get("lost_ranges"),
             "missing": None if stream is None else stream.get("missing"),  # what incomplete answers miss
             "token_mismatches": None if stream is None else stream.get("token_mismatches"),
+            # Issue 12: the daemon reads BATCH records / publishes this stream on ZMQ (from the ATTACH reply), the
+            # ZMQ counters of the daemon's STATS, and apply_batch's own counters.
+            "batches_supported": core.attach_reply.get("batches") is True,
+            "publishing": core.attach_reply.get("publishing"),
+            "publish": None if core.publish is None else core.publish.to_json(),
+            "zmq": None if stream is None else stream.get("zmq"),
+            "batch": batch,
             "daemon_stream": stream,
         }
 
@@ -729,6 +849,16 @@ class LocalIndexer:
             + f"{state}, "
             f"{'shared' if core.shared else 'private'} daemon at {core.socket_path!r})"
         )
+
+
+def _has_meta(e: Any) -> bool:
+    """Whether an event carries metadata that a per-event fallback cannot publish."""
+    if e.__class__.__name__ == "AllBlocksCleared":
+        return False
+    return any(
+        getattr(e, f, None) is not None
+        for f in ("medium", "lora_id", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window")
+    )
 
 
 def _error_json(message: str) -> str:

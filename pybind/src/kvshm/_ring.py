@@ -15,6 +15,7 @@ Usage contract (stable; kvshm's LocalIndexer is the caller)::
     w.publish_stored(seq, token_ids, block_hashes, parent_hash, dp_rank, lora_name, is_eagle) -> bool
     w.publish_removed(seq, block_hashes, dp_rank) -> bool
     w.publish_cleared(seq, dp_rank) -> bool
+    w.publish_batch(prepared) -> bool     # a BATCH record (kvshm._encode.prepare_batch), for a daemon that reads them
     w.stats() -> dict                     # counters, for the LocalIndexer's statistics
     w.close()                             # state CLOSED, unmap, release the lock; the file stays for the reader
     w.unlink()                            # remove the file (after the daemon has drained/detached)
@@ -427,6 +428,21 @@ class RingWriter:
         if self._forked or self._closed:
             self._refuse()
         return self._publish(prepare_cleared(seq, dp_rank))
+
+    def publish_prepared(self, p: Prepared) -> bool:
+        """Publishes an event prepared by one of :mod:`kvshm._encode`'s ``prepare_*`` functions. Never blocks;
+        returns False when it was dropped (counted)."""
+        if self._forked or self._closed:
+            self._refuse()
+        return self._publish(p)
+
+    def publish_batch(self, p: Prepared) -> bool:
+        """Publishes a BATCH record prepared by :func:`kvshm._encode.prepare_batch` (one record: the daemon never
+        sees half a batch). Never blocks; returns False when it was dropped (ring full or larger than
+        ``max_record``), counted as one dropped event with the batch's seq."""
+        if self._forked or self._closed:
+            self._refuse()
+        return self._publish(p)
 
     def _publish(self, p: Prepared) -> bool:
         """Writes the prepared event at the tail and publishes it with one tail store, or counts the drop."""

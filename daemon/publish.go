@@ -1,0 +1,301 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvshm/kvshm/proto/fbs"
+	"github.com/kvshm/kvshm/proto/sock"
+	"github.com/kvshm/kvshm/shm"
+	"github.com/kvshm/kvshm/vllmwire"
+	"github.com/kvshm/kvshm/zmqpub"
+)
+
+// ZMQ publishing (issue 12): BATCH records, the index filter of the contract's decision 4, and the stream's
+// publisher. See doc.go, "Publishing on ZMQ".
+
+// Reasons an event is published but not applied to the index (kvshm_events_not_indexed_total{reason}).
+const (
+	notIndexedMedium    = iota // medium given and not "GPU"
+	notIndexedKind             // kv_cache_spec_kind given and not main attention
+	notIndexedGroup            // group_idx given, not 0, and not learned as main attention (or learned as not)
+	notIndexedBlockSize        // block_size given and not the stream's kv_block_size
+	numNotIndexed
+	indexed = -1
+)
+
+var notIndexedLabels = [numNotIndexed]string{"medium", "kv_cache_spec_kind", "group_idx", "block_size"}
+
+// mainAttention is Dynamo's KvCacheSpecKind::is_main_attention over the wire names.
+func mainAttention(kind []byte) bool {
+	switch string(kind) {
+	case "full_attention", "mla_attention", "sink_full_attention":
+		return true
+	}
+	return false
+}
+
+// groupKey identifies a KV-cache group of one dp_rank (Dynamo learns group kinds per (dp_rank, group_idx)).
+type groupKey struct {
+	rank, group uint32
+}
+
+// indexReason applies decision 4 to one event and its metadata (nil: none): indexed, or the reason it is not.
+// learned holds the kinds of the groups seen so far (true = main attention); a Stored event carrying both
+// group_idx and kv_cache_spec_kind teaches it, unless its medium excludes it from the device and host tiers (as
+// Dynamo's normalizer learns). Owned by the drain goroutine.
+func indexReason(kind fbs.Kind, rank uint32, m *fbs.MetaView, blockSize uint32, learned map[groupKey]bool) int {
+	if m == nil || kind == fbs.KindCleared {
+		return indexed
+	}
+	if m.HasMedium && string(m.Medium) != "GPU" {
+		if kind == fbs.KindStored && string(m.Medium) == "CPU" && m.HasGroupIdx && m.HasKind {
+			learned[groupKey{rank, m.GroupIdx}] = mainAttention(m.Kind)
+		}
+		return notIndexedMedium
+	}
+	if kind == fbs.KindStored && m.HasGroupIdx && m.HasKind {
+		learned[groupKey{rank, m.GroupIdx}] = mainAttention(m.Kind)
+	}
+	switch {
+	case m.HasKind:
+		if !mainAttention(m.Kind) {
+			return notIndexedKind
+		}
+	case m.HasGroupIdx:
+		main, ok := learned[groupKey{rank, m.GroupIdx}]
+		if ok && !main || !ok && m.GroupIdx != 0 {
+			return notIndexedGroup
+		}
+	}
+	if m.HasBlockSize && m.BlockSize != blockSize {
+		return notIndexedBlockSize
+	}
+	return indexed
+}
+
+// publishConfig turns an ATTACH publish object into a publisher config.
+func publishConfig(p *sock.Publish) zmqpub.Config {
+	c := zmqpub.Config{Endpoint: p.Endpoint, Topic: p.Topic, HWM: p.HWM, BufferSteps: p.BufferSteps}
+	if p.ReplayEndpoint != nil {
+		c.ReplayEndpoint = *p.ReplayEndpoint
+	}
+	return c
+}
+
+// setPublisher gives the stream the publisher an ATTACH asks for: kept when the config is the same, closed when
+// none is asked, replaced (the old one closed first, so the same endpoint can be bound again) otherwise. A bind
+// failure is a bad_request naming the endpoint and errno; the stream is then left without publisher. Called with
+// s.mu held, before the attachment is installed (no drain goroutine runs for the stream).
+func (st *stream) setPublisher(req *sock.Publish, s *Server) error {
+	old := st.pub.Load()
+	if req == nil {
+		if old != nil {
+			st.closePublisher()
+			s.log.Info("ZMQ publishing stopped: the producer re-attached without publish", st.key.logAttrs()...)
+		}
+		return nil
+	}
+	cfg := publishConfig(req)
+	if old != nil && old.Config() == cfg {
+		return nil
+	}
+	if old != nil {
+		st.closePublisher()
+	}
+	p, err := zmqpub.New(cfg, s.log.With(st.key.logAttrs()...))
+	if err != nil {
+		return errorf(sock.CodeBadRequest, "publish: %v", err)
+	}
+	st.pub.Store(p)
+	ps := p.Stats()
+	s.log.Info("ZMQ publishing", append(st.key.logAttrs(), "endpoint", ps.Endpoint, "replay_endpoint", ps.ReplayEndpoint,
+		"topic", cfg.Topic, "hwm", cfg.HWM, "buffer_steps", cfg.BufferSteps)...)
+	return nil
+}
+
+// closePublisher closes the stream's publisher, if any, keeping its counters in zmqBase.
+func (st *stream) closePublisher() {
+	p := st.pub.Swap(nil)
+	if p == nil {
+		return
+	}
+	_ = p.Close()
+	ps := p.Stats()
+	st.mu.Lock()
+	st.zmqBase.Published += ps.Published
+	for i := range ps.Dropped {
+		st.zmqBase.Dropped[i] += ps.Dropped[i]
+	}
+	st.zmqBase.ReplayRequests += ps.ReplayRequests
+	st.zmqBase.BadRequests += ps.BadRequests
+	st.zmqBase.Replayed += ps.Replayed
+	st.mu.Unlock()
+}
+
+// zmqStats returns the cumulative ZMQ counters of the stream (closed publishers included) and whether it is
+// publishing now (the endpoints are then the current publisher's).
+func (st *stream) zmqStats() (zmqpub.Stats, bool) {
+	p := st.pub.Load()
+	st.mu.Lock()
+	s := st.zmqBase
+	st.mu.Unlock()
+	if p == nil {
+		return s, false
+	}
+	ps := p.Stats()
+	s.Published += ps.Published
+	for i := range ps.Dropped {
+		s.Dropped[i] += ps.Dropped[i]
+	}
+	s.ReplayRequests += ps.ReplayRequests
+	s.BadRequests += ps.BadRequests
+	s.Replayed += ps.Replayed
+	s.Endpoint, s.ReplayEndpoint = ps.Endpoint, ps.ReplayEndpoint
+	return s, true
+}
+
+// errBatch is the cause of a malformed BATCH record beyond shm's layout checks.
+var errBatch = errors.New("inconsistent batch")
+
+// applyBatch handles a BATCH record: it validates every sub-record first (an invalid batch is skipped whole, as a
+// malformed record: counted, logged, history marked unknown), then applies the indexable events under one id
+// (BeginBatch) and publishes all of them as one vLLM batch.
+func (a *attachment) applyBatch(rec shm.Record, c *batchCounts) {
+	b := &a.batch
+	if err := rec.ParseBatch(b); err != nil {
+		a.malformedRecord(rec.Pos, err)
+		return
+	}
+	// Pass 1: validate (FlatBuffers, same seq and dp_rank, META decodes) and count the events.
+	var seq uint64
+	var rank uint32
+	nev := 0
+	for i, sub := range b.Subs {
+		switch sub.Type {
+		case shm.SubMeta:
+			if err := fbs.DecodeMeta(sub.Payload, &a.meta); err != nil {
+				a.malformedRecord(rec.Pos, fmt.Errorf("sub-record %d: %w", i, err))
+				return
+			}
+		case shm.SubEvent:
+			if err := fbs.Decode(sub.Payload, &a.view); err != nil {
+				a.malformedRecord(rec.Pos, fmt.Errorf("sub-record %d: %w", i, err))
+				return
+			}
+			if nev == 0 {
+				seq, rank = a.view.Seq, a.view.DpRank
+			} else if a.view.Seq != seq || a.view.DpRank != rank {
+				a.malformedRecord(rec.Pos, fmt.Errorf("%w: event %d has seq %d dp_rank %d, the batch's first %d/%d",
+					errBatch, nev, a.view.Seq, a.view.DpRank, seq, rank))
+				return
+			}
+			nev++
+		}
+	}
+	// Pass 2: apply and encode.
+	pub := a.st.pub.Load()
+	if pub != nil {
+		a.wire = vllmwire.AppendBatchHeader(a.wire[:0], batchTS(b.TS), nev)
+	}
+	began := false
+	var meta *fbs.MetaView
+	for _, sub := range b.Subs {
+		if sub.Type == shm.SubMeta {
+			_ = fbs.DecodeMeta(sub.Payload, &a.meta) // validated in pass 1
+			meta = &a.meta
+			continue
+		}
+		_ = fbs.Decode(sub.Payload, &a.view) // validated in pass 1
+		v := &a.view
+		why := indexReason(v.Kind, v.DpRank, meta, a.hdr.KVBlockSize, a.st.groups)
+		if why == indexed {
+			if !began {
+				a.ix.BeginBatch(seq)
+				began = true
+			}
+			a.applyView(v, c)
+		} else {
+			a.st.notIndexed[why].Add(1)
+			a.countReceived(v, c)
+		}
+		if pub != nil {
+			a.wire = vllmwire.AppendEvent(a.wire, a.wireEvent(v, meta))
+		}
+		meta = nil
+	}
+	if pub != nil {
+		a.wire = vllmwire.AppendBatchTrailer(a.wire, int64(rank))
+		pub.Publish(seq, append([]byte(nil), a.wire...))
+	}
+}
+
+// batchTS is the batch's timestamp: the engine's, or the daemon's clock when the engine gave none (0).
+func batchTS(ts float64) float64 {
+	if ts == 0 {
+		return float64(time.Now().UnixNano()) / 1e9
+	}
+	return ts
+}
+
+// publishEvent publishes a single EVENT record as a one-event batch (decision 6: medium "GPU", lora_id None,
+// block_size the stream's).
+func (a *attachment) publishEvent(v *fbs.EventView) {
+	pub := a.st.pub.Load()
+	if pub == nil {
+		return
+	}
+	a.wire = vllmwire.AppendBatchHeader(a.wire[:0], batchTS(0), 1)
+	a.wire = vllmwire.AppendEvent(a.wire, a.wireEvent(v, nil))
+	a.wire = vllmwire.AppendBatchTrailer(a.wire, int64(v.DpRank))
+	pub.Publish(v.Seq, append([]byte(nil), a.wire...))
+}
+
+// wireEvent fills the attachment's scratch vllmwire.Event from an event and its metadata (nil: the one-event
+// batch defaults). The result aliases scratch slices: valid until the next call.
+func (a *attachment) wireEvent(v *fbs.EventView, m *fbs.MetaView) *vllmwire.Event {
+	e := &a.wev
+	*e = vllmwire.Event{BlockHashes: a.whashes[:0], TokenIDs: a.wtoks[:0]}
+	switch v.Kind {
+	case fbs.KindStored:
+		e.Kind = vllmwire.KindStored
+	case fbs.KindRemoved:
+		e.Kind = vllmwire.KindRemoved
+	default:
+		e.Kind = vllmwire.KindCleared
+		return e
+	}
+	for i := range v.NumBlocks() {
+		e.BlockHashes = append(e.BlockHashes, v.BlockHash(i))
+	}
+	a.whashes = e.BlockHashes
+	e.HasMedium, e.Medium = true, "GPU"
+	e.BlockSize = a.hdr.KVBlockSize
+	if m != nil {
+		e.HasMedium = m.HasMedium
+		if e.Medium = "GPU"; string(m.Medium) != "GPU" {
+			e.Medium = string(m.Medium) // a small copy, only for media other than the common one
+		}
+		e.HasLoraID, e.LoraID = m.HasLoraID, m.LoraID
+		if m.HasBlockSize {
+			e.BlockSize = m.BlockSize
+		}
+		e.ExtraKeys = m.ExtraKeys
+		e.HasGroupIdx, e.GroupIdx = m.HasGroupIdx, m.GroupIdx
+		e.HasKVCacheSpecKind, e.KVCacheSpecKind = m.HasKind, string(m.Kind)
+		e.HasSlidingWindow, e.KVCacheSpecSlidingWindow = m.HasSlidingWindow, m.SlidingWindow
+	}
+	if v.Kind == fbs.KindStored {
+		e.HasParent, e.ParentHash = v.HasParent, v.ParentHash
+		for i := range v.NumTokens() {
+			e.TokenIDs = append(e.TokenIDs, v.TokenID(i))
+		}
+		a.wtoks = e.TokenIDs
+		e.IsEagle = v.IsEagle
+		if len(v.LoraName) > 0 {
+			e.HasLoraName, e.LoraName = true, string(v.LoraName)
+		}
+	}
+	return e
+}

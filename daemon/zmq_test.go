@@ -1,0 +1,719 @@
+package daemon
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	flatbuffers "github.com/google/flatbuffers/go"
+
+	"github.com/kvshm/kvshm/internal/testenv"
+	"github.com/kvshm/kvshm/proto/fbs"
+	"github.com/kvshm/kvshm/proto/sock"
+	"github.com/kvshm/kvshm/shm"
+	"github.com/kvshm/kvshm/vllmwire"
+)
+
+// ---- the shared vllmwire vectors, as BATCH records ---------------------------------------------------------
+
+// wireVector is one entry of testdata/vllmwire/vectors.json (written by msgspec from vLLM-shaped structs).
+type wireVector struct {
+	Name   string  `json:"name"`
+	TS     float64 `json:"ts"`
+	DpRank *int64  `json:"dp_rank"`
+	Events []struct {
+		Kind         string   `json:"kind"`
+		BlockHashes  []uint64 `json:"block_hashes"`
+		TokenIDs     []uint32 `json:"token_ids"`
+		IsEagle      bool     `json:"is_eagle"`
+		BlockSize    uint32   `json:"block_size"`
+		Parent       *uint64  `json:"parent"`
+		LoraID       *int64   `json:"lora_id"`
+		Medium       *string  `json:"medium"`
+		LoraName     *string  `json:"lora_name"`
+		GroupIdx     *uint32  `json:"group_idx"`
+		SpecKind     *string  `json:"kv_cache_spec_kind"`
+		Window       *uint32  `json:"kv_cache_spec_sliding_window"`
+		ExtraKeysHex *string  `json:"extra_keys_hex"`
+	} `json:"events"`
+	PayloadHex string `json:"payload_hex"`
+}
+
+// publishableVectors returns the vectors a producer can send through the ring: at least one event (an empty
+// BATCH is malformed), a dp_rank (the daemon always has one) and a ts (0 is "unknown": the daemon stamps it).
+func publishableVectors(t testing.TB) []wireVector {
+	t.Helper()
+	data, err := os.ReadFile("../testdata/vllmwire/vectors.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Vectors []wireVector `json:"vectors"`
+	}
+	if err := json.Unmarshal(data, &f); err != nil {
+		t.Fatal(err)
+	}
+	var out []wireVector
+	for _, v := range f.Vectors {
+		if len(v.Events) > 0 && v.DpRank != nil && v.TS != 0 {
+			out = append(out, v)
+		}
+	}
+	if len(out) < 10 {
+		t.Fatalf("only %d publishable vectors", len(out))
+	}
+	return out
+}
+
+// vectorSubs builds the BATCH sub-records of a vector for a stream of kv_block_size bs: each event's FlatBuffer,
+// preceded by the Meta carrying what vLLM sends and the index does not need.
+func vectorSubs(t testing.TB, v wireVector, seq uint64, bs uint32) []shm.Sub {
+	t.Helper()
+	b := flatbuffers.NewBuilder(1024)
+	var subs []shm.Sub
+	for _, e := range v.Events {
+		spec := fbs.EventSpec{Seq: seq, DpRank: uint32(*v.DpRank), BlockHashes: e.BlockHashes, TokenIDs: e.TokenIDs, IsEagle: e.IsEagle}
+		var m fbs.MetaSpec
+		switch e.Kind {
+		case "stored":
+			spec.Kind = fbs.KindStored
+			if e.Parent != nil {
+				spec.HasParent, spec.ParentHash = true, *e.Parent
+			}
+			if e.LoraName != nil {
+				spec.LoraName = *e.LoraName
+			}
+			if e.BlockSize != bs {
+				m.HasBlockSize, m.BlockSize = true, e.BlockSize
+			}
+			if e.LoraID != nil {
+				m.HasLoraID, m.LoraID = true, *e.LoraID
+			}
+			if e.SpecKind != nil {
+				m.HasKind, m.Kind = true, *e.SpecKind
+			}
+			if e.Window != nil {
+				m.HasSlidingWindow, m.SlidingWindow = true, *e.Window
+			}
+			if e.ExtraKeysHex != nil {
+				x, err := hex.DecodeString(*e.ExtraKeysHex)
+				if err != nil {
+					t.Fatal(err)
+				}
+				m.ExtraKeys = x
+			}
+		case "removed":
+			spec.Kind = fbs.KindRemoved
+		case "cleared":
+			spec.Kind = fbs.KindCleared
+		}
+		if e.Medium != nil {
+			m.HasMedium, m.Medium = true, *e.Medium
+		}
+		if e.GroupIdx != nil {
+			m.HasGroupIdx, m.GroupIdx = true, *e.GroupIdx
+		}
+		if spec.Kind != fbs.KindCleared {
+			subs = append(subs, shm.Sub{Type: shm.SubMeta, Payload: append([]byte(nil), fbs.BuildMeta(b, &m)...)})
+		}
+		subs = append(subs, shm.Sub{Type: shm.SubEvent, Payload: append([]byte(nil), fbs.Build(b, &spec)...)})
+	}
+	return subs
+}
+
+// attachPublishing re-attaches p (a new connection) asking for ZMQ publishing.
+func attachPublishing(t testing.TB, p *producer, pub *sock.Publish) sock.AttachReply {
+	t.Helper()
+	if p.conn != nil {
+		// DETACH on the lease: the attachment ends (final drain) before the reply, so the new ATTACH is a
+		// re-attach, not a conflict with an attachment whose connection close is not seen yet.
+		if err := p.conn.DetachStream(ctxT(t), sock.WorkerRequest{WorkerID: &p.worker, DpRank: p.rank}); err != nil {
+			t.Fatalf("detach: %v", err)
+		}
+		p.conn.Close()
+	}
+	c, err := sock.Dial(ctxT(t), p.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.conn = c
+	t.Cleanup(func() { c.Close() })
+	rep, err := c.Attach(ctxT(t), sock.AttachRequest{RingPath: p.path, WorkerID: p.worker, KVBlockSize: p.bs,
+		MaxBufferSize: p.maxBuf, DpRank: p.rank, Publish: pub})
+	if err != nil {
+		t.Fatalf("attach with publish: %v", err)
+	}
+	if !rep.Batches || rep.Publishing != (pub != nil) {
+		t.Fatalf("attach reply %+v: want batches, publishing %v", rep, pub != nil)
+	}
+	p.rep = rep
+	return rep
+}
+
+func writeBatch(t testing.TB, p *producer, ts float64, subs []shm.Sub) {
+	t.Helper()
+	ok, err := p.w.WriteBatch(ts, subs)
+	if err != nil || !ok {
+		t.Fatalf("WriteBatch: %v, %v", ok, err)
+	}
+}
+
+// ---- subscribers ------------------------------------------------------------------------------------------------
+
+// zmsg is one message a subscriber received.
+type zmsg struct {
+	frames  int
+	topic   string
+	seq     uint64
+	payload []byte
+}
+
+// joinProbes publishes one-event batches (Cleared at seq probe, probe+1, ...) until the subscriber's first
+// message arrives, so that the batches under test are not lost to the PUB/SUB slow-joiner race. It returns the
+// next probe seq.
+func joinProbes(t testing.TB, p *producer, probe uint64, got <-chan zmsg) uint64 {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second) // a hang guard, not a performance bound
+	for {
+		p.mustPublish(cleared(probe))
+		probe++
+		select {
+		case <-got:
+			return probe
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("subscriber never received a probe")
+		}
+	}
+}
+
+// nextBatch returns the next message with seq >= min (probes below it are skipped).
+func nextBatch(t testing.TB, got <-chan zmsg, min uint64) zmsg {
+	t.Helper()
+	for {
+		select {
+		case m, ok := <-got:
+			if !ok {
+				t.Fatal("subscriber ended")
+			}
+			if m.seq >= min {
+				return m
+			}
+		case <-time.After(20 * time.Second): // a hang guard, not a performance bound
+			t.Fatal("no message within 20s")
+		}
+	}
+}
+
+// goSub is a zmq4 (pure Go) SUB delivering messages on a channel.
+func goSub(t testing.TB, ep string) <-chan zmsg {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	sub := zmq4.NewSub(ctx)
+	t.Cleanup(func() { cancel(); _ = sub.Close() })
+	if err := sub.Dial(ep); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan zmsg, 1024)
+	go func() {
+		defer close(ch)
+		for {
+			m, err := sub.Recv()
+			if err != nil {
+				return
+			}
+			z := zmsg{frames: len(m.Frames)}
+			if len(m.Frames) == 3 {
+				z.topic, z.seq, z.payload = string(m.Frames[0]), binary.BigEndian.Uint64(m.Frames[1]), m.Frames[2]
+			}
+			ch <- z
+		}
+	}()
+	return ch
+}
+
+// ---- tests ------------------------------------------------------------------------------------------------------
+
+// TestIndexReason is decision 4's table (Dynamo's ZmqEventNormalizer filter, zmq_wire/mod.rs).
+func TestIndexReason(t *testing.T) {
+	gpu, cpu := []byte("GPU"), []byte("CPU")
+	full, sw := []byte("full_attention"), []byte("sliding_window")
+	cases := []struct {
+		name    string
+		kind    fbs.Kind
+		m       *fbs.MetaView
+		learned map[groupKey]bool
+		want    int
+	}{
+		{"no meta", fbs.KindStored, nil, nil, indexed},
+		{"GPU", fbs.KindStored, &fbs.MetaView{HasMedium: true, Medium: gpu}, nil, indexed},
+		{"medium None", fbs.KindStored, &fbs.MetaView{}, nil, indexed},
+		{"CPU", fbs.KindStored, &fbs.MetaView{HasMedium: true, Medium: cpu}, nil, notIndexedMedium},
+		{"removed CPU", fbs.KindRemoved, &fbs.MetaView{HasMedium: true, Medium: cpu}, nil, notIndexedMedium},
+		{"cleared ignores meta", fbs.KindCleared, &fbs.MetaView{HasMedium: true, Medium: cpu}, nil, indexed},
+		{"main kind", fbs.KindStored, &fbs.MetaView{HasKind: true, Kind: full, HasGroupIdx: true, GroupIdx: 3}, nil, indexed},
+		{"mla kind", fbs.KindStored, &fbs.MetaView{HasKind: true, Kind: []byte("mla_attention")}, nil, indexed},
+		{"sliding window kind", fbs.KindStored, &fbs.MetaView{HasKind: true, Kind: sw}, nil, notIndexedKind},
+		{"unknown kind", fbs.KindStored, &fbs.MetaView{HasKind: true, Kind: []byte("new_kind")}, nil, notIndexedKind},
+		{"group 0 unlearned", fbs.KindRemoved, &fbs.MetaView{HasGroupIdx: true}, nil, indexed},
+		{"group 1 unlearned", fbs.KindRemoved, &fbs.MetaView{HasGroupIdx: true, GroupIdx: 1}, nil, notIndexedGroup},
+		{"group 1 learned main", fbs.KindRemoved, &fbs.MetaView{HasGroupIdx: true, GroupIdx: 1}, map[groupKey]bool{{0, 1}: true}, indexed},
+		{"group 0 learned not main", fbs.KindRemoved, &fbs.MetaView{HasGroupIdx: true}, map[groupKey]bool{{0, 0}: false}, notIndexedGroup},
+		{"group learned on another rank", fbs.KindRemoved, &fbs.MetaView{HasGroupIdx: true, GroupIdx: 1}, map[groupKey]bool{{1, 1}: true}, notIndexedGroup},
+		{"block size differs", fbs.KindStored, &fbs.MetaView{HasBlockSize: true, BlockSize: 8}, nil, notIndexedBlockSize},
+		{"block size same", fbs.KindStored, &fbs.MetaView{HasBlockSize: true, BlockSize: 4}, nil, indexed},
+	}
+	for _, c := range cases {
+		learned := map[groupKey]bool{}
+		for k, v := range c.learned {
+			learned[k] = v
+		}
+		if got := indexReason(c.kind, 0, c.m, 4, learned); got != c.want {
+			t.Errorf("%s: indexReason = %d, want %d", c.name, got, c.want)
+		}
+	}
+	// Learning: a Stored event with group and kind teaches the group's kind to later events of its rank.
+	learned := map[groupKey]bool{}
+	indexReason(fbs.KindStored, 2, &fbs.MetaView{HasGroupIdx: true, GroupIdx: 5, HasKind: true, Kind: full}, 4, learned)
+	indexReason(fbs.KindStored, 2, &fbs.MetaView{HasGroupIdx: true, GroupIdx: 6, HasKind: true, Kind: sw}, 4, learned)
+	if got := indexReason(fbs.KindRemoved, 2, &fbs.MetaView{HasGroupIdx: true, GroupIdx: 5}, 4, learned); got != indexed {
+		t.Errorf("removal in a group learned as main attention: %d, want indexed", got)
+	}
+	if got := indexReason(fbs.KindRemoved, 2, &fbs.MetaView{HasGroupIdx: true, GroupIdx: 6}, 4, learned); got != notIndexedGroup {
+		t.Errorf("removal in a group learned as sliding window: %d, want group_idx", got)
+	}
+}
+
+// TestZmqPublishVectors (pure Go peers): every shared vector, written as one BATCH record, reaches a zmq4 SUB as
+// [topic, seq, payload] with the payload byte-identical to msgspec's; EVENT records go out as one-event batches;
+// what decision 4 excludes is counted and not indexed; a malformed batch is counted and not published; STATS and
+// the replay socket answer.
+func TestZmqPublishVectors(t *testing.T) {
+	ts := startServer(t, nil)
+	p := newProducer(t, ts.cfg.SocketPath, 7, 4, 1<<22)
+	dir := t.TempDir()
+	ep, rep := "ipc://"+filepath.Join(dir, "pub.sock"), "ipc://"+filepath.Join(dir, "replay.sock")
+	attachPublishing(t, p, &sock.Publish{Endpoint: ep, ReplayEndpoint: &rep, Topic: "kv@7", HWM: 1000, BufferSteps: 100})
+	got := goSub(t, ep)
+	joinProbes(t, p, 1, got)
+
+	vecs := publishableVectors(t)
+	for i, v := range vecs {
+		writeBatch(t, p, v.TS, vectorSubs(t, v, 1000+uint64(i), 4))
+	}
+	for i, v := range vecs {
+		m := nextBatch(t, got, 1000)
+		if m.frames != 3 || m.topic != "kv@7" || m.seq != 1000+uint64(i) {
+			t.Fatalf("%s: message %d frames, topic %q, seq %d; want 3, kv@7, %d", v.Name, m.frames, m.topic, m.seq, 1000+i)
+		}
+		if hex.EncodeToString(m.payload) != v.PayloadHex {
+			t.Fatalf("%s: payload differs from msgspec's:\n got %x\nwant %s", v.Name, m.payload, v.PayloadHex)
+		}
+	}
+
+	// A single EVENT record: a one-event batch, medium GPU, lora_id None, block_size the stream's.
+	p.mustPublish(stored(2000, 1, nil, []uint64{11, 12}, tokens(1, 2, 4)))
+	m := nextBatch(t, got, 2000)
+	b, err := vllmwire.Decode(m.payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := vllmwire.Event{Kind: vllmwire.KindStored, BlockHashes: []uint64{11, 12}, TokenIDs: tokens(1, 2, 4), BlockSize: 4,
+		HasMedium: true, Medium: "GPU"}
+	if m.seq != 2000 || len(b.Events) != 1 || b.DpRank != 1 || fmt.Sprint(b.Events[0]) != fmt.Sprint(want) {
+		t.Fatalf("one-event batch: seq %d, %+v; want seq 2000, dp_rank 1, %+v", m.seq, b, want)
+	}
+
+	// A malformed batch (two events with different seqs): counted, skipped, not published; the next one is.
+	bad := vectorSubs(t, vecs[0], 3000, 4)
+	bad = append(bad, vectorSubs(t, vecs[0], 3001, 4)...)
+	writeBatch(t, p, 1, bad)
+	writeBatch(t, p, 1, vectorSubs(t, vecs[0], 3002, 4))
+	if m := nextBatch(t, got, 3000); m.seq != 3002 {
+		t.Fatalf("after a malformed batch: seq %d, want 3002", m.seq)
+	}
+
+	st, err := dialT(t, ts.cfg.SocketPath).Stats(ctxT(t), u64p(7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := st.Streams[0]
+	if s.MalformedEvents != 1 || s.Zmq == nil || s.Zmq.Endpoint != ep || s.Zmq.ReplayEndpoint == nil || *s.Zmq.ReplayEndpoint != rep {
+		t.Fatalf("stats %+v (zmq %+v): want 1 malformed, the endpoints", s, s.Zmq)
+	}
+	if s.EventsNotIndexed == 0 {
+		t.Fatalf("stats: no event counted as not indexed, but vectors carry CPU media and sliding-window groups")
+	}
+
+	// /metrics: the ZMQ and filter series, promtool-clean.
+	_, _, metrics := handlerGet(ts.Handler())("/metrics")
+	for _, want := range []string{
+		`kvshm_zmq_published_batches_total{dp_rank="",worker_id="7"}`,
+		`kvshm_zmq_dropped_batches_total{dp_rank="",reason="queue_full",worker_id="7"} 0`,
+		`kvshm_zmq_replay_requests_total{dp_rank="",worker_id="7"} 0`,
+		`kvshm_zmq_replayed_batches_total{dp_rank="",worker_id="7"} 0`,
+		`kvshm_events_not_indexed_total{dp_rank="",reason="medium",worker_id="7"}`,
+		`kvshm_events_not_indexed_total{dp_rank="",reason="kv_cache_spec_kind",worker_id="7"}`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	promtool(t, []byte(metrics))
+
+	// Replay from 1000: every vector batch (and the later ones), then the end marker.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	d := zmq4.NewDealer(ctx, zmq4.WithID(zmq4.SocketIdentity("replayer")))
+	defer d.Close()
+	if err := d.Dial(rep); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SendMulti(zmq4.NewMsgFrom(nil, binary.BigEndian.AppendUint64(nil, 1000))); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		r, err := d.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Frames) != 4 {
+			t.Fatalf("replay message %d: %d frames, want 4 (\"\", topic, seq, payload)", i, len(r.Frames))
+		}
+		seq := binary.BigEndian.Uint64(r.Frames[2])
+		if seq == 1<<64-1 {
+			if i != len(vecs)+2 {
+				t.Fatalf("replay: %d batches before the end marker, want %d", i, len(vecs)+2)
+			}
+			break
+		}
+		if i < len(vecs) && (seq != 1000+uint64(i) || hex.EncodeToString(r.Frames[3]) != vecs[i].PayloadHex) {
+			t.Fatalf("replay message %d: seq %d, payload %x; want %d and the vector's", i, seq, r.Frames[3], 1000+i)
+		}
+	}
+}
+
+// TestZmqPublisherLifecycle: the publisher survives a re-attach with the same config (a subscriber stays
+// connected), rebinds on another config, stops on a re-attach without publish; a bind failure is a bad_request
+// naming the endpoint.
+func TestZmqPublisherLifecycle(t *testing.T) {
+	ts := startServer(t, nil)
+	p := newProducer(t, ts.cfg.SocketPath, 3, 4, 1<<20)
+	dir := t.TempDir()
+	ep := "ipc://" + filepath.Join(dir, "a.sock")
+	cfg := &sock.Publish{Endpoint: ep, Topic: "t", HWM: 10, BufferSteps: 10}
+	attachPublishing(t, p, cfg)
+	got := goSub(t, ep)
+	next := joinProbes(t, p, 1, got)
+	st := ts.streams[keyOf(3, nil)]
+	first := st.pub.Load()
+	attachPublishing(t, p, cfg) // same config: same publisher, the subscriber keeps receiving
+	if st.pub.Load() != first {
+		t.Fatal("re-attach with the same publish config replaced the publisher")
+	}
+	p.mustPublish(cleared(next + 100))
+	if m := nextBatch(t, got, next+100); m.seq != next+100 {
+		t.Fatalf("after re-attach: seq %d", m.seq)
+	}
+	cfg2 := *cfg
+	cfg2.Topic = "u"
+	attachPublishing(t, p, &cfg2) // another config: a new publisher on the same endpoint
+	if st.pub.Load() == first || st.pub.Load().Config().Topic != "u" {
+		t.Fatal("re-attach with another config kept the old publisher")
+	}
+	attachPublishing(t, p, nil)
+	if st.pub.Load() != nil {
+		t.Fatal("re-attach without publish kept a publisher")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "a.sock")); !os.IsNotExist(err) {
+		t.Fatalf("ipc socket file after the publisher closed: %v", err)
+	}
+
+	// A bind failure: the endpoint is a path in a missing directory.
+	c := dialT(t, ts.cfg.SocketPath)
+	if err := p.conn.DetachStream(ctxT(t), sock.WorkerRequest{WorkerID: &p.worker}); err != nil {
+		t.Fatal(err)
+	}
+	bad := "ipc://" + filepath.Join(dir, "missing", "x.sock")
+	_, err := c.Attach(ctxT(t), sock.AttachRequest{RingPath: p.path, WorkerID: 3, KVBlockSize: 4, MaxBufferSize: p.maxBuf,
+		Publish: &sock.Publish{Endpoint: bad}})
+	if err == nil || !strings.Contains(err.Error(), bad) || !strings.Contains(err.Error(), sock.CodeBadRequest) {
+		t.Fatalf("attach with an unbindable endpoint: %v, want bad_request naming %s", err, bad)
+	}
+	for _, e := range []string{"inproc://x", "tcp://"} {
+		_, err := c.Attach(ctxT(t), sock.AttachRequest{RingPath: p.path, WorkerID: 3, KVBlockSize: 4, MaxBufferSize: p.maxBuf,
+			Publish: &sock.Publish{Endpoint: e}})
+		if err == nil || !strings.Contains(err.Error(), sock.CodeBadRequest) {
+			t.Fatalf("attach with endpoint %q: %v, want bad_request", e, err)
+		}
+	}
+}
+
+// ---- libzmq peers (pyzmq) ---------------------------------------------------------------------------------------
+
+// pyPeer runs daemon/testdata/zmqpeer.py with the dev venv's Python (pyzmq, libzmq).
+type pyPeer struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	lines chan map[string]any
+}
+
+func venvPython(t testing.TB) string {
+	t.Helper()
+	py, err := filepath.Abs("../.venv/bin/python")
+	if err == nil {
+		if _, err = os.Stat(py); err == nil {
+			err = exec.Command(py, "-c", "import zmq, msgspec").Run()
+		}
+	}
+	testenv.Require(t, err, "the dev venv with pyzmq and msgspec", "make venv")
+	return py
+}
+
+func startPeer(t testing.TB, args ...string) *pyPeer {
+	t.Helper()
+	cmd := exec.Command(venvPython(t), append([]string{"testdata/zmqpeer.py"}, args...)...)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &pyPeer{cmd: cmd, stdin: in, lines: make(chan map[string]any, 4096)}
+	go func() {
+		defer close(p.lines)
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 1<<20), 1<<26)
+		for sc.Scan() {
+			var m map[string]any
+			if json.Unmarshal(sc.Bytes(), &m) == nil {
+				p.lines <- m
+			}
+		}
+	}()
+	t.Cleanup(func() { p.stop() })
+	return p
+}
+
+func (p *pyPeer) stop() {
+	_ = p.stdin.Close()
+	done := make(chan struct{})
+	go func() { _ = p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-done
+	}
+}
+
+func (p *pyPeer) line(t testing.TB) map[string]any {
+	t.Helper()
+	select {
+	case m, ok := <-p.lines:
+		if !ok {
+			t.Fatal("python peer ended")
+		}
+		return m
+	case <-time.After(20 * time.Second): // a hang guard, not a performance bound
+		t.Fatal("python peer: no line within 20s")
+	}
+	return nil
+}
+
+// subMessages turns a "sub" peer's lines into messages.
+func (p *pyPeer) subMessages(t testing.TB) <-chan zmsg {
+	if m := p.line(t); m["ready"] != true {
+		t.Fatalf("python sub: %v, want ready", m)
+	}
+	ch := make(chan zmsg, 4096)
+	go func() {
+		defer close(ch)
+		for m := range p.lines {
+			topic, _ := hex.DecodeString(m["topic"].(string))
+			payload, _ := hex.DecodeString(m["payload"].(string))
+			ch <- zmsg{frames: int(m["frames"].(float64)), topic: string(topic), seq: uint64(m["seq"].(float64)), payload: payload}
+		}
+	}()
+	return ch
+}
+
+// TestZmqPyzmq: libzmq peers against the daemon's publisher. A pyzmq SUB gets every batch byte-identical to
+// msgspec's encoding; a pyzmq DEALER replays from a start seq and gets the end marker; a late subscriber gets
+// what is published after it joined (and replay gives it the rest); a subscriber that never reads does not slow
+// ingest: every event still reaches the index and the ring drains.
+func TestZmqPyzmq(t *testing.T) {
+	venvPython(t)
+	ts := startServer(t, nil)
+	p := newProducer(t, ts.cfg.SocketPath, 9, 4, 1<<26)
+	dir := t.TempDir()
+	ep, rep := "ipc://"+filepath.Join(dir, "pub.sock"), "ipc://"+filepath.Join(dir, "replay.sock")
+	attachPublishing(t, p, &sock.Publish{Endpoint: ep, ReplayEndpoint: &rep, Topic: "", HWM: 100000, BufferSteps: 10000})
+
+	early := startPeer(t, "sub", ep).subMessages(t)
+	probe := joinProbes(t, p, 1, early)
+	vecs := publishableVectors(t)
+	for i, v := range vecs {
+		writeBatch(t, p, v.TS, vectorSubs(t, v, 1000+uint64(i), 4))
+	}
+	for i, v := range vecs {
+		m := nextBatch(t, early, 1000)
+		if m.frames != 3 || m.topic != "" || m.seq != 1000+uint64(i) || hex.EncodeToString(m.payload) != v.PayloadHex {
+			t.Fatalf("%s: pyzmq SUB got %d frames, topic %q, seq %d, payload %x; want 3, \"\", %d, msgspec's %s",
+				v.Name, m.frames, m.topic, m.seq, m.payload, 1000+i, v.PayloadHex)
+		}
+	}
+
+	// Replay from 1001 through a pyzmq DEALER: vLLM's frames, then the end marker.
+	r := startPeer(t, "replay", rep, "1001")
+	for i := 1; ; i++ {
+		fr := r.line(t)["frames"].([]any)
+		if len(fr) != 4 || fr[0] != "" {
+			t.Fatalf("replay reply %v: want [\"\", topic, seq, payload]", fr)
+		}
+		if fr[2] == "ffffffffffffffff" {
+			if fr[1] != "" || fr[3] != "" || i != len(vecs) {
+				t.Fatalf("end marker %v after %d batches, want [\"\", \"\", -1, \"\"] after %d", fr, i-1, len(vecs)-1)
+			}
+			break
+		}
+		if fr[2] != fmt.Sprintf("%016x", 1000+i) || fr[3] != vecs[i].PayloadHex {
+			t.Fatalf("replay reply %d: seq %v, want %016x and the vector's payload", i, fr[2], 1000+i)
+		}
+	}
+
+	// A late subscriber: it gets what comes after it joined, byte-identical too.
+	late := startPeer(t, "sub", ep).subMessages(t)
+	joinProbes(t, p, probe+100, late)
+	writeBatch(t, p, vecs[3].TS, vectorSubs(t, vecs[3], 5000, 4))
+	if m := nextBatch(t, late, 5000); m.seq != 5000 || hex.EncodeToString(m.payload) != vecs[3].PayloadHex {
+		t.Fatalf("late subscriber: seq %d payload %x", m.seq, m.payload)
+	}
+
+	// A subscriber that never reads: ingest goes on. zmq4's PUB writes to its subscribers in turn, so once this
+	// one's TCP window is full the others stall too (zmqpub/doc.go); the drain goroutine never waits for it.
+	stuck := startPeer(t, "stuck", ep)
+	if m := stuck.line(t); m["ready"] != true {
+		t.Fatalf("stuck peer: %v", m)
+	}
+	// Make sure its connection is up: a fresh subscriber that joins after it gets a probe.
+	after := startPeer(t, "sub", ep).subMessages(t)
+	joinProbes(t, p, probe+200, after)
+	c := dialT(t, ts.cfg.SocketPath)
+	before, err := c.Stats(ctxT(t), u64p(9))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 6000 // ~11 MB of payload: far beyond the socket buffers of the stuck subscriber
+	hashes := make([]uint64, 64)
+	for i := range n {
+		for j := range hashes {
+			hashes[j] = uint64(i)<<8 | uint64(j)
+		}
+		b := flatbuffers.NewBuilder(4096)
+		ev := stored(10000+uint64(i), 0, nil, hashes, tokens(uint32(i), 64, 4))
+		writeBatch(t, p, 1, []shm.Sub{{Type: shm.SubEvent, Payload: fbs.Build(b, &ev)}})
+	}
+	st, err := c.Stats(ctxT(t), u64p(9)) // waits until the drain has applied everything written
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, s0 := st.Streams[0], before.Streams[0]
+	if s.EventsReceived-s0.EventsReceived != n || s.RingUsedBytes != 0 {
+		t.Fatalf("with a stuck subscriber: %d events ingested, ring used %d; want %d, 0", s.EventsReceived-s0.EventsReceived, s.RingUsedBytes, n)
+	}
+	if handed := (s.Zmq.Published + s.Zmq.Dropped) - (s0.Zmq.Published + s0.Zmq.Dropped); handed > n {
+		t.Fatalf("%d batches published or dropped for %d offered", handed, n)
+	}
+	t.Logf("with a stuck subscriber: %d batches ingested; zmq published %d, dropped %d (queue_full)", n,
+		s.Zmq.Published-s0.Zmq.Published, s.Zmq.Dropped-s0.Zmq.Dropped)
+}
+
+// TestBatchIndexing: a BATCH's indexable events are applied under its one id (BeginBatch: no id reset, EVENTS
+// returns all of them), the excluded ones are counted by reason and left out of the index; a batch of which
+// nothing is indexed leaves an id gap. No publisher is needed for any of it.
+func TestBatchIndexing(t *testing.T) {
+	ts := startServer(t, nil)
+	p := newProducer(t, ts.cfg.SocketPath, 5, 2, 1<<20)
+	b := flatbuffers.NewBuilder(1024)
+	sub := func(ev fbs.EventSpec) shm.Sub {
+		return shm.Sub{Type: shm.SubEvent, Payload: append([]byte(nil), fbs.Build(b, &ev)...)}
+	}
+	meta := func(m fbs.MetaSpec) shm.Sub {
+		return shm.Sub{Type: shm.SubMeta, Payload: append([]byte(nil), fbs.BuildMeta(b, &m)...)}
+	}
+	writeBatch(t, p, 1, []shm.Sub{sub(cleared(1))})
+	writeBatch(t, p, 2, []shm.Sub{
+		sub(stored(2, 0, nil, []uint64{100}, tokens(1, 1, 2))),
+		meta(fbs.MetaSpec{HasMedium: true, Medium: "CPU"}), // offloaded copy: published, not indexed
+		sub(stored(2, 0, nil, []uint64{900}, tokens(1, 1, 2))),
+		sub(stored(2, 0, u64p(100), []uint64{101}, tokens(3, 1, 2))),
+		meta(fbs.MetaSpec{HasGroupIdx: true, GroupIdx: 1, HasKind: true, Kind: "sliding_window"}),
+		sub(stored(2, 0, nil, []uint64{700}, tokens(1, 1, 2))),
+	})
+	writeBatch(t, p, 3, []shm.Sub{ // nothing indexable: an id gap
+		meta(fbs.MetaSpec{HasBlockSize: true, BlockSize: 16}),
+		sub(stored(3, 0, nil, []uint64{500}, tokens(1, 1, 16))),
+	})
+	writeBatch(t, p, 4, []shm.Sub{sub(removed(4, 0, 101))})
+	c := dialT(t, ts.cfg.SocketPath)
+	body, err := c.Events(ctxT(t), u64p(5), u64p(2), u64p(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var resp struct {
+		Events struct {
+			Events []struct {
+				Event struct {
+					ID   uint64          `json:"event_id"`
+					Data json.RawMessage `json:"data"`
+				} `json:"event"`
+			} `json:"events"`
+		} `json:"Events"`
+	}
+	if err := json.Unmarshal(body, &resp); err != nil {
+		t.Fatalf("events answer %s: %v", body, err)
+	}
+	var ids []uint64
+	for _, e := range resp.Events.Events {
+		ids = append(ids, e.Event.ID)
+	}
+	if fmt.Sprint(ids) != "[2 2 4]" {
+		t.Fatalf("events 2..4: ids %v, want [2 2 4] (two indexed events of batch 2, none of 3): %s", ids, body)
+	}
+	st, err := c.Stats(ctxT(t), u64p(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := st.Streams[0]
+	if s.IDResets != 0 || s.EventsNotIndexed != 3 || s.EventsReceived != 7 || s.Zmq != nil {
+		t.Fatalf("stats: id_resets %d, events_not_indexed %d, events_received %d, zmq %v; want 0, 3, 7, nil",
+			s.IDResets, s.EventsNotIndexed, s.EventsReceived, s.Zmq)
+	}
+	for i, want := range []uint64{1, 1, 0, 1} { // CPU medium, sliding_window kind, -, block_size 16
+		if got := ts.streams[keyOf(5, nil)].notIndexed[i].Load(); got != want {
+			t.Errorf("not indexed %s: %d, want %d", notIndexedLabels[i], got, want)
+		}
+	}
+}

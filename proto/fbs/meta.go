@@ -1,0 +1,194 @@
+package fbs
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	flatbuffers "github.com/google/flatbuffers/go"
+
+	"github.com/kvshm/kvshm/proto/fbs/kvevent"
+)
+
+// ErrMalformedMeta is wrapped by every error DecodeMeta returns: the payload is not a valid kvevent.Meta.
+var ErrMalformedMeta = errors.New("kvshm/fbs: malformed event metadata")
+
+// MetaSpec is the metadata of one event to encode with BuildMeta (vLLM's fields the index does not need). A
+// Has* flag false (or a nil ExtraKeys) is vLLM's None. Slices are only read.
+type MetaSpec struct {
+	HasMedium        bool
+	Medium           string
+	HasLoraID        bool
+	LoraID           int64
+	HasBlockSize     bool
+	BlockSize        uint32
+	ExtraKeys        []byte // msgspec's msgpack of extra_keys; nil = None
+	HasGroupIdx      bool
+	GroupIdx         uint32
+	HasKind          bool
+	Kind             string // kv_cache_spec_kind
+	HasSlidingWindow bool
+	SlidingWindow    uint32 // kv_cache_spec_sliding_window
+}
+
+// MetaView is a decoded Meta whose byte slices alias the payload given to DecodeMeta (valid as long as it is).
+// A Has* flag false is vLLM's None; ExtraKeys is nil when absent.
+type MetaView struct {
+	HasMedium        bool
+	Medium           []byte
+	HasLoraID        bool
+	LoraID           int64
+	HasBlockSize     bool
+	BlockSize        uint32
+	ExtraKeys        []byte
+	HasGroupIdx      bool
+	GroupIdx         uint32
+	HasKind          bool
+	Kind             []byte
+	HasSlidingWindow bool
+	SlidingWindow    uint32
+}
+
+// BuildMeta encodes m with b in the canonical call order (the Python builder, kvshm._encode, follows it too) and
+// returns the finished bytes (a root buffer without file identifier). It resets b first; the result aliases b's
+// buffer and is valid until b is used again.
+//
+//	[kind = CreateString], [extra = CreateByteVector], [medium = CreateString]
+//	MetaStart, [AddMedium], [AddLoraId], [AddBlockSize], [AddExtraKeys], [AddGroupIdx], [AddKvCacheSpecKind],
+//	[AddKvCacheSpecSlidingWindow], MetaEnd, Finish
+func BuildMeta(b *flatbuffers.Builder, m *MetaSpec) []byte {
+	b.Reset()
+	var kind, extra, medium flatbuffers.UOffsetT
+	if m.HasKind {
+		kind = b.CreateString(m.Kind)
+	}
+	if m.ExtraKeys != nil {
+		extra = b.CreateByteVector(m.ExtraKeys)
+	}
+	if m.HasMedium {
+		medium = b.CreateString(m.Medium)
+	}
+	kvevent.MetaStart(b)
+	if m.HasMedium {
+		kvevent.MetaAddMedium(b, medium)
+	}
+	if m.HasLoraID {
+		kvevent.MetaAddLoraId(b, m.LoraID)
+	}
+	if m.HasBlockSize {
+		kvevent.MetaAddBlockSize(b, m.BlockSize)
+	}
+	if m.ExtraKeys != nil {
+		kvevent.MetaAddExtraKeys(b, extra)
+	}
+	if m.HasGroupIdx {
+		kvevent.MetaAddGroupIdx(b, m.GroupIdx)
+	}
+	if m.HasKind {
+		kvevent.MetaAddKvCacheSpecKind(b, kind)
+	}
+	if m.HasSlidingWindow {
+		kvevent.MetaAddKvCacheSpecSlidingWindow(b, m.SlidingWindow)
+	}
+	kvevent.FinishMetaBuffer(b, kvevent.MetaEnd(b))
+	return b.FinishedBytes()
+}
+
+// Wire format: never change without changing the schema. Vtable slots of kvevent.Meta.
+const (
+	slotMetaMedium        = 0
+	slotMetaLoraID        = 1
+	slotMetaBlockSize     = 2
+	slotMetaExtraKeys     = 3
+	slotMetaGroupIdx      = 4
+	slotMetaKind          = 5
+	slotMetaSlidingWindow = 6
+	metaFields            = 7
+
+	metaHeaderSize = 4 // root uoffset, no file identifier
+	// minMetaSize: the root offset, a table's soffset and a minimal vtable.
+	minMetaSize = metaHeaderSize + 4 + 4
+)
+
+// DecodeMeta validates a kvevent.Meta payload with the rules Decode applies to an event (tables, vtables, fields,
+// strings, vectors, leftover bytes; see the package documentation) and fills m with views into it. It never
+// panics and allocates nothing on success. On error m is zeroed and the error wraps ErrMalformedMeta (it names
+// the offset and the reason).
+func DecodeMeta(payload []byte, m *MetaView) error {
+	*m = MetaView{}
+	if err := decodeMeta(payload, m); err != nil {
+		*m = MetaView{}
+		var me *MalformedError
+		if errors.As(err, &me) {
+			return fmt.Errorf("%w at offset %d: %s", ErrMalformedMeta, me.Offset, me.Reason)
+		}
+		return fmt.Errorf("%w: %v", ErrMalformedMeta, err)
+	}
+	return nil
+}
+
+func decodeMeta(payload []byte, m *MetaView) error {
+	d := decoder{p: payload, n: uint64(len(payload)), end: metaHeaderSize}
+	if d.n < minMetaSize {
+		return malformed(0, reasonShort)
+	}
+	root := d.u32(0)
+	if root < metaHeaderSize || root >= d.n {
+		return malformed(0, reasonRootOffset)
+	}
+	t, err := d.table(root, metaFields)
+	if err != nil {
+		return err
+	}
+	if m.Medium, m.HasMedium, err = d.optString(t, slotMetaMedium); err != nil {
+		return err
+	}
+	if pos, err := d.field(t, slotMetaLoraID, 8); err != nil {
+		return err
+	} else if pos != 0 {
+		m.HasLoraID, m.LoraID = true, int64(binary.LittleEndian.Uint64(payload[pos:]))
+	}
+	if m.BlockSize, m.HasBlockSize, err = d.optU32(t, slotMetaBlockSize); err != nil {
+		return err
+	}
+	if pos, err := d.field(t, slotMetaExtraKeys, 4); err != nil {
+		return err
+	} else if pos != 0 {
+		if m.ExtraKeys, err = d.vector(pos, 1); err != nil {
+			return err
+		}
+	}
+	if m.GroupIdx, m.HasGroupIdx, err = d.optU32(t, slotMetaGroupIdx); err != nil {
+		return err
+	}
+	if m.Kind, m.HasKind, err = d.optString(t, slotMetaKind); err != nil {
+		return err
+	}
+	if m.SlidingWindow, m.HasSlidingWindow, err = d.optU32(t, slotMetaSlidingWindow); err != nil {
+		return err
+	}
+	if !d.unknown && d.n-d.end > maxTrailing {
+		return malformed(d.end, reasonTrailing)
+	}
+	return nil
+}
+
+func (d *decoder) optU32(t table, slot int) (uint32, bool, error) {
+	pos, err := d.field(t, slot, 4)
+	if err != nil || pos == 0 {
+		return 0, false, err
+	}
+	return binary.LittleEndian.Uint32(d.p[pos:]), true, nil
+}
+
+func (d *decoder) optString(t table, slot int) ([]byte, bool, error) {
+	pos, err := d.field(t, slot, 4)
+	if err != nil || pos == 0 {
+		return nil, false, err
+	}
+	s, err := d.string(pos)
+	if err != nil {
+		return nil, false, err
+	}
+	return s, true, nil
+}

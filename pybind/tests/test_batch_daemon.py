@@ -1,0 +1,223 @@
+"""apply_batch and publish= through a real kvshmd (issue 12): the ZMQ stream a pyzmq subscriber receives is
+byte-identical to what vLLM's publisher sends for the same batches (msgspec over vLLM 0.33.0-shaped Structs), the
+index numbers every event of a batch with the batch's seq, stats pass the daemon's zmq counters through, and the
+per-event fallback for a daemon without BATCH records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import zmq
+
+import kvshm
+from kvshm import LocalIndexer, ZmqPublish
+from kvshm import events as ke
+
+from helpers import event_ids, query, variant, wait_for
+
+
+# vLLM 0.33.0's wire shapes (vllm/distributed/kv_events.py): the reference encoding of a batch.
+class _EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Any]
+    data_parallel_rank: int | None = None
+
+
+class _KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class BlockStored(_KVCacheEvent):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: list[list[int]] | None = None
+
+
+class BlockRemoved(_KVCacheEvent):
+    block_hashes: list[int]
+    medium: str | None
+    group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+
+
+class AllBlocksCleared(_KVCacheEvent):
+    pass
+
+
+class KVEventBatch(_EventBatch):
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+
+
+def vllm_payload(ts: float, events: list[Any], dp: int) -> bytes:
+    return msgspec.msgpack.encode(KVEventBatch(ts=ts, events=events, data_parallel_rank=dp))
+
+
+def sub_socket(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> zmq.Socket[bytes]:
+    s = ctx.socket(zmq.SUB)
+    s.setsockopt(zmq.SUBSCRIBE, b"")
+    s.setsockopt(zmq.RCVTIMEO, 10_000)
+    s.connect(endpoint)
+    return s
+
+
+def join(ix: LocalIndexer, sub: zmq.Socket[bytes]) -> int:
+    """Publishes one-event warm-up batches until the subscriber receives one (PUB drops what it sends before the
+    subscription arrives); returns the next free seq."""
+    seq = 0
+    sub.setsockopt(zmq.RCVTIMEO, 100)
+    while True:
+        ix.apply_batch(seq, [ke.AllBlocksCleared()], ts=1.0)
+        seq += 1
+        try:
+            frames = sub.recv_multipart()
+        except zmq.Again:
+            assert seq < 300, "the subscriber never received a batch"
+            continue
+        sub.setsockopt(zmq.RCVTIMEO, 10_000)
+        last = int.from_bytes(frames[1], "big")
+        while last != seq - 1:  # drain the warm-ups still in flight
+            last = int.from_bytes(sub.recv_multipart()[1], "big")
+        return seq
+
+
+def test_publish_batches_vllm_wire(make_indexer: Any, short_dir: Path) -> None:
+    endpoint = f"ipc://{short_dir}/pub.sock"
+    replay = f"ipc://{short_dir}/replay.sock"
+    ix = make_indexer(publish=ZmqPublish(endpoint=endpoint, replay_endpoint=replay, topic="kv"))
+    st = ix.stats()
+    assert st["batches_supported"] is True and st["publishing"] is True
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sub = sub_socket(ctx, endpoint)
+    try:
+        seq = join(ix, sub)
+        cases: list[tuple[list[Any], list[Any]]] = [
+            (  # the common vLLM batch: stored + removed on the GPU tier
+                [ke.BlockStored([11, 12], None, list(range(8)), 4, None, "GPU", None),
+                 ke.BlockRemoved([5], "GPU")],
+                [BlockStored([11, 12], None, list(range(8)), 4, None, "GPU", None), BlockRemoved([5], "GPU")],
+            ),
+            (  # every metadata field, a LoRA, a parent, a CPU-tier event (published, not indexed)
+                [ke.BlockStored([13], 12, [8, 9, 10, 11], 4, 7, "GPU", "lora-a", extra_keys=[("lora-a",)],
+                                group_idx=0, kv_cache_spec_kind="full_attention"),
+                 ke.BlockStored([99], None, [1, 2, 3, 4], 4, None, "CPU", None),
+                 ke.AllBlocksCleared()],
+                [BlockStored([13], 12, [8, 9, 10, 11], 4, 7, "GPU", "lora-a", extra_keys=[("lora-a",)],
+                             group_idx=0, kv_cache_spec_kind="full_attention"),
+                 BlockStored([99], None, [1, 2, 3, 4], 4, None, "CPU", None),
+                 AllBlocksCleared()],
+            ),
+        ]
+        for i, (ours, theirs) in enumerate(cases):
+            ts = 1700000000.5 + i
+            ix.apply_batch(seq + i, ours, ts=ts)
+            topic, seq_bytes, payload = sub.recv_multipart()
+            assert topic == b"kv"
+            assert int.from_bytes(seq_bytes, "big") == seq + i
+            assert payload == vllm_payload(ts, theirs, 0), (msgspec.msgpack.decode(payload), theirs)
+        # The index holds the batch's events under its seq (the CPU event excluded, decision 4).
+        resp = query(ix, seq)
+        assert variant(resp) == "Events"
+        assert event_ids(resp) == [seq, seq, seq + 1, seq + 1]
+        # The daemon's zmq counters pass through stats().
+        def zmq_published() -> bool:
+            z = ix.stats()["zmq"]
+            return isinstance(z, dict) and z.get("published", 0) >= seq + 2
+        wait_for(zmq_published, "stats()['zmq'] to count the published batches")
+        st = ix.stats()
+        assert st["batch"]["records"] == seq + 2 and st["batch"]["fallback_batches"] == 0
+        assert st["publish"]["endpoint"] == endpoint
+    finally:
+        sub.close(0)
+        ctx.term()
+
+
+def test_dp_rank_offsets_ports() -> None:
+    p = ZmqPublish(endpoint="tcp://*:5557", replay_endpoint="tcp://*:5558")
+    assert p.for_rank(2) == ZmqPublish(endpoint="tcp://*:5559", replay_endpoint="tcp://*:5560")
+    assert p.for_rank(0) is p and p.for_rank(None) is p
+    assert ZmqPublish(endpoint="tcp://*:0").for_rank(3).endpoint == "tcp://*:0"
+    assert ZmqPublish(endpoint="inproc://x").for_rank(1).endpoint == "inproc://x_dp1"
+    with pytest.raises(ValueError, match="inproc' or 'tcp"):
+        ZmqPublish(endpoint="ipc:///tmp/x").for_rank(1)
+    with pytest.raises(TypeError):
+        ZmqPublish(hwm="1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        ZmqPublish(buffer_steps=-1)
+    with pytest.raises(TypeError):
+        LocalIndexer(1, 4, publish={"endpoint": "tcp://*:5557"})  # type: ignore[arg-type]
+
+
+def test_publish_bind_failure_raises(make_indexer: Any, short_dir: Path) -> None:
+    """A bind failure is an ATTACH error: the constructor raises KvshmError naming the endpoint."""
+    blocker = short_dir / "notadir"
+    blocker.write_text("")
+    with pytest.raises(kvshm.KvshmError, match="notadir"):
+        make_indexer(publish=ZmqPublish(endpoint=f"ipc://{blocker}/pub.sock"))
+
+
+def test_apply_batch_without_publish(make_indexer: Any) -> None:
+    """Batches go through the ring as BATCH records with or without ZMQ; the index numbers them by seq."""
+    ix = make_indexer()
+    assert ix.stats()["publishing"] is False
+    ix.apply_batch(10, [ke.BlockStored([1], None, [1, 2, 3, 4], 4, None, "GPU", None),
+                        ke.BlockStored([2], 1, [5, 6, 7, 8], 4, None, "GPU", None)])
+    ix.apply_batch(11, [])  # nothing published
+    ix.apply_batch(12, [ke.BlockRemoved([2], None)])
+    assert event_ids(query(ix, 10)) == [10, 10, 12]
+    with pytest.raises(TypeError, match="not dict"):
+        ix.apply_batch(13, [{"type": "BlockStored"}])
+    with pytest.raises(TypeError):
+        ix.apply_batch(13, "BlockStored")
+    with pytest.raises(TypeError):
+        ix.apply_batch(13, [ke.AllBlocksCleared()], ts="now")
+    with pytest.raises(ValueError):
+        ix.apply_batch(-1, [ke.AllBlocksCleared()])
+    assert ix.stats()["batch"]["batches"] == 2
+
+
+def test_batch_larger_than_a_record_is_a_loss(make_indexer: Any) -> None:
+    ix = make_indexer(ring_bytes=64 << 10)  # max_record 8 KiB
+    big = [ke.BlockStored([i], None, [0] * 4, 4, None, "GPU", None) for i in range(200)]
+    ix.apply_batch(1, big)
+    ix.apply_batch(2, [ke.AllBlocksCleared()])
+    st = ix.stats()
+    assert st["batch"]["records_dropped"] == 1 and st["batch"]["records"] == 1
+    assert st["dropped_events"] == 1
+    wait_for(lambda: ix.stats()["lost_ranges"] is not None and ix.stats()["lost_ranges"] != [],
+             "the daemon to report the lost seq")
+    lost = ix.stats()["lost_ranges"]
+    assert lost[0]["first"] == 1 and lost[0]["last"] == 1, lost
+
+
+def test_fallback_without_batches(make_indexer: Any) -> None:
+    """Against a daemon whose ATTACH reply lacks "batches" (an older kvshmd; simulated by clearing the flag the
+    indexer keeps from the real reply), each indexable event is published as an EVENT record with the batch's seq,
+    non-device events are skipped, metadata is dropped, all counted."""
+    ix = make_indexer()
+    core = ix._core
+    core.attach_reply["batches"] = False
+    ix.apply_batch(5, [ke.BlockStored([1], None, [1, 2, 3, 4], 4, None, "GPU", None),
+                       ke.BlockStored([9], None, [1, 2, 3, 4], 4, None, "CPU", None),
+                       ke.BlockRemoved([7], None)])
+    st = ix.stats()["batch"]
+    assert st["fallback_batches"] == 1 and st["records"] == 0
+    assert st["fallback_not_indexed"] == 1 and st["fallback_meta_dropped"] == 2
+    assert ix.stats()["published_events"] == 2
+    resp = query(ix, 5)
+    assert variant(resp) == "Events" and event_ids(resp) == [5]  # this daemon takes the 2nd id 5 as a reset

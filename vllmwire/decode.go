@@ -1,0 +1,290 @@
+package vllmwire
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/tinylib/msgp/msgp"
+)
+
+// Batch is a decoded KVEventBatch.
+type Batch struct {
+	TS        float64
+	Events    []Event
+	HasDpRank bool
+	DpRank    int64
+}
+
+// Decode parses a payload in the shape this package encodes (FORMAT.md): a 2- or 3-array [ts, events,
+// dp_rank?] whose events are tagged maps with vLLM's field names in any order. It rejects unknown tags, unknown or
+// repeated keys, wrong types, out-of-range integers and leftover bytes with an error wrapping ErrMalformed.
+// Decoded slices are new (they do not alias p) except ExtraKeys, which aliases p. Decode is for tests and tools;
+// the daemon only encodes.
+func Decode(p []byte) (Batch, error) {
+	var b Batch
+	n, rest, err := msgp.ReadArrayHeaderBytes(p)
+	if err != nil {
+		return b, malformed("batch", err)
+	}
+	if n != 2 && n != 3 {
+		return b, malformed("batch", fmt.Errorf("array of %d elements, want 2 or 3", n))
+	}
+	if b.TS, rest, err = msgp.ReadFloat64Bytes(rest); err != nil {
+		return b, malformed("ts", err)
+	}
+	ne, rest, err := msgp.ReadArrayHeaderBytes(rest)
+	if err != nil {
+		return b, malformed("events", err)
+	}
+	if int(ne) > len(rest) { // every event takes at least one byte: refuse absurd counts before allocating
+		return b, malformed("events", fmt.Errorf("%d events in %d bytes", ne, len(rest)))
+	}
+	b.Events = make([]Event, 0, ne)
+	for i := range ne {
+		var e Event
+		if rest, err = decodeEvent(rest, &e); err != nil {
+			return b, fmt.Errorf("event %d: %w", i, err)
+		}
+		b.Events = append(b.Events, e)
+	}
+	if n == 3 {
+		if msgp.IsNil(rest) {
+			rest = rest[1:]
+		} else {
+			b.HasDpRank = true
+			if b.DpRank, rest, err = readInt(rest); err != nil {
+				return b, malformed("data_parallel_rank", err)
+			}
+		}
+	}
+	if len(rest) != 0 {
+		return b, malformed("batch", fmt.Errorf("%d leftover bytes", len(rest)))
+	}
+	return b, nil
+}
+
+// malformed wraps ErrMalformed with the field and the cause.
+func malformed(field string, err error) error {
+	return fmt.Errorf("%w: %s: %w", ErrMalformed, field, err)
+}
+
+func readInt(p []byte) (int64, []byte, error) {
+	if len(p) > 0 && (p[0] == 0xcf) { // uint64 beyond int64 is refused below
+		u, rest, err := msgp.ReadUint64Bytes(p)
+		if err != nil {
+			return 0, p, err
+		}
+		if u > math.MaxInt64 {
+			return 0, p, errors.New("integer out of range")
+		}
+		return int64(u), rest, nil
+	}
+	return msgp.ReadInt64Bytes(p)
+}
+
+func readU32(p []byte) (uint32, []byte, error) { return msgp.ReadUint32Bytes(p) }
+
+func readOptString(p []byte) (bool, string, []byte, error) {
+	if msgp.IsNil(p) {
+		return false, "", p[1:], nil
+	}
+	s, rest, err := msgp.ReadStringBytes(p)
+	return err == nil, s, rest, err
+}
+
+func readHashes(p []byte) ([]uint64, []byte, error) {
+	n, rest, err := msgp.ReadArrayHeaderBytes(p)
+	if err != nil {
+		return nil, p, err
+	}
+	if int(n) > len(rest) {
+		return nil, p, fmt.Errorf("%d elements in %d bytes", n, len(rest))
+	}
+	hs := make([]uint64, 0, n)
+	for range n {
+		var h uint64
+		if h, rest, err = msgp.ReadUint64Bytes(rest); err != nil {
+			return nil, p, err
+		}
+		hs = append(hs, h)
+	}
+	return hs, rest, nil
+}
+
+// readTokens reads token_ids: uints, or [a, b] pairs (Eagle; the stream is rebuilt as Dynamo does).
+func readTokens(p []byte) (toks []uint32, eagle bool, rest []byte, err error) {
+	n, rest, err := msgp.ReadArrayHeaderBytes(p)
+	if err != nil {
+		return nil, false, p, err
+	}
+	if int(n) > len(rest) {
+		return nil, false, p, fmt.Errorf("%d elements in %d bytes", n, len(rest))
+	}
+	if n > 0 && msgp.NextType(rest) == msgp.ArrayType {
+		eagle = true
+	}
+	toks = make([]uint32, 0, int(n)+1)
+	var last uint32
+	for range n {
+		if !eagle {
+			var t uint32
+			if t, rest, err = readU32(rest); err != nil {
+				return nil, false, p, err
+			}
+			toks = append(toks, t)
+			continue
+		}
+		var m uint32
+		if m, rest, err = msgp.ReadArrayHeaderBytes(rest); err != nil {
+			return nil, false, p, err
+		}
+		if m != 2 {
+			return nil, false, p, fmt.Errorf("eagle token pair of %d elements", m)
+		}
+		var a uint32
+		if a, rest, err = readU32(rest); err != nil {
+			return nil, false, p, err
+		}
+		if last, rest, err = readU32(rest); err != nil {
+			return nil, false, p, err
+		}
+		toks = append(toks, a)
+	}
+	if eagle {
+		toks = append(toks, last)
+	}
+	return toks, eagle, rest, nil
+}
+
+// eagleWindows turns an Eagle token stream of nblocks*blockSize+1 tokens back into kvshm's layout: blockSize+1
+// tokens per block.
+func eagleWindows(s []uint32, blockSize uint32, nblocks int) []uint32 {
+	bs := int(blockSize)
+	out := make([]uint32, 0, nblocks*(bs+1))
+	for b := range nblocks {
+		out = append(out, s[b*bs:b*bs+bs+1]...)
+	}
+	return out
+}
+
+func decodeEvent(p []byte, e *Event) ([]byte, error) {
+	nk, rest, err := msgp.ReadMapHeaderBytes(p)
+	if err != nil {
+		return p, malformed("event", err)
+	}
+	if int(nk) > len(rest) {
+		return p, malformed("event", fmt.Errorf("%d keys in %d bytes", nk, len(rest)))
+	}
+	var seen uint32
+	var tag string
+	for range nk {
+		var k string
+		if k, rest, err = msgp.ReadStringBytes(rest); err != nil {
+			return p, malformed("event key", err)
+		}
+		bit, ok := fieldBits[k]
+		if !ok {
+			return p, malformed(k, errors.New("unknown field"))
+		}
+		if seen&bit != 0 {
+			return p, malformed(k, errors.New("repeated field"))
+		}
+		seen |= bit
+		switch k {
+		case tagKey:
+			tag, rest, err = msgp.ReadStringBytes(rest)
+		case "block_hashes":
+			e.BlockHashes, rest, err = readHashes(rest)
+		case "parent_block_hash":
+			if msgp.IsNil(rest) {
+				rest = rest[1:]
+			} else {
+				e.HasParent = true
+				e.ParentHash, rest, err = msgp.ReadUint64Bytes(rest)
+			}
+		case "token_ids":
+			e.TokenIDs, e.IsEagle, rest, err = readTokens(rest)
+		case "block_size":
+			e.BlockSize, rest, err = readU32(rest)
+		case "lora_id":
+			if msgp.IsNil(rest) {
+				rest = rest[1:]
+			} else {
+				e.HasLoraID = true
+				e.LoraID, rest, err = readInt(rest)
+			}
+		case "medium":
+			e.HasMedium, e.Medium, rest, err = readOptString(rest)
+		case "lora_name":
+			e.HasLoraName, e.LoraName, rest, err = readOptString(rest)
+		case "extra_keys":
+			var after []byte
+			if after, err = msgp.Skip(rest); err == nil {
+				e.ExtraKeys = rest[:len(rest)-len(after)]
+				rest = after
+			}
+		case "group_idx":
+			e.HasGroupIdx = true
+			e.GroupIdx, rest, err = readU32(rest)
+		case "kv_cache_spec_kind":
+			e.HasKVCacheSpecKind = true
+			e.KVCacheSpecKind, rest, err = msgp.ReadStringBytes(rest)
+		case "kv_cache_spec_sliding_window":
+			e.HasSlidingWindow = true
+			e.KVCacheSpecSlidingWindow, rest, err = readU32(rest)
+		}
+		if err != nil {
+			return p, malformed(k, err)
+		}
+	}
+	var need, allowed uint32
+	switch tag {
+	case "BlockStored":
+		e.Kind = KindStored
+		need = bitType | bitHashes | bitParent | bitTokens | bitBlockSize | bitLoraID | bitMedium | bitLoraName
+		allowed = need | bitExtra | bitGroup | bitSpecKind | bitWindow
+	case "BlockRemoved":
+		e.Kind = KindRemoved
+		need = bitType | bitHashes | bitMedium
+		allowed = need | bitGroup
+	case "AllBlocksCleared":
+		e.Kind = KindCleared
+		need, allowed = bitType, bitType
+	default:
+		return p, malformed("type", fmt.Errorf("unknown tag %q", tag))
+	}
+	if seen&need != need || seen&^allowed != 0 {
+		return p, malformed(tag, fmt.Errorf("fields %#x, want all of %#x within %#x", seen, need, allowed))
+	}
+	if e.IsEagle {
+		bs, nb := int(e.BlockSize), len(e.BlockHashes)
+		if bs == 0 || len(e.TokenIDs) != nb*bs+1 {
+			return p, malformed("token_ids", fmt.Errorf("eagle stream of %d tokens for %d blocks of %d", len(e.TokenIDs), nb, bs))
+		}
+		e.TokenIDs = eagleWindows(e.TokenIDs, e.BlockSize, nb)
+	}
+	return rest, nil
+}
+
+const (
+	bitType uint32 = 1 << iota
+	bitHashes
+	bitParent
+	bitTokens
+	bitBlockSize
+	bitLoraID
+	bitMedium
+	bitLoraName
+	bitExtra
+	bitGroup
+	bitSpecKind
+	bitWindow
+)
+
+var fieldBits = map[string]uint32{
+	tagKey: bitType, "block_hashes": bitHashes, "parent_block_hash": bitParent, "token_ids": bitTokens,
+	"block_size": bitBlockSize, "lora_id": bitLoraID, "medium": bitMedium, "lora_name": bitLoraName,
+	"extra_keys": bitExtra, "group_idx": bitGroup, "kv_cache_spec_kind": bitSpecKind,
+	"kv_cache_spec_sliding_window": bitWindow,
+}

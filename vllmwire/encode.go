@@ -1,0 +1,202 @@
+package vllmwire
+
+import (
+	"github.com/tinylib/msgp/msgp"
+)
+
+// Kind is an event's variant, named by its msgspec tag on the wire.
+type Kind uint8
+
+// The event kinds, with the tags vLLM's structs carry.
+const (
+	KindStored  Kind = 1 // "BlockStored"
+	KindRemoved Kind = 2 // "BlockRemoved"
+	KindCleared Kind = 3 // "AllBlocksCleared"
+)
+
+// Tag returns the msgspec tag of the kind ("BlockStored", ...), or "" for an unknown kind.
+func (k Kind) Tag() string {
+	switch k {
+	case KindStored:
+		return "BlockStored"
+	case KindRemoved:
+		return "BlockRemoved"
+	case KindCleared:
+		return "AllBlocksCleared"
+	}
+	return ""
+}
+
+// Event is one vLLM KV-cache event. The Has* flags say whether an optional field is present; an absent field is
+// msgspec's None. Which fields each kind carries on the wire is in FORMAT.md; fields a kind does not carry are
+// ignored by the encoder.
+type Event struct {
+	Kind        Kind
+	BlockHashes []uint64 // Stored, Removed: encoded as msgpack uint
+	// Stored only.
+	HasParent   bool
+	ParentHash  uint64
+	TokenIDs    []uint32 // kvshm layout: for Eagle, block_size+1 tokens per block (windows overlap by one token)
+	IsEagle     bool     // token_ids go on the wire as [token, next] pairs (Dynamo's Eagle form)
+	BlockSize   uint32
+	HasLoraID   bool
+	LoraID      int64
+	HasLoraName bool
+	LoraName    string
+	// ExtraKeys is the msgpack encoding of vLLM's extra_keys value, appended as it is; nil means None.
+	ExtraKeys                []byte
+	HasKVCacheSpecKind       bool
+	KVCacheSpecKind          string
+	HasSlidingWindow         bool
+	KVCacheSpecSlidingWindow uint32
+	// Stored, Removed.
+	HasMedium   bool
+	Medium      string
+	HasGroupIdx bool
+	GroupIdx    uint32
+}
+
+// Wire-format constants: never change without changing FORMAT.md and the shared vectors.
+const (
+	tagKey        = "type"
+	batchArrayLen = 3 // [ts, events, data_parallel_rank]
+)
+
+// AppendBatchHeader appends the head of a batch of n events: the 3-array header, ts and the events' array header.
+// The n events (AppendEvent) and then AppendBatchTrailer must follow.
+func AppendBatchHeader(dst []byte, ts float64, n int) []byte {
+	dst = msgp.AppendArrayHeader(dst, batchArrayLen)
+	dst = msgp.AppendFloat64(dst, ts)
+	return msgp.AppendArrayHeader(dst, uint32(n))
+}
+
+// AppendBatchTrailer appends the batch's data_parallel_rank, its last element.
+func AppendBatchTrailer(dst []byte, dpRank int64) []byte {
+	return appendInt(dst, dpRank)
+}
+
+// AppendBatch appends the msgpack of a whole KVEventBatch: [ts, [events...], dp_rank]. It allocates only when
+// dst lacks capacity.
+func AppendBatch(dst []byte, ts float64, events []Event, dpRank int64) []byte {
+	dst = AppendBatchHeader(dst, ts, len(events))
+	for i := range events {
+		dst = AppendEvent(dst, &events[i])
+	}
+	return AppendBatchTrailer(dst, dpRank)
+}
+
+// AppendEvent appends one event as msgspec encodes vLLM's tagged struct: a map whose first key is "type", then
+// the struct's fields in declaration order, the fields with a None default omitted when None (omit_defaults).
+// An unknown kind appends nothing.
+func AppendEvent(dst []byte, e *Event) []byte {
+	switch e.Kind {
+	case KindStored:
+		n := uint32(8) // type, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name
+		n += b2u(e.ExtraKeys != nil) + b2u(e.HasGroupIdx) + b2u(e.HasKVCacheSpecKind) + b2u(e.HasSlidingWindow)
+		// msgspec sizes a struct's map header for all its fields (15 + the tag: map16), whatever it omits.
+		dst = append(dst, 0xde, 0, byte(n))
+		dst = appendKeyString(dst, tagKey, "BlockStored")
+		dst = appendHashes(msgp.AppendString(dst, "block_hashes"), e.BlockHashes)
+		dst = msgp.AppendString(dst, "parent_block_hash")
+		if e.HasParent {
+			dst = msgp.AppendUint64(dst, e.ParentHash)
+		} else {
+			dst = msgp.AppendNil(dst)
+		}
+		dst = appendTokens(msgp.AppendString(dst, "token_ids"), e.TokenIDs, e.IsEagle, e.BlockSize, len(e.BlockHashes))
+		dst = msgp.AppendUint64(msgp.AppendString(dst, "block_size"), uint64(e.BlockSize))
+		dst = msgp.AppendString(dst, "lora_id")
+		if e.HasLoraID {
+			dst = appendInt(dst, e.LoraID)
+		} else {
+			dst = msgp.AppendNil(dst)
+		}
+		dst = appendOptString(msgp.AppendString(dst, "medium"), e.HasMedium, e.Medium)
+		dst = appendOptString(msgp.AppendString(dst, "lora_name"), e.HasLoraName, e.LoraName)
+		if e.ExtraKeys != nil {
+			dst = append(msgp.AppendString(dst, "extra_keys"), e.ExtraKeys...)
+		}
+		if e.HasGroupIdx {
+			dst = msgp.AppendUint64(msgp.AppendString(dst, "group_idx"), uint64(e.GroupIdx))
+		}
+		if e.HasKVCacheSpecKind {
+			dst = appendKeyString(dst, "kv_cache_spec_kind", e.KVCacheSpecKind)
+		}
+		if e.HasSlidingWindow {
+			dst = msgp.AppendUint64(msgp.AppendString(dst, "kv_cache_spec_sliding_window"), uint64(e.KVCacheSpecSlidingWindow))
+		}
+	case KindRemoved:
+		dst = msgp.AppendMapHeader(dst, 3+b2u(e.HasGroupIdx))
+		dst = appendKeyString(dst, tagKey, "BlockRemoved")
+		dst = appendHashes(msgp.AppendString(dst, "block_hashes"), e.BlockHashes)
+		dst = appendOptString(msgp.AppendString(dst, "medium"), e.HasMedium, e.Medium)
+		if e.HasGroupIdx {
+			dst = msgp.AppendUint64(msgp.AppendString(dst, "group_idx"), uint64(e.GroupIdx))
+		}
+	case KindCleared:
+		dst = msgp.AppendMapHeader(dst, 1)
+		dst = appendKeyString(dst, tagKey, "AllBlocksCleared")
+	}
+	return dst
+}
+
+func b2u(b bool) uint32 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// appendInt appends v as msgspec encodes a Python int: the uint forms for v >= 0, the int forms below 0.
+func appendInt(dst []byte, v int64) []byte {
+	if v >= 0 {
+		return msgp.AppendUint64(dst, uint64(v))
+	}
+	return msgp.AppendInt64(dst, v)
+}
+
+func appendKeyString(dst []byte, key, val string) []byte {
+	return msgp.AppendString(msgp.AppendString(dst, key), val)
+}
+
+func appendOptString(dst []byte, has bool, s string) []byte {
+	if !has {
+		return msgp.AppendNil(dst)
+	}
+	return msgp.AppendString(dst, s)
+}
+
+func appendHashes(dst []byte, hs []uint64) []byte {
+	dst = msgp.AppendArrayHeader(dst, uint32(len(hs)))
+	for _, h := range hs {
+		dst = msgp.AppendUint64(dst, h)
+	}
+	return dst
+}
+
+// appendTokens appends token_ids. Plain: an array of uints. Eagle: kvshm holds block_size+1 tokens per block,
+// consecutive windows overlapping by one token; the wire carries the chain's token stream s (the first window,
+// then each next window without its first token) as the pairs [s[i], s[i+1]], which Dynamo's parser turns back
+// into s with is_eagle set. A token count that is not nblocks × (block_size+1) is sent as plain tokens.
+func appendTokens(dst []byte, toks []uint32, eagle bool, blockSize uint32, nblocks int) []byte {
+	w := int(blockSize) + 1
+	if !eagle || nblocks == 0 || blockSize == 0 || len(toks) != nblocks*w {
+		dst = msgp.AppendArrayHeader(dst, uint32(len(toks)))
+		for _, t := range toks {
+			dst = msgp.AppendUint64(dst, uint64(t))
+		}
+		return dst
+	}
+	n := nblocks*int(blockSize) + 1 // stream length
+	dst = msgp.AppendArrayHeader(dst, uint32(n-1))
+	prev := toks[0]
+	for i := 1; i < n; i++ {
+		// stream index i: block (i-1)/blockSize's window, at offset i - block*blockSize
+		b := (i - 1) / int(blockSize)
+		cur := toks[b*w+i-b*int(blockSize)]
+		dst = msgp.AppendArrayHeader(dst, 2)
+		dst = msgp.AppendUint64(msgp.AppendUint64(dst, uint64(prev)), uint64(cur))
+		prev = cur
+	}
+	return dst
+}

@@ -1,0 +1,55 @@
+// Package zmqpub publishes one kvshmd stream's KV-event batches on ZMQ as vLLM's ZmqEventPublisher does: a PUB
+// socket carrying [topic, seq u64 BE, payload] and, optionally, a ROUTER socket answering replay requests from a
+// buffer of the last buffer_steps batches. The payload is built by package vllmwire; the sockets are
+// github.com/go-zeromq/zmq4 (pure Go, so kvshmd stays CGO_ENABLED=0).
+//
+// # Design
+//
+//	drain goroutine ──Publish (non-blocking, bounded queue; full = drop counted)──► sender goroutine
+//	                                                                                 │ PUB SendMulti (queues only)
+//	                                                                                 │ replay ring (mutex)
+//	replay goroutine ◄── ROUTER [identity, "", start_seq] ── DEALER
+//	                 ──► [identity, "", topic, seq, payload] per buffered batch with seq >= start,
+//	                     then [identity, "", "", 0xFFFFFFFFFFFFFFFF, ""]
+//
+// Publish never waits: it tries the queue and counts a drop (queue_full) when it is full. The sender goroutine
+// owns the PUB socket; the replay goroutine owns the ROUTER socket, so a slow replay client never delays live
+// publication. The replay buffer is in memory: a restarted daemon replays only what it published since.
+//
+// Endpoints: bound when the endpoint contains "*" or "::" or is ipc:// (vLLM's rule), connected otherwise (in
+// the background with zmq4's retries, as libzmq connects asynchronously); inproc:// is refused (ErrEndpoint);
+// the replay endpoint is always bound. An ipc:// socket file is chmod 0600 right after the bind (a short window
+// with the umask's mode; the directory is the operator's). "tcp://*:0" binds an OS-chosen port on every interface
+// and Stats().Endpoint reports it (vLLM binds the node IP instead).
+//
+// Replay framing follows vLLM 0.33.0's _service_replay: a request is exactly 3 frames after the ROUTER's identity
+// frame is added ([identity, "", start_seq]); vLLM reads start_seq as a big-endian integer of any length, kvshm
+// requires 1..8 bytes. Anything else is counted (BadRequests) and ignored. Replies carry the topic frame as
+// vLLM's do, so a DEALER receives ["", topic, seq, payload]; Dynamo's listener accepts that (vLLM's shape) and
+// ["", seq, payload] (SGLang's). Requests are served one at a time: a replay client that stops reading in the
+// middle of its reply holds the replay goroutine (not the live stream) until it reads or disconnects.
+//
+// # What zmq4 v0.17.0 does (read from its source, pinned by the tests)
+//
+//   - PUB Send only pushes onto one queue shared by all subscribers and returns; when the queue holds HWM
+//     messages the message is dropped silently (HWM 0: the queue is unbounded). So Send never waits for a
+//     subscriber, but HWM drops cannot be counted: kvshm counts only its own queue's drops and socket errors.
+//   - One goroutine writes that queue to every subscriber in turn, with no write deadline: a subscriber that
+//     stops reading (full TCP window) stalls delivery to all subscribers until it reads again or disconnects
+//     (libzmq keeps a queue per subscriber instead). Ingest is never affected (TestStuckSubscriberNeverBlocksPublish).
+//   - ROUTER routes a reply by the identity the peer announced in its handshake, or, when it announced none (a
+//     libzmq DEALER without ZMQ_IDENTITY, as vLLM's and Dynamo's), by a UUID zmq4 assigns to the connection; so
+//     concurrent anonymous replay clients each get their own replies. A reply to a peer that left is dropped.
+//
+// # Errors
+//
+// New fails with ErrEndpoint (refused endpoint, nothing opened), ErrBind (bind or chmod failed; the message names
+// the endpoint and the errno) or ErrConfig (negative hwm or buffer_steps); on error nothing stays open. After New
+// nothing fails: a send error is counted (send_error) and the batch is still kept for replay; a replay send error
+// ends that reply. Close is idempotent; Publish after Close drops (closed).
+//
+// # Concurrency
+//
+// Publish is called by one goroutine (the stream's drain goroutine); Stats, Config and Close are safe from any
+// goroutine. The payload handed to Publish is owned by the publisher from then on.
+package zmqpub

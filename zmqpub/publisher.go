@@ -1,0 +1,344 @@
+package zmqpub
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+// Config is one stream's publishing configuration, as the producer asks for it at ATTACH (vLLM's KVEventsConfig
+// fields). The dp_rank port offset is already applied by the producer.
+type Config struct {
+	Endpoint       string // PUB endpoint; bound when it has "*" or "::" or is ipc://, connected otherwise
+	ReplayEndpoint string // ROUTER endpoint (always bound); "" = no replay socket
+	Topic          string
+	HWM            int // PUB high-water mark (messages); 0 = unlimited
+	BufferSteps    int // batches kept for replay
+}
+
+// DefaultQueueSize is the capacity of the queue between the drain goroutine and the sender goroutine.
+const DefaultQueueSize = 8192
+
+// Drop reasons (the label values of kvshm_zmq_dropped_batches_total).
+const (
+	DropQueueFull = "queue_full" // the sender goroutine is behind: Publish found the queue full
+	DropSendError = "send_error" // the PUB socket refused the message
+	DropClosed    = "closed"     // Publish after Close
+	numDrops      = 3
+)
+
+// DropReasons lists the drop reasons in a fixed order (metrics export).
+var DropReasons = [numDrops]string{DropQueueFull, DropSendError, DropClosed}
+
+// Stats is a snapshot of a publisher's counters.
+type Stats struct {
+	Published      uint64
+	Dropped        [numDrops]uint64 // by DropReasons
+	ReplayRequests uint64           // valid requests served
+	BadRequests    uint64           // replay requests ignored (frame count or seq length)
+	Replayed       uint64           // batches sent on the replay socket (end markers not counted)
+	Endpoint       string           // the PUB endpoint (as bound: a port 0 is resolved)
+	ReplayEndpoint string           // "" without replay socket
+}
+
+// DroppedTotal sums the drops of every reason.
+func (s Stats) DroppedTotal() uint64 {
+	var n uint64
+	for _, d := range s.Dropped {
+		n += d
+	}
+	return n
+}
+
+type entry struct {
+	seq     uint64
+	payload []byte
+}
+
+// Publisher publishes one stream's batches. Publish is called by one goroutine (the stream's drain goroutine);
+// Stats, Config and Close are safe for concurrent use.
+type Publisher struct {
+	cfg      Config // immutable
+	endpoint string // immutable: as bound
+	replayEP string // immutable
+	topic    []byte // immutable
+	log      *slog.Logger
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	pub    zmq4.Socket
+	router zmq4.Socket // nil without replay endpoint
+
+	q         chan entry // drain → sender; never blocks the sender's producer
+	closeOnce sync.Once
+	closed    atomic.Bool // set by Close before q is closed; Publish checks it under qmu
+	qmu       sync.RWMutex
+	sendDone  sync.WaitGroup // the sender goroutine
+	wg        sync.WaitGroup // the replay goroutine
+
+	// Counters. Updated atomically.
+	published, replayReqs, badReqs, replayed atomic.Uint64
+	dropped                                  [numDrops]atomic.Uint64
+
+	bufMu            sync.Mutex // protects buf, bufStart, bufLen
+	buf              []entry    // ring of the last BufferSteps batches
+	bufStart, bufLen int
+}
+
+// isBind is vLLM's rule (ZmqEventPublisher._is_bind_endpoint) without inproc, which New refuses.
+func isBind(ep string) bool {
+	return strings.Contains(ep, "*") || strings.Contains(ep, "::") || strings.HasPrefix(ep, "ipc://")
+}
+
+func checkEndpoint(ep string) error {
+	i := strings.Index(ep, "://")
+	switch {
+	case ep == "":
+		return fmt.Errorf("%w: empty", ErrEndpoint)
+	case strings.HasPrefix(ep, "inproc://"):
+		return fmt.Errorf("%w: %s: inproc is in-process only; kvshmd is another process", ErrEndpoint, ep)
+	case i <= 0 || i+3 == len(ep):
+		return fmt.Errorf("%w: %q is not transport://address", ErrEndpoint, ep)
+	case !strings.HasPrefix(ep, "tcp://") && !strings.HasPrefix(ep, "ipc://"):
+		return fmt.Errorf("%w: %s: only tcp:// and ipc:// are supported", ErrEndpoint, ep)
+	}
+	return nil
+}
+
+// New makes the sockets (binding or starting the connection at once, so that a bind failure is the caller's
+// error) and starts the sender goroutine and, with a replay endpoint, the replay goroutine.
+func New(cfg Config, log *slog.Logger) (*Publisher, error) {
+	if cfg.HWM < 0 || cfg.BufferSteps < 0 {
+		return nil, fmt.Errorf("%w: hwm %d, buffer_steps %d", ErrConfig, cfg.HWM, cfg.BufferSteps)
+	}
+	if err := checkEndpoint(cfg.Endpoint); err != nil {
+		return nil, err
+	}
+	if cfg.ReplayEndpoint != "" {
+		if err := checkEndpoint(cfg.ReplayEndpoint); err != nil {
+			return nil, err
+		}
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Publisher{cfg: cfg, topic: []byte(cfg.Topic), log: log, ctx: ctx, cancel: cancel,
+		q: make(chan entry, DefaultQueueSize), buf: make([]entry, cfg.BufferSteps)}
+	p.pub = zmq4.NewPub(ctx)
+	if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
+		cancel()
+		_ = p.pub.Close()
+		return nil, fmt.Errorf("%w: set hwm %d: %w", ErrConfig, cfg.HWM, err)
+	}
+	ep, err := p.open(p.pub, cfg.Endpoint, isBind(cfg.Endpoint))
+	if err != nil {
+		p.closeSockets()
+		return nil, err
+	}
+	p.endpoint = ep
+	if cfg.ReplayEndpoint != "" {
+		p.router = zmq4.NewRouter(ctx)
+		if p.replayEP, err = p.open(p.router, cfg.ReplayEndpoint, true); err != nil {
+			p.closeSockets()
+			return nil, err
+		}
+	}
+	p.sendDone.Add(1)
+	go p.send()
+	if p.router != nil {
+		p.wg.Add(1)
+		go p.serveReplay()
+	}
+	return p, nil
+}
+
+// open binds (bind) or connects sck to ep and returns the endpoint as bound. An ipc socket file is made 0600. A
+// connect runs in the background with retries, as libzmq's connect does (an absent peer is not an error).
+func (p *Publisher) open(sck zmq4.Socket, ep string, bind bool) (string, error) {
+	if !bind {
+		go func() {
+			if err := sck.Dial(ep); err != nil && p.ctx.Err() == nil {
+				p.log.Warn("zmq connect failed: batches are not delivered", "endpoint", ep, "err", err)
+			}
+		}()
+		return ep, nil
+	}
+	if err := sck.Listen(ep); err != nil {
+		return "", fmt.Errorf("%w: %s: %s: %w", ErrBind, ep, errnoName(err), err)
+	}
+	if path, ok := strings.CutPrefix(ep, "ipc://"); ok {
+		if err := os.Chmod(path, 0o600); err != nil {
+			return "", fmt.Errorf("%w: chmod 0600 %s: %w", ErrBind, path, err)
+		}
+		return ep, nil
+	}
+	if a := sck.Addr(); a != nil && strings.HasSuffix(ep, ":0") {
+		return "tcp://" + a.String(), nil
+	}
+	return ep, nil
+}
+
+// errnoName names the OS errno inside err (EADDRINUSE, ...), or "error" when there is none.
+func errnoName(err error) string {
+	var en syscall.Errno
+	if errors.As(err, &en) {
+		return fmt.Sprintf("errno %d (%v)", int(en), en)
+	}
+	return "error"
+}
+
+// Config returns the configuration the publisher was made with.
+func (p *Publisher) Config() Config { return p.cfg }
+
+// Publish hands one batch (its engine seq and vLLM payload) to the sender goroutine. It never blocks: a full
+// queue drops the batch (counted DropQueueFull) and returns false. The publisher keeps payload (for replay): the
+// caller must not modify it afterwards.
+func (p *Publisher) Publish(seq uint64, payload []byte) bool {
+	p.qmu.RLock()
+	defer p.qmu.RUnlock()
+	if p.closed.Load() {
+		p.dropped[2].Add(1)
+		return false
+	}
+	select {
+	case p.q <- entry{seq, payload}:
+		return true
+	default:
+		p.dropped[0].Add(1)
+		return false
+	}
+}
+
+// send is the sender goroutine: PUB send, then the replay buffer.
+func (p *Publisher) send() {
+	defer p.sendDone.Done()
+	for e := range p.q {
+		var seq [8]byte
+		binary.BigEndian.PutUint64(seq[:], e.seq)
+		// zmq4's PUB Send only queues the message (or drops it past the HWM, silently): it never waits for a
+		// subscriber.
+		if err := p.pub.SendMulti(zmq4.NewMsgFrom(p.topic, seq[:], e.payload)); err != nil {
+			p.dropped[1].Add(1)
+			p.log.Debug("zmq publish failed", "seq", e.seq, "err", err)
+		} else {
+			p.published.Add(1)
+		}
+		p.remember(e)
+	}
+}
+
+// remember appends e to the replay ring.
+func (p *Publisher) remember(e entry) {
+	if len(p.buf) == 0 {
+		return
+	}
+	p.bufMu.Lock()
+	if p.bufLen < len(p.buf) {
+		p.buf[(p.bufStart+p.bufLen)%len(p.buf)] = e
+		p.bufLen++
+	} else {
+		p.buf[p.bufStart] = e
+		p.bufStart = (p.bufStart + 1) % len(p.buf)
+	}
+	p.bufMu.Unlock()
+}
+
+// since returns the buffered batches with seq >= start, in publication order.
+func (p *Publisher) since(start uint64) []entry {
+	p.bufMu.Lock()
+	defer p.bufMu.Unlock()
+	var out []entry
+	for i := range p.bufLen {
+		e := p.buf[(p.bufStart+i)%len(p.buf)]
+		if e.seq >= start {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// endSeq is vLLM's END_SEQ: -1 as 8 signed big-endian bytes.
+var endSeq = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+
+// serveReplay is the replay goroutine: one request at a time, answered as vLLM's _service_replay does.
+func (p *Publisher) serveReplay() {
+	defer p.wg.Done()
+	for {
+		msg, err := p.router.Recv()
+		if err != nil {
+			if p.ctx.Err() != nil {
+				return
+			}
+			p.log.Debug("zmq replay recv failed", "err", err)
+			continue
+		}
+		// [identity, "", start_seq]: vLLM checks the frame count only and reads the seq as a big-endian
+		// integer; kvshm also requires 1..8 seq bytes.
+		if len(msg.Frames) != 3 || len(msg.Frames[2]) == 0 || len(msg.Frames[2]) > 8 {
+			p.badReqs.Add(1)
+			p.log.Warn("invalid zmq replay request: ignored", "frames", len(msg.Frames))
+			continue
+		}
+		id := msg.Frames[0]
+		var start uint64
+		for _, b := range msg.Frames[2] {
+			start = start<<8 | uint64(b)
+		}
+		p.replayReqs.Add(1)
+		for _, e := range p.since(start) {
+			var seq [8]byte
+			binary.BigEndian.PutUint64(seq[:], e.seq)
+			if err := p.router.SendMulti(zmq4.NewMsgFrom(id, nil, p.topic, seq[:], e.payload)); err != nil {
+				p.log.Debug("zmq replay send failed", "err", err)
+				break
+			}
+			p.replayed.Add(1)
+		}
+		if err := p.router.SendMulti(zmq4.NewMsgFrom(id, nil, nil, endSeq, nil)); err != nil {
+			p.log.Debug("zmq replay end marker failed", "err", err)
+		}
+	}
+}
+
+// Stats returns the counters.
+func (p *Publisher) Stats() Stats {
+	s := Stats{Published: p.published.Load(), ReplayRequests: p.replayReqs.Load(), BadRequests: p.badReqs.Load(),
+		Replayed: p.replayed.Load(), Endpoint: p.endpoint, ReplayEndpoint: p.replayEP}
+	for i := range s.Dropped {
+		s.Dropped[i] = p.dropped[i].Load()
+	}
+	return s
+}
+
+// Close stops the goroutines and closes the sockets (an ipc socket file is removed). Batches still queued are
+// sent first unless the PUB socket is stuck; it is idempotent.
+func (p *Publisher) Close() error {
+	p.closeOnce.Do(func() {
+		p.qmu.Lock()
+		p.closed.Store(true)
+		close(p.q)
+		p.qmu.Unlock()
+		p.sendDone.Wait() // the queue drains fast: a PUB send only queues
+		p.closeSockets()
+		p.wg.Wait()
+	})
+	return nil
+}
+
+func (p *Publisher) closeSockets() {
+	p.cancel()
+	if p.router != nil {
+		_ = p.router.Close()
+	}
+	_ = p.pub.Close()
+}
