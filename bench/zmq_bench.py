@@ -253,7 +253,8 @@ class Side:
         if self.kv is None:
             return 0
         st = self.kv.stats()
-        return int(st.get("dropped_events", 0)) + int(st.get("zmq", {}).get("dropped", 0))
+        zd = (st.get("zmq") or {}).get("dropped", 0)  # by reason, or a total
+        return int(st.get("dropped_events") or 0) + int(sum(zd.values()) if isinstance(zd, dict) else zd or 0)
 
     def close(self) -> None:
         if self.pub is not None:
