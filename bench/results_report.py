@@ -217,6 +217,28 @@ def zmq_goals(d: dict[str, Any]) -> list[Goal]:
     return gs
 
 
+def zmq_threads_reading(th: dict[str, Any]) -> list[str]:
+    """Where each side's engine CPU goes, per workload, in words: what stays on the scheduler thread and what moves
+    off it (to vLLM's publisher thread and libzmq's I/O thread for (a), to kvshmd for (c))."""
+    out = []
+    for w, wl in ZMQ_WORKLOADS.items():
+        a, c = th.get(f"{w}/a"), th.get(f"{w}/c")
+        if not a or not c:
+            continue
+        more = c["scheduler_cpu_us"] > a["scheduler_cpu_us"]
+        out.append(
+            f"* {wl}: (a) costs the engine {us(a['engine_cpu_us'])} per batch, of which {us(a['scheduler_cpu_us'])} on "
+            f"the scheduler thread, {us(a['publisher_cpu_us'])} on the publisher thread and "
+            f"{us(a['other_cpu_us'])} on other threads; (c) costs {us(c['engine_cpu_us'])}, "
+            f"{us(c['scheduler_cpu_us'])} of it on the scheduler thread, and kvshmd {us(c['daemon_cpu_us'] or 0)} in "
+            f"its own process (with (b), which only indexes: {us(th.get(f'{w}/b', {}).get('daemon_cpu_us') or 0)}). "
+            + ("The scheduler thread itself pays more with (c) than (a)'s queue hand-off: (c) trades "
+               f"{us(c['scheduler_cpu_us'] - a['scheduler_cpu_us'])} more there for "
+               f"{us(a['engine_cpu_us'] - c['engine_cpu_us'])} less in the engine process."
+               if more else "The scheduler thread pays no more with (c) than with (a)'s queue hand-off."))
+    return out
+
+
 def zmq_section(d: dict[str, Any]) -> list[str]:
     """The "kvshmd as the publisher (issue 12)" section of RESULTS.md."""
     z = d.get("zmq")
@@ -297,11 +319,12 @@ def zmq_section(d: dict[str, Any]) -> list[str]:
     L += table(["workload", "side", "rate", "engine CPU / batch", "vs (a)", "engine CPU",
                 "scheduler thread CPU / batch", "publisher thread CPU / batch", "other threads CPU / batch",
                 "scheduler `publish` call p50 / p99", "kvshmd CPU / batch", "dropped"], rows)
-    L += ["", "### Publish → subscriber latency", "",
+    L += ["", *zmq_threads_reading(th), "", "### Publish → subscriber latency", "",
           f"During the threaded runs ({z['rate']:,.0f} batches/s, paced) a pyzmq SUB in another process stamps each "
           "message with time.time() on arrival and subtracts the batch's ts from its payload (the engine's "
           "time.time() when it built the batch; one clock for every process of the machine), so (a)/(b) include the "
-          "queue hand-off to the publisher thread and (c) the ring and kvshmd's drain, encode and send.", ""]
+          "queue hand-off to the publisher thread and (c) the ring and kvshmd's drain, encode and send; the drain's "
+          "wake-up after an idle gap is timed alone by BenchmarkDaemonReachLatency in the Go table below.", ""]
     rows = []
     for w, wl in ZMQ_WORKLOADS.items():
         for s in sides:

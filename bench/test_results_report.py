@@ -189,3 +189,14 @@ def test_zmq_section_renders_with_and_without_kvshm_publishing() -> None:
     assert "SKIPPED: issue 12 side (c)" in partial and "kvshmd |" not in partial
     assert partial.count("| skipped |") == 6
     assert rr.zmq_section({}) == []
+
+
+def test_zmq_reading_says_what_stays_on_the_scheduler_thread() -> None:
+    th = zmq_results(100.0, 30.0)["zmq"]["threaded"]
+    lines = rr.zmq_threads_reading(th)
+    assert len(lines) == 2  # one per workload
+    assert "of which 100 µs on the scheduler thread" in lines[0]
+    assert "The scheduler thread pays no more with (c)" in lines[0]
+    th["headline/c"]["scheduler_cpu_us"] = 150.0  # (c) all on the scheduler thread, more than (a) puts there
+    assert "(c) trades 50.00 µs more there for 140 µs less in the engine process" in rr.zmq_threads_reading(th)[0]
+    assert rr.zmq_threads_reading(zmq_results(100.0, None)["zmq"]["threaded"]) == []
