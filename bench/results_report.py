@@ -287,7 +287,8 @@ def zmq_section(d: dict[str, Any]) -> list[str]:
                          ratio_s(k["median_us"] / a["median_us"]) if a else "—"])
     L += table(["workload", "side", "p50", "p99", "mean", "encode + send p50", "indexer apply p50", "p50 / (a)"],
                rows)
-    L += ["", f"kvshm dropped events/batches in this phase: {inl.get('dropped', {})}.", ""]
+    drops = ", ".join(f"({k}) {v:,}" for k, v in inl.get("dropped", {}).items() if k != "a")
+    L += ["", f"Dropped by kvshm in this phase (ring full, or kvshmd's ZMQ queue): {drops or 'not measured'}.", ""]
     L += ["### Threaded as vLLM runs it: engine-process CPU and where it is spent", "",
           f"Each side in its own engine process, {z['threaded_rounds']} rounds × {z['seconds']:g} s per workload at "
           f"{z['rate']:,.0f} batches/s, sides rotated. The scheduler (main) thread builds each batch and calls "
