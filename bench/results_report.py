@@ -333,9 +333,11 @@ def zmq_section(d: dict[str, Any]) -> list[str]:
             if not t:
                 continue
             lat = t["latency"]
+            pb = t.get("payload_bytes_mean")
             rows.append([wl, "kvshmd" if s == "c" else "pyzmq publisher thread (" + s + ")", us(lat["median_us"]),
-                         us(lat["p99_us"]), f"{t['received']:,} / {t['batches']:,}"])
-    L += table(["workload", "publisher", "p50", "p99", "received / published"], rows)
+                         us(lat["p99_us"]), f"{t['received']:,} / {t['batches']:,}",
+                         "—" if pb is None else f"{pb:,.0f} B"])
+    L += table(["workload", "publisher", "p50", "p99", "received / published", "mean payload received"], rows)
     L += ["", f"This section took {z['elapsed_s']:.0f} s of `make bench` (inline {z['inline_s']:.0f} s).", ""]
     return L
 

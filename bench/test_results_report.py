@@ -134,6 +134,7 @@ def zmq_results(a_us: float | None, c_us: float | None, c_p99_lat: float = 500.0
                 "engine_cpu_us": 2 * v, "engine_cpu_pct": 0.2 * v, "raw_engine_cpu_us": 2 * v + 20,
                 "scheduler_cpu_us": v, "publisher_cpu_us": v, "other_cpu_us": 1.0,
                 "daemon_cpu_us": 50.0 if side != "a" else None, "dropped": 0, "publish_call": s(v),
+                "payload_bytes_mean": 4645.0,
                 "latency": s(lat / 2, lat) if received else {"n": 0, "median_us": float("nan"),
                                                              "p99_us": float("nan"), "mean_us": float("nan")}}
         threaded[f"{w}/idle"] = {"batches": 2000, "rate": 1000.0, "received": 0, "engine_cpu_us": 0.0,
@@ -183,7 +184,7 @@ def test_zmq_section_renders_with_and_without_kvshm_publishing() -> None:
     full = "\n".join(rr.zmq_section(zmq_results(100.0, 30.0)))
     assert "## kvshmd as the publisher (issue 12)" in full
     assert "| 32×32 Stored | (c) kvshm `apply_batch`, kvshmd publishes | 30.00 µs | 60.00 µs |" in full
-    assert "| 32×32 Stored | kvshmd | 250 µs | 500 µs | 2,000 / 2,000 |" in full
+    assert "| 32×32 Stored | kvshmd | 250 µs | 500 µs | 2,000 / 2,000 | 4,645 B |" in full
     assert full.count("**PASS**") == 6
     partial = "\n".join(rr.zmq_section(zmq_results(100.0, None)))
     assert "SKIPPED: issue 12 side (c)" in partial and "kvshmd |" not in partial

@@ -208,8 +208,8 @@ class Side:
                 self.indexer = EventIndexer(self.kv)
             self.pub = ZmqPublisher(endpoint, topic)
         elif kind == "c":
-            zp = kvshm.ZmqPublish(endpoint=endpoint, topic=topic)  # type: ignore[attr-defined]
-            self.kv = kvshm.LocalIndexer(worker_id, 32, ring_bytes=64 << 20, publish=zp)  # type: ignore[call-arg]
+            zp = kvshm.ZmqPublish(endpoint=endpoint, topic=topic)
+            self.kv = kvshm.LocalIndexer(worker_id, 32, ring_bytes=64 << 20, publish=zp)
         elif kind != "idle":
             raise ValueError(kind)
         if self.kv is not None:
@@ -357,7 +357,7 @@ def sub(args: argparse.Namespace) -> None:
     poller = zmq.Poller()
     poller.register(s, zmq.POLLIN)
     poller.register(sys.stdin.fileno(), zmq.POLLIN)
-    got: dict[str, dict[str, list[int]]] = {}
+    got: dict[str, dict[str, list[int]]] = {}  # per topic: seqs, lat_ns, bytes (one total)
     reply({"ready": True})
     stdin = os.fdopen(sys.stdin.fileno(), "r", buffering=1)
     while True:
@@ -370,8 +370,9 @@ def sub(args: argparse.Namespace) -> None:
                     break
                 now = time.time()
                 topic, seq, payload = frames[0].decode(), int.from_bytes(frames[1], "big"), frames[2]
-                g = got.setdefault(topic, {"seqs": [], "lat_ns": []})
+                g = got.setdefault(topic, {"seqs": [], "lat_ns": [], "bytes": [0]})
                 g["seqs"].append(seq)
+                g["bytes"][0] += len(payload)
                 g["lat_ns"].append(int((now - ts_of(payload)) * 1e9))
         if sys.stdin.fileno() in ready:
             line = stdin.readline()
@@ -527,8 +528,9 @@ def threaded(cfg: argparse.Namespace, sides: list[str]) -> dict[str, Any]:
                 for s in order:
                     out = kids[s].call({"op": "run", "workload": w, "n": n, "rate": cfg.zmq_rate})
                     time.sleep(0.05)  # the last batches reach the subscriber
-                    got = subc.call({"op": "take"})["got"].get(s, {"seqs": [], "lat_ns": []})
-                    r = res.setdefault(f"{w}/{s}", {"runs": [], "calls": [], "lat": [], "received": 0})
+                    got = subc.call({"op": "take"})["got"].get(s, {"seqs": [], "lat_ns": [], "bytes": [0]})
+                    r = res.setdefault(f"{w}/{s}", {"runs": [], "calls": [], "lat": [], "received": 0, "bytes": 0})
+                    r["bytes"] += got["bytes"][0]
                     r["runs"].append({k: v for k, v in out.items() if k != "calls_ns"})
                     r["calls"].extend(out["calls_ns"])
                     r["lat"].extend(got["lat_ns"])
@@ -554,6 +556,7 @@ def threaded(cfg: argparse.Namespace, sides: list[str]) -> dict[str, Any]:
             pub = sum(x["pub_cpu_s"] for x in runs) / nb
             outp[f"{w}/{s}"] = {
                 "batches": nb, "rate": nb / wall, "received": r["received"],
+                "payload_bytes_mean": r["bytes"] / r["received"] if r["received"] else None,
                 "engine_cpu_us": 1e6 * (proc - base_proc), "engine_cpu_pct": 100 * (proc - base_proc) * nb / wall,
                 "raw_engine_cpu_us": 1e6 * proc,
                 "scheduler_cpu_us": 1e6 * (main - base_main), "publisher_cpu_us": 1e6 * pub,
