@@ -265,8 +265,10 @@
 //	FlatBuffer or Meta, seqs or dp_ranks differ)      batch skipped (nothing applied, nothing published)
 //	ATTACH publish endpoint refused or not bindable   bad_request naming the endpoint and errno; nothing attached (a
 //	                                                  stream's previous publisher with another config is closed)
-//	ZMQ subscriber slow, stuck or gone                never waits: queue full → dropped, counted
-//	                                                  kvshm_zmq_dropped_batches_total{reason=queue_full}
+//	ZMQ subscriber slow, stuck or gone                ingest never waits: queue full → dropped, counted
+//	                                                  kvshm_zmq_dropped_batches_total{reason=queue_full}; a
+//	                                                  subscriber that takes no write for 2 s is disconnected (it
+//	                                                  reconnects and replays the gap), the others go on
 //	invalid replay request (frames, seq length)       logged and ignored; no reply
 //	panic while decoding/applying a record (a bug)    recovered; same as a malformed event (logged with the stack)
 //	LOSS record (producer found the ring full)        index.MarkLost(first, last): exactly those ids are lost (the

@@ -50,12 +50,12 @@ func indexReason(kind fbs.Kind, rank uint32, m *fbs.MetaView, blockSize uint32, 
 		return indexed
 	}
 	if m.HasMedium && string(m.Medium) != "GPU" {
-		if kind == fbs.KindStored && string(m.Medium) == "CPU" && m.HasGroupIdx && m.HasKind {
+		if kind == fbs.KindStored && string(m.Medium) == "CPU" && m.HasGroupIdx && m.HasKind && learned != nil {
 			learned[groupKey{rank, m.GroupIdx}] = mainAttention(m.Kind)
 		}
 		return notIndexedMedium
 	}
-	if kind == fbs.KindStored && m.HasGroupIdx && m.HasKind {
+	if kind == fbs.KindStored && m.HasGroupIdx && m.HasKind && learned != nil {
 		learned[groupKey{rank, m.GroupIdx}] = mainAttention(m.Kind)
 	}
 	switch {
@@ -227,7 +227,18 @@ func (a *attachment) applyBatch(rec shm.Record, c *batchCounts) {
 	}
 	if pub != nil {
 		a.wire = vllmwire.AppendBatchTrailer(a.wire, int64(rank))
-		pub.Publish(seq, append([]byte(nil), a.wire...))
+		a.handOver(pub, seq)
+	}
+}
+
+// handOver gives the encoded batch to the publisher; a drop (its queue is full) is logged, rate-limited.
+func (a *attachment) handOver(pub *zmqpub.Publisher, seq uint64) {
+	if pub.Publish(seq, append([]byte(nil), a.wire...)) {
+		return
+	}
+	if n, ok := a.st.zmqDropLog.allow(time.Now()); ok {
+		a.log.Warn("ZMQ batch dropped: the publisher is behind (subscribers see a gap; replay cannot fill it)",
+			"seq", seq, "suppressed", n)
 	}
 }
 
@@ -249,7 +260,7 @@ func (a *attachment) publishEvent(v *fbs.EventView) {
 	a.wire = vllmwire.AppendBatchHeader(a.wire[:0], batchTS(0), 1)
 	a.wire = vllmwire.AppendEvent(a.wire, a.wireEvent(v, nil))
 	a.wire = vllmwire.AppendBatchTrailer(a.wire, int64(v.DpRank))
-	pub.Publish(v.Seq, append([]byte(nil), a.wire...))
+	a.handOver(pub, v.Seq)
 }
 
 // wireEvent fills the attachment's scratch vllmwire.Event from an event and its metadata (nil: the one-event

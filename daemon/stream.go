@@ -29,7 +29,7 @@ type stream struct {
 	key streamKey // immutable
 
 	// Rate limits of the warn lines about incomplete answers and token-count mismatches. Safe for concurrent use.
-	incompleteLog, mismatchLog rateLog
+	incompleteLog, mismatchLog, zmqDropLog rateLog
 
 	// Counters updated by the drain goroutine once per batch. Updated atomically.
 	eventsRecv  [3]atomic.Uint64 // by kind-1

@@ -19,7 +19,8 @@
 // Endpoints: bound when the endpoint contains "*" or "::" or is ipc:// (vLLM's rule), connected otherwise (in
 // the background with zmq4's retries, as libzmq connects asynchronously); inproc:// is refused (ErrEndpoint);
 // the replay endpoint is always bound. An ipc:// socket file is chmod 0600 right after the bind (a short window
-// with the umask's mode; the directory is the operator's). "tcp://*:0" binds an OS-chosen port on every interface
+// with the umask's mode; the directory is the operator's); a socket file already at the path (left by a crashed
+// run) is replaced, as libzmq does, anything else there fails the bind; Close removes the files it bound. "tcp://*:0" binds an OS-chosen port on every interface
 // and Stats().Endpoint reports it (vLLM binds the node IP instead).
 //
 // Replay framing follows vLLM 0.33.0's _service_replay: a request is exactly 3 frames after the ROUTER's identity
@@ -35,8 +36,12 @@
 //     messages the message is dropped silently (HWM 0: the queue is unbounded). So Send never waits for a
 //     subscriber, but HWM drops cannot be counted: kvshm counts only its own queue's drops and socket errors.
 //   - One goroutine writes that queue to every subscriber in turn, with no write deadline: a subscriber that
-//     stops reading (full TCP window) stalls delivery to all subscribers until it reads again or disconnects
-//     (libzmq keeps a queue per subscriber instead). Ingest is never affected (TestStuckSubscriberNeverBlocksPublish).
+//     stops reading (full TCP window) would stall delivery to all subscribers (libzmq keeps a queue per
+//     subscriber instead). kvshm's sockets therefore use their own tcp and unix transports (transport.go) that
+//     arm a write deadline: a connection whose peer has not taken a write for Config.StallTimeout (default 2 s)
+//     is closed; its libzmq peer reconnects by itself and sees a seq gap, which it can fill from the replay
+//     socket. The others are delayed by at most that timeout (TestStuckSubscriberIsCut). Ingest is never
+//     affected either way (TestStuckSubscriberNeverBlocksPublish).
 //   - ROUTER routes a reply by the identity the peer announced in its handshake, or, when it announced none (a
 //     libzmq DEALER without ZMQ_IDENTITY, as vLLM's and Dynamo's), by a UUID zmq4 assigns to the connection; so
 //     concurrent anonymous replay clients each get their own replies. A reply to a peer that left is dropped.
@@ -44,7 +49,7 @@
 // # Errors
 //
 // New fails with ErrEndpoint (refused endpoint, nothing opened), ErrBind (bind or chmod failed; the message names
-// the endpoint and the errno) or ErrConfig (negative hwm or buffer_steps); on error nothing stays open. After New
+// the endpoint and the errno) or ErrConfig (a negative hwm, buffer_steps or stall timeout); on error nothing stays open. After New
 // nothing fails: a send error is counted (send_error) and the batch is still kept for replay; a replay send error
 // ends that reply. Close is idempotent; Publish after Close drops (closed).
 //

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 )
@@ -23,6 +24,9 @@ type Config struct {
 	Topic          string
 	HWM            int // PUB high-water mark (messages); 0 = unlimited
 	BufferSteps    int // batches kept for replay
+	// StallTimeout: a connection whose peer has not taken a write for this long is closed (transport.go); 0 means
+	// DefaultStallTimeout. Not part of the ATTACH request (kvshm's own setting).
+	StallTimeout time.Duration
 }
 
 // DefaultQueueSize is the capacity of the queue between the drain goroutine and the sender goroutine.
@@ -73,10 +77,11 @@ type Publisher struct {
 	topic    []byte // immutable
 	log      *slog.Logger
 
-	ctx    context.Context
-	cancel context.CancelFunc
-	pub    zmq4.Socket
-	router zmq4.Socket // nil without replay endpoint
+	ctx      context.Context
+	cancel   context.CancelFunc
+	pub      zmq4.Socket
+	router   zmq4.Socket // nil without replay endpoint
+	ipcFiles []string    // ipc socket files bound (removed by Close); set by New
 
 	q         chan entry // drain → sender; never blocks the sender's producer
 	closeOnce sync.Once
@@ -117,8 +122,8 @@ func checkEndpoint(ep string) error {
 // New makes the sockets (binding or starting the connection at once, so that a bind failure is the caller's
 // error) and starts the sender goroutine and, with a replay endpoint, the replay goroutine.
 func New(cfg Config, log *slog.Logger) (*Publisher, error) {
-	if cfg.HWM < 0 || cfg.BufferSteps < 0 {
-		return nil, fmt.Errorf("%w: hwm %d, buffer_steps %d", ErrConfig, cfg.HWM, cfg.BufferSteps)
+	if cfg.HWM < 0 || cfg.BufferSteps < 0 || cfg.StallTimeout < 0 {
+		return nil, fmt.Errorf("%w: hwm %d, buffer_steps %d, stall timeout %v", ErrConfig, cfg.HWM, cfg.BufferSteps, cfg.StallTimeout)
 	}
 	if err := checkEndpoint(cfg.Endpoint); err != nil {
 		return nil, err
@@ -165,18 +170,34 @@ func New(cfg Config, log *slog.Logger) (*Publisher, error) {
 // open binds (bind) or connects sck to ep and returns the endpoint as bound. An ipc socket file is made 0600. A
 // connect runs in the background with retries, as libzmq's connect does (an absent peer is not an error).
 func (p *Publisher) open(sck zmq4.Socket, ep string, bind bool) (string, error) {
+	timeout := p.cfg.StallTimeout
+	if timeout == 0 {
+		timeout = DefaultStallTimeout
+	}
+	iep, err := internalEndpoint(ep, timeout)
+	if err != nil {
+		return "", fmt.Errorf("%w: %s: %w", ErrBind, ep, err)
+	}
 	if !bind {
 		go func() {
-			if err := sck.Dial(ep); err != nil && p.ctx.Err() == nil {
+			if err := sck.Dial(iep); err != nil && p.ctx.Err() == nil {
 				p.log.Warn("zmq connect failed: batches are not delivered", "endpoint", ep, "err", err)
 			}
 		}()
 		return ep, nil
 	}
-	if err := sck.Listen(ep); err != nil {
+	if path, ok := strings.CutPrefix(ep, "ipc://"); ok {
+		// As libzmq does: a socket file left by an earlier run (a crashed daemon) is replaced. Anything else at
+		// the path makes the bind fail.
+		if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() == os.ModeSocket {
+			_ = os.Remove(path)
+		}
+	}
+	if err := sck.Listen(iep); err != nil {
 		return "", fmt.Errorf("%w: %s: %s: %w", ErrBind, ep, errnoName(err), err)
 	}
 	if path, ok := strings.CutPrefix(ep, "ipc://"); ok {
+		p.ipcFiles = append(p.ipcFiles, path) // zmq4 removes only files of its own ipc:// scheme
 		if err := os.Chmod(path, 0o600); err != nil {
 			return "", fmt.Errorf("%w: chmod 0600 %s: %w", ErrBind, path, err)
 		}
@@ -341,4 +362,7 @@ func (p *Publisher) closeSockets() {
 		_ = p.router.Close()
 	}
 	_ = p.pub.Close()
+	for _, f := range p.ipcFiles {
+		_ = os.Remove(f)
+	}
 }

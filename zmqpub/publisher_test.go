@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -305,5 +306,76 @@ func TestPublishAfterClose(t *testing.T) {
 	}
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestStuckSubscriberIsCut: zmq4 writes to subscribers in turn; a subscriber that stops reading is disconnected
+// once a write to it has been blocked for the stall timeout, so a healthy subscriber keeps receiving.
+func TestStuckSubscriberIsCut(t *testing.T) {
+	p := newPub(t, Config{Endpoint: "tcp://*:0", HWM: 0, BufferSteps: 0, StallTimeout: 50 * time.Millisecond})
+	ep := strings.Replace(p.Stats().Endpoint, "0.0.0.0", "127.0.0.1", 1)
+	healthy := subscribe(t, p, ep)
+	stuck := stuckSubscriber(t, strings.TrimPrefix(ep, "tcp://"))
+	defer stuck.Close()
+	got := make(chan uint64, 1)
+	go func() {
+		for {
+			m, err := healthy.Recv()
+			if err != nil {
+				return
+			}
+			if len(m.Frames) == 3 && string(m.Frames[2]) != "probe" {
+				got <- binary.BigEndian.Uint64(m.Frames[1])
+			}
+		}
+	}()
+	payload := bytes.Repeat([]byte{1}, 256<<10)
+	// Enough to fill the stuck subscriber's socket buffers many times over; published in rounds so that the
+	// queue never drops, each round waiting for the healthy subscriber.
+	for round := uint64(0); round < 40; round++ {
+		for !p.Publish(round, payload) {
+			time.Sleep(time.Millisecond)
+		}
+		select {
+		case s := <-got:
+			if s != round {
+				t.Fatalf("healthy subscriber got seq %d, want %d", s, round)
+			}
+		case <-time.After(20 * time.Second): // a hang guard, not a performance bound
+			t.Fatalf("healthy subscriber stalled at round %d behind the stuck one", round)
+		}
+	}
+	// The stuck connection was closed by the publisher: reading it ends (after what the buffers held).
+	_ = stuck.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.Copy(io.Discard, stuck); err != nil {
+		t.Fatalf("stuck subscriber's connection: %v, want closed by the publisher", err)
+	}
+}
+
+// TestIpcStaleSocket: a socket file left by an earlier run is replaced (as libzmq does); a regular file at the
+// path is not touched and the bind fails.
+func TestIpcStaleSocket(t *testing.T) {
+	dir := t.TempDir()
+	stale := filepath.Join(dir, "stale.sock")
+	l, err := net.Listen("unix", stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close() // the file stays, nobody listens: a crashed daemon's leftover
+	p := newPub(t, Config{Endpoint: "ipc://" + stale})
+	p.Close()
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Fatalf("socket file after Close: %v, want removed", err)
+	}
+	regular := filepath.Join(dir, "regular")
+	if err := os.WriteFile(regular, []byte("keep"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Config{Endpoint: "ipc://" + regular}, nil); !errors.Is(err, ErrBind) {
+		t.Fatalf("bind over a regular file: %v, want ErrBind", err)
+	}
+	if b, err := os.ReadFile(regular); err != nil || string(b) != "keep" {
+		t.Fatalf("regular file after the failed bind: %q, %v", b, err)
 	}
 }
