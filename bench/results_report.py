@@ -297,7 +297,7 @@ def zmq_section(d: dict[str, Any]) -> list[str]:
           "\"indexer apply\" column there); for (c) `publish` is `apply_batch` on the scheduler thread and there is no "
           "publisher thread. CPU per batch is the engine process's user+system time (all threads: libzmq's I/O "
           "thread, the reference's radix-tree thread and tokio workers, kvshm's supervisor thread are in \"other\") "
-          "minus an idle engine running the same pacing loop; "
+          "minus an idle engine running the same loop (pacing, the batch objects) without publishing; "
           "thread figures from pthread CPU clocks. kvshmd's CPU is its own process, off the engine.", ""]
     rows = []
     for w, wl in ZMQ_WORKLOADS.items():
@@ -315,7 +315,7 @@ def zmq_section(d: dict[str, Any]) -> list[str]:
                          us(t["daemon_cpu_us"]) if t.get("daemon_cpu_us") is not None else "—", str(t["dropped"])])
         idle = th.get(f"{w}/idle")
         if idle:
-            rows.append([wl, "idle engine (the pacing loop alone, subtracted above)", f"{idle['rate']:,.0f}/s",
+            rows.append([wl, "idle engine (pacing and batch objects, subtracted above)", f"{idle['rate']:,.0f}/s",
                          f"{us(idle['raw_engine_cpu_us'])} raw", "—", "—", "—", "—", "—", "—", "—", "—"])
     L += table(["workload", "side", "rate", "engine CPU / batch", "vs (a)", "engine CPU",
                 "scheduler thread CPU / batch", "publisher thread CPU / batch", "other threads CPU / batch",
