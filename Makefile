@@ -92,7 +92,7 @@ BENCH_DIR  := build/bench
 BENCH_ENV  := PYTHONPATH=$(CURDIR)/pybind/src KVSHMD_BIN=$(CURDIR)/build/kvshmd
 bench: venv build
 	@start=$$(date +%s); mkdir -p $(BENCH_DIR); \
-	$(VPY) -m pytest -q -p no:cacheprovider bench/test_results_report.py; \
+	$(BENCH_ENV) $(VPY) -m pytest -q -p no:cacheprovider bench/test_results_report.py bench/test_zmq_bench.py; \
 	$(MAKE) --no-print-directory bench-ref; \
 	$(MAKE) --no-print-directory bench-go 2>&1 | tee $(BENCH_DIR)/go.txt; \
 	$(VPY) bench/publish_bench.py | tee $(BENCH_DIR)/publish_bench.txt; \

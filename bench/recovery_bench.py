@@ -18,6 +18,8 @@ Sections (each can be skipped with --only):
   ingest rate (daemon stopped, a burst published, time to apply it) at growing resident blocks.
 * workers: one shared kvshmd with 1/8/64 attached workers publishing at a paced rate: per-worker ingest, daemon
   CPU and RSS, Events latency over HTTP while all publish.
+* zmq (issue 12, zmq_bench.py): the engine's cost per KV-event batch with its own msgspec + pyzmq publisher and
+  the reference or kvshm as the indexer, against kvshmd publishing (apply_batch); publish-to-subscriber latency.
 
 Without the reference module (kvshm_conformance not importable) the comparisons are skipped and listed as such.
 """
@@ -48,6 +50,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "pybind" / "src"))
+import zmq_bench  # noqa: E402
 from _common import (  # noqa: E402
     BS,
     ChainGen,
@@ -440,6 +443,15 @@ def deployment(cfg: argparse.Namespace) -> dict[str, Any]:
         d.stop()
 
 
+# --- zmq (issue 12) -------------------------------------------------------------------------------------------
+def zmq(cfg: argparse.Namespace) -> dict[str, Any]:
+    log("zmq: engine cost per KV-event batch (a) own publisher + reference, (b) own publisher + kvshm, (c) kvshmd "
+        "publishing; publish-to-subscriber latency")
+    out = zmq_bench.run(cfg)
+    SKIPPED.extend(out["skipped"])
+    return out
+
+
 # --- scale: resident blocks -------------------------------------------------------------------------------------
 def ingest_rate(kv: Any, pid: int, seq: int, n_events: int) -> tuple[float, int]:
     """Stops kvshmd, publishes n_events (Stored/Removed pairs of 32x32) into the ring, resumes it and times until a
@@ -667,7 +679,7 @@ def env(name: str, default: str) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(ROOT / "build" / "bench" / "results.json"))
-    p.add_argument("--only", default="publish,queries,deployment,scale,workers")
+    p.add_argument("--only", default="publish,zmq,queries,deployment,scale,workers")
     p.add_argument("--kvshmd", default=env("KVSHMD_BIN", str(ROOT / "build" / "kvshmd")))
     p.add_argument("--publish-sizes", default=env("PUBLISH_SIZES", "1,4,16,32,64,128"))
     p.add_argument("--publish-rounds", type=int, default=int(env("PUBLISH_ROUNDS", "20")))
@@ -693,6 +705,7 @@ def main() -> None:
     p.add_argument("--worker-qps", type=float, default=float(env("WORKER_QPS", "50")))
     p.add_argument("--worker-procs", type=int, default=int(env("WORKER_PROCS", "2")))
     p.add_argument("--worker-ring-bytes", type=int, default=int(env("WORKER_RING_BYTES", str(8 << 20))))
+    zmq_bench.add_args(p)
     cfg = p.parse_args()
     os.environ.setdefault("KVSHMD_BIN", cfg.kvshmd)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "pybind" / "src"),
@@ -703,7 +716,8 @@ def main() -> None:
     out: dict[str, Any] = {"machine": machine(), "config": vars(cfg)}
     t0 = time.perf_counter()
     sections: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
-        "publish": publish, "queries": queries, "deployment": deployment, "scale": scale, "workers": workers}
+        "publish": publish, "queries": queries, "deployment": deployment, "scale": scale, "workers": workers,
+        "zmq": zmq}
     for name in cfg.only.split(","):
         ts = time.perf_counter()
         out[name] = sections[name](cfg)

@@ -26,6 +26,14 @@ NODE_EVENTS_PER_RANK = 400.0  # 200 Stored (32 blocks x 32 tokens) + 200 Removed
 NODE_BLOCKS_PER_RANK = 100_000
 DEFAULT_RING_BYTES = 64 << 20
 
+# Issue 12's goals: kvshm publishing costs the engine at most 0.4x its own publisher + the reference indexer, and a
+# subscriber sees a batch within 1 ms (p99) at 1,000 batches/s.
+ZMQ_COST_LIMIT = 0.4
+ZMQ_LATENCY_P99_US = 1000.0
+ZMQ_WORKLOADS = {"headline": "32×32 Stored", "mix": "mix of 1–4 events"}
+ZMQ_SIDES = {"a": "(a) msgspec + pyzmq + reference indexer", "b": "(b) msgspec + pyzmq + kvshm `apply_*`",
+             "c": "(c) kvshm `apply_batch`, kvshmd publishes"}
+
 
 @dataclass
 class Goal:
@@ -160,6 +168,178 @@ def goals(d: dict[str, Any]) -> list[Goal]:
                        f"reference {mb(b['bytes'])} ({b['events']} events)", a["bytes"] / b["bytes"], None, "info"))
     del has_ref
     return gs
+
+
+def zmq_goals(d: dict[str, Any]) -> list[Goal]:
+    """Issue 12's goal rows: (c)/(a) per batch inline and in engine CPU threaded, each ≤ ZMQ_COST_LIMIT; (c)'s
+    publish-to-subscriber p99 ≤ ZMQ_LATENCY_P99_US. A side that was not measured makes its rows skipped."""
+    z = d.get("zmq")
+    if not z:
+        return []
+    gs: list[Goal] = []
+    inl, th = z["inline"]["summary"], z["threaded"]
+    target = f"≤ {ZMQ_COST_LIMIT}× (a)"
+    for w, wl in ZMQ_WORKLOADS.items():
+        a, c = inl.get(f"{w}/a"), inl.get(f"{w}/c")
+        name = f"engine cost per batch, {wl}, all work inline (median)"
+        if a and c:
+            r = c["median_us"] / a["median_us"]
+            gs.append(Goal(name, target, f"(c) {us(c['median_us'])} (p99 {us(c['p99_us'])})",
+                           f"(a) {us(a['median_us'])} (p99 {us(a['p99_us'])})", r, r <= ZMQ_COST_LIMIT))
+        else:
+            gs.append(Goal(name, target, f"(c) {us(c['median_us'])}" if c else "(c): skipped",
+                           f"(a) {us(a['median_us'])}" if a else "(a): skipped", None, None))
+    for w, wl in ZMQ_WORKLOADS.items():
+        ta, tc = th.get(f"{w}/a"), th.get(f"{w}/c")
+        name = f"engine-process CPU per batch, {wl}, threaded as vLLM at {z['rate']:,.0f} batches/s"
+        if ta and tc:
+            r = tc["engine_cpu_us"] / ta["engine_cpu_us"]
+            gs.append(Goal(name, target, f"(c) {us(tc['engine_cpu_us'])} ({tc['engine_cpu_pct']:.1f}% of a core)",
+                           f"(a) {us(ta['engine_cpu_us'])} ({ta['engine_cpu_pct']:.1f}% of a core)", r,
+                           r <= ZMQ_COST_LIMIT))
+        else:
+            gs.append(Goal(name, target, f"(c) {us(tc['engine_cpu_us'])}" if tc else "(c): skipped",
+                           f"(a) {us(ta['engine_cpu_us'])}" if ta else "(a): skipped", None, None))
+    for w, wl in ZMQ_WORKLOADS.items():
+        ta, tc = th.get(f"{w}/a"), th.get(f"{w}/c")
+        name = f"publish → subscriber latency p99, {wl}, {z['rate']:,.0f} batches/s"
+        lim = f"p99 ≤ {us(ZMQ_LATENCY_P99_US)}"
+        base = (f"(a) pyzmq publisher thread: p50 {us(ta['latency']['median_us'])}, p99 "
+                f"{us(ta['latency']['p99_us'])}") if ta else "(a): skipped"
+        if tc and tc["latency"]["n"]:
+            lc = tc["latency"]
+            gs.append(Goal(name, lim, f"(c) kvshmd: p50 {us(lc['median_us'])}, p99 {us(lc['p99_us'])}", base,
+                           lc["p99_us"] / ta["latency"]["p99_us"] if ta and ta["latency"]["n"] else None,
+                           lc["p99_us"] <= ZMQ_LATENCY_P99_US))
+        else:
+            gs.append(Goal(name, lim, "(c): skipped" if not tc else "(c): nothing received", base, None,
+                           None if not tc else False))
+    return gs
+
+
+def zmq_threads_reading(th: dict[str, Any]) -> list[str]:
+    """Where each side's engine CPU goes, per workload, in words: what stays on the scheduler thread and what moves
+    off it (to vLLM's publisher thread and libzmq's I/O thread for (a), to kvshmd for (c))."""
+    out = []
+    for w, wl in ZMQ_WORKLOADS.items():
+        a, c = th.get(f"{w}/a"), th.get(f"{w}/c")
+        if not a or not c:
+            continue
+        more = c["scheduler_cpu_us"] > a["scheduler_cpu_us"]
+        out.append(
+            f"* {wl}: (a) costs the engine {us(a['engine_cpu_us'])} per batch, of which {us(a['scheduler_cpu_us'])} on "
+            f"the scheduler thread, {us(a['publisher_cpu_us'])} on the publisher thread and "
+            f"{us(a['other_cpu_us'])} on other threads; (c) costs {us(c['engine_cpu_us'])}, "
+            f"{us(c['scheduler_cpu_us'])} of it on the scheduler thread, and kvshmd {us(c['daemon_cpu_us'] or 0)} in "
+            f"its own process (with (b), which only indexes: {us(th.get(f'{w}/b', {}).get('daemon_cpu_us') or 0)}). "
+            + ("The scheduler thread itself pays more with (c) than (a)'s queue hand-off: (c) trades "
+               f"{us(c['scheduler_cpu_us'] - a['scheduler_cpu_us'])} more there for "
+               f"{us(a['engine_cpu_us'] - c['engine_cpu_us'])} less in the engine process."
+               if more else "The scheduler thread pays no more with (c) than with (a)'s queue hand-off."))
+    return out
+
+
+def zmq_section(d: dict[str, Any]) -> list[str]:
+    """The "kvshmd as the publisher (issue 12)" section of RESULTS.md."""
+    z = d.get("zmq")
+    if not z:
+        return []
+    inl, th = z["inline"], z["threaded"]
+    sides = [s for s in ZMQ_SIDES if any(k.endswith(f"/{s}") for k in th)]
+    L = ["## kvshmd as the publisher (issue 12)", "",
+         "What an engine pays per KV-event batch, three ways, in the same run on the same seeded vLLM-shaped batches "
+         "(bench/_vllm.py: the Structs of vLLM 0.33.0's kv_events.py; "
+         + ", ".join(f"{wl}: median payload {inl['payload_bytes'].get(w, 0):,} B" for w, wl in ZMQ_WORKLOADS.items())
+         + "; the mix has an AllBlocksCleared about once in 400 batches):", ""]
+    L += [f"* **{label}**" + {
+        "a": ": the engine builds `KVEventBatch(ts, events)`; a vLLM-style publisher encodes it with msgspec, sends "
+             "`[topic, seq, payload]` on a pyzmq PUB and keeps it for replay; each event goes to the reference "
+             "in-process LocalKvIndexer (Dynamo 1.6.1, the old extension's `apply_stored`/...).",
+        "b": ": the same publisher, kvshm's `LocalIndexer.apply_stored`/... as the indexer.",
+        "c": ": `LocalIndexer(..., publish=kvshm.ZmqPublish(...)).apply_batch(seq, events, ts)`; kvshmd encodes "
+             "and publishes."}[s] for s, label in ZMQ_SIDES.items()]
+    L += ["", "The indexers of (a) and (b) take one id per event (the old API); the ZMQ seq counts batches. Every "
+          "side's endpoint has one pyzmq SUB connected (another process).", ""]
+    for line in z.get("skipped", []):
+        L += [f"* SKIPPED: {line}"]
+    if z.get("skipped"):
+        L += [""]
+    rows = [[g.name, g.target, g.kvshm, g.baseline, ratio_s(g.ratio), verdict(g.ok)] for g in zmq_goals(d)]
+    L += ["### Goals", "", *table(["goal", "target", "kvshm", "baseline (same run)", "ratio", "verdict"], rows), ""]
+    L += ["### Per batch, all work inline", "",
+          f"Every call timed with all of its work on the timing thread (batch object, encode, send, indexer apply); "
+          f"{z['rounds']} rounds × {z['n']} batches per workload and side, sides rotated every round. For (a)/(b) "
+          "the two parts are timed too: encode + send is what vLLM's publisher thread does, the indexer apply what "
+          "the old extension costs its caller (the reference applies to its radix tree on a thread of its own, and "
+          "libzmq sends from its I/O thread: work these timings do not include and the threaded CPU below does).",
+          ""]
+    rows = []
+    sm = inl["summary"]
+    for w, wl in ZMQ_WORKLOADS.items():
+        a = sm.get(f"{w}/a")
+        for s in sides:
+            k = sm.get(f"{w}/{s}")
+            if not k:
+                continue
+            send, apply = sm.get(f"{w}/{s}/send"), sm.get(f"{w}/{s}/apply")
+            rows.append([wl, ZMQ_SIDES[s], us(k["median_us"]), us(k["p99_us"]), us(k["mean_us"]),
+                         us(send["median_us"]) if send else "—", us(apply["median_us"]) if apply else "—",
+                         ratio_s(k["median_us"] / a["median_us"]) if a else "—"])
+    L += table(["workload", "side", "p50", "p99", "mean", "encode + send p50", "indexer apply p50", "p50 / (a)"],
+               rows)
+    drops = ", ".join(f"({k}) {v:,}" for k, v in inl.get("dropped", {}).items() if k != "a")
+    L += ["", f"Dropped by kvshm in this phase (ring full, or kvshmd's ZMQ queue): {drops or 'not measured'}.", ""]
+    L += ["### Threaded as vLLM runs it: engine-process CPU and where it is spent", "",
+          f"Each side in its own engine process, {z['threaded_rounds']} rounds × {z['seconds']:g} s per workload at "
+          f"{z['rate']:,.0f} batches/s, sides rotated. The scheduler (main) thread builds each batch and calls "
+          "`publish`: for (a)/(b) a queue put, a publisher thread then encodes, sends and applies the indexer (vLLM's "
+          "ZmqEventPublisher thread; a fork calling the old indexer on the scheduler thread moves the inline "
+          "\"indexer apply\" column there); for (c) `publish` is `apply_batch` on the scheduler thread and there is no "
+          "publisher thread. CPU per batch is the engine process's user+system time (all threads: libzmq's I/O "
+          "thread, the reference's radix-tree thread and tokio workers, kvshm's supervisor thread are in \"other\") "
+          "minus an idle engine running the same loop (pacing, the batch objects) without publishing; "
+          "thread figures from pthread CPU clocks. kvshmd's CPU is its own process, off the engine.", ""]
+    rows = []
+    for w, wl in ZMQ_WORKLOADS.items():
+        base = th.get(f"{w}/a")
+        for s in sides:
+            t = th.get(f"{w}/{s}")
+            if not t:
+                continue
+            pc = t["publish_call"]
+            rows.append([wl, ZMQ_SIDES[s], f"{t['rate']:,.0f}/s", us(t["engine_cpu_us"]),
+                         ratio_s(t["engine_cpu_us"] / base["engine_cpu_us"]) if base else "—",
+                         f"{t['engine_cpu_pct']:.1f}%", us(t["scheduler_cpu_us"]),
+                         us(t["publisher_cpu_us"]) if s != "c" else "—", us(t["other_cpu_us"]),
+                         f"{us(pc['median_us'])} / {us(pc['p99_us'])}",
+                         us(t["daemon_cpu_us"]) if t.get("daemon_cpu_us") is not None else "—", str(t["dropped"])])
+        idle = th.get(f"{w}/idle")
+        if idle:
+            rows.append([wl, "idle engine (pacing and batch objects, subtracted above)", f"{idle['rate']:,.0f}/s",
+                         f"{us(idle['raw_engine_cpu_us'])} raw", "—", "—", "—", "—", "—", "—", "—", "—"])
+    L += table(["workload", "side", "rate", "engine CPU / batch", "vs (a)", "engine CPU",
+                "scheduler thread CPU / batch", "publisher thread CPU / batch", "other threads CPU / batch",
+                "scheduler `publish` call p50 / p99", "kvshmd CPU / batch", "dropped"], rows)
+    L += ["", *zmq_threads_reading(th), "", "### Publish → subscriber latency", "",
+          f"During the threaded runs ({z['rate']:,.0f} batches/s, paced) a pyzmq SUB in another process stamps each "
+          "message with time.time() on arrival and subtracts the batch's ts from its payload (the engine's "
+          "time.time() when it built the batch; one clock for every process of the machine), so (a)/(b) include the "
+          "queue hand-off to the publisher thread and (c) the ring and kvshmd's drain, encode and send; the drain's "
+          "wake-up after an idle gap is timed alone by BenchmarkDaemonReachLatency in the Go table below.", ""]
+    rows = []
+    for w, wl in ZMQ_WORKLOADS.items():
+        for s in sides:
+            t = th.get(f"{w}/{s}")
+            if not t:
+                continue
+            lat = t["latency"]
+            pb = t.get("payload_bytes_mean")
+            rows.append([wl, "kvshmd" if s == "c" else "pyzmq publisher thread (" + s + ")", us(lat["median_us"]),
+                         us(lat["p99_us"]), f"{t['received']:,} / {t['batches']:,}",
+                         "—" if pb is None else f"{pb:,.0f} B"])
+    L += table(["workload", "publisher", "p50", "p99", "received / published", "mean payload received"], rows)
+    L += ["", f"This section took {z['elapsed_s']:.0f} s of `make bench` (inline {z['inline_s']:.0f} s).", ""]
+    return L
 
 
 def plots(d: dict[str, Any], outdir: Path) -> list[str]:
@@ -426,11 +606,14 @@ def main() -> None:
         L += [f"`make bench` took {total} (the Python measurements {d['elapsed_s'] / 60:.1f} min of it).", ""]
     L += ["## Skipped", ""]
     L += [f"* {s}" for s in d.get("skipped", [])] or ["Nothing: every comparison ran."]
-    L += ["", "## Goals", "", f"From {GOAL_ROWS_DOC}. Ratio = kvshm / baseline (lower is better).", ""]
+    L += ["", "## Goals", "", f"From {GOAL_ROWS_DOC}. Ratio = kvshm / baseline (lower is better). Issue 12's goals "
+          "are in [kvshmd as the publisher](#kvshmd-as-the-publisher-issue-12).", ""]
     rows = [[g.name, g.target, g.kvshm, g.baseline, ratio_s(g.ratio), "info" if g.note == "info" else verdict(g.ok)]
             for g in goals(d)]
     goal_table = table(["goal", "target", "kvshm", "baseline (same run)", "ratio", "verdict"], rows)
-    print("\n".join(goal_table))  # make bench prints the goals with their ratios
+    zmq_rows = [[g.name, g.target, g.kvshm, g.baseline, ratio_s(g.ratio), verdict(g.ok)] for g in zmq_goals(d)]
+    print("\n".join(goal_table + table(["issue 12 goal", "target", "kvshm", "baseline", "ratio", "verdict"],
+                                       zmq_rows)))  # make bench prints the goals with their ratios
     L += goal_table
     L += [""]
     p = d.get("publish")
@@ -459,6 +642,7 @@ def main() -> None:
         L += table(["call", "blocks", "kvshm p50", "kvshm p99", "reference p50", "reference p99", "floor p50",
                     "kvshm/ref", "kvshm/floor"], rows)
         L += ["", "![publish cost](publish_cost.png)", ""]
+    L += zmq_section(d)
     q = d.get("queries")
     if q:
         L += ["## Queries (Python API, in-process reference vs kvshm.LocalIndexer → private kvshmd)", "",

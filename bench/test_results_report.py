@@ -112,3 +112,92 @@ def dump(*events: tuple[int, int]) -> str:
 )
 def test_same_reply_tells_order_apart_from_content(a: str, b: str, want: str) -> None:
     assert _common.same_reply(a, b) == want
+
+
+def zmq_results(a_us: float | None, c_us: float | None, c_p99_lat: float = 500.0,
+                received: int = 2000) -> dict[str, Any]:
+    """A zmq section (zmq_bench.run's shape) with sides a and c (each when given), b always."""
+    inline: dict[str, Any] = {}
+    threaded: dict[str, Any] = {}
+    sides = {"a": a_us, "b": 20.0, "c": c_us}
+    for w in ("headline", "mix"):
+        for side, v in sides.items():
+            if v is None:
+                continue
+            inline[f"{w}/{side}"] = s(v, 2 * v)
+            if side != "c":
+                inline[f"{w}/{side}/send"] = s(v / 2)
+                inline[f"{w}/{side}/apply"] = s(v / 2)
+            lat = c_p99_lat if side == "c" else 300.0
+            threaded[f"{w}/{side}"] = {
+                "batches": 2000, "rate": 1000.0, "received": received if side == "c" else 2000,
+                "engine_cpu_us": 2 * v, "engine_cpu_pct": 0.2 * v, "raw_engine_cpu_us": 2 * v + 20,
+                "scheduler_cpu_us": v, "publisher_cpu_us": v, "other_cpu_us": 1.0,
+                "daemon_cpu_us": 50.0 if side != "a" else None, "dropped": 0, "publish_call": s(v),
+                "payload_bytes_mean": 4645.0,
+                "latency": s(lat / 2, lat) if received else {"n": 0, "median_us": float("nan"),
+                                                             "p99_us": float("nan"), "mean_us": float("nan")}}
+        threaded[f"{w}/idle"] = {"batches": 2000, "rate": 1000.0, "received": 0, "engine_cpu_us": 0.0,
+                                 "engine_cpu_pct": 0.0, "raw_engine_cpu_us": 20.0, "scheduler_cpu_us": 0.0,
+                                 "publisher_cpu_us": 0.0, "other_cpu_us": 0.0, "daemon_cpu_us": None, "dropped": 0,
+                                 "publish_call": s(1.0), "latency": s(1.0)}
+    skipped = [] if c_us is not None else ["issue 12 side (c), kvshmd publishing: no apply_batch"]
+    return {"zmq": {"sides": [k for k, v in sides.items() if v is not None], "skipped": skipped, "rounds": 10,
+                    "n": 200, "rate": 1000.0, "seconds": 2.0, "threaded_rounds": 3, "elapsed_s": 60.0,
+                    "inline_s": 20.0,
+                    "inline": {"summary": inline, "dropped": {"b": 0}, "payload_bytes": {"headline": 4645, "mix": 3000}},
+                    "threaded": threaded}}
+
+
+@pytest.mark.parametrize(
+    ("a", "c", "ok"),
+    [
+        (100.0, 40.0, True),  # exactly 0.4x (a): met
+        (100.0, 40.5, False),  # just over: MISS
+        (None, 10.0, None),  # no reference: skipped, never PASS
+        (100.0, None, None),  # kvshm without apply_batch: skipped
+    ],
+)
+def test_zmq_cost_goals_are_c_over_a_in_the_same_run(a: float | None, c: float | None, ok: bool | None) -> None:
+    gs = [g for g in rr.zmq_goals(zmq_results(a, c)) if g.target == "≤ 0.4× (a)"]
+    assert len(gs) == 4  # inline and threaded CPU, for both workloads
+    assert all(g.ok is ok for g in gs)
+    if ok is not None:
+        assert all(g.ratio == pytest.approx((c or 0) / (a or 1)) for g in gs)
+
+
+@pytest.mark.parametrize(
+    ("p99", "received", "ok"),
+    [
+        (1000.0, 2000, True),  # exactly 1 ms: met
+        (1001.0, 2000, False),
+        (500.0, 0, False),  # kvshmd published nothing the subscriber saw: MISS, not skipped
+    ],
+)
+def test_zmq_latency_goal_is_kvshmds_p99(p99: float, received: int, ok: bool) -> None:
+    gs = [g for g in rr.zmq_goals(zmq_results(100.0, 30.0, p99, received)) if "latency" in g.name]
+    assert len(gs) == 2 and all(g.ok is ok for g in gs)
+    assert all("(a) pyzmq publisher thread" in g.baseline for g in gs)
+
+
+def test_zmq_section_renders_with_and_without_kvshm_publishing() -> None:
+    full = "\n".join(rr.zmq_section(zmq_results(100.0, 30.0)))
+    assert "## kvshmd as the publisher (issue 12)" in full
+    assert "| 32×32 Stored | (c) kvshm `apply_batch`, kvshmd publishes | 30.00 µs | 60.00 µs |" in full
+    assert "| 32×32 Stored | kvshmd | 250 µs | 500 µs | 2,000 / 2,000 | 4,645 B |" in full
+    assert full.count("**PASS**") == 6
+    partial = "\n".join(rr.zmq_section(zmq_results(100.0, None)))
+    assert "SKIPPED: issue 12 side (c)" in partial and "kvshmd |" not in partial
+    assert partial.count("| skipped |") == 6
+    assert rr.zmq_section({}) == []
+
+
+def test_zmq_reading_says_what_stays_on_the_scheduler_thread() -> None:
+    th = zmq_results(100.0, 30.0)["zmq"]["threaded"]
+    lines = rr.zmq_threads_reading(th)
+    assert len(lines) == 2  # one per workload
+    assert "of which 100 µs on the scheduler thread" in lines[0]
+    assert "The scheduler thread pays no more with (c)" in lines[0]
+    th["headline/c"]["scheduler_cpu_us"] = 150.0  # (c) all on the scheduler thread, more than (a) puts there
+    assert "(c) trades 50.00 µs more there for 140 µs less in the engine process" in rr.zmq_threads_reading(th)[0]
+    assert rr.zmq_threads_reading(zmq_results(100.0, None)["zmq"]["threaded"]) == []
