@@ -150,7 +150,9 @@
 // measured no difference): the record is skipped, counted as malformed, logged with its stack, the index is marked
 // unknown-history, and the pass continues with the next record.
 // Idle strategy (idle.go, with its figures): spin, Gosched, then naps of growing length that a query barrier cuts
-// short, and after coldAfter without records the stream parks on the ring's futex doorbell (shm.Reader.Park, up to 250 ms per park): the
+// short, and after coldAfter without records (publishColdAfter, 150 µs, for a stream kvshmd publishes on ZMQ, so that
+// a record after a pause costs one wakeup, not the rest of a nap) the stream parks on the ring's futex doorbell
+// (shm.Reader.Park, up to 250 ms per park; 10 ms when publishing): the
 // producer's next publish wakes it (FUTEX_WAKE, only while the consumer is parked), a query barrier or a stop
 // wakes it with Reader.Wake, and the timeout bounds a wakeup the Python producer can lose (it cannot fence; see
 // shm/FORMAT.md, "Doorbell") and paces the idle housekeeping (heartbeat, ring stats, CLOSED check, pid check).

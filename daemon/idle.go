@@ -41,7 +41,15 @@ const (
 	minSleep  = 50 * time.Microsecond
 	maxSleep  = time.Millisecond
 	coldAfter = 20 * time.Millisecond // a stream publishing every 100 ms parks between records (issue 9)
-	parkFor   = 250 * time.Millisecond
+	// A stream kvshmd publishes on ZMQ parks much sooner: the producer's doorbell then wakes the drain for each
+	// record after a pause, so publish→subscriber latency is one wakeup (issue 12: p99 ≤ 1 ms at 1,000 batches/s)
+	// instead of the rest of a backoff nap (up to maxSleep). The producer pays a FUTEX_WAKE (~1-2 µs) per record
+	// that finds the stream parked. Its park is shorter too: parking after nearly every record makes the rare
+	// lost doorbell (above) frequent enough to matter, and publishParkFor bounds what one costs a subscriber, for
+	// ~100 wakeups a second of an idle publishing stream.
+	publishColdAfter = 150 * time.Microsecond
+	publishParkFor   = 10 * time.Millisecond
+	parkFor          = 250 * time.Millisecond
 )
 
 // idler is owned by one drain goroutine, except wake, which any goroutine may call.
@@ -49,6 +57,8 @@ type idler struct {
 	r        *shm.Reader // the drain goroutine's ring; Wake is safe from any goroutine
 	lastWork time.Time
 	sleep    time.Duration
+	cold     time.Duration // parks after this long without records: coldAfter, or publishColdAfter
+	park     time.Duration // for at most this long: parkFor, or publishParkFor
 }
 
 // lockThread pins the calling goroutine to its OS thread and lowers the thread's timer slack. The goroutine
@@ -75,12 +85,12 @@ func (i *idler) idle(now time.Time) bool {
 	case since < yieldFor:
 		runtime.Gosched()
 		return false
-	case since < coldAfter:
+	case since < i.cold:
 		i.r.Nap(i.sleep) // a query barrier's wake cuts it short
 		i.sleep = min(2*i.sleep, maxSleep)
 		return true
 	}
-	i.r.Park(parkFor) // returns early on a publish, a wake, or (rarely) a signal; the caller polls either way
+	i.r.Park(i.park) // returns early on a publish, a wake, or (rarely) a signal; the caller polls either way
 	return true
 }
 

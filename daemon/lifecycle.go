@@ -361,8 +361,12 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 	}
 	st.mu.Lock()
 	is := st.ix.Stats()
+	cold, park := coldAfter, parkFor
+	if st.pub.Load() != nil {
+		cold, park = publishColdAfter, publishParkFor
+	}
 	a := &attachment{
-		st: st, r: o.r, hdr: h, ix: st.ix, log: log, idl: idler{r: o.r}, lease: cc,
+		st: st, r: o.r, hdr: h, ix: st.ix, log: log, idl: idler{r: o.r, cold: cold, park: park}, lease: cc,
 		ckpt: s.ckpt, rankPorts: &s.rankPorts, pidEvery: s.cfg.PIDCheckInterval,
 		checkPID: h.ProducerPID != 0 && int32(h.ProducerPID) == cc.pid,
 		stop:     make(chan struct{}), done: make(chan struct{}), syncs: make(chan syncReq, 64),

@@ -422,6 +422,19 @@ func TestZmqPublisherLifecycle(t *testing.T) {
 	next := joinProbes(t, p, 1, got)
 	st := ts.streams[keyOf(3, nil)]
 	first := st.pub.Load()
+	checkIdle := func(cold, park time.Duration) {
+		t.Helper()
+		st.mu.Lock()
+		a := st.att
+		st.mu.Unlock()
+		if a == nil {
+			t.Fatal("no attachment")
+		}
+		if a.idl.cold != cold || a.idl.park != park { // set at construction, never changed
+			t.Fatalf("attachment idles cold after %v, parks %v; want %v, %v", a.idl.cold, a.idl.park, cold, park)
+		}
+	}
+	checkIdle(publishColdAfter, publishParkFor) // a publishing stream parks early: its doorbell cuts latency
 	attachPublishing(t, p, cfg) // same config: same publisher, the subscriber keeps receiving
 	if st.pub.Load() != first {
 		t.Fatal("re-attach with the same publish config replaced the publisher")
@@ -440,6 +453,7 @@ func TestZmqPublisherLifecycle(t *testing.T) {
 	if st.pub.Load() != nil {
 		t.Fatal("re-attach without publish kept a publisher")
 	}
+	checkIdle(coldAfter, parkFor)
 	if _, err := os.Stat(filepath.Join(dir, "a.sock")); !os.IsNotExist(err) {
 		t.Fatalf("ipc socket file after the publisher closed: %v", err)
 	}
