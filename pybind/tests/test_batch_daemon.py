@@ -5,6 +5,8 @@ per-event fallback for a daemon without BATCH records."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -164,3 +166,53 @@ def test_events_never_start_inside_an_evicted_batch(make_indexer: Any) -> None:
     ix.apply_batch(2, [ke.BlockStored([4], None, [4, 4], 2, None, "GPU", None)])
     assert variant(query(ix, 0)) == "TreeDump"
     assert event_ids(query(ix, 1)) == [1, 2]
+
+
+def test_publishing_survives_a_daemon_restart(make_indexer: Any, short_dir: Path) -> None:
+    """SIGKILL of the private kvshmd while publishing: its successor binds the same endpoints again (the producer's
+    re-ATTACH carries publish=), the subscriber's seqs go on with the engine's numbering (nothing reused), and the
+    replay socket holds only what the successor published, then the end marker (README, "Failure behaviour")."""
+    endpoint = f"ipc://{short_dir}/pub.sock"
+    replay = f"ipc://{short_dir}/replay.sock"
+    ix = make_indexer(publish=ZmqPublish(endpoint=endpoint, replay_endpoint=replay))
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sub = sub_socket(ctx, endpoint)
+    try:
+        seq = join(ix, sub)
+        ix.apply_batch(seq, [ke.BlockStored([1], None, [1, 2, 3, 4], 4, None, "GPU", None)], ts=2.0)
+        assert int.from_bytes(sub.recv_multipart()[1], "big") == seq
+        wait_for(lambda: ix.stats(daemon=False)["ring"]["head"] > 0, "the periodic checkpoint")
+        pid = ix.stats()["daemon_pid"]
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: (st := ix.stats(daemon=False))["attached"] and st["attaches"] == 2, "the restart")
+        assert ix.stats()["publishing"] is True
+        # The same SUB socket reconnects by itself (libzmq); warm up again from the next seq.
+        sub.setsockopt(zmq.RCVTIMEO, 100)
+        nxt = seq + 1
+        while True:
+            ix.apply_batch(nxt, [ke.AllBlocksCleared()], ts=3.0)
+            nxt += 1
+            try:
+                got = int.from_bytes(sub.recv_multipart()[1], "big")
+            except zmq.Again:
+                assert nxt < seq + 400, "the subscriber never heard the restarted daemon"
+                continue
+            assert got > seq  # never a reused seq
+            break
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.RCVTIMEO, 10_000)
+        dealer.connect(replay)
+        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        seqs = []
+        while True:
+            frames = dealer.recv_multipart()
+            if frames[-1] == b"":
+                assert frames[-2] == b"\xff" * 8
+                break
+            seqs.append(int.from_bytes(frames[-2], "big"))
+        dealer.close(0)
+        assert seqs and min(seqs) > seq, (seqs, seq)  # only the successor's batches
+        assert seqs == sorted(seqs)
+    finally:
+        sub.close(0)
+        ctx.term()
