@@ -226,7 +226,7 @@ conformance-run: wheel $(CONFENV)/.stamp conformance-cxx
 	cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) $(CARGO) test --release --locked
 	cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) $(CARGO) build --release --locked --bin replay
 	$(CONFENV)/bin/python -m pip install -q --force-reinstall --no-deps $(WHEEL_GLOB) $(CONFWHEEL)/kvshm_conformance-*.whl
-	cd conformance/driver && MYPYPATH=.. ../../$(VPY) -m mypy --config-file mypy.ini \
+	cd conformance/driver && MYPYPATH=..:../../testdata/vllmwire ../../$(VPY) -m mypy --config-file mypy.ini \
 	  --python-executable ../../$(CONFENV)/bin/python kvshm_conf tests
 	$(CONFENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers conformance/tests
 	cd conformance/driver && ../../$(CONFENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers tests

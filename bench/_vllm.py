@@ -1,12 +1,10 @@
 """vLLM-shaped KV events for the issue-12 benchmark (zmq_bench.py), and seeded engine-like batches of them.
 
-The Structs reproduce the wire shape of vllm/distributed/kv_events.py as of vLLM 0.33.0 (class names, field order,
-defaults, msgspec options), written here so the benchmark needs msgspec only, not vLLM: an event batch is an
-array-like ``[ts, [events...], data_parallel_rank]``. Its events are tagged Structs WITHOUT array_like in 0.33.0
-(KVCacheEvent declares omit_defaults, gc=False, tag=True only), so msgspec writes each as a map
-``{"type": "BlockStored", "block_hashes": ..., ...}``; this is what an engine pays to encode today. kvshm's
-``LocalIndexer.apply_batch`` recognizes the events by class name and vLLM's attribute names, so these objects pass
-as vLLM's own would.
+The Structs are vLLM 0.33.0's wire shape (testdata/vllmwire/vllm_structs.py, their one home), so the benchmark
+needs msgspec only, not vLLM: an event batch is an array-like ``[ts, [events...], data_parallel_rank]``, its events
+tagged maps ``{"type": "BlockStored", "block_hashes": ..., ...}``; this is what an engine pays to encode today.
+kvshm's ``LocalIndexer.apply_batch`` recognizes the events by class name and vLLM's attribute names, so these objects
+pass as vLLM's own would.
 
 Two workloads, both seeded and deterministic (every side of the benchmark sees the same batches, in order):
 
@@ -20,60 +18,25 @@ Two workloads, both seeded and deterministic (every side of the benchmark sees t
 from __future__ import annotations
 
 import random
+import sys
 from collections import deque
-from typing import Any
-
-import msgspec
+from pathlib import Path
 
 BLOCK_SIZE = 32  # tokens per block, the stream's kv_block_size
 MEDIUM_GPU = "GPU"
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "testdata" / "vllmwire"))
+from vllm_structs import (  # noqa: E402  (vLLM 0.33.0's structs: their one home)
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    Event,
+    EventBatch,
+    KVCacheEvent,
+    KVEventBatch,
+)
 
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[Any]
-    data_parallel_rank: int | None = None
-
-
-class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
-    """The tagged base: msgspec writes the subclass name under the key "type"."""
-
-
-class BlockStored(KVCacheEvent):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-    session_id: str | None = None
-    lookahead_token_ids: list[list[int]] | None = None
-
-
-class BlockRemoved(KVCacheEvent):
-    block_hashes: list[int]
-    medium: str | None
-    group_idx: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-
-
-class AllBlocksCleared(KVCacheEvent):
-    pass
-
-
-class KVEventBatch(EventBatch):
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
-
-
-Event = BlockStored | BlockRemoved | AllBlocksCleared
+__all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "Event", "EventBatch", "KVCacheEvent", "KVEventBatch"]
 
 
 def _hash(rng: random.Random) -> int:

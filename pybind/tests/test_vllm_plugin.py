@@ -121,3 +121,20 @@ def test_entry_point_declared() -> None:
     if not eps:
         pytest.skip("kvshm is not installed as a distribution here (PYTHONPATH run)")
     assert eps[0].value == "kvshm.integrations.vllm:register"
+
+
+@pytest.mark.parametrize("name", ["BlockStored", "BlockRemoved", "AllBlocksCleared"])
+def test_kvshm_events_mirror_vllm_structs(name: str) -> None:
+    """kvshm.events (no msgspec) and the reference vLLM 0.33.0 Structs (testdata/vllmwire/vllm_structs.py) agree:
+    the same field names in the same order with the same defaults, so positional construction means the same."""
+    import dataclasses
+
+    import vllm_shapes
+
+    ours = getattr(ke, name)
+    ref = getattr(vllm_shapes, name)
+    fields = dataclasses.fields(ours)
+    assert tuple(f.name for f in fields) == ref.__struct_fields__
+    required = len(ref.__struct_fields__) - len(ref.__struct_defaults__)
+    assert [f.default for f in fields[required:]] == list(ref.__struct_defaults__)
+    assert all(f.default is dataclasses.MISSING for f in fields[:required])

@@ -1,64 +1,25 @@
-"""vLLM 0.33.0's KV-event wire shapes (vllm/distributed/kv_events.py) as msgspec Structs, the reference encoding
-of a batch for the tests that compare kvshmd's ZMQ stream with what vLLM would send, and pyzmq helpers."""
+"""vLLM 0.33.0's KV-event wire shapes for the tests that compare kvshmd's ZMQ stream with what vLLM would send (the
+msgspec Structs live in testdata/vllmwire/vllm_structs.py, their one home), and pyzmq helpers."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
-import msgspec
 import zmq
 
 from kvshm import LocalIndexer
 from kvshm import events as ke
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "testdata" / "vllmwire"))
+from vllm_structs import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, payload  # noqa: E402
 
-class _EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[Any]
-    data_parallel_rank: int | None = None
-
-
-class _KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
-    pass
-
-
-class BlockStored(_KVCacheEvent):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-    session_id: str | None = None
-    lookahead_token_ids: list[list[int]] | None = None
-
-
-class BlockRemoved(_KVCacheEvent):
-    block_hashes: list[int]
-    medium: str | None
-    group_idx: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-
-
-class AllBlocksCleared(_KVCacheEvent):
-    pass
-
-
-class KVEventBatch(_EventBatch):
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+__all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEventBatch", "join", "sub_socket", "vllm_payload"]
 
 
 def vllm_payload(ts: float, events: list[Any], dp: int) -> bytes:
-    return msgspec.msgpack.encode(KVEventBatch(ts=ts, events=events, data_parallel_rank=dp))
-
+    return payload(ts, events, dp)
 
 
 def sub_socket(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> zmq.Socket[bytes]:

@@ -1,9 +1,8 @@
 """Generate the vllmwire test vectors: KVEventBatch payloads encoded by msgspec, as vLLM 0.33.0 sends them.
 
-The structs below have vLLM 0.33.0's shape (vllm/distributed/kv_events.py): the same field names, order, types,
-defaults and struct options (EventBatch: array_like, omit_defaults; KVCacheEvent: omit_defaults, tag=True, NOT
-array_like, so events are tagged maps). Each vector is the input (in kvshm's terms, as vllmwire.Event reads it)
-and the hex of msgspec's encoding; vllmwire's Go test requires byte identity.
+The structs are vLLM 0.33.0's shape (vllm_structs.py, next to this script: events are tagged maps). Each vector is
+the input (in kvshm's terms, as vllmwire.Event reads it) and the hex of msgspec's encoding; vllmwire's Go test
+requires byte identity.
 
 Usage: python gen_vectors.py [OUT]   (default: vectors.json next to this script; `-` for stdout)
 """
@@ -19,52 +18,8 @@ from typing import Any
 
 import msgspec
 
-
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[Any]
-    data_parallel_rank: int | None = None
-
-
-class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
-    pass
-
-
-class BlockStored(KVCacheEvent):
-    block_hashes: list[bytes | int]
-    parent_block_hash: bytes | int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-    session_id: str | None = None
-    lookahead_token_ids: list[list[int]] | None = None
-
-
-class BlockRemoved(KVCacheEvent):
-    block_hashes: list[bytes | int]
-    medium: str | None
-    group_idx: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-
-
-class AllBlocksCleared(KVCacheEvent):
-    pass
-
-
-class KVEventBatch(EventBatch):
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
-
-
-Event = BlockStored | BlockRemoved | AllBlocksCleared
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm_structs import AllBlocksCleared, BlockRemoved, BlockStored, Event, KVEventBatch  # noqa: E402
 
 
 def stored(rng: random.Random, **kw: Any) -> tuple[dict[str, Any], BlockStored]:

@@ -148,19 +148,43 @@ def partial_start_batch(q: Query, fed: list[Event], ours: str, theirs: str) -> b
     return k > 0 and ea[k:] == eb and all(e["event"]["event_id"] == q.start for e in ea[:k])
 
 
+def evicted_start_batch(q: Query, fed: list[Event], ours: str, theirs: str) -> bool:
+    """Deviation D8's pattern: kvshm answers a TreeDump, Dynamo ``Events`` that start with some but not all of the
+    events of the batch ``q.start`` names (1.6.1's buffer evicted the rest of that batch event by event; kvshm's
+    log evicts a batch whole, so the start id is older than its log)."""
+    if q.start is None:
+        return False
+    try:
+        a, b = json.loads(ours), json.loads(theirs)
+    except ValueError:
+        return False
+    if not (isinstance(a, dict) and isinstance(b, dict) and set(a) == {"TreeDump"} and set(b) == {"Events"}):
+        return False
+    eb = b["Events"]["events"]
+    kept = sum(1 for e in eb if e["event"]["event_id"] == q.start)
+    return bool(eb) and eb[0]["event"]["event_id"] == q.start and 0 < kept < sum(1 for ev in fed if ev.seq == q.start)
+
+
 def judge(stream: Stream, index: int, q: Query, fed: list[Event], ours: str, theirs: str) -> tuple[str, str]:
-    """:func:`differential.classify`, and deviation D7 (conformance/README.md) when 1.6.1 answered from inside the
-    start batch while kvshm's answer is the whole batch on and rebuilds what a live consumer holds."""
+    """:func:`differential.classify`, and deviations D7 and D8 (conformance/README.md) when 1.6.1 answered part of
+    the start batch (from inside it: D7; what its buffer kept of it: D8) while kvshm's answer (the whole batch on;
+    a dump) rebuilds what a live consumer holds."""
     outcome, detail = classify(stream, index, q, fed, ours, theirs)
-    if outcome != "FAIL" or not partial_start_batch(q, fed, ours, theirs):
+    if outcome != "FAIL":
+        return outcome, detail
+    if partial_start_batch(q, fed, ours, theirs):
+        dev = "D7"
+    elif evicted_start_batch(q, fed, ours, theirs):
+        dev = "D8"
+    else:
         return outcome, detail
     p = stream.profile
     assert q.start is not None
-    prefix = [ev for ev in fed if ev.seq < q.start]
+    prefix = [ev for ev in fed if ev.seq < q.start] if dev == "D7" else []
     rebuilt = rebuild(p.worker_id, p.block_size, p.ranks, prefix, ours)[0]
     if rebuilt == truth_state(p, fed):
-        return "D7", ""
-    return "FAIL", detail + "; kvshm's whole-batch answer does not rebuild the live consumer's state either"
+        return dev, ""
+    return "FAIL", detail + f"; kvshm's answer ({dev}'s pattern) does not rebuild the live consumer's state either"
 
 
 def run_batched_stream(stream: Stream, row: Row, log: Callable[[str], None]) -> None:

@@ -18,4 +18,5 @@ DEVIATIONS: dict[str, str] = {
     "D6": "backwards ids restart the log; max_buffer_size 0 never serves a stale cached dump",
     # Judged by its own rule (kvshm_conf.batches.partial_start_batch), not by a generator mark.
     "D7": "a start id shared by a batch's events answers the whole batch (1.6.1: a suffix of it, by binary search)",
+    "D8": "a start id whose batch the log evicted in part answers a TreeDump (1.6.1: the batch's remaining events)",
 }

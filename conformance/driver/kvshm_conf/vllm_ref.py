@@ -1,15 +1,15 @@
-"""A reference engine-side publisher: vLLM 0.33.0's KV-event wire and ``ZmqEventPublisher`` semantics, written
-for the judge with msgspec + pyzmq (not vLLM's code; vLLM is not installed here).
+"""A reference engine-side publisher: vLLM 0.33.0's KV-event wire and ``ZmqEventPublisher`` semantics, written for the
+judge with msgspec + pyzmq (not vLLM's code; vLLM is not installed here).
 
 **The wire** (``vllm/distributed/kv_events.py``): msgspec Structs with vLLM's names, field order, defaults and
-options. The batch is ``EventBatch(array_like=True, omit_defaults=True)``: ``[ts, [events...], data_parallel_rank]``.
-The events are ``KVCacheEvent(omit_defaults=True, tag=True)`` subclasses, and 0.33.0 does **not** make them
-``array_like``: each event is a msgpack **map** ``{"type": "BlockStored", "block_hashes": [...],
-"parent_block_hash": .., "token_ids": [...], "block_size": .., "lora_id": .., "medium": .., "lora_name": ..}`` (fields
-with their default value omitted: ``extra_keys``, ``group_idx``, ``kv_cache_spec_kind``,
-``kv_cache_spec_sliding_window``, ``locality``, ``ownership``, ``session_id``, ``lookahead_token_ids``). Dynamo
-1.6.1's ``zmq_wire`` parses maps by field name and array-like tuples by position (older vLLMs sent tuples); its
-answers are the same for both.
+options (testdata/vllmwire/vllm_structs.py, their one home). The batch is ``EventBatch(array_like=True,
+omit_defaults=True)``: ``[ts, [events...], data_parallel_rank]``. The events are ``KVCacheEvent(omit_defaults=True,
+tag=True)`` subclasses, and 0.33.0 does **not** make them ``array_like``: each event is a msgpack **map** ``{"type":
+"BlockStored", "block_hashes": [...], "parent_block_hash": .., "token_ids": [...], "block_size": .., "lora_id": ..,
+"medium": .., "lora_name": ..}`` (fields with their default value omitted: ``extra_keys``, ``group_idx``,
+``kv_cache_spec_kind``, ``kv_cache_spec_sliding_window``, ``locality``, ``ownership``, ``session_id``,
+``lookahead_token_ids``). Dynamo 1.6.1's ``zmq_wire`` parses maps by field name and array-like tuples by position
+(older vLLMs sent tuples); its answers are the same for both.
 
 **The publisher** (``ZmqEventPublisher``):
 
@@ -32,57 +32,30 @@ replay requests served (what the judge asserts about).
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 from collections import deque
-from typing import Any
+from pathlib import Path
 
 import msgspec
 import zmq
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "testdata" / "vllmwire"))
+from vllm_structs import (  # noqa: E402  (vLLM 0.33.0's structs: their one home)
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    Event,
+    KVEventBatch,
+)
+
+__all__ = ["END_SEQ", "AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEventBatch", "RefPublisher", "VllmEvent",
+           "is_bind_endpoint", "offset_endpoint_port"]
+
 END_SEQ = (2**64 - 1).to_bytes(8, "big")
 
 
-class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
-    """vLLM's event base (``tag=True``: the tag is the class name, under the key ``type``)."""
-
-
-class BlockStored(KVCacheEvent):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-    session_id: str | None = None
-    lookahead_token_ids: list[list[int]] | None = None
-
-
-class BlockRemoved(KVCacheEvent):
-    block_hashes: list[int]
-    medium: str | None
-    group_idx: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-
-
-class AllBlocksCleared(KVCacheEvent):
-    pass
-
-
-VllmEvent = BlockStored | BlockRemoved | AllBlocksCleared
-
-
-class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[VllmEvent]
-    data_parallel_rank: int | None = None
+VllmEvent = Event
 
 
 def offset_endpoint_port(endpoint: str | None, dp_rank: int) -> str | None:

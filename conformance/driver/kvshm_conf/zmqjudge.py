@@ -162,7 +162,7 @@ def make_engine(p: ZmqProfile, seed: int) -> dict[int, RankStream]:
                     toks = [rng.randrange(0, 1 << 20) for _ in range(k * p.block_size)]
                     sw = kind != 3
                     decoy = BlockStored(
-                        hashes, None, toks, p.block_size, None, "GPU", None,
+                        list[bytes | int](hashes), None, toks, p.block_size, None, "GPU", None,
                         group_idx=1 if sw else 2,
                         kv_cache_spec_kind="sliding_window" if sw else None,
                         kv_cache_spec_sliding_window=WINDOW if sw else None,

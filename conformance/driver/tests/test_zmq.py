@@ -3,6 +3,7 @@ caught, a stream the truth does not match is caught; the batch regrouping keeps 
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from typing import Any
@@ -11,9 +12,9 @@ import msgspec
 import pytest
 import zmq
 from kvshm_conf import zmqjudge as Z
-from kvshm_conf.batches import BATCH_PROFILES, batched, vllm_event
+from kvshm_conf.batches import BATCH_PROFILES, batched, evicted_start_batch, vllm_event
 from kvshm_conf.gen import Profile
-from kvshm_conf.ops import Query, Stored
+from kvshm_conf.ops import Event, Query, Stored
 from kvshm_conf.report import Row
 from kvshm_conf.vllm_ref import (
     END_SEQ,
@@ -184,3 +185,20 @@ def test_batched_streams(prof: Profile) -> None:
         v = vllm_event(ev, prof.block_size)
         if isinstance(ev, Stored):
             assert isinstance(v, BlockStored) and v.medium == "GPU" and v.lora_name == ev.lora_name
+
+
+def _events_answer(ids: list[int]) -> str:
+    evs = [{"worker_id": 7, "event": {"event_id": i, "data": "cleared"}} for i in ids]
+    return json.dumps({"Events": {"events": evs, "last_event_id": ids[-1] if ids else 0}})
+
+
+def test_evicted_start_batch_is_d8_only_for_its_pattern() -> None:
+    """D8: kvshm dumps while 1.6.1 answers what its buffer kept of the start batch; nothing else matches."""
+    fed: list[Event] = [*(Stored(5, 0, (1, 1), (h,)) for h in (1, 2, 3)), Stored(6, 0, (2, 2), (4,))]
+    dump = json.dumps({"TreeDump": {"events": [], "last_event_id": 6}})
+    assert evicted_start_batch(Query(5, None), fed, dump, _events_answer([5, 5, 6]))
+    assert not evicted_start_batch(Query(5, None), fed, dump, _events_answer([5, 5, 5, 6]))  # the whole batch
+    assert not evicted_start_batch(Query(5, None), fed, dump, _events_answer([6]))  # none of it
+    assert not evicted_start_batch(Query(6, None), fed, dump, _events_answer([6]))  # a one-event batch
+    assert not evicted_start_batch(Query(5, None), fed, _events_answer([5, 5, 5, 6]), _events_answer([5, 5, 6]))
+    assert not evicted_start_batch(Query(None, None), fed, dump, _events_answer([5, 5, 6]))
