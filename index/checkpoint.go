@@ -166,8 +166,16 @@ func (t *tree) encode(e *ckEnc, version uint32) {
 
 // encode writes the log section: the event log, oldest first.
 func (l *eventLog) encode(e *ckEnc) {
-	e.u32(uint32(l.count))
-	for _, p := range l.view(0, nil) {
+	// A cut front batch (eventLog.frontCut) is not saved: the restored log starts at the next batch, and a query
+	// from the cut id is answered with a dump, as before the restore.
+	start := 0
+	if l.frontCut {
+		for start < l.count && l.hdr(start).id == l.firstID() {
+			start++
+		}
+	}
+	e.u32(uint32(l.count - start))
+	for _, p := range l.view(start, nil) {
 		for k := range p.hdrs {
 			h := &p.hdrs[k]
 			e.u64(h.id)

@@ -117,8 +117,12 @@
 // a batch; an Events answer from an id returns every event of that batch (the suffix starts at the first event
 // with id >= start, as 1.6.1 returns every buffered event in range). An event with another id, or the next
 // BeginBatch, closes the batch; without BeginBatch an equal id is still an id reset. An invalid event inside a
-// batch records the batch's id as lost and does not split the batch. A batch can be cut by eviction (the oldest
-// events of the log go one by one) and a reader can run between two events of a batch (the writer holds the lock
+// batch records the batch's id as lost and does not split the batch. The log evicts a batch whole (all the events
+// with the front's id), so it always starts at a batch boundary and an Events answer never starts inside a batch
+// (it may hold fewer than MaxBufferSize events); a query from an evicted batch's id is older than the log: a dump.
+// Only a batch longer than MaxBufferSize is cut (its oldest events go); a query from its id is then answered with a
+// dump, and a checkpoint does not save the cut batch (a restored index dumps where the original could say TooNew,
+// until its next event). A reader can run between two events of a batch (the writer holds the lock
 // per event, as 1.6.1's listener applies a batch event by event): an Events answer or a dump then has part of the
 // batch and the batch's id as last_event_id. The dump cache counts the events logged after a snapshot by position
 // (treeVersion), not by id, so a cached dump is extended with the rest of such a batch, never served without it;
@@ -184,6 +188,10 @@
 //   - max_buffer_size 0: nothing is logged; the dump cache also checks a tree version so it never serves a stale
 //     dump (1.6.1's cache would hit forever).
 //   - Cleared of a multi-rank stream clears every rank (decision 5, above).
+//   - Batches (several events under one id): an Events answer from a batch's id starts at its first event; 1.6.1
+//     binary-searches equal ids ("any one of the matches") and may answer from inside the batch. The log evicts
+//     a batch whole; 1.6.1's buffer evicts event by event and then answers from the rest of a cut batch. Both
+//     would have a consumer miss events the engine applied (see Batches above).
 //
 // # JSON
 //

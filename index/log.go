@@ -34,6 +34,9 @@ type eventLog struct {
 	chunks []*logChunk
 	head   int // index of the first live event in chunks[0]
 	count  int
+	// frontCut: the first events of the batch at the front were evicted (only a batch longer than max is cut;
+	// others are evicted whole), so a query from its id must not be answered from the log.
+	frontCut bool
 }
 
 func (l *eventLog) hdr(i int) *logHdr {
@@ -49,6 +52,7 @@ func (l *eventLog) reset() {
 	clear(l.chunks)
 	l.chunks = l.chunks[:0]
 	l.head, l.count = 0, 0
+	l.frontCut = false
 }
 
 // append logs one event; blocks and hashes are copied. Evicts from the front beyond max.
@@ -76,15 +80,35 @@ func (l *eventLog) append(id uint64, dp uint32, kind Kind, hasParent bool, paren
 	}
 	l.count++
 	if l.count > l.max {
-		l.head++
-		l.count--
-		if l.head == chunkEvents {
-			l.chunks[0] = nil
-			l.chunks = l.chunks[1:]
-			l.head = 0
+		// Evict the front batch whole (the events with the front's id), so the log always starts at a batch
+		// boundary: an Events answer from that id would miss the evicted ones. A batch longer than max itself
+		// (the front is the batch being appended) loses only its oldest event, and frontCut says so.
+		front := l.firstID()
+		if front == id {
+			l.popFront()
+			l.frontCut = true
+			return
 		}
+		for l.count > 0 && l.firstID() == front {
+			l.popFront()
+		}
+		l.frontCut = false
 	}
 }
+
+// popFront evicts the oldest event.
+func (l *eventLog) popFront() {
+	l.head++
+	l.count--
+	if l.head == chunkEvents {
+		l.chunks[0] = nil
+		l.chunks = l.chunks[1:]
+		l.head = 0
+	}
+}
+
+// complete reports whether every buffered event with the front's id is still in the log (false: its batch was cut).
+func (l *eventLog) complete() bool { return !l.frontCut }
 
 // search returns the index of the first event with id >= id (l.count when none).
 func (l *eventLog) search(id uint64) int {

@@ -257,7 +257,8 @@ type mEvent struct {
 type model struct {
 	tree     *mTree
 	max      int
-	events   []mEvent // the current numbering, all of it (the log is its last max)
+	events   []mEvent // the log: at most max events, evicted a batch (equal ids) at a time
+	cut      bool     // the front batch lost events (a batch longer than max): its id is answered with a dump
 	seenAny  bool
 	lastSeen uint64
 	lostHi   []uint64 // upper ends of lost ranges in the current numbering
@@ -269,9 +270,6 @@ type model struct {
 }
 
 func (m *model) buffer() []mEvent {
-	if len(m.events) > m.max {
-		return m.events[len(m.events)-m.max:]
-	}
 	return m.events
 }
 
@@ -311,7 +309,7 @@ func (m *model) apply(ev mEvent) Status {
 	case ev.id > m.lastSeen:
 		// A gap: ids the producer never handed over; not a loss.
 	default:
-		m.events = nil
+		m.events, m.cut = nil, false
 		m.lostHi = nil
 	}
 	m.lastSeen = ev.id
@@ -327,7 +325,20 @@ func (m *model) apply(ev mEvent) Status {
 		m.tree.clear()
 		m.tainted = false
 	}
-	m.events = append(m.events, ev)
+	if m.max > 0 {
+		m.events = append(m.events, ev)
+		if len(m.events) > m.max {
+			front := m.events[0].id
+			if front == ev.id { // a batch longer than the log: only its oldest event goes
+				m.events, m.cut = m.events[1:], true
+			} else {
+				for len(m.events) > 0 && m.events[0].id == front {
+					m.events = m.events[1:]
+				}
+				m.cut = false
+			}
+		}
+	}
 	return st
 }
 
@@ -368,7 +379,7 @@ func (m *model) expect(start, end *uint64, rank bool, r uint32) (RespKind, []uin
 		}
 		return RespTooNew, nil, last, false
 	}
-	if *start < first {
+	if *start < first || (*start == first && m.cut) {
 		return dump()
 	}
 	from := 0

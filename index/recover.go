@@ -55,8 +55,9 @@ func (ix *Indexer) recover(ctx context.Context, start, end *uint64, f rankFilter
 		return Response{Kind: RespTooNew, JSON: AppendTooNewJSON(nil, s, endEff, last), LastEventID: last,
 			Incomplete: len(lost) > 0, Lost: lost}, nil
 	}
-	// 6. start < first: too old, dump.
-	if s < first {
+	// 6. start < first: too old, dump. So is start == first when the log cut the front batch (a batch longer than
+	// max_buffer_size): an Events answer would miss its first events.
+	if s < first || (s == first && !ix.log.complete()) {
 		ix.mu.RUnlock()
 		return ix.dump(ctx, f)
 	}

@@ -123,13 +123,16 @@ func expected(t *testing.T, b *vecBatch) []shm.Sub {
 			for _, h := range e.BlockHashes {
 				ev.BlockHashes = append(ev.BlockHashes, u64(t, h))
 			}
-		case "AllBlocksCleared":
+		case "AllBlocksCleared": // never a META
 			ev.Kind = fbs.KindCleared
+			subs = append(subs, shm.Sub{Type: shm.SubEvent, Payload: bytes.Clone(fbs.Build(bld, &ev))})
+			continue
 		default:
 			t.Fatalf("event type %q", e.Type)
 		}
-		if m.HasMedium || m.HasLoraID || m.HasBlockSize || m.ExtraKeys != nil || m.HasGroupIdx || m.HasKind ||
-			m.HasSlidingWindow {
+		// No META stands for the defaults (medium "GPU", nothing else); anything else, medium None included, has one.
+		if !(m.HasMedium && m.Medium == "GPU") || m.HasLoraID || m.HasBlockSize || m.ExtraKeys != nil || m.HasGroupIdx ||
+			m.HasKind || m.HasSlidingWindow {
 			subs = append(subs, shm.Sub{Type: shm.SubMeta, Payload: bytes.Clone(fbs.BuildMeta(bld, &m))})
 		}
 		subs = append(subs, shm.Sub{Type: shm.SubEvent, Payload: bytes.Clone(fbs.Build(bld, &ev))})

@@ -121,17 +121,16 @@ def test_layout_matches_single_event_encoding() -> None:
     got_ts, subs = parse(record_of(seq, dp, ts, kv_bs, evs))
     assert got_ts == ts
     assert subs == [
+        (SUB_META, build_meta()),  # medium None: an empty Meta (no META would mean medium "GPU")
         (SUB_EVENT, encode_stored(seq, [1, 2, 3, 4], [21], 11, dp)),
-        (SUB_META, build_meta(medium="GPU")),
-        (SUB_EVENT, encode_removed(seq, [21, 2**64 - 1], dp)),
+        (SUB_EVENT, encode_removed(seq, [21, 2**64 - 1], dp)),  # medium "GPU": the defaults, no META
         (SUB_EVENT, encode_cleared(seq, dp)),
-        (SUB_META, build_meta(medium="GPU")),
         (SUB_EVENT, encode_stored(seq, [9, 9, 9, 9], [22], None, dp, "lora-a")),
     ]
     # Eagle pairs are Dynamo's bigram form: the first of each pair, then the last's second.
     seq, dp, ts, kv_bs, evs = CASES["eagle_pairs"]
     _, subs = parse(record_of(seq, dp, ts, kv_bs, evs))
-    assert subs[1] == (SUB_EVENT, encode_stored(seq, [1, 2, 3, 4, 5], [41, 42], None, dp, None, True))
+    assert subs[0] == (SUB_EVENT, encode_stored(seq, [1, 2, 3, 4, 5], [41, 42], None, dp, None, True))
     # block_size goes into Meta only when it differs from the stream's.
     seq, dp, ts, kv_bs, evs = CASES["full_meta"]
     _, subs = parse(record_of(seq, dp, ts, kv_bs, evs))
@@ -147,7 +146,11 @@ def test_meta_cache_and_errors() -> None:
     e = ke.BlockStored([1], None, [1, 2, 3, 4], 4, None, "GPU", None)
     s1, n1 = b.subs(1, 0, [e])
     s2, n2 = b.subs(2, 0, [e])
-    assert n1 == n2 == 1 and s1[0] is s2[0], "Meta bytes of the common case are cached"
+    assert n1 == n2 == 0 and len(s1) == 1, "the common case (medium GPU only) needs no META"
+    e = ke.BlockStored([1], None, [1, 2, 3, 4], 4, None, "CPU", None)
+    s1, n1 = b.subs(1, 0, [e])
+    s2, n2 = b.subs(2, 0, [e])
+    assert n1 == n2 == 1 and s1[0] is s2[0], "Meta bytes are cached per value"
     with pytest.raises(TypeError, match="not Foo"):
         b.subs(1, 0, [type("Foo", (), {})()])
     with pytest.raises(TypeError):

@@ -435,4 +435,5 @@ def test_compat_signatures() -> None:
     assert positional(cls.apply_cleared) == ["seq", "dp_rank"]
     assert positional(cls.get_events_json) == ["start", "end"]
     kwonly = [p.name for p in inspect.signature(cls).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    assert kwonly == ["socket_path", "ring_dir", "ring_bytes", "dp_rank"]
+    assert kwonly == ["socket_path", "ring_dir", "ring_bytes", "dp_rank", "publish"]
+    assert positional(cls.apply_batch) == ["seq", "events", "ts", "dp_rank"]  # issue 12 (contract decision 9)

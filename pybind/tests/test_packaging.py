@@ -63,6 +63,7 @@ def test_typed_package_and_public_api() -> None:
     assert Path(kv_local_indexer.__file__ or "").with_name("py.typed").exists()
     assert set(kvshm.__all__) == {
         "ClosedError", "ForkedProcessError", "KvshmError", "LauncherError", "LocalIndexer", "RingError", "__version__",
+        "ZmqPublish", "events",
     }
     assert kv_local_indexer.__all__ == ["LocalIndexer"]
     for name in ("ClosedError", "ForkedProcessError", "LauncherError"):

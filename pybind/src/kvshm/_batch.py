@@ -3,10 +3,11 @@
 A batch is written as ONE ring record (type BATCH, shm/FORMAT.md) when the daemon said it reads them (ATTACH reply
 ``"batches": true``): per event an EVENT sub-record, byte-identical to what ``apply_stored`` / ``apply_removed`` /
 ``apply_cleared`` write (the same prepare functions of :mod:`kvshm._encode`, with the batch's seq and dp_rank), and,
-when the event carries any of vLLM's metadata, a META sub-record (``kvevent.Meta``) right before it. Meta bytes
-are cached per distinct value (the common vLLM event, medium "GPU" and nothing else, costs one dict lookup);
-an event with ``extra_keys`` encodes them with msgspec (imported on first use: vLLM always has it) and is not
-cached.
+unless the event's metadata are the defaults (medium "GPU" and nothing else: vLLM's common event, and what an
+EVENT without META stands for, as a single-event record does), a META sub-record (``kvevent.Meta``, absent fields
+= None) right before it. Meta bytes are cached per distinct value (one dict lookup); an event with
+``extra_keys`` encodes them with msgspec (imported on first use: vLLM always has it) and is not cached. An event
+with medium None gets an empty META (every field None).
 
 What goes into Meta: ``medium``, ``lora_id``, ``block_size`` only when it differs from the stream's
 ``kv_block_size``, ``extra_keys``, ``group_idx``, ``kv_cache_spec_kind``, ``kv_cache_spec_sliding_window``. vLLM's
@@ -164,9 +165,9 @@ class BatchBuilder:
         except TypeError:  # an unhashable value: build_meta gives the right error
             meta = None
         if meta is None:
-            if medium is None and lora_id is None and block_size is None and group_idx is None and kind is None \
+            if medium == "GPU" and lora_id is None and block_size is None and group_idx is None and kind is None \
                     and window is None:
-                meta = _EMPTY
+                meta = _EMPTY  # the defaults of an EVENT without META: no sub-record
             else:
                 meta = build_meta(medium, lora_id, block_size, None, group_idx, kind, window)
             if len(self._cache) >= _META_CACHE_MAX:

@@ -166,6 +166,8 @@ class _Core:
         self.attached = False
         self.attach_conn: Client | None = None  # owned by the supervisor thread
         self.attach_reply: dict[str, Any] = {}
+        # The daemon reads BATCH records (its last ATTACH reply said "batches": true); read by apply_batch.
+        self.batches_ok = False
         self.attaches = 0
         self.daemon_restarts = 0
         self.last_error: str | None = None
@@ -234,6 +236,7 @@ class _Core:
             return
         self.attach_conn = client
         self.attach_reply = reply
+        self.batches_ok = reply.get("batches") is True
         self.attaches += 1
         self.last_error = None
         self.detached_since = None
@@ -687,7 +690,8 @@ class LocalIndexer:
             if self._scoped and dp_rank != self._dp:
                 self._wrong_rank(dp_rank)
             dp = _int_in(dp_rank, "dp_rank", 0, _U32)
-        seq = _int_in(seq, "seq", 0, _U64)
+        if seq.__class__ is not int or not 0 <= seq < _U64:
+            seq = _int_in(seq, "seq", 0, _U64)
         if ts is None:
             ts = time.time()
         elif isinstance(ts, bool) or not isinstance(ts, (int, float)):
@@ -704,7 +708,7 @@ class LocalIndexer:
             if core.state:
                 core.raise_unusable()
             batcher = core.batcher
-            if core.attach_reply.get("batches") is True:
+            if core.batches_ok:
                 subs, _ = batcher.subs(seq, dp, events)  # raises before anything is written
                 if ring.publish_batch(prepare_batch(seq, dp, ts, subs)):
                     core.batch_records += 1
@@ -817,7 +821,7 @@ class LocalIndexer:
             "token_mismatches": None if stream is None else stream.get("token_mismatches"),
             # Issue 12: the daemon reads BATCH records / publishes this stream on ZMQ (from the ATTACH reply), the
             # ZMQ counters of the daemon's STATS, and apply_batch's own counters.
-            "batches_supported": core.attach_reply.get("batches") is True,
+            "batches_supported": core.batches_ok,
             "publishing": core.attach_reply.get("publishing"),
             "publish": None if core.publish is None else core.publish.to_json(),
             "zmq": None if stream is None else stream.get("zmq"),
@@ -852,12 +856,13 @@ class LocalIndexer:
 
 
 def _has_meta(e: Any) -> bool:
-    """Whether an event carries metadata that a per-event fallback cannot publish."""
+    """Whether an event carries metadata a single EVENT record cannot express (it stands for medium "GPU" and
+    nothing else), which a per-event fallback therefore drops."""
     if e.__class__.__name__ == "AllBlocksCleared":
         return False
-    return any(
+    return getattr(e, "medium", None) != "GPU" or any(
         getattr(e, f, None) is not None
-        for f in ("medium", "lora_id", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window")
+        for f in ("lora_id", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window")
     )
 
 
