@@ -36,7 +36,7 @@ type Event struct {
 	// Stored only.
 	HasParent   bool
 	ParentHash  uint64
-	TokenIDs    []uint32 // kvshm layout: for Eagle, block_size+1 tokens per block (windows overlap by one token)
+	TokenIDs    []uint32 // for Eagle, the chain's stream of blocks × block_size + 1 tokens (windows overlap by one)
 	IsEagle     bool     // token_ids go on the wire as [token, next] pairs (Dynamo's Eagle form)
 	BlockSize   uint32
 	HasLoraID   bool

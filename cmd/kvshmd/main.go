@@ -3,7 +3,7 @@
 // operator subcommands that speak the socket protocol. Run `kvshmd help` for usage.
 //
 // One file per command: serve.go (the daemon), query.go (health, stats, events, dump, match, forget over the
-// socket), inspect.go (a ring file's header, no daemon needed).
+// socket), inspect.go (a ring file's header, no daemon needed), watch.go (a ZMQ KV-event stream, decoded).
 package main
 
 import (
@@ -35,6 +35,9 @@ Usage:
   kvshmd match   [--socket P] [--worker W] [--dp-rank R] --tokens 1,2,3 [--lora NAME] [--eagle]
   kvshmd forget  [--socket P] --worker W [--dp-rank R]  drop a stream whose producer is gone (index, metrics)
   kvshmd inspect [--json] RINGFILE       read a ring file's header (no daemon needed)
+  kvshmd watch   [--topic T] [--count N] [--timeout D] [--replay EP --from SEQ] ENDPOINT
+                                         follow a ZMQ KV-event stream (vLLM's wire: kvshmd's publish=, vLLM's
+                                         own), one JSON line per batch
   kvshmd version
 
 The socket defaults to $KVSHMD_SOCKET, then $KVSHM_SOCKET, then $XDG_RUNTIME_DIR/kvshm/kvshmd.sock, then
@@ -60,6 +63,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return query(cmd, rest, stdout, stderr)
 	case "inspect":
 		return inspect(rest, stdout, stderr)
+	case "watch":
+		return watch(rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, buildVersion())
 		return exitOK

@@ -21,7 +21,8 @@ import time
 import urllib.error
 import urllib.request
 
-from kvshm import LocalIndexer
+from kvshm import LocalIndexer, ZmqPublish
+from kvshm import events as ke
 from kvshm._launcher import find_kvshmd
 
 BS = 16
@@ -93,6 +94,7 @@ def main() -> None:
               f"ring {st['ring']['capacity'] >> 20} MiB at {st['ring_path']}, daemon pid {st['daemon_pid']}")
     print("shut down: daemon stopped, socket and ring removed")
     shared_daemon_over_http(rng)
+    kvshmd_publishes_zmq(rng)
 
 
 def shared_daemon_over_http(rng: random.Random) -> None:
@@ -148,6 +150,45 @@ def per_rank_producers(sock: str, base: str, rng: random.Random) -> None:
                     print(f"GET {path} -> {resp.status} {summary(resp.read().decode())}")
             except urllib.error.HTTPError as e:  # 409: ambiguous, the body lists the URLs to use
                 print(f"GET {path} -> {e.code} {json.loads(e.read())['error'][:110]}...")
+
+
+def kvshmd_publishes_zmq(rng: random.Random) -> None:
+    """Part 3 (issue 12): kvshmd as the worker's KV-event publisher. The engine hands each vLLM-shaped batch to
+    ``apply_batch`` (one ring write); kvshmd publishes it on ZMQ in vLLM's wire format, which ``kvshmd watch`` (a
+    separate process, as a router's listener would be) receives, and answers a replay request."""
+    with tempfile.TemporaryDirectory(prefix="kvshm-zmq-") as d:
+        os.chmod(d, 0o700)
+        pub, replay = f"ipc://{d}/kv.sock", f"ipc://{d}/replay.sock"
+        with LocalIndexer(worker_id=44, kv_block_size=BS, publish=ZmqPublish(endpoint=pub, replay_endpoint=replay,
+                                                                             topic="kv-events")) as ix:
+            print(f"\nworker 44 publishes on {pub} (replay {replay}) through kvshmd: {ix.stats()['publishing']}")
+            watcher = subprocess.Popen([find_kvshmd(), "watch", "--count", "3", "--timeout", "20s", pub],
+                                       stdout=subprocess.PIPE, text=True)
+            seq, parent = 0, None
+            while watcher.poll() is None:  # PUB drops what it sends before the subscription arrives: keep going
+                hashes = [rng.getrandbits(63) for _ in range(2)]
+                tokens = [rng.randrange(150000) for _ in range(2 * BS)]
+                batch: list[ke.BlockStored | ke.BlockRemoved] = [ke.BlockStored(hashes, parent, tokens, BS, None,
+                                                                                 "GPU", None)]
+                if parent is not None and seq % 4 == 3:
+                    batch.append(ke.BlockRemoved([parent], "GPU"))
+                ix.apply_batch(seq, batch)
+                seq, parent = seq + 1, hashes[-1]
+                time.sleep(0.02)
+            assert watcher.stdout is not None
+            for line in watcher.stdout.read().splitlines():
+                b = json.loads(line)
+                kinds = ", ".join(f"{e['type']}({len(e['block_hashes'])})" for e in b["events"])
+                print(f"  kvshmd watch: topic {b['topic']!r} seq {b['seq']} dp_rank {b['data_parallel_rank']}: "
+                      f"{kinds} [{b['payload_bytes']} B msgpack]")
+            out = subprocess.run([find_kvshmd(), "watch", "--count", "2", "--timeout", "20s", "--replay", replay,
+                                  "--from", str(seq - 2), pub], capture_output=True, text=True, timeout=30)
+            replayed = [json.loads(line)["seq"] for line in out.stdout.splitlines()]
+            print(f"  replay from seq {seq - 2}: {replayed} (the replay socket's buffer)")
+            z = ix.stats()["zmq"]
+            print(f"  stats()['zmq']: published {z['published']}, dropped {z['dropped']}, replayed {z['replayed']}; "
+                  f"recovery ids are the same seqs: last_event_id "
+                  f"{json.loads(ix.get_events_json())['TreeDump']['last_event_id']}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvshm/kvshm/vllmwire"
+	"github.com/kvshm/kvshm/zmqpub"
+)
+
+// syncBuffer is a bytes.Buffer safe for the watch goroutine's writes and the test's reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// TestWatch: kvshmd watch follows a real zmqpub publisher (the daemon's), replays from a seq first, decodes every
+// batch into vLLM's field names and exits 0 after --count; a stream that stays silent ends with exit 1.
+func TestWatch(t *testing.T) {
+	dir := t.TempDir()
+	ep, rep := "ipc://"+filepath.Join(dir, "pub.sock"), "ipc://"+filepath.Join(dir, "replay.sock")
+	p, err := zmqpub.New(zmqpub.Config{Endpoint: ep, ReplayEndpoint: rep, Topic: "kv", BufferSteps: 100},
+		slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	payload := func(seq uint64) []byte {
+		b := vllmwire.AppendBatchHeader(nil, 1.5, 1)
+		b = vllmwire.AppendEvent(b, &vllmwire.Event{Kind: vllmwire.KindStored, BlockHashes: []uint64{seq, 1 << 63},
+			TokenIDs: []uint32{1, 2, 3, 4, 5, 6, 7, 8}, BlockSize: 4, HasMedium: true, Medium: "GPU",
+			HasLoraName: true, LoraName: "a"})
+		return vllmwire.AppendBatchTrailer(b, 2)
+	}
+	p.Publish(7, payload(7)) // in the replay buffer before anyone subscribes
+	// runUntil runs watch with args while publishing new seqs (PUB drops what it sends before the subscription
+	// arrives) and returns its exit code and output lines.
+	next := uint64(8)
+	runUntil := func(args ...string) (int, []string, string) {
+		var out, errb syncBuffer
+		done := make(chan int)
+		go func() { done <- run(append([]string{"watch", "--timeout", "30s"}, args...), &out, &errb) }()
+		for {
+			p.Publish(next, payload(next))
+			next++
+			select {
+			case rc := <-done:
+				return rc, strings.Split(strings.TrimSpace(out.String()), "\n"), errb.String()
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	type line struct {
+		Topic    string           `json:"topic"`
+		Seq      uint64           `json:"seq"`
+		Replayed bool             `json:"replayed"`
+		TS       float64          `json:"ts"`
+		DpRank   *int64           `json:"data_parallel_rank"`
+		Events   []map[string]any `json:"events"`
+	}
+	parse := func(s string) line {
+		var l line
+		d := json.NewDecoder(strings.NewReader(s))
+		d.UseNumber()
+		if err := d.Decode(&l); err != nil {
+			t.Fatalf("%v: %s", err, s)
+		}
+		return l
+	}
+
+	// Replay from 5 (the buffer starts at 7), then live: seqs increase, the first is the replayed 7.
+	rc, lines, errs := runUntil("--count", "3", "--replay", rep, "--from", "5", ep)
+	if rc != exitOK || len(lines) != 3 {
+		t.Fatalf("watch exited %d with %d lines: %s\n%s", rc, len(lines), errs, strings.Join(lines, "\n"))
+	}
+	first := parse(lines[0])
+	if first.Seq != 7 || !first.Replayed || first.Topic != "kv" || first.TS != 1.5 || first.DpRank == nil || *first.DpRank != 2 {
+		t.Fatalf("replayed line: %+v", first)
+	}
+	ev := first.Events[0]
+	if ev["type"] != "BlockStored" || ev["medium"] != "GPU" || ev["lora_name"] != "a" ||
+		ev["block_hashes"].([]any)[1].(json.Number).String() != "9223372036854775808" || ev["parent_block_hash"] != nil {
+		t.Fatalf("replayed event: %v", ev)
+	}
+	if a, b := parse(lines[1]).Seq, parse(lines[2]).Seq; !(7 < a && a < b) {
+		t.Fatalf("seqs %d, %d after the replayed 7", a, b)
+	}
+	// Live only.
+	rc, lines, errs = runUntil("--count", "1", ep)
+	if l := parse(lines[0]); rc != exitOK || l.Replayed || l.Seq < 8 {
+		t.Fatalf("live: exit %d %+v %s", rc, l, errs)
+	}
+
+	// Silence: --timeout ends it with exit 1 and says how many batches came.
+	var out, errb syncBuffer
+	if rc := run([]string{"watch", "--timeout", "200ms", ep}, &out, &errb); rc != exitFailure ||
+		!strings.Contains(errb.String(), "no batch for 200ms (0 received)") {
+		t.Fatalf("silent stream: exit %d, %q", rc, errb.String())
+	}
+	if rc := run([]string{"watch"}, &out, &errb); rc != exitUsage {
+		t.Fatalf("no endpoint: exit %d", rc)
+	}
+}
