@@ -33,10 +33,10 @@
 //
 // # Eagle
 //
-// kvshm stores an Eagle chain as block_size+1 tokens per block, consecutive windows overlapping by one token.
+// kvshm stores an Eagle chain as its token stream s of blocks × block_size + 1 tokens (block b's window is
+// s[b*bs : b*bs+bs+1], consecutive windows overlapping by one token; index.AppendBlockHashes hashes them so).
 // Dynamo's parser (normalize_token_ids) recognizes Eagle by token_ids given as [a, b] pairs and rebuilds the
-// chain's token stream from them (the first of each pair, then the last pair's second). AppendEvent therefore
-// sends the stream s (the first window, then each next window without its first token) as the pairs
-// [s[i], s[i+1]]. A token count that is not blocks × (block_size+1) is sent as plain tokens (as it was given).
+// stream from them (the first of each pair, then the last pair's second), so AppendEvent sends s as the pairs
+// [s[i], s[i+1]]; fewer than 2 tokens have no pair and go plain.
 // vLLM itself declares token_ids as list[int] and has no Eagle form.
 package vllmwire
