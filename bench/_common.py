@@ -9,6 +9,7 @@ import http.client
 import json
 import os
 import statistics
+import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -142,3 +143,36 @@ def same_reply(a: str, b: str) -> str:
                 and sorted(map(key, ta["events"])) == sorted(map(key, tb["events"]))):
             return "same events, order differs"
     return "no"
+
+
+class JsonChild:
+    """A child process spoken to in JSON lines: ``argv`` is its command; its first line is kept in ``first``."""
+
+    def __init__(self, argv: Sequence[str]) -> None:
+        self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.first = self.recv()
+
+    def send(self, obj: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(obj) + "\n")
+        self.proc.stdin.flush()
+
+    def recv(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"child {self.proc.args!r} exited with {self.proc.wait()}")
+        out: dict[str, Any] = json.loads(line)
+        return out
+
+    def call(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.send(obj)
+        return self.recv()
+
+    def close(self) -> None:
+        try:
+            self.send({"op": "quit"})
+            self.proc.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()

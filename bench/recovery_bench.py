@@ -54,6 +54,7 @@ import zmq_bench  # noqa: E402
 from _common import (  # noqa: E402
     BS,
     ChainGen,
+    JsonChild,
     busy_pct,
     http_get,
     last_event_id,
@@ -121,37 +122,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class Child:
-    """A _child.py process spoken to in JSON lines."""
+class Child(JsonChild):
+    """A _child.py process (its subcommand and flags in ``args``)."""
 
     def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen(CHILD + list(args), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.first = self.recv()
-
-    def send(self, obj: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(obj) + "\n")
-        self.proc.stdin.flush()
-
-    def recv(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"child {self.proc.args!r} exited with {self.proc.wait()}")
-        out: dict[str, Any] = json.loads(line)
-        return out
-
-    def call(self, obj: dict[str, Any]) -> dict[str, Any]:
-        self.send(obj)
-        return self.recv()
-
-    def close(self) -> None:
-        try:
-            self.send({"op": "quit"})
-            self.proc.wait(timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait()
+        super().__init__([*CHILD, *args])
 
 
 class Daemon:

@@ -44,7 +44,6 @@ import queue
 import resource
 import socket
 import struct
-import subprocess
 import sys
 import threading
 import time
@@ -59,7 +58,7 @@ import msgspec
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "pybind" / "src"))
-from _common import summary  # noqa: E402
+from _common import JsonChild, summary  # noqa: E402
 from _vllm import (  # noqa: E402
     AllBlocksCleared,
     BlockRemoved,
@@ -384,36 +383,11 @@ def sub(args: argparse.Namespace) -> None:
     ctx.term()
 
 
-class Child:
+class Child(JsonChild):
+    """This script run as a subcommand (``engine``, ``sub``) in another process."""
+
     def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *args], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
-        self.first = self.recv()
-
-    def send(self, obj: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(obj) + "\n")
-        self.proc.stdin.flush()
-
-    def recv(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"child {self.proc.args!r} exited with {self.proc.wait()}")
-        out: dict[str, Any] = json.loads(line)
-        return out
-
-    def call(self, obj: dict[str, Any]) -> dict[str, Any]:
-        self.send(obj)
-        return self.recv()
-
-    def close(self) -> None:
-        try:
-            self.send({"op": "quit"})
-            self.proc.wait(timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait()
+        super().__init__([sys.executable, str(Path(__file__).resolve()), *args])
 
 
 # --- the driver -----------------------------------------------------------------------------------------------------
