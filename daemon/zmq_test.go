@@ -19,6 +19,7 @@ import (
 	flatbuffers "github.com/google/flatbuffers/go"
 
 	"github.com/kvshm/kvshm/internal/testenv"
+	"github.com/kvshm/kvshm/internal/wirevectors"
 	"github.com/kvshm/kvshm/proto/fbs"
 	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
@@ -27,45 +28,17 @@ import (
 
 // ---- the shared vllmwire vectors, as BATCH records ---------------------------------------------------------
 
-// wireVector is one entry of testdata/vllmwire/vectors.json (written by msgspec from vLLM-shaped structs).
-type wireVector struct {
-	Name   string  `json:"name"`
-	TS     float64 `json:"ts"`
-	DpRank *int64  `json:"dp_rank"`
-	Events []struct {
-		Kind         string   `json:"kind"`
-		BlockHashes  []uint64 `json:"block_hashes"`
-		TokenIDs     []uint32 `json:"token_ids"`
-		IsEagle      bool     `json:"is_eagle"`
-		BlockSize    uint32   `json:"block_size"`
-		Parent       *uint64  `json:"parent"`
-		LoraID       *int64   `json:"lora_id"`
-		Medium       *string  `json:"medium"`
-		LoraName     *string  `json:"lora_name"`
-		GroupIdx     *uint32  `json:"group_idx"`
-		SpecKind     *string  `json:"kv_cache_spec_kind"`
-		Window       *uint32  `json:"kv_cache_spec_sliding_window"`
-		ExtraKeysHex *string  `json:"extra_keys_hex"`
-	} `json:"events"`
-	PayloadHex string `json:"payload_hex"`
-}
-
-// publishableVectors returns the vectors a producer can send through the ring: at least one event (an empty
-// BATCH is malformed), a dp_rank (the daemon always has one) and a ts (0 is "unknown": the daemon stamps it).
-func publishableVectors(t testing.TB) []wireVector {
+// publishableVectors returns the shared vllmwire vectors (internal/wirevectors) a producer can send through the
+// ring: at least one event (an empty BATCH is malformed), a dp_rank (the daemon always has one) and a ts (0 is
+// "unknown": the daemon stamps it).
+func publishableVectors(t testing.TB) []wirevectors.Vector {
 	t.Helper()
-	data, err := os.ReadFile("../testdata/vllmwire/vectors.json")
+	vs, err := wirevectors.Load("../testdata/vllmwire/vectors.json", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var f struct {
-		Vectors []wireVector `json:"vectors"`
-	}
-	if err := json.Unmarshal(data, &f); err != nil {
-		t.Fatal(err)
-	}
-	var out []wireVector
-	for _, v := range f.Vectors {
+	var out []wirevectors.Vector
+	for _, v := range vs {
 		if len(v.Events) > 0 && v.DpRank != nil && v.TS != 0 {
 			out = append(out, v)
 		}
@@ -78,7 +51,7 @@ func publishableVectors(t testing.TB) []wireVector {
 
 // vectorSubs builds the BATCH sub-records of a vector for a stream of kv_block_size bs: each event's FlatBuffer,
 // preceded by the Meta carrying what vLLM sends and the index does not need.
-func vectorSubs(t testing.TB, v wireVector, seq uint64, bs uint32) []shm.Sub {
+func vectorSubs(t testing.TB, v wirevectors.Vector, seq uint64, bs uint32) []shm.Sub {
 	t.Helper()
 	b := flatbuffers.NewBuilder(1024)
 	var subs []shm.Sub
@@ -106,13 +79,11 @@ func vectorSubs(t testing.TB, v wireVector, seq uint64, bs uint32) []shm.Sub {
 			if e.Window != nil {
 				m.HasSlidingWindow, m.SlidingWindow = true, *e.Window
 			}
-			if e.ExtraKeysHex != nil {
-				x, err := hex.DecodeString(*e.ExtraKeysHex)
-				if err != nil {
-					t.Fatal(err)
-				}
-				m.ExtraKeys = x
+			x, err := e.ExtraKeys()
+			if err != nil {
+				t.Fatal(err)
 			}
+			m.ExtraKeys = x
 		case "removed":
 			spec.Kind = fbs.KindRemoved
 		case "cleared":

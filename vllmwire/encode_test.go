@@ -3,9 +3,10 @@ package vllmwire
 import (
 	"errors"
 	"fmt"
-	"os"
 	"reflect"
 	"testing"
+
+	"github.com/kvshm/kvshm/internal/wirevectors"
 )
 
 // BenchmarkAppendBatch: go test -run '^$' -bench AppendBatch -benchmem ./vllmwire/
@@ -71,8 +72,8 @@ func TestDecodeRejects(t *testing.T) {
 
 // FuzzDecode: Decode never panics; what it accepts re-encodes to a payload that decodes to the same batch.
 func FuzzDecode(f *testing.F) {
-	if data, err := os.ReadFile(vectorsPath); err == nil {
-		for _, v := range loadVectors(f, data) {
+	if vs, err := wirevectors.Load(vectorsPath, 0); err == nil {
+		for _, v := range vs {
 			p, _ := encodeVector(f, v, nil)
 			f.Add(p)
 		}

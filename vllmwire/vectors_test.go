@@ -2,8 +2,6 @@ package vllmwire
 
 import (
 	"bytes"
-	"encoding/hex"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,52 +11,22 @@ import (
 	"github.com/tinylib/msgp/msgp"
 
 	"github.com/kvshm/kvshm/internal/testenv"
+	"github.com/kvshm/kvshm/internal/wirevectors"
 )
 
 const vectorsPath = "../testdata/vllmwire/vectors.json"
 
-type vectorEvent struct {
-	Kind         string   `json:"kind"`
-	BlockHashes  []uint64 `json:"block_hashes"`
-	TokenIDs     []uint32 `json:"token_ids"`
-	IsEagle      bool     `json:"is_eagle"`
-	BlockSize    uint32   `json:"block_size"`
-	Parent       *uint64  `json:"parent"`
-	LoraID       *int64   `json:"lora_id"`
-	Medium       *string  `json:"medium"`
-	LoraName     *string  `json:"lora_name"`
-	GroupIdx     *uint32  `json:"group_idx"`
-	SpecKind     *string  `json:"kv_cache_spec_kind"`
-	Window       *uint32  `json:"kv_cache_spec_sliding_window"`
-	ExtraKeysHex *string  `json:"extra_keys_hex"`
-}
-
-type vector struct {
-	Name       string        `json:"name"`
-	TS         float64       `json:"ts"`
-	DpRank     *int64        `json:"dp_rank"`
-	Events     []vectorEvent `json:"events"`
-	PayloadHex string        `json:"payload_hex"`
-}
-
-type vectorFile struct {
-	Msgspec string   `json:"msgspec"`
-	Vectors []vector `json:"vectors"`
-}
-
-func loadVectors(t testing.TB, data []byte) []vector {
+func loadVectors(t testing.TB) []wirevectors.Vector {
 	t.Helper()
-	var f vectorFile
-	if err := json.Unmarshal(data, &f); err != nil {
-		t.Fatalf("parse vectors: %v", err)
+	vs, err := wirevectors.Load(vectorsPath, 10)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if len(f.Vectors) < 10 {
-		t.Fatalf("only %d vectors", len(f.Vectors))
-	}
-	return f.Vectors
+	return vs
 }
 
-func (v vectorEvent) event(t testing.TB) Event {
+// event converts a vector's event to a vllmwire.Event.
+func event(t testing.TB, v wirevectors.Event) Event {
 	e := Event{BlockHashes: v.BlockHashes, TokenIDs: v.TokenIDs, IsEagle: v.IsEagle, BlockSize: v.BlockSize}
 	switch v.Kind {
 	case "stored":
@@ -70,43 +38,41 @@ func (v vectorEvent) event(t testing.TB) Event {
 	default:
 		t.Fatalf("vector kind %q", v.Kind)
 	}
-	if v.Parent != nil {
-		e.HasParent, e.ParentHash = true, *v.Parent
+	e.HasParent = v.Parent != nil
+	if e.HasParent {
+		e.ParentHash = *v.Parent
 	}
-	if v.LoraID != nil {
-		e.HasLoraID, e.LoraID = true, *v.LoraID
+	if e.HasLoraID = v.LoraID != nil; e.HasLoraID {
+		e.LoraID = *v.LoraID
 	}
-	if v.Medium != nil {
-		e.HasMedium, e.Medium = true, *v.Medium
+	if e.HasMedium = v.Medium != nil; e.HasMedium {
+		e.Medium = *v.Medium
 	}
-	if v.LoraName != nil {
-		e.HasLoraName, e.LoraName = true, *v.LoraName
+	if e.HasLoraName = v.LoraName != nil; e.HasLoraName {
+		e.LoraName = *v.LoraName
 	}
-	if v.GroupIdx != nil {
-		e.HasGroupIdx, e.GroupIdx = true, *v.GroupIdx
+	if e.HasGroupIdx = v.GroupIdx != nil; e.HasGroupIdx {
+		e.GroupIdx = *v.GroupIdx
 	}
-	if v.SpecKind != nil {
-		e.HasKVCacheSpecKind, e.KVCacheSpecKind = true, *v.SpecKind
+	if e.HasKVCacheSpecKind = v.SpecKind != nil; e.HasKVCacheSpecKind {
+		e.KVCacheSpecKind = *v.SpecKind
 	}
-	if v.Window != nil {
-		e.HasSlidingWindow, e.KVCacheSpecSlidingWindow = true, *v.Window
+	if e.HasSlidingWindow = v.Window != nil; e.HasSlidingWindow {
+		e.KVCacheSpecSlidingWindow = *v.Window
 	}
-	if v.ExtraKeysHex != nil {
-		b, err := hex.DecodeString(*v.ExtraKeysHex)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.ExtraKeys = b
+	var err error
+	if e.ExtraKeys, err = v.ExtraKeys(); err != nil {
+		t.Fatal(err)
 	}
 	return e
 }
 
 // encodeVector encodes a vector's input; a null dp_rank (msgspec writes nil) is appended by hand, as the daemon
 // always knows its dp_rank.
-func encodeVector(t testing.TB, v vector, dst []byte) ([]byte, []Event) {
+func encodeVector(t testing.TB, v wirevectors.Vector, dst []byte) ([]byte, []Event) {
 	evs := make([]Event, len(v.Events))
 	for i, ve := range v.Events {
-		evs[i] = ve.event(t)
+		evs[i] = event(t, ve)
 	}
 	if v.DpRank == nil {
 		dst = AppendBatchHeader(dst, v.TS, len(evs))
@@ -121,13 +87,9 @@ func encodeVector(t testing.TB, v vector, dst []byte) ([]byte, []Event) {
 // TestVectors: every payload vllmwire encodes is byte-identical to msgspec's encoding of vLLM's structs, and
 // decodes back to its input.
 func TestVectors(t *testing.T) {
-	data, err := os.ReadFile(vectorsPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, v := range loadVectors(t, data) {
+	for _, v := range loadVectors(t) {
 		t.Run(v.Name, func(t *testing.T) {
-			want, err := hex.DecodeString(v.PayloadHex)
+			want, err := v.Payload()
 			if err != nil {
 				t.Fatal(err)
 			}
