@@ -252,7 +252,7 @@ SOAK_ARGS  = $(if $(SOAK_SEED),--seed $(SOAK_SEED))
 soakenv: wheel
 	rm -rf $(SOAKENV)
 	$(PYTHON) -m venv $(SOAKENV)
-	$(SOAKENV)/bin/python -m pip install -q $(WHEEL_GLOB)
+	$(SOAKENV)/bin/python -m pip install -q -c $(PYPKG)/requirements-dev.txt $(WHEEL_GLOB) msgspec pyzmq
 
 # The judge's own tests and types first (the dev venv has pytest and mypy).
 soakcheck: venv
