@@ -22,8 +22,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import random
 import os
+import random
 import sys
 import time
 from typing import Any
@@ -49,7 +49,7 @@ def main() -> int:
     vs: Any = None
     if a.zmq_dir:
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testdata", "vllmwire"))
-        import vllm_structs  # the one reference shape of vLLM 0.33.0's wire (msgspec)
+        import vllm_structs  # type: ignore[import-not-found,unused-ignore]  # the one reference shape of vLLM 0.33.0's wire (msgspec)
 
         vs = vllm_structs
     gens: dict[int, StreamGen] = {}

@@ -45,9 +45,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model import AnswerError, StreamGen, Tree, Truth, consume  # noqa: E402
-
 import zmq  # noqa: E402  (pyzmq: the ZMQ scenario's peers; the soak venv installs it with msgspec)
+from model import AnswerError, StreamGen, Tree, Truth, consume  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FRAME = struct.Struct("<IBBH")
@@ -100,6 +99,7 @@ class Figures:
     reported_by: Counter[str] = field(default_factory=Counter)  # scenario -> answers reported incomplete
     details: list[str] = field(default_factory=list)
     scenario_runs: Counter[str] = field(default_factory=Counter)
+    zmq: Counter[str] = field(default_factory=Counter)  # the ZMQ scenario's batches, gaps, drops, replays
 
 
 class Ctx:
@@ -1414,7 +1414,6 @@ def sc_zmq(ctx: Ctx) -> None:
     hostile peers attack both endpoints; one healthy SUB must get every batch byte-identical to msgspec's encoding,
     gaps only where kvshm counted a drop, each gap filled by a healthy DEALER's replay (or honestly out of the
     buffer); the recovery judge for the same worker, ingest latency, and the leak check after the scenario."""
-    rng = ctx.rng
     zdir = tempfile.mkdtemp(prefix="zmq-", dir=ctx.work)  # 0700
     n_paced, n_burst = (1200, 1500) if ctx.short else (4000, 6000)
     with producer(ctx, 1, zmq_dir=zdir, buffer_steps=5000) as p:
@@ -1455,6 +1454,8 @@ def sc_zmq(ctx: Ctx) -> None:
             got, why = zmq_replay(zc, rep_ep, published[-5][0], 10)
             if got is None:
                 ctx.fail("hangs", f"a healthy replay while {len(hostiles.stallers)} connections stall: {why}")
+            if late.got and got is not None:
+                ctx.fig.zmq["a SUB and a replay got in past stalled connections"] += 1
             hostiles.close_stallers()
             ctx.scenario = "zmq"
             r = p.batch(w, 200, 1000)
@@ -1493,8 +1494,15 @@ def sc_zmq(ctx: Ctx) -> None:
         seen = set(seqs)
         missing = [s for s, _ in published if s >= first and s not in seen]
         skipped = sum(1 for s, _ in published if s < first)
-        ctx.fig.details.append(f"[zmq] worker {w}: {len(published)} batches published, the healthy SUB joined at "
-                               f"{skipped} and missed {len(missing)}; daemon zmq stats {zstats}") if VERBOSE else None
+        z = ctx.fig.zmq
+        z["batches published"] += len(published)
+        z["before the SUB joined"] += skipped
+        z["received"] += len(sub.got)
+        z["missed"] += len(missing)
+        z["drops counted"] += dropped
+        if VERBOSE:
+            print(f"    [zmq] worker {w}: {len(published)} batches published, the healthy SUB joined after {skipped} "
+                  f"and missed {len(missing)}; daemon zmq stats {zstats}", flush=True)
         if missing and dropped == 0:
             ctx.fail("wrong_answers", f"healthy SUB missed {len(missing)} batches (e.g. seqs {missing[:10]}) and kvshm "
                      f"counted no drop (stats zmq {zstats})")
@@ -1506,13 +1514,18 @@ def sc_zmq(ctx: Ctx) -> None:
             ctx.fail("hangs", f"healthy replay from {start} after the hostiles left: {why}")
         else:
             rep = dict(got)
+            z["replays judged"] += 1
+            z["batches replayed"] += len(got)
             oldest = got[0][0] if got else None
             for s in missing or [s for s, _ in published if s >= start]:
                 if s in rep:
+                    z["gap batches filled by replay"] += 1 if missing else 0
                     if rep[s] != want[s]:
                         ctx.fail("wrong_answers", f"replayed batch {s} differs from msgspec's encoding")
                         break
-                elif oldest is None or s >= oldest:
+                elif oldest is not None and s < oldest:
+                    z["gap batches out of the replay buffer (said)"] += 1
+                else:
                     ctx.fail("wrong_answers", f"replay from {start} lacks batch {s} though it holds {oldest}..")
                     break
             if missing:
@@ -1644,6 +1657,7 @@ def report(ctx: Ctx, seconds: float, elapsed: float, path: str | None) -> int:
         + ", ".join(f"{k} {v / 1e3:.0f}" for k, v in sorted(f.worst_pub_by.items())) + ")",
         "answers reported incomplete, by scenario: "
         + (", ".join(f"{k} {v}" for k, v in sorted(f.reported_by.items())) or "none"),
+        "ZMQ (healthy SUB and DEALER): " + (", ".join(f"{k} {v}" for k, v in f.zmq.items()) or "not run"),
         "scenario runs: " + ", ".join(f"{k} {v}" for k, v in sorted(f.scenario_runs.items())),
         "faults: " + ", ".join(f"{k} {v}" for k, v in sorted(f.faults.items())),
         "bad inputs: " + ", ".join(f"{k} {v}" for k, v in sorted(f.bad_inputs.items())),
