@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -138,4 +140,45 @@ func TestFailedHandshakesAreClosed(t *testing.T) {
 	defer cancel()
 	_ = zmq4.NewSub(ctx)
 	subscribe(t, p, ep)
+}
+
+type countHandler struct{ n *atomic.Int64 }
+
+func (h countHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h countHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn {
+		h.n.Add(1)
+	}
+	return nil
+}
+func (h countHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h countHandler) WithGroup(string) slog.Handler      { return h }
+
+// Every invalid replay request was logged at warn level: a hostile DEALER wrote one daemon log line per request
+// (the soak's zmq scenario sent thousands). One warning per badRequestLogEvery now; all are counted.
+func TestInvalidReplayRequestsDoNotFloodTheLog(t *testing.T) {
+	rep := ipcEndpoint(t, "replay")
+	var warns atomic.Int64
+	p, err := New(Config{Endpoint: ipcEndpoint(t, "pub"), ReplayEndpoint: rep, BufferSteps: 10},
+		slog.New(countHandler{&warns}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	d := zmq4.NewDealer(ctx, zmq4.WithID(zmq4.SocketIdentity("hostile")))
+	defer d.Close()
+	if err := d.Dial(rep); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 200; i++ {
+		if err := d.SendMulti(zmq4.NewMsgFrom(nil, make([]byte, 9))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool { return p.Stats().BadRequests == 200 }, "200 bad requests")
+	if n := warns.Load(); n > 1 {
+		t.Fatalf("%d warnings for 200 invalid requests in a burst, want 1", n)
+	}
 }
