@@ -1207,20 +1207,29 @@ def zmq_replay(zc: Any, ep: str, start: int, timeout: float) -> tuple[list[tuple
 class SubJudge:
     """The healthy subscriber: reads every message into memory in its own thread."""
 
-    def __init__(self, zc: Any, ep: str) -> None:
+    def __init__(self, zc: Any, ep: str, *, rcvhwm: int = 0) -> None:
         self.s = zc.socket(zmq.SUB)
+        if rcvhwm:
+            self.s.setsockopt(zmq.RCVHWM, rcvhwm)
+            self.s.setsockopt(zmq.RCVBUF, 4096)
+        self.pause = threading.Event()  # set: the subscriber stops reading (a consumer busy elsewhere)
         self.s.setsockopt(zmq.SUBSCRIBE, b"")
         self.s.setsockopt(zmq.RCVTIMEO, 100)
         self.s.setsockopt(zmq.LINGER, 0)
         self.s.connect(ep)
         self.got: list[tuple[int, str]] = []
         self.bad: list[str] = []
+        self.max_gap = 0.0  # the longest wait between two messages (s)
+        self.t_last = 0.0
         self.stop = threading.Event()
         self.t = threading.Thread(target=self._run, daemon=True)
         self.t.start()
 
     def _run(self) -> None:
         while not self.stop.is_set():
+            if self.pause.is_set():
+                time.sleep(0.05)
+                continue
             try:
                 fr = self.s.recv_multipart()
             except zmq.Again:
@@ -1228,6 +1237,10 @@ class SubJudge:
             if len(fr) != 3 or len(fr[1]) != 8:
                 self.bad.append(f"message of {len(fr)} frames {[f[:16] for f in fr[:4]]!r}")
                 continue
+            now = time.monotonic()
+            if self.got:
+                self.max_gap = max(self.max_gap, now - self.t_last)
+            self.t_last = now
             self.got.append((int.from_bytes(fr[1], "big"), _digest(fr[2])))
         self.s.close(0)
 
@@ -1409,18 +1422,71 @@ class ZmqHostiles:
                           f"contract: counted and ignored), e.g. {self.replied_to_bad[:3]}")
 
 
+def judge_sub(ctx: Ctx, zc: Any, rep_ep: str, sub: SubJudge, who: str, published: list[tuple[int, str]],
+              dropped: int, *, cut_ok: bool) -> None:
+    """A subscriber's stream: every batch from the first it got, in order, once, byte-identical; a gap is a wrong
+    answer unless kvshm counted a drop (or, ``cut_ok``, the daemon cut this subscriber for not reading: documented);
+    a healthy DEALER's replay from the first gap (or of the last 50 batches) must fill it byte-identical, or the
+    batches must be older than the oldest the buffer returned (said, counted)."""
+    z = ctx.fig.zmq
+    want = dict(published)
+    if sub.bad:
+        ctx.fail("wrong_answers", f"{who} got malformed messages: {sub.bad[:3]}")
+    if not sub.got:
+        ctx.fail("wrong_answers" if dropped == 0 else "losses",
+                 f"{who} got none of {len(published)} batches (dropped counted: {dropped})")
+        return
+    first = sub.got[0][0]
+    seqs = [s for s, _ in sub.got]
+    if seqs != sorted(set(seqs)):
+        ctx.fail("wrong_answers", f"{who} saw seqs out of order or twice: {seqs[:20]}...")
+    wrong = [s for s, d in sub.got if want.get(s) != d]
+    if wrong:
+        ctx.fail("wrong_answers", f"{len(wrong)} batches at the {who} differ from msgspec's encoding of what was "
+                 f"published (or were never published): seqs {wrong[:10]}")
+    seen = set(seqs)
+    missing = [s for s, _ in published if s >= first and s not in seen]
+    z[f"{who}: received"] += len(sub.got)
+    z[f"{who}: joined after"] += sum(1 for s, _ in published if s < first)
+    z[f"{who}: missed"] += len(missing)
+    if missing and dropped == 0 and not cut_ok:
+        ctx.fail("wrong_answers", f"{who} missed {len(missing)} batches (e.g. seqs {missing[:10]}) and kvshm "
+                 "counted no drop")
+    start = missing[0] if missing else published[max(0, len(published) - 50)][0]
+    got, why = zmq_replay(zc, rep_ep, start, 15)
+    if got is None:
+        ctx.fail("hangs", f"replay from {start} for the {who} after the hostiles left: {why}")
+        return
+    rep = dict(got)
+    z["replays judged"] += 1
+    z["batches replayed"] += len(got)
+    oldest = got[0][0] if got else None
+    for s in missing or [s for s, _ in published if s >= start]:
+        if s in rep:
+            z[f"{who}: gap batches filled by replay"] += 1 if missing else 0
+            if rep[s] != want[s]:
+                ctx.fail("wrong_answers", f"replayed batch {s} differs from msgspec's encoding")
+                return
+        elif oldest is not None and s < oldest:
+            z[f"{who}: gap batches no longer in the replay buffer (said)"] += 1
+        else:
+            ctx.fail("wrong_answers", f"replay from {start} lacks batch {s} though it holds {oldest}..")
+            return
+
+
 def sc_zmq(ctx: Ctx) -> None:
     """A producer publishing vLLM-shaped batches on ZMQ (``publish=`` ipc:// in a private dir, ``apply_batch``) while
     hostile peers attack both endpoints; one healthy SUB must get every batch byte-identical to msgspec's encoding,
     gaps only where kvshm counted a drop, each gap filled by a healthy DEALER's replay (or honestly out of the
     buffer); the recovery judge for the same worker, ingest latency, and the leak check after the scenario."""
     zdir = tempfile.mkdtemp(prefix="zmq-", dir=ctx.work)  # 0700
-    n_paced, n_burst = (1200, 1500) if ctx.short else (4000, 6000)
+    n_paced, n_burst = (1200, 3000) if ctx.short else (4000, 8000)
     with producer(ctx, 1, zmq_dir=zdir, buffer_steps=5000) as p:
         w = p.workers[0]
         pub_ep, rep_ep = f"ipc://{zdir}/pub-{w}.sock", f"ipc://{zdir}/replay-{w}.sock"
         zc = zmq.Context()
         sub = SubJudge(zc, pub_ep)
+        slow = SubJudge(zc, pub_ep, rcvhwm=10)  # stops reading for 4 s mid-stream: the daemon cuts it (2 s)
         hostiles = ZmqHostiles(ctx, zc, pub_ep, rep_ep)
         published: list[tuple[int, str]] = []
         zstats: dict[str, Any] = {}
@@ -1428,7 +1494,9 @@ def sc_zmq(ctx: Ctx) -> None:
             time.sleep(0.3)  # the subscription reaches the daemon (PUB drops what it sends before)
             hostiles.start()
             ctx.fault("ZMQ publisher under hostile peers")
-            for n, pace in ((n_paced, 2000), (n_burst, 0)):
+            slow.pause.set()
+            threading.Timer(4.0, slow.pause.clear).start()
+            for n, pace in ((n_paced, 2000), (n_burst, 0), (100, 40_000)):
                 r = p.batch(w, n, pace)
                 if r is None:
                     return
@@ -1469,68 +1537,26 @@ def sc_zmq(ctx: Ctx) -> None:
         # The healthy subscriber: every batch from the first it got, in order, byte-identical; gaps only if counted.
         last = published[-1][0]
         t_end = time.monotonic() + 10
-        while time.monotonic() < t_end and (not sub.got or sub.got[-1][0] < last):
+        while time.monotonic() < t_end and any(not sj.got or sj.got[-1][0] < last for sj in (sub, slow)):
             time.sleep(0.05)
-        sub.stop.set()
-        sub.t.join(5)
+        for sj in (sub, slow):
+            sj.stop.set()
+            sj.t.join(5)
         zc_stats = p.call({"op": "stats", "worker": w}) or {}
         zstats = (zc_stats.get("stats") or {}).get("zmq") or zstats
         dropped = int(zstats.get("dropped", 0))
-        want = dict(published)
-        if sub.bad:
-            ctx.fail("wrong_answers", f"healthy SUB got malformed messages: {sub.bad[:3]}")
-        if not sub.got:
-            ctx.fail("wrong_answers" if dropped == 0 else "losses",
-                     f"healthy SUB got none of {len(published)} batches (dropped counted: {dropped})")
-            return
-        first = sub.got[0][0]
-        seqs = [s for s, _ in sub.got]
-        if seqs != sorted(set(seqs)):
-            ctx.fail("wrong_answers", f"healthy SUB saw seqs out of order or twice: {seqs[:20]}...")
-        wrong = [s for s, d in sub.got if want.get(s) != d]
-        if wrong:
-            ctx.fail("wrong_answers", f"{len(wrong)} batches at the SUB differ from msgspec's encoding of what was "
-                     f"published (or were never published): seqs {wrong[:10]}")
-        seen = set(seqs)
-        missing = [s for s, _ in published if s >= first and s not in seen]
-        skipped = sum(1 for s, _ in published if s < first)
-        z = ctx.fig.zmq
-        z["batches published"] += len(published)
-        z["before the SUB joined"] += skipped
-        z["received"] += len(sub.got)
-        z["missed"] += len(missing)
-        z["drops counted"] += dropped
         if VERBOSE:
-            print(f"    [zmq] worker {w}: {len(published)} batches published, the healthy SUB joined after {skipped} "
-                  f"and missed {len(missing)}; daemon zmq stats {zstats}", flush=True)
-        if missing and dropped == 0:
-            ctx.fail("wrong_answers", f"healthy SUB missed {len(missing)} batches (e.g. seqs {missing[:10]}) and kvshm "
-                     f"counted no drop (stats zmq {zstats})")
-        # A replay from the first gap (or of the last 50 batches) fills it, byte-identical, or says it cannot.
-        start = missing[0] if missing else published[max(0, len(published) - 50)][0]
-        got, why = zmq_replay(zc, rep_ep, start, 15)
+            print(f"    [zmq] worker {w}: {len(published)} batches published; daemon zmq stats {zstats}", flush=True)
+        ctx.fig.zmq["batches published"] += len(published)
+        ctx.fig.zmq["drops counted"] += dropped
+        k = "healthy SUB: longest wait between two messages (ms, max over runs)"
+        ctx.fig.zmq[k] = max(ctx.fig.zmq[k], int(sub.max_gap * 1000))
+        if VERBOSE:
+            print(f"    [zmq] longest wait between two messages: healthy SUB {sub.max_gap:.2f} s, paused SUB "
+                  f"{slow.max_gap:.2f} s", flush=True)
+        judge_sub(ctx, zc, rep_ep, sub, "healthy SUB", published, dropped, cut_ok=False)
+        judge_sub(ctx, zc, rep_ep, slow, "paused SUB", published, dropped, cut_ok=True)
         zc.term()
-        if got is None:
-            ctx.fail("hangs", f"healthy replay from {start} after the hostiles left: {why}")
-        else:
-            rep = dict(got)
-            z["replays judged"] += 1
-            z["batches replayed"] += len(got)
-            oldest = got[0][0] if got else None
-            for s in missing or [s for s, _ in published if s >= start]:
-                if s in rep:
-                    z["gap batches filled by replay"] += 1 if missing else 0
-                    if rep[s] != want[s]:
-                        ctx.fail("wrong_answers", f"replayed batch {s} differs from msgspec's encoding")
-                        break
-                elif oldest is not None and s < oldest:
-                    z["gap batches out of the replay buffer (said)"] += 1
-                else:
-                    ctx.fail("wrong_answers", f"replay from {start} lacks batch {s} though it holds {oldest}..")
-                    break
-            if missing:
-                ctx.fig.details.append(f"[zmq] worker {w}: SUB gap of {len(missing)} batches (drops counted: "
-                                       f"{dropped}); replay from {start} returned {len(got)}")
         judge(ctx, w, "ZMQ hostile peers")
 
 
