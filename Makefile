@@ -241,7 +241,8 @@ conformance-traces:
 
 # --- the soak (issue 10): the fault campaign as a seeded, bounded suite (soak/, RELIABILITY.md) ----------------
 # Hostile socket and HTTP clients, ring corruption, SIGKILL/SIGSTOP of daemon and producers (also inside
-# checkpoint writes), a state dir on a tiny tmpfs (root only, else skipped and said), 64 workers, fd/RSS checks;
+# checkpoint writes), a state dir on a tiny tmpfs (root only, else skipped and said), 64 workers, fd/RSS checks,
+# the ZMQ publisher under hostile peers (scenario zmq: pyzmq + msgspec in the soak venv);
 # producers are LocalIndexers of the installed wheel. Judged by a consumer's rebuilt state against the seeded
 # stream. `make soak` cycles for SOAK_TIME and writes its figures into RELIABILITY.md; `make soak-short` cycles
 # for 2 min with smaller sizes (<= 3 min in all) for `make test`, its figures in build/soak-short.md. SOAK_SEED=N replays a run.
@@ -252,7 +253,7 @@ SOAK_ARGS  = $(if $(SOAK_SEED),--seed $(SOAK_SEED))
 soakenv: wheel
 	rm -rf $(SOAKENV)
 	$(PYTHON) -m venv $(SOAKENV)
-	$(SOAKENV)/bin/python -m pip install -q $(WHEEL_GLOB)
+	$(SOAKENV)/bin/python -m pip install -q -c $(PYPKG)/requirements-dev.txt $(WHEEL_GLOB) msgspec pyzmq
 
 # The judge's own tests and types first (the dev venv has pytest and mypy).
 soakcheck: venv

@@ -25,7 +25,8 @@
 //
 // Replay framing follows vLLM 0.33.0's _service_replay: a request is exactly 3 frames after the ROUTER's identity
 // frame is added ([identity, "", start_seq]); vLLM reads start_seq as a big-endian integer of any length, kvshm
-// requires 1..8 bytes. Anything else is counted (BadRequests) and ignored. Replies carry the topic frame as
+// requires 1..8 bytes. Anything else is counted (BadRequests), ignored, and logged at most once per 10 s
+// (with the number suppressed since the last warning). Replies carry the topic frame as
 // vLLM's do, so a DEALER receives ["", topic, seq, payload]; Dynamo's listener accepts that (vLLM's shape) and
 // ["", seq, payload] (SGLang's). Requests are served one at a time: a replay client that stops reading in the
 // middle of its reply holds the replay goroutine (not the live stream) until it reads or disconnects.
@@ -42,6 +43,12 @@
 //     is closed; its libzmq peer reconnects by itself and sees a seq gap, which it can fill from the replay
 //     socket. The others are delayed by at most that timeout (TestStuckSubscriberIsCut). Ingest is never
 //     affected either way (TestStuckSubscriberNeverBlocksPublish).
+//   - Its accept loop runs each connection's ZMTP handshake inline with no deadline, and never closes a connection
+//     whose handshake failed: one peer that connects and stalls would keep every later peer out, and every peer
+//     that sends garbage would leak a file descriptor. kvshm's listener (transport.go) therefore reads each peer's
+//     greeting and READY in a goroutine of its own, with the stall timeout as deadline (at most 128 at once), closes
+//     the connections that fail, and hands zmq4 only complete handshakes, buffered
+//     (TestStalledConnectionsDoNotBlockNewPeers, TestFailedHandshakesAreClosed; found by the soak's zmq scenario).
 //   - ROUTER routes a reply by the identity the peer announced in its handshake, or, when it announced none (a
 //     libzmq DEALER without ZMQ_IDENTITY, as vLLM's and Dynamo's), by a UUID zmq4 assigns to the connection; so
 //     concurrent anonymous replay clients each get their own replies. A reply to a peer that left is dropped.

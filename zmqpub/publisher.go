@@ -288,12 +288,18 @@ func (p *Publisher) since(start uint64) []entry {
 	return out
 }
 
+// badRequestLogEvery is the least time between two warnings about invalid replay requests (the others are counted
+// in the next warning's suppressed_since_last, and all in Stats().BadRequests).
+const badRequestLogEvery = 10 * time.Second
+
 // endSeq is vLLM's END_SEQ: -1 as 8 signed big-endian bytes.
 var endSeq = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
 // serveReplay is the replay goroutine: one request at a time, answered as vLLM's _service_replay does.
 func (p *Publisher) serveReplay() {
 	defer p.wg.Done()
+	var lastWarn time.Time // invalid requests: one warning per badRequestLogEvery (a hostile peer floods the log)
+	suppressed := 0
 	for {
 		msg, err := p.router.Recv()
 		if err != nil {
@@ -307,7 +313,13 @@ func (p *Publisher) serveReplay() {
 		// integer; kvshm also requires 1..8 seq bytes.
 		if len(msg.Frames) != 3 || len(msg.Frames[2]) == 0 || len(msg.Frames[2]) > 8 {
 			p.badReqs.Add(1)
-			p.log.Warn("invalid zmq replay request: ignored", "frames", len(msg.Frames))
+			if now := time.Now(); now.Sub(lastWarn) >= badRequestLogEvery {
+				p.log.Warn("invalid zmq replay request: ignored", "frames", len(msg.Frames),
+					"suppressed_since_last", suppressed)
+				lastWarn, suppressed = now, 0
+			} else {
+				suppressed++
+			}
 			continue
 		}
 		id := msg.Frames[0]
