@@ -286,7 +286,7 @@ func (st *stream) statsSnapshot() sock.StreamStats {
 	}
 	if zs, on := st.zmqStats(); on {
 		out.Zmq = &sock.ZmqStats{Published: zs.Published, Dropped: zs.DroppedTotal(), ReplayRequests: zs.ReplayRequests,
-			Replayed: zs.Replayed, Endpoint: zs.Endpoint}
+			BadReplayRequests: zs.BadRequests, Replayed: zs.Replayed, Endpoint: zs.Endpoint}
 		if zs.ReplayEndpoint != "" {
 			out.Zmq.ReplayEndpoint = &zs.ReplayEndpoint
 		}

@@ -136,7 +136,8 @@ var (
 	dNotIndexed      = desc("kvshm_events_not_indexed_total", "Events published on ZMQ but not applied to the index (not device-tier main attention), by reason (medium, kv_cache_spec_kind, group_idx, block_size).", "reason")
 	dZmqPublished    = desc("kvshm_zmq_published_batches_total", "Batches handed to the stream's ZMQ PUB socket.")
 	dZmqDropped      = desc("kvshm_zmq_dropped_batches_total", "Batches not published on ZMQ, by reason (queue_full: the publisher goroutine was behind; send_error; closed).", "reason")
-	dZmqReplayReqs   = desc("kvshm_zmq_replay_requests_total", "Replay requests served on the stream's ZMQ ROUTER socket (invalid ones are logged, not counted).")
+	dZmqReplayReqs   = desc("kvshm_zmq_replay_requests_total", "Replay requests served on the stream's ZMQ ROUTER socket.")
+	dZmqBadReplay    = desc("kvshm_zmq_bad_replay_requests_total", "Replay requests that were not [identity, \"\", start seq]: ignored, unanswered, logged at most every 10 s.")
 	dZmqReplayed     = desc("kvshm_zmq_replayed_batches_total", "Batches sent in answer to replay requests.")
 )
 
@@ -150,7 +151,7 @@ func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
 		dEventsRejected, dRingUsed, dRingCapacity, dRingDropped, dRingDroppedB, dLostEvents, dSeqGaps, dIDResets,
 		dUnknownHistory, dStreamResets, dStreamEpoch, dTainted, dResidentBlocks, dBuffered, dOldestID, dNewestID,
 		dDumpBuilds, dDumpCacheHits, dCorruptRecords, dMalformedEvents, dLossRecords, dDrainBatches, dTokenMismatch,
-		dNotIndexed, dZmqPublished, dZmqDropped, dZmqReplayReqs, dZmqReplayed} {
+		dNotIndexed, dZmqPublished, dZmqDropped, dZmqReplayReqs, dZmqBadReplay, dZmqReplayed} {
 		ch <- d
 	}
 }
@@ -206,12 +207,14 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 		for i, reason := range notIndexedLabels {
 			emit(dNotIndexed, C, float64(st.notIndexed[i].Load()), reason)
 		}
-		if zs, on := st.zmqStats(); on || zs.Published != 0 || zs.DroppedTotal() != 0 || zs.ReplayRequests != 0 {
+		if zs, on := st.zmqStats(); on || zs.Published != 0 || zs.DroppedTotal() != 0 || zs.ReplayRequests != 0 ||
+			zs.BadRequests != 0 {
 			emit(dZmqPublished, C, float64(zs.Published))
 			for i, reason := range zmqpub.DropReasons {
 				emit(dZmqDropped, C, float64(zs.Dropped[i]), reason)
 			}
 			emit(dZmqReplayReqs, C, float64(zs.ReplayRequests))
+			emit(dZmqBadReplay, C, float64(zs.BadRequests))
 			emit(dZmqReplayed, C, float64(zs.Replayed))
 		}
 	}

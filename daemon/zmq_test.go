@@ -377,6 +377,29 @@ func TestZmqPublishVectors(t *testing.T) {
 			t.Fatalf("replay message %d: seq %d, payload %x; want %d and the vector's", i, seq, r.Frames[3], 1000+i)
 		}
 	}
+
+	// A malformed request (a 9-byte seq) gets no answer, and is counted in STATS and /metrics.
+	if err := d.SendMulti(zmq4.NewMsgFrom(nil, make([]byte, 9))); err != nil {
+		t.Fatal(err)
+	}
+	c := dialT(t, ts.cfg.SocketPath)
+	deadline := time.Now().Add(30 * time.Second) // a liveness bound: the ROUTER reads the request asynchronously
+	for {
+		st, err := c.Stats(ctxT(t), u64p(7))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if z := st.Streams[0].Zmq; z != nil && z.BadReplayRequests == 1 && z.ReplayRequests == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("STATS zmq after a malformed replay request: %+v", st.Streams[0].Zmq)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if m := scrape(t, ts.Server); !strings.Contains(m, `kvshm_zmq_bad_replay_requests_total{dp_rank="",worker_id="7"} 1`) {
+		t.Fatalf("/metrics lacks the bad replay request:\n%s", m)
+	}
 }
 
 // TestZmqPublisherLifecycle: the publisher survives a re-attach with the same config (a subscriber stays

@@ -163,12 +163,14 @@ type StreamStats struct {
 
 // ZmqStats is a stream's ZMQ publisher in a STATS reply.
 type ZmqStats struct {
-	Published      uint64  `json:"published"`
-	Dropped        uint64  `json:"dropped"`
-	ReplayRequests uint64  `json:"replay_requests"`
-	Replayed       uint64  `json:"replayed"`
-	Endpoint       string  `json:"endpoint"`
-	ReplayEndpoint *string `json:"replay_endpoint"`
+	Published      uint64 `json:"published"`
+	Dropped        uint64 `json:"dropped"`
+	ReplayRequests uint64 `json:"replay_requests"`
+	// BadReplayRequests counts replay requests that were not [identity, "", start seq u64 BE]: ignored, unanswered.
+	BadReplayRequests uint64  `json:"bad_replay_requests"`
+	Replayed          uint64  `json:"replayed"`
+	Endpoint          string  `json:"endpoint"`
+	ReplayEndpoint    *string `json:"replay_endpoint"`
 }
 
 // StatsReply is the body of a STATS reply.

@@ -98,7 +98,7 @@ func vectorSources(t *testing.T) []frameVector {
 			WorkerID: 7, KVBlockSize: 16, MaxBufferSize: 10000, RingPath: "/dev/shm/kvshm-7.ring", Epoch: 1, StreamEpoch: 1,
 			ProducerAlive: true, ProducerPID: 4242, Attached: true, FirstEventID: u64p(0), LastEventID: u64p(9), Buffered: 10,
 			EventsReceived: 12, EventsNotIndexed: 2, RingCapacity: 1 << 26,
-			Zmq: &ZmqStats{Published: 10, Dropped: 1, ReplayRequests: 2, Replayed: 7, Endpoint: "tcp://*:5558", ReplayEndpoint: &replayEP},
+			Zmq: &ZmqStats{Published: 10, Dropped: 1, ReplayRequests: 2, BadReplayRequests: 1, Replayed: 7, Endpoint: "tcp://*:5558", ReplayEndpoint: &replayEP},
 		}}})),
 		reply("events OK reply", KindEvents, StatusOK, `{"Events":{"events":[{"worker_id":7,"storage_tier":"device","event":{"event_id":3,"data":"cleared","dp_rank":0}}],"last_event_id":3}}`),
 		reply("detach OK reply (empty object)", KindDetach, StatusOK, `{}`),
