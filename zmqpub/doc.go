@@ -38,11 +38,14 @@
 //     subscriber, but HWM drops cannot be counted: kvshm counts only its own queue's drops and socket errors.
 //   - One goroutine writes that queue to every subscriber in turn, with no write deadline: a subscriber that
 //     stops reading (full TCP window) would stall delivery to all subscribers (libzmq keeps a queue per
-//     subscriber instead). kvshm's sockets therefore use their own tcp and unix transports (transport.go) that
-//     arm a write deadline: a connection whose peer has not taken a write for Config.StallTimeout (default 2 s)
-//     is closed; its libzmq peer reconnects by itself and sees a seq gap, which it can fill from the replay
-//     socket. The others are delayed by at most that timeout (TestStuckSubscriberIsCut). Ingest is never
-//     affected either way (TestStuckSubscriberNeverBlocksPublish).
+//     subscriber instead). kvshm's sockets therefore use their own tcp and unix transports (transport.go). A PUB
+//     connection gets an outbox of its own, drained by its own goroutine, so zmq4's write to it returns at once
+//     and a stuck subscriber never delays the others (TestStuckSubscriberNeverDelaysOthers; the soak measured 2 s
+//     waits before). A subscriber is cut (its connection closed) when it falls more than Config.SubscriberBacklog
+//     bytes behind (default 16 MiB) or takes no write for Config.StallTimeout (default 2 s;
+//     TestStuckSubscriberIsCut); its libzmq peer reconnects by itself and sees a seq gap, which it can fill from
+//     the replay socket. The ROUTER's connections write straight to the socket with the same deadline (its replay
+//     goroutine may wait for its one peer). Ingest is never affected (TestStuckSubscriberNeverBlocksPublish).
 //   - Its accept loop runs each connection's ZMTP handshake inline with no deadline, and never closes a connection
 //     whose handshake failed: one peer that connects and stalls would keep every later peer out, and every peer
 //     that sends garbage would leak a file descriptor. kvshm's listener (transport.go) therefore reads each peer's
@@ -56,7 +59,7 @@
 // # Errors
 //
 // New fails with ErrEndpoint (refused endpoint, nothing opened), ErrBind (bind or chmod failed; the message names
-// the endpoint and the errno) or ErrConfig (a negative hwm, buffer_steps or stall timeout); on error nothing stays open. After New
+// the endpoint and the errno) or ErrConfig (a negative hwm, buffer_steps, stall timeout or subscriber backlog); on error nothing stays open. After New
 // nothing fails: a send error is counted (send_error) and the batch is still kept for replay; a replay send error
 // ends that reply. Close is idempotent; Publish after Close drops (closed).
 //

@@ -27,6 +27,10 @@ type Config struct {
 	// StallTimeout: a connection whose peer has not taken a write for this long is closed (transport.go); 0 means
 	// DefaultStallTimeout. Not part of the ATTACH request (kvshm's own setting).
 	StallTimeout time.Duration
+	// SubscriberBacklog bounds, in bytes, how far one subscriber may fall behind before it is cut (each PUB
+	// connection has an outbox of its own, so a slow subscriber never delays the others; transport.go); 0 means
+	// DefaultSubscriberBacklog. Not part of the ATTACH request.
+	SubscriberBacklog int
 }
 
 // DefaultQueueSize is the capacity of the queue between the drain goroutine and the sender goroutine.
@@ -122,8 +126,9 @@ func checkEndpoint(ep string) error {
 // New makes the sockets (binding or starting the connection at once, so that a bind failure is the caller's
 // error) and starts the sender goroutine and, with a replay endpoint, the replay goroutine.
 func New(cfg Config, log *slog.Logger) (*Publisher, error) {
-	if cfg.HWM < 0 || cfg.BufferSteps < 0 || cfg.StallTimeout < 0 {
-		return nil, fmt.Errorf("%w: hwm %d, buffer_steps %d, stall timeout %v", ErrConfig, cfg.HWM, cfg.BufferSteps, cfg.StallTimeout)
+	if cfg.HWM < 0 || cfg.BufferSteps < 0 || cfg.StallTimeout < 0 || cfg.SubscriberBacklog < 0 {
+		return nil, fmt.Errorf("%w: hwm %d, buffer_steps %d, stall timeout %v, subscriber backlog %d", ErrConfig, cfg.HWM,
+			cfg.BufferSteps, cfg.StallTimeout, cfg.SubscriberBacklog)
 	}
 	if err := checkEndpoint(cfg.Endpoint); err != nil {
 		return nil, err
@@ -145,7 +150,7 @@ func New(cfg Config, log *slog.Logger) (*Publisher, error) {
 		_ = p.pub.Close()
 		return nil, fmt.Errorf("%w: set hwm %d: %w", ErrConfig, cfg.HWM, err)
 	}
-	ep, err := p.open(p.pub, cfg.Endpoint, isBind(cfg.Endpoint))
+	ep, err := p.open(p.pub, cfg.Endpoint, isBind(cfg.Endpoint), true)
 	if err != nil {
 		p.closeSockets()
 		return nil, err
@@ -153,7 +158,7 @@ func New(cfg Config, log *slog.Logger) (*Publisher, error) {
 	p.endpoint = ep
 	if cfg.ReplayEndpoint != "" {
 		p.router = zmq4.NewRouter(ctx)
-		if p.replayEP, err = p.open(p.router, cfg.ReplayEndpoint, true); err != nil {
+		if p.replayEP, err = p.open(p.router, cfg.ReplayEndpoint, true, false); err != nil {
 			p.closeSockets()
 			return nil, err
 		}
@@ -167,14 +172,20 @@ func New(cfg Config, log *slog.Logger) (*Publisher, error) {
 	return p, nil
 }
 
-// open binds (bind) or connects sck to ep and returns the endpoint as bound. An ipc socket file is made 0600. A
-// connect runs in the background with retries, as libzmq's connect does (an absent peer is not an error).
-func (p *Publisher) open(sck zmq4.Socket, ep string, bind bool) (string, error) {
-	timeout := p.cfg.StallTimeout
-	if timeout == 0 {
-		timeout = DefaultStallTimeout
+// open binds (bind) or connects sck to ep and returns the endpoint as bound, its connections with outboxes (the PUB)
+// or writing straight to the socket (the ROUTER). An ipc socket file is made 0600. A connect runs in the background
+// with retries, as libzmq's connect does (an absent peer is not an error).
+func (p *Publisher) open(sck zmq4.Socket, ep string, bind, outboxes bool) (string, error) {
+	o := connOpts{timeout: p.cfg.StallTimeout}
+	if o.timeout == 0 {
+		o.timeout = DefaultStallTimeout
 	}
-	iep, err := internalEndpoint(ep, timeout)
+	if outboxes {
+		if o.backlog = p.cfg.SubscriberBacklog; o.backlog == 0 {
+			o.backlog = DefaultSubscriberBacklog
+		}
+	}
+	iep, err := internalEndpoint(ep, o)
 	if err != nil {
 		return "", fmt.Errorf("%w: %s: %w", ErrBind, ep, err)
 	}

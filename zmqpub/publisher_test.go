@@ -352,6 +352,47 @@ func TestStuckSubscriberIsCut(t *testing.T) {
 	}
 }
 
+// TestStuckSubscriberNeverDelaysOthers: with a stall timeout far longer than the test, a subscriber that never
+// reads is cut by its outbox's backlog bound, and the healthy subscriber gets every round meanwhile (zmq4's PUB
+// writes to its subscribers in turn: without the outboxes the healthy one waited for the stuck one's cut).
+func TestStuckSubscriberNeverDelaysOthers(t *testing.T) {
+	p := newPub(t, Config{Endpoint: "tcp://*:0", StallTimeout: 10 * time.Minute, SubscriberBacklog: 1 << 20})
+	ep := strings.Replace(p.Stats().Endpoint, "0.0.0.0", "127.0.0.1", 1)
+	healthy := subscribe(t, p, ep)
+	stuck := stuckSubscriber(t, strings.TrimPrefix(ep, "tcp://"))
+	defer stuck.Close()
+	got := make(chan uint64, 1)
+	go func() {
+		for {
+			m, err := healthy.Recv()
+			if err != nil {
+				return
+			}
+			if len(m.Frames) == 3 && string(m.Frames[2]) != "probe" {
+				got <- binary.BigEndian.Uint64(m.Frames[1])
+			}
+		}
+	}()
+	payload := bytes.Repeat([]byte{2}, 256<<10)
+	for round := uint64(0); round < 40; round++ { // 10 MiB: the stuck peer's socket buffers, then its backlog, fill
+		for !p.Publish(round, payload) {
+			time.Sleep(time.Millisecond)
+		}
+		select {
+		case s := <-got:
+			if s != round {
+				t.Fatalf("healthy subscriber got seq %d, want %d", s, round)
+			}
+		case <-time.After(30 * time.Second): // a hang guard, not a performance bound (the stall timeout is 10 min)
+			t.Fatalf("healthy subscriber stalled at round %d behind the stuck one", round)
+		}
+	}
+	_ = stuck.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.Copy(io.Discard, stuck); err != nil {
+		t.Fatalf("stuck subscriber's connection: %v, want closed by the publisher (backlog)", err)
+	}
+}
+
 // TestIpcStaleSocket: a socket file left by an earlier run is replaced (as libzmq does); a regular file at the
 // path is not touched and the bind fails.
 func TestIpcStaleSocket(t *testing.T) {

@@ -19,9 +19,10 @@ import (
 
 // zmq4 writes a PUB socket's messages to its subscribers one after the other with no write deadline, so one
 // subscriber that stops reading would stall every other one. kvshm's sockets therefore use two transports of its
-// own, the tcp and unix ones with a per-connection write deadline: a write blocked for the stall timeout closes
-// that connection (its peer reconnects, as libzmq peers do, and sees a seq gap it can replay), and the others go
-// on. The endpoints users give keep their tcp:// and ipc:// names; only the sockets see the internal scheme.
+// own, the tcp and unix ones, whose connections have a write deadline (a write blocked for the stall timeout closes
+// that connection: its peer reconnects, as libzmq peers do, and sees a seq gap it can replay) and, on the PUB, an
+// outbox per connection so that zmq4's write never waits for one subscriber (connOpts, outbox). The endpoints users
+// give keep their tcp:// and ipc:// names; only the sockets see the internal scheme.
 const (
 	schemeTCP = "kvshm-tcp"
 	schemeIPC = "kvshm-ipc"
@@ -30,21 +31,37 @@ const (
 // DefaultStallTimeout is the default Config.StallTimeout.
 const DefaultStallTimeout = 2 * time.Second
 
+// DefaultSubscriberBacklog is the default Config.SubscriberBacklog.
+const DefaultSubscriberBacklog = 16 << 20
+
+// connOpts are the settings of a kvshm transport's connections. backlog 0: writes go straight to the socket (the
+// writer waits, at most timeout: the ROUTER, whose replay goroutine may wait for its one peer); backlog > 0: each
+// connection has an outbox of at most backlog bytes drained by a goroutine of its own, so a write never waits for
+// the peer (the PUB: zmq4 writes each message to its subscribers in turn, and one stuck subscriber would otherwise
+// hold the others until its cut).
+type connOpts struct {
+	timeout time.Duration
+	backlog int
+}
+
+// errBacklog is the cause of a connection closed because its peer fell more than the backlog behind.
+var errBacklog = errors.New("kvshm/zmqpub: peer fell behind by more than the subscriber backlog: connection closed")
+
 // errStalled is the cause of a connection closed because a write was blocked for the stall timeout.
 var errStalled = errors.New("kvshm/zmqpub: peer stopped reading (write blocked for the stall timeout): connection closed")
 
-// stallSchemes maps a stall timeout to the suffix of its registered schemes (zmq4's registry is global, a name
-// cannot be registered twice, and the timeout is per publisher: one pair of schemes per distinct timeout).
+// stallSchemes maps connection settings to the suffix of their registered schemes (zmq4's registry is global, a
+// name cannot be registered twice, and the settings are per socket: one pair of schemes per distinct settings).
 // Protected by regMu.
 var (
 	regMu        sync.Mutex
-	stallSchemes = map[time.Duration]string{}
+	stallSchemes = map[connOpts]string{}
 )
 
-// internalEndpoint returns ep with its scheme replaced by the kvshm transport of that timeout (registered on first
-// use). ep was checked by checkEndpoint (tcp:// or ipc://).
-func internalEndpoint(ep string, timeout time.Duration) (string, error) {
-	suffix, err := registerStall(timeout)
+// internalEndpoint returns ep with its scheme replaced by the kvshm transport of those settings (registered on
+// first use). ep was checked by checkEndpoint (tcp:// or ipc://).
+func internalEndpoint(ep string, o connOpts) (string, error) {
+	suffix, err := registerStall(o)
 	if err != nil {
 		return "", err
 	}
@@ -54,27 +71,28 @@ func internalEndpoint(ep string, timeout time.Duration) (string, error) {
 	return schemeIPC + suffix + "://" + strings.TrimPrefix(ep, "ipc://"), nil
 }
 
-func registerStall(timeout time.Duration) (string, error) {
+func registerStall(o connOpts) (string, error) {
 	regMu.Lock()
 	defer regMu.Unlock()
-	if s, ok := stallSchemes[timeout]; ok {
+	if s, ok := stallSchemes[o]; ok {
 		return s, nil
 	}
 	suffix := fmt.Sprintf("-%d", len(stallSchemes))
-	if err := zmq4.RegisterTransport(schemeTCP+suffix, stallTransport{transport.New("tcp"), timeout}); err != nil {
+	if err := zmq4.RegisterTransport(schemeTCP+suffix, stallTransport{transport.New("tcp"), o}); err != nil {
 		return "", err
 	}
-	if err := zmq4.RegisterTransport(schemeIPC+suffix, stallTransport{transport.New("unix"), timeout}); err != nil {
+	if err := zmq4.RegisterTransport(schemeIPC+suffix, stallTransport{transport.New("unix"), o}); err != nil {
 		return "", err
 	}
-	stallSchemes[timeout] = suffix
+	stallSchemes[o] = suffix
 	return suffix, nil
 }
 
-// stallTransport is a zmq4 transport whose connections close when a write blocks for timeout.
+// stallTransport is a zmq4 transport whose connections close when a write blocks for the timeout (and, with a
+// backlog, when the peer falls that far behind).
 type stallTransport struct {
-	inner   transport.Transport
-	timeout time.Duration
+	inner transport.Transport
+	opts  connOpts
 }
 
 func (t stallTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
@@ -82,7 +100,7 @@ func (t stallTransport) Dial(ctx context.Context, d transport.Dialer, addr strin
 	if err != nil {
 		return nil, err
 	}
-	return &stallConn{Conn: c, timeout: t.timeout}, nil
+	return newStallConn(c, t.opts, nil, 0), nil
 }
 
 func (t stallTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
@@ -90,7 +108,7 @@ func (t stallTransport) Listen(ctx context.Context, addr string) (net.Listener, 
 	if err != nil {
 		return nil, err
 	}
-	return newStallListener(l, t.timeout), nil
+	return newStallListener(l, t.opts), nil
 }
 
 func (t stallTransport) Addr(ep string) (string, error) { return t.inner.Addr(ep) }
@@ -114,15 +132,16 @@ const maxPendingHandshakes = 128
 // bytes within the stall timeout is closed (zmq4's PUB and ROUTER read every connection they keep at once).
 type stallListener struct {
 	net.Listener
-	timeout time.Duration
+	opts    connOpts
+	timeout time.Duration // opts.timeout
 	ready   chan net.Conn
 	done    chan struct{}
 	once    sync.Once
 	pending chan struct{}
 }
 
-func newStallListener(l net.Listener, timeout time.Duration) *stallListener {
-	sl := &stallListener{Listener: l, timeout: timeout, ready: make(chan net.Conn), done: make(chan struct{}),
+func newStallListener(l net.Listener, o connOpts) *stallListener {
+	sl := &stallListener{Listener: l, opts: o, timeout: o.timeout, ready: make(chan net.Conn), done: make(chan struct{}),
 		pending: make(chan struct{}, maxPendingHandshakes)}
 	go sl.acceptLoop()
 	return sl
@@ -161,7 +180,7 @@ func (l *stallListener) handshake(c net.Conn) {
 		_ = c.Close()
 		return
 	}
-	sc := &stallConn{Conn: c, timeout: l.timeout, pre: pre, skipWrite: len(serverGreeting)}
+	sc := newStallConn(c, l.opts, pre, len(serverGreeting))
 	sc.orphan = time.AfterFunc(l.timeout, sc.closeIfOrphan) // before the handover: zmq4's reader reads the field
 	select {
 	case l.ready <- sc:
@@ -260,6 +279,15 @@ type stallConn struct {
 	skipWrite int
 	orphan    *time.Timer // accepted connections: closes one zmq4 dropped (see stallListener)
 	reading   atomic.Bool
+	out       *outbox // with a backlog: writes go through it (nil: straight to the socket)
+}
+
+func newStallConn(c net.Conn, o connOpts, pre []byte, skipWrite int) *stallConn {
+	sc := &stallConn{Conn: c, timeout: o.timeout, pre: pre, skipWrite: skipWrite}
+	if o.backlog > 0 {
+		sc.out = newOutbox(sc, o.backlog)
+	}
+	return sc
 }
 
 func (c *stallConn) Read(p []byte) (int, error) {
@@ -290,6 +318,14 @@ func (c *stallConn) Write(p []byte) (int, error) {
 		n, err := c.Write(p[k:])
 		return k + n, err
 	}
+	if c.out != nil {
+		return c.out.put(p)
+	}
+	return c.writeNow(p)
+}
+
+// writeNow writes p to the socket, waiting at most the stall timeout.
+func (c *stallConn) writeNow(p []byte) (int, error) {
 	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.timeout)); err != nil {
 		return 0, err
 	}
@@ -300,4 +336,117 @@ func (c *stallConn) Write(p []byte) (int, error) {
 		return n, &net.OpError{Op: "write", Net: c.Conn.LocalAddr().Network(), Addr: c.Conn.RemoteAddr(), Err: errStalled}
 	}
 	return n, err
+}
+
+// Close closes the connection; with an outbox, what it holds is written first (at most the stall timeout).
+func (c *stallConn) Close() error {
+	if c.out != nil {
+		c.out.drainAndStop(c.timeout)
+	}
+	return c.Conn.Close()
+}
+
+// outbox queues a connection's writes (copies, in order) for a goroutine of its own, so that the writer (zmq4's
+// PUB, writing each message to its subscribers in turn) never waits for this peer. A peer more than max bytes
+// behind is cut: the connection is closed and every later write fails with errBacklog (a non-timeout error, so
+// zmq4 drops the connection; the peer reconnects and can replay the gap). A write the socket does not take within
+// the stall timeout cuts it as before.
+type outbox struct {
+	c      *stallConn
+	max    int
+	wake   chan struct{} // capacity 1: "the queue is not empty"
+	stop   chan struct{} // closed by drainAndStop
+	done   chan struct{} // closed when the goroutine returns
+	mu     sync.Mutex
+	q      [][]byte
+	queued int
+	err    error // set once the connection is unusable
+	once   sync.Once
+}
+
+func newOutbox(c *stallConn, max int) *outbox {
+	o := &outbox{c: c, max: max, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	go o.run()
+	return o
+}
+
+func (o *outbox) put(p []byte) (int, error) {
+	o.mu.Lock()
+	if o.err != nil {
+		err := o.err
+		o.mu.Unlock()
+		return 0, err
+	}
+	if o.queued+len(p) > o.max {
+		o.err = &net.OpError{Op: "write", Net: o.c.Conn.LocalAddr().Network(), Addr: o.c.Conn.RemoteAddr(), Err: errBacklog}
+		err := o.err
+		o.q, o.queued = nil, 0
+		o.mu.Unlock()
+		_ = o.c.Conn.Close() // the goroutine's write fails at once; the peer sees the connection end
+		return 0, err
+	}
+	o.q = append(o.q, append([]byte(nil), p...))
+	o.queued += len(p)
+	o.mu.Unlock()
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+	return len(p), nil
+}
+
+func (o *outbox) run() {
+	defer close(o.done)
+	for {
+		select {
+		case <-o.wake:
+		case <-o.stop:
+			o.flush() // drainAndStop: what is queued goes out first
+			return
+		}
+		if !o.flush() {
+			return
+		}
+	}
+}
+
+// flush writes everything queued; false when the connection failed.
+func (o *outbox) flush() bool {
+	for {
+		o.mu.Lock()
+		q := o.q
+		o.q = nil
+		failed := o.err != nil
+		o.mu.Unlock()
+		if failed {
+			return false
+		}
+		if len(q) == 0 {
+			return true
+		}
+		for _, b := range q {
+			if _, err := o.c.writeNow(b); err != nil {
+				o.mu.Lock()
+				if o.err == nil {
+					o.err = err
+				}
+				o.q, o.queued = nil, 0
+				o.mu.Unlock()
+				_ = o.c.Conn.Close()
+				return false
+			}
+			o.mu.Lock()
+			o.queued -= len(b)
+			o.mu.Unlock()
+		}
+	}
+}
+
+// drainAndStop stops the goroutine after it has written what is queued, waiting at most timeout.
+func (o *outbox) drainAndStop(timeout time.Duration) {
+	o.once.Do(func() { close(o.stop) })
+	select {
+	case <-o.done:
+	case <-time.After(timeout):
+	}
 }
