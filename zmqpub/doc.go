@@ -40,7 +40,7 @@
 //     stops reading (full TCP window) would stall delivery to all subscribers (libzmq keeps a queue per
 //     subscriber instead). kvshm's sockets therefore use their own tcp and unix transports (transport.go). A PUB
 //     connection gets an outbox of its own, drained by its own goroutine, so zmq4's write to it returns at once
-//     and a stuck subscriber never delays the others (TestStuckSubscriberNeverDelaysOthers; the soak measured 2 s
+//     and a stuck subscriber never delays the others (TestStuckSubscriberIsCut/backlog; the soak measured 2 s
 //     waits before). A subscriber is cut (its connection closed) when it falls more than Config.SubscriberBacklog
 //     bytes behind (default 16 MiB) or takes no write for Config.StallTimeout (default 2 s;
 //     TestStuckSubscriberIsCut); its libzmq peer reconnects by itself and sees a seq gap, which it can fill from

@@ -310,86 +310,59 @@ func TestPublishAfterClose(t *testing.T) {
 }
 
 // TestStuckSubscriberIsCut: zmq4 writes to subscribers in turn; a subscriber that stops reading is disconnected
-// once a write to it has been blocked for the stall timeout, so a healthy subscriber keeps receiving.
+// (its outbox more than SubscriberBacklog behind, or a write to it blocked for StallTimeout), and a healthy
+// subscriber gets every round meanwhile. With a stall timeout far longer than the test, only the outbox keeps the
+// healthy one from waiting for the stuck one's cut (without the outboxes: stalled at round 16).
 func TestStuckSubscriberIsCut(t *testing.T) {
-	p := newPub(t, Config{Endpoint: "tcp://*:0", HWM: 0, BufferSteps: 0, StallTimeout: 50 * time.Millisecond})
-	ep := strings.Replace(p.Stats().Endpoint, "0.0.0.0", "127.0.0.1", 1)
-	healthy := subscribe(t, p, ep)
-	stuck := stuckSubscriber(t, strings.TrimPrefix(ep, "tcp://"))
-	defer stuck.Close()
-	got := make(chan uint64, 1)
-	go func() {
-		for {
-			m, err := healthy.Recv()
-			if err != nil {
-				return
+	for _, c := range []struct {
+		name  string
+		cfg   Config
+		guard time.Duration // a hang guard, not a performance bound
+	}{
+		{"stall timeout", Config{Endpoint: "tcp://*:0", StallTimeout: 50 * time.Millisecond}, 20 * time.Second},
+		{"backlog", Config{Endpoint: "tcp://*:0", StallTimeout: 10 * time.Minute, SubscriberBacklog: 1 << 20},
+			30 * time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := newPub(t, c.cfg)
+			ep := strings.Replace(p.Stats().Endpoint, "0.0.0.0", "127.0.0.1", 1)
+			healthy := subscribe(t, p, ep)
+			stuck := stuckSubscriber(t, strings.TrimPrefix(ep, "tcp://"))
+			defer stuck.Close()
+			got := make(chan uint64, 1)
+			go func() {
+				for {
+					m, err := healthy.Recv()
+					if err != nil {
+						return
+					}
+					if len(m.Frames) == 3 && string(m.Frames[2]) != "probe" {
+						got <- binary.BigEndian.Uint64(m.Frames[1])
+					}
+				}
+			}()
+			payload := bytes.Repeat([]byte{1}, 256<<10)
+			// 10 MiB: enough to fill the stuck subscriber's socket buffers (and its backlog) many times over;
+			// published in rounds so that the queue never drops, each round waiting for the healthy subscriber.
+			for round := uint64(0); round < 40; round++ {
+				for !p.Publish(round, payload) {
+					time.Sleep(time.Millisecond)
+				}
+				select {
+				case s := <-got:
+					if s != round {
+						t.Fatalf("healthy subscriber got seq %d, want %d", s, round)
+					}
+				case <-time.After(c.guard):
+					t.Fatalf("healthy subscriber stalled at round %d behind the stuck one", round)
+				}
 			}
-			if len(m.Frames) == 3 && string(m.Frames[2]) != "probe" {
-				got <- binary.BigEndian.Uint64(m.Frames[1])
+			// The stuck connection was closed by the publisher: reading it ends (after what the buffers held).
+			_ = stuck.SetReadDeadline(time.Now().Add(c.guard))
+			if _, err := io.Copy(io.Discard, stuck); err != nil {
+				t.Fatalf("stuck subscriber's connection: %v, want closed by the publisher", err)
 			}
-		}
-	}()
-	payload := bytes.Repeat([]byte{1}, 256<<10)
-	// Enough to fill the stuck subscriber's socket buffers many times over; published in rounds so that the
-	// queue never drops, each round waiting for the healthy subscriber.
-	for round := uint64(0); round < 40; round++ {
-		for !p.Publish(round, payload) {
-			time.Sleep(time.Millisecond)
-		}
-		select {
-		case s := <-got:
-			if s != round {
-				t.Fatalf("healthy subscriber got seq %d, want %d", s, round)
-			}
-		case <-time.After(20 * time.Second): // a hang guard, not a performance bound
-			t.Fatalf("healthy subscriber stalled at round %d behind the stuck one", round)
-		}
-	}
-	// The stuck connection was closed by the publisher: reading it ends (after what the buffers held).
-	_ = stuck.SetReadDeadline(time.Now().Add(20 * time.Second))
-	if _, err := io.Copy(io.Discard, stuck); err != nil {
-		t.Fatalf("stuck subscriber's connection: %v, want closed by the publisher", err)
-	}
-}
-
-// TestStuckSubscriberNeverDelaysOthers: with a stall timeout far longer than the test, a subscriber that never
-// reads is cut by its outbox's backlog bound, and the healthy subscriber gets every round meanwhile (zmq4's PUB
-// writes to its subscribers in turn: without the outboxes the healthy one waited for the stuck one's cut).
-func TestStuckSubscriberNeverDelaysOthers(t *testing.T) {
-	p := newPub(t, Config{Endpoint: "tcp://*:0", StallTimeout: 10 * time.Minute, SubscriberBacklog: 1 << 20})
-	ep := strings.Replace(p.Stats().Endpoint, "0.0.0.0", "127.0.0.1", 1)
-	healthy := subscribe(t, p, ep)
-	stuck := stuckSubscriber(t, strings.TrimPrefix(ep, "tcp://"))
-	defer stuck.Close()
-	got := make(chan uint64, 1)
-	go func() {
-		for {
-			m, err := healthy.Recv()
-			if err != nil {
-				return
-			}
-			if len(m.Frames) == 3 && string(m.Frames[2]) != "probe" {
-				got <- binary.BigEndian.Uint64(m.Frames[1])
-			}
-		}
-	}()
-	payload := bytes.Repeat([]byte{2}, 256<<10)
-	for round := uint64(0); round < 40; round++ { // 10 MiB: the stuck peer's socket buffers, then its backlog, fill
-		for !p.Publish(round, payload) {
-			time.Sleep(time.Millisecond)
-		}
-		select {
-		case s := <-got:
-			if s != round {
-				t.Fatalf("healthy subscriber got seq %d, want %d", s, round)
-			}
-		case <-time.After(30 * time.Second): // a hang guard, not a performance bound (the stall timeout is 10 min)
-			t.Fatalf("healthy subscriber stalled at round %d behind the stuck one", round)
-		}
-	}
-	_ = stuck.SetReadDeadline(time.Now().Add(30 * time.Second))
-	if _, err := io.Copy(io.Discard, stuck); err != nil {
-		t.Fatalf("stuck subscriber's connection: %v, want closed by the publisher (backlog)", err)
+		})
 	}
 }
 
