@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
-from vllm_shapes import AllBlocksCleared, BlockRemoved, BlockStored, join, sub_socket, vllm_payload
+from vllm_shapes import AllBlocksCleared, BlockRemoved, BlockStored, join, sub_socket, vllm_payload, warm_up
 
 import kvshm
 from kvshm import LocalIndexer, ZmqPublish
@@ -187,18 +187,8 @@ def test_publishing_survives_a_daemon_restart(make_indexer: Any, short_dir: Path
         wait_for(lambda: (st := ix.stats(daemon=False))["attached"] and st["attaches"] == 2, "the restart")
         assert ix.stats()["publishing"] is True
         # The same SUB socket reconnects by itself (libzmq); warm up again from the next seq.
-        sub.setsockopt(zmq.RCVTIMEO, 100)
-        nxt = seq + 1
-        while True:
-            ix.apply_batch(nxt, [ke.AllBlocksCleared()], ts=3.0)
-            nxt += 1
-            try:
-                got = int.from_bytes(sub.recv_multipart()[1], "big")
-            except zmq.Again:
-                assert nxt < seq + 400, "the subscriber never heard the restarted daemon"
-                continue
-            assert got > seq  # never a reused seq
-            break
+        got, _ = warm_up(lambda s: ix.apply_batch(s, [ke.AllBlocksCleared()], ts=3.0), sub, seq + 1)
+        assert got > seq  # never a reused seq
         dealer = ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.RCVTIMEO, 10_000)
         dealer.connect(replay)

@@ -4,6 +4,7 @@ msgspec Structs live in testdata/vllmwire/vllm_structs.py, their one home), and 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,9 @@ from kvshm import events as ke
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "testdata" / "vllmwire"))
 from vllm_structs import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, payload  # noqa: E402
 
-__all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEventBatch", "join", "sub_socket", "vllm_payload"]
+__all__ = [
+    "AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEventBatch", "join", "sub_socket", "vllm_payload", "warm_up",
+]
 
 
 def vllm_payload(ts: float, events: list[Any], dp: int) -> bytes:
@@ -30,21 +33,27 @@ def sub_socket(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> zmq.Socket
     return s
 
 
-def join(ix: LocalIndexer, sub: zmq.Socket[bytes]) -> int:
-    """Publishes one-event warm-up batches until the subscriber receives one (PUB drops what it sends before the
-    subscription arrives); returns the next free seq."""
-    seq = 0
+def warm_up(publish: Callable[[int], object], sub: zmq.Socket[bytes], start: int = 0) -> tuple[int, int]:
+    """Calls ``publish(seq)`` for seq = start, start+1, ... until the subscriber receives a batch (PUB drops what it
+    sends before the subscription arrives), then drains the warm-ups still in flight. Returns the seq of the first
+    batch received and the next free seq."""
+    seq = start
     sub.setsockopt(zmq.RCVTIMEO, 100)
     while True:
-        ix.apply_batch(seq, [ke.AllBlocksCleared()], ts=1.0)
+        publish(seq)
         seq += 1
         try:
             frames = sub.recv_multipart()
         except zmq.Again:
-            assert seq < 300, "the subscriber never received a batch"
+            assert seq - start < 300, "the subscriber never received a batch"
             continue
         sub.setsockopt(zmq.RCVTIMEO, 10_000)
-        last = int.from_bytes(frames[1], "big")
-        while last != seq - 1:  # drain the warm-ups still in flight
+        first = last = int.from_bytes(frames[1], "big")
+        while last != seq - 1:
             last = int.from_bytes(sub.recv_multipart()[1], "big")
-        return seq
+        return first, seq
+
+
+def join(ix: LocalIndexer, sub: zmq.Socket[bytes], start: int = 0) -> int:
+    """:func:`warm_up` with one-event Cleared batches through ``ix.apply_batch``; returns the next free seq."""
+    return warm_up(lambda seq: ix.apply_batch(seq, [ke.AllBlocksCleared()], ts=1.0), sub, start)[1]
