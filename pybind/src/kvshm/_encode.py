@@ -175,6 +175,14 @@ class _Sim:
         self.prep(4, 0)
         self.place(4, _Var(name, "I", self.off + 4))
 
+    def bytes_vector(self, data: bytes, nul: bool) -> int:
+        """CreateString (``nul``) or CreateByteVector of constant bytes; returns the vector's offset."""
+        body = data + b"\x00" if nul else data
+        self.prep(4, len(body))
+        self.place(len(body), body)
+        self.prepend("I", len(data))
+        return self.off
+
     def start_object(self, numfields: int) -> None:
         self.vtable = [0] * numfields
         self.object_end = self.off
@@ -197,10 +205,19 @@ class _Sim:
         self.items[soffset] = (end, size, struct.pack("<i", self.off - obj))
         return obj
 
-    def finish(self, root: int) -> None:
-        self.prep(self.minalign, 8)
-        self.place(4, FILE_IDENTIFIER)
+    def finish(self, root: int, identifier: bool = True) -> None:
+        self.prep(self.minalign, 8 if identifier else 4)
+        if identifier:
+            self.place(4, FILE_IDENTIFIER)
         self.prepend_uoffset(root)
+
+    def to_bytes(self) -> bytes:
+        """The finished buffer, when every item is constant (no _Var): build_meta's whole-buffer use."""
+        out = bytearray(self.off)
+        for end, size, value in self.items:
+            assert isinstance(value, bytes), "a _Var has no bytes"
+            out[self.off - end : self.off - end + size] = value
+        return bytes(out)
 
     def compile(self, pattern: Sequence[str]) -> tuple[struct.Struct, tuple[bytes, ...], dict[str, int], int]:
         """Lays the items out in memory order and fits them to ``pattern``: "C" = a run of constant bytes
@@ -687,67 +704,6 @@ BATCH_HEADER: Final = 16  # ts f64, count u32, flags u32
 _META_FIELDS: Final = 7
 
 
-class _Back:
-    """A FlatBuffer built back to front (``out`` holds the bytes from the head to the end), with the official
-    builders' alignment rules."""
-
-    __slots__ = ("out", "minalign", "vtable", "object_end")
-
-    def __init__(self) -> None:
-        self.out = bytearray()
-        self.minalign = 1
-        self.vtable: list[int] = []
-        self.object_end = 0
-
-    def prep(self, size: int, additional: int) -> None:
-        if size > self.minalign:
-            self.minalign = size
-        pad = (-(len(self.out) + additional)) & (size - 1)
-        if pad:
-            self.out[0:0] = bytes(pad)
-
-    def prepend(self, fmt: str, value: int) -> None:
-        self.prep(struct.calcsize(fmt), 0)
-        self.out[0:0] = struct.pack(fmt, value)
-
-    def bytes_vector(self, data: bytes, nul: bool) -> int:
-        """CreateString (``nul``) or CreateByteVector; returns the vector's offset."""
-        self.prep(4, len(data) + (1 if nul else 0))
-        self.out[0:0] = data + (b"\x00" if nul else b"")
-        self.out[0:0] = struct.pack("<I", len(data))
-        return len(self.out)
-
-    def uoffset(self, target: int) -> None:
-        self.prep(4, 0)
-        self.out[0:0] = struct.pack("<I", len(self.out) + 4 - target)
-
-    def start(self, fields: int) -> None:
-        self.vtable = [0] * fields
-        self.object_end = len(self.out)
-
-    def slot(self, i: int) -> None:
-        self.vtable[i] = len(self.out)
-
-    def end(self) -> int:
-        self.prepend("<i", 0)  # soffset, patched below
-        obj = len(self.out)
-        vt = self.vtable
-        while vt and vt[-1] == 0:
-            vt = vt[:-1]
-        for f in reversed(vt):
-            self.prepend("<H", obj - f if f else 0)
-        self.prepend("<H", obj - self.object_end)
-        self.prepend("<H", 2 * (len(vt) + 2))
-        at = len(self.out) - obj  # the table's position in out
-        struct.pack_into("<i", self.out, at, len(self.out) - obj)
-        return obj
-
-    def finish(self, root: int) -> bytes:
-        self.prep(self.minalign, 4)
-        self.uoffset(root)
-        return bytes(self.out)
-
-
 def build_meta(
     medium: str | None = None,
     lora_id: int | None = None,
@@ -769,38 +725,39 @@ def build_meta(
             except TypeError:
                 raise TypeError(f"kvshm: event metadata integers must be ints, not {type(v).__name__}") from None
     lora_id, block_size, group_idx, sliding_window = ints
-    b = _Back()
+    b = _Sim(0, 1)  # the same builder arithmetic as the EVENT layouts, here with constant bytes only
     try:
         kind_off = b.bytes_vector(kind.encode("utf-8"), True) if kind is not None else 0
         extra_off = b.bytes_vector(bytes(extra_keys), False) if extra_keys is not None else 0
         medium_off = b.bytes_vector(medium.encode("utf-8"), True) if medium is not None else 0
-        b.start(_META_FIELDS)
+        b.start_object(_META_FIELDS)
         if medium is not None:
-            b.uoffset(medium_off)
+            b.prepend_uoffset(medium_off)
             b.slot(0)
         if lora_id is not None:
-            b.prepend("<q", lora_id)
+            b.prepend("q", lora_id)
             b.slot(1)
         if block_size is not None:
-            b.prepend("<I", block_size)
+            b.prepend("I", block_size)
             b.slot(2)
         if extra_keys is not None:
-            b.uoffset(extra_off)
+            b.prepend_uoffset(extra_off)
             b.slot(3)
         if group_idx is not None:
-            b.prepend("<I", group_idx)
+            b.prepend("I", group_idx)
             b.slot(4)
         if kind is not None:
-            b.uoffset(kind_off)
+            b.prepend_uoffset(kind_off)
             b.slot(5)
         if sliding_window is not None:
-            b.prepend("<I", sliding_window)
+            b.prepend("I", sliding_window)
             b.slot(6)
     except struct.error as e:
         raise ValueError(f"kvshm: event metadata out of range: {e}") from None
     except (AttributeError, UnicodeEncodeError) as e:
         raise TypeError(f"kvshm: event metadata strings must be str: {e}") from None
-    return b.finish(b.end())
+    b.finish(b.end_object(), identifier=False)
+    return b.to_bytes()
 
 
 _SUB_HEADER: Final = struct.Struct("<II")
