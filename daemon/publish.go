@@ -159,6 +159,13 @@ func (st *stream) zmqStats() (zmqpub.Stats, bool) {
 // errBatch is the cause of a malformed BATCH record beyond shm's layout checks.
 var errBatch = errors.New("inconsistent batch")
 
+// batchEvent is one event of a BATCH record, decoded once (pass 1) and applied and encoded from there (pass 2).
+type batchEvent struct {
+	view    fbs.EventView
+	meta    fbs.MetaView
+	hasMeta bool
+}
+
 // applyBatch handles a BATCH record: it validates every sub-record first (an invalid batch is skipped whole, as a
 // malformed record: counted, logged, history marked unknown), then applies the indexable events under one id
 // (BeginBatch) and publishes all of them as one vLLM batch.
@@ -168,47 +175,49 @@ func (a *attachment) applyBatch(rec shm.Record, c *batchCounts) {
 		a.malformedRecord(rec.Pos, err)
 		return
 	}
-	// Pass 1: validate (FlatBuffers, same seq and dp_rank, META decodes) and count the events.
-	var seq uint64
-	var rank uint32
-	nev := 0
+	// Pass 1: decode and validate every sub-record (FlatBuffers, Meta, one seq and dp_rank) into a.bevs.
+	a.bevs = a.bevs[:0]
+	pendingMeta := false
 	for i, sub := range b.Subs {
-		switch sub.Type {
-		case shm.SubMeta:
-			if err := fbs.DecodeMeta(sub.Payload, &a.meta); err != nil {
+		if sub.Type == shm.SubMeta {
+			a.bevs = append(a.bevs, batchEvent{})
+			e := &a.bevs[len(a.bevs)-1]
+			if err := fbs.DecodeMeta(sub.Payload, &e.meta); err != nil {
 				a.malformedRecord(rec.Pos, fmt.Errorf("sub-record %d: %w", i, err))
 				return
 			}
-		case shm.SubEvent:
-			if err := fbs.Decode(sub.Payload, &a.view); err != nil {
-				a.malformedRecord(rec.Pos, fmt.Errorf("sub-record %d: %w", i, err))
-				return
-			}
-			if nev == 0 {
-				seq, rank = a.view.Seq, a.view.DpRank
-			} else if a.view.Seq != seq || a.view.DpRank != rank {
-				a.malformedRecord(rec.Pos, fmt.Errorf("%w: event %d has seq %d dp_rank %d, the batch's first %d/%d",
-					errBatch, nev, a.view.Seq, a.view.DpRank, seq, rank))
-				return
-			}
-			nev++
+			e.hasMeta, pendingMeta = true, true
+			continue
+		}
+		if !pendingMeta { // ParseBatch guarantees a META is followed by its EVENT
+			a.bevs = append(a.bevs, batchEvent{})
+		}
+		pendingMeta = false
+		e := &a.bevs[len(a.bevs)-1]
+		if err := fbs.Decode(sub.Payload, &e.view); err != nil {
+			a.malformedRecord(rec.Pos, fmt.Errorf("sub-record %d: %w", i, err))
+			return
+		}
+		if first := &a.bevs[0].view; e.view.Seq != first.Seq || e.view.DpRank != first.DpRank {
+			a.malformedRecord(rec.Pos, fmt.Errorf("%w: event %d has seq %d dp_rank %d, the batch's first %d/%d",
+				errBatch, len(a.bevs)-1, e.view.Seq, e.view.DpRank, first.Seq, first.DpRank))
+			return
 		}
 	}
+	seq, rank := a.bevs[0].view.Seq, a.bevs[0].view.DpRank // ParseBatch refuses a batch without events
 	// Pass 2: apply and encode.
 	pub := a.st.pub.Load()
 	if pub != nil {
-		a.wire = vllmwire.AppendBatchHeader(a.wire[:0], batchTS(b.TS), nev)
+		a.wire = vllmwire.AppendBatchHeader(a.wire[:0], batchTS(b.TS), len(a.bevs))
 	}
 	began := false
-	var meta *fbs.MetaView
-	for _, sub := range b.Subs {
-		if sub.Type == shm.SubMeta {
-			_ = fbs.DecodeMeta(sub.Payload, &a.meta) // validated in pass 1
-			meta = &a.meta
-			continue
+	for i := range a.bevs {
+		e := &a.bevs[i]
+		v := &e.view
+		var meta *fbs.MetaView
+		if e.hasMeta {
+			meta = &e.meta
 		}
-		_ = fbs.Decode(sub.Payload, &a.view) // validated in pass 1
-		v := &a.view
 		why := indexReason(v.Kind, v.DpRank, meta, a.hdr.KVBlockSize, a.st.groups)
 		if why == indexed {
 			if !began {
@@ -223,7 +232,6 @@ func (a *attachment) applyBatch(rec shm.Record, c *batchCounts) {
 		if pub != nil {
 			a.wire = vllmwire.AppendEvent(a.wire, a.wireEvent(v, meta))
 		}
-		meta = nil
 	}
 	if pub != nil {
 		a.wire = vllmwire.AppendBatchTrailer(a.wire, int64(rank))

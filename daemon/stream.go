@@ -119,7 +119,7 @@ type attachment struct {
 	pending []syncReq
 	// Scratch of BATCH records and ZMQ encoding, owned by the drain goroutine.
 	batch   shm.Batch
-	meta    fbs.MetaView
+	bevs    []batchEvent // the decoded events of the BATCH record being applied
 	wire    []byte
 	wev     vllmwire.Event
 	whashes []uint64
