@@ -124,13 +124,7 @@ func (st *stream) closePublisher() {
 	_ = p.Close()
 	ps := p.Stats()
 	st.mu.Lock()
-	st.zmqBase.Published += ps.Published
-	for i := range ps.Dropped {
-		st.zmqBase.Dropped[i] += ps.Dropped[i]
-	}
-	st.zmqBase.ReplayRequests += ps.ReplayRequests
-	st.zmqBase.BadRequests += ps.BadRequests
-	st.zmqBase.Replayed += ps.Replayed
+	st.zmqBase.AddCounts(ps)
 	st.mu.Unlock()
 }
 
@@ -145,13 +139,7 @@ func (st *stream) zmqStats() (zmqpub.Stats, bool) {
 		return s, false
 	}
 	ps := p.Stats()
-	s.Published += ps.Published
-	for i := range ps.Dropped {
-		s.Dropped[i] += ps.Dropped[i]
-	}
-	s.ReplayRequests += ps.ReplayRequests
-	s.BadRequests += ps.BadRequests
-	s.Replayed += ps.Replayed
+	s.AddCounts(ps)
 	s.Endpoint, s.ReplayEndpoint = ps.Endpoint, ps.ReplayEndpoint
 	return s, true
 }

@@ -58,6 +58,17 @@ type Stats struct {
 	ReplayEndpoint string           // "" without replay socket
 }
 
+// AddCounts adds o's counters to s (the endpoints are left as they are): a stream's totals over its publishers.
+func (s *Stats) AddCounts(o Stats) {
+	s.Published += o.Published
+	for i := range s.Dropped {
+		s.Dropped[i] += o.Dropped[i]
+	}
+	s.ReplayRequests += o.ReplayRequests
+	s.BadRequests += o.BadRequests
+	s.Replayed += o.Replayed
+}
+
 // DroppedTotal sums the drops of every reason.
 func (s Stats) DroppedTotal() uint64 {
 	var n uint64

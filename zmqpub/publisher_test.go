@@ -393,3 +393,16 @@ func TestIpcStaleSocket(t *testing.T) {
 		t.Fatalf("regular file after the failed bind: %q, %v", b, err)
 	}
 }
+
+// TestStatsAddCounts: a stream's totals over its publishers add every counter and keep the endpoints.
+func TestStatsAddCounts(t *testing.T) {
+	s := Stats{Published: 1, Dropped: [numDrops]uint64{1, 2, 3}, ReplayRequests: 1, BadRequests: 1, Replayed: 1,
+		Endpoint: "tcp://a:1"}
+	s.AddCounts(Stats{Published: 10, Dropped: [numDrops]uint64{10, 20, 30}, ReplayRequests: 10, BadRequests: 10,
+		Replayed: 10, Endpoint: "tcp://b:2", ReplayEndpoint: "tcp://b:3"})
+	want := Stats{Published: 11, Dropped: [numDrops]uint64{11, 22, 33}, ReplayRequests: 11, BadRequests: 11,
+		Replayed: 11, Endpoint: "tcp://a:1"}
+	if s != want {
+		t.Fatalf("got %+v, want %+v", s, want)
+	}
+}
