@@ -184,29 +184,11 @@ func (w *Writer) WriteBatch(ts float64, subs []Sub) (bool, error) {
 		w.Publish()
 		return false, nil
 	}
-	mark, pub := w.tail, w.published
-	if w.lossPending {
-		le := binary.LittleEndian
-		le.PutUint64(w.lossBuf[0:], w.lossFirst)
-		le.PutUint64(w.lossBuf[8:], w.lossLast)
-		le.PutUint64(w.lossBuf[16:], w.lossCount)
-		if !w.Append(TypeLoss, w.lossBuf[:]) {
-			w.Publish()
-			return false, nil
-		}
-	}
-	if !w.Append(TypeBatch, w.batchBuf) {
-		if w.published == pub {
-			w.tail = mark // unstage the LOSS record (never published)
-		}
+	if !w.appendAfterLoss(TypeBatch, w.batchBuf) {
 		w.Publish()
 		return false, nil
 	}
-	w.Publish()
-	if w.lossPending {
-		w.lossPending, w.lossCount = false, 0
-		storeCounter(w.m, offLossPending, 0)
-	}
+	w.publishAfterLoss()
 	return true, nil
 }
 
@@ -232,6 +214,18 @@ func (w *Writer) WriteEvent(seq uint64, payload []byte) error {
 		w.Publish()
 		return ErrTooLarge
 	}
+	if !w.appendAfterLoss(TypeEvent, payload) {
+		w.drop(seq, len(payload))
+		w.Publish()
+		return ErrFull
+	}
+	w.publishAfterLoss()
+	return nil
+}
+
+// appendAfterLoss stages the pending LOSS record (if a loss is pending), then a record of typ. When either does not
+// fit it leaves nothing of the two staged (records staged earlier stay) and returns false; the caller publishes.
+func (w *Writer) appendAfterLoss(typ uint32, payload []byte) bool {
 	mark, pub := w.tail, w.published
 	if w.lossPending {
 		le := binary.LittleEndian
@@ -239,19 +233,20 @@ func (w *Writer) WriteEvent(seq uint64, payload []byte) error {
 		le.PutUint64(w.lossBuf[8:], w.lossLast)
 		le.PutUint64(w.lossBuf[16:], w.lossCount)
 		if !w.Append(TypeLoss, w.lossBuf[:]) {
-			w.drop(seq, len(payload))
-			w.Publish()
-			return ErrFull
+			return false
 		}
 	}
-	if !w.Append(TypeEvent, payload) {
+	if !w.Append(typ, payload) {
 		if w.published == pub { // else reserve re-based the ring at the consumer's head: nothing to unstage
 			w.tail = mark // unstage the LOSS record (never published)
 		}
-		w.drop(seq, len(payload))
-		w.Publish()
-		return ErrFull
+		return false
 	}
+	return true
+}
+
+// publishAfterLoss publishes what appendAfterLoss staged and clears the pending loss its LOSS record reports.
+func (w *Writer) publishAfterLoss() {
 	w.Publish()
 	if w.lossPending {
 		// After the tail store: a consumer may briefly see loss_pending=1 next to the LOSS record that reports it;
@@ -259,7 +254,6 @@ func (w *Writer) WriteEvent(seq uint64, payload []byte) error {
 		w.lossPending, w.lossCount = false, 0
 		storeCounter(w.m, offLossPending, 0)
 	}
-	return nil
 }
 
 // drop counts one dropped event of n payload bytes and extends the pending loss range.
