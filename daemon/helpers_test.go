@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"flag"
@@ -19,6 +18,7 @@ import (
 	flatbuffers "github.com/google/flatbuffers/go"
 
 	"github.com/kvshm/kvshm/index"
+	"github.com/kvshm/kvshm/internal/testenv"
 	"github.com/kvshm/kvshm/proto/fbs"
 	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
@@ -111,33 +111,16 @@ type daemonProc struct {
 	cmd    *exec.Cmd
 	socket string
 	http   string
-	log    *syncBuffer
+	log    *testenv.SyncBuffer
 	waited chan struct{}
 	err    error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // startDaemon runs `kvshmd serve --socket SOCKET args...` and waits until it answers HEALTH. The HTTP address
 // (when args contain --http 127.0.0.1:0) is read from the log.
 func startDaemon(t testing.TB, socket string, args ...string) *daemonProc {
 	t.Helper()
-	p := &daemonProc{socket: socket, log: &syncBuffer{}, waited: make(chan struct{})}
+	p := &daemonProc{socket: socket, log: &testenv.SyncBuffer{}, waited: make(chan struct{})}
 	p.cmd = exec.Command(kvshmdBin, append([]string{"serve", "--socket", socket}, args...)...)
 	p.cmd.Stderr = p.log
 	if *verbose {

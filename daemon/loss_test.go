@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvshm/kvshm/index"
+	"github.com/kvshm/kvshm/internal/testenv"
 	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
 )
@@ -115,7 +116,7 @@ func lostRange(first, last uint64) string {
 func TestLossHeaders(t *testing.T) {
 	for _, policy := range []index.LossPolicy{index.LossBestEffort, index.LossError} {
 		t.Run(policy.String(), func(t *testing.T) {
-			logs := &syncBuffer{}
+			logs := &testenv.SyncBuffer{}
 			ts := httpServer(t, func(c *Config) {
 				c.OnLoss = policy
 				c.Logger = slog.New(slog.NewTextHandler(logs, nil))
@@ -170,7 +171,7 @@ func TestLossHeaders(t *testing.T) {
 // TestTokenMismatchCounted: a Stored event whose token count is not blocks × block_size is applied as Dynamo does
 // (never refused), counted in STATS token_mismatches and kvshm_token_count_mismatch_total, and logged.
 func TestTokenMismatchCounted(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &testenv.SyncBuffer{}
 	ts := httpServer(t, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(logs, nil)) })
 	p := newProducer(t, ts.SocketPath(), 3, 4, 1<<16)
 	p.mustPublish(stored(0, 0, nil, []uint64{1, 2}, tokens(0, 2, 4)[:6])) // 6 tokens for 2 blocks of 4

@@ -2,7 +2,6 @@ package shm
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -14,10 +13,11 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvshm/kvshm/internal/testenv"
 )
 
 // Cross-process tests: the test binary re-executes itself as a Go writer process (TestHelperRingWriterProcess with
@@ -153,25 +153,7 @@ type childWriter struct {
 	cmd    *exec.Cmd
 	lines  chan string
 	exited chan error // receives cmd.Wait's result once
-	stderr *syncBuffer
-}
-
-// syncBuffer is a bytes.Buffer written by os/exec's copying goroutine and read by the test. Protected by mu.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	stderr *testenv.SyncBuffer
 }
 
 func startChildWriter(t *testing.T, mode, path string, count uint64) *childWriter {
@@ -181,7 +163,7 @@ func startChildWriter(t *testing.T, mode, path string, count uint64) *childWrite
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperRingWriterProcess$")
 	cmd.Env = append(os.Environ(), childModeEnv+"="+mode, childPathEnv+"="+path,
 		childCountEnv+"="+strconv.FormatUint(count, 10), childSeedEnv+"="+strconv.FormatUint(seed, 10))
-	c := &childWriter{cmd: cmd, lines: make(chan string, 4), exited: make(chan error, 1), stderr: new(syncBuffer)}
+	c := &childWriter{cmd: cmd, lines: make(chan string, 4), exited: make(chan error, 1), stderr: new(testenv.SyncBuffer)}
 	cmd.Stderr = c.stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {

@@ -1,31 +1,17 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"log/slog"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvshm/kvshm/internal/testenv"
 	"github.com/kvshm/kvshm/vllmwire"
 	"github.com/kvshm/kvshm/zmqpub"
 )
-
-// syncBuffer is a bytes.Buffer safe for the watch goroutine's writes and the test's reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // TestWatch: kvshmd watch follows a real zmqpub publisher (the daemon's), replays from a seq first, decodes every
 // batch into vLLM's field names and exits 0 after --count; a stream that stays silent ends with exit 1.
@@ -50,7 +36,7 @@ func TestWatch(t *testing.T) {
 	// arrives) and returns its exit code and output lines.
 	next := uint64(8)
 	runUntil := func(args ...string) (int, []string, string) {
-		var out, errb syncBuffer
+		var out, errb testenv.SyncBuffer
 		done := make(chan int)
 		go func() { done <- run(append([]string{"watch", "--timeout", "30s"}, args...), &out, &errb) }()
 		for {
@@ -105,7 +91,7 @@ func TestWatch(t *testing.T) {
 	}
 
 	// Silence: --timeout ends it with exit 1 and says how many batches came.
-	var out, errb syncBuffer
+	var out, errb testenv.SyncBuffer
 	if rc := run([]string{"watch", "--timeout", "200ms", ep}, &out, &errb); rc != exitFailure ||
 		!strings.Contains(errb.String(), "no batch for 200ms (0 received)") {
 		t.Fatalf("silent stream: exit %d, %q", rc, errb.String())
