@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
-import resource
 import sys
 import threading
 import time
@@ -28,7 +26,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import BS, ChainGen, proc_rss  # noqa: E402
+from _common import BS, ChainGen, commands, cpu_self, proc_rss, reply  # noqa: E402
 
 
 class Indexer(Protocol):
@@ -36,22 +34,6 @@ class Indexer(Protocol):
                      parent_hash: int | None = None) -> None: ...
     def apply_removed(self, seq: int, block_hashes: list[int]) -> None: ...
     def get_events_json(self, start: int | None = None, end: int | None = None) -> str: ...
-
-
-def reply(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
-
-
-def commands() -> Any:
-    for line in sys.stdin:
-        if line.strip():
-            yield json.loads(line)
-
-
-def cpu_self() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def fill(ix: Indexer, gen: ChainGen, seq: int, blocks: int, pace: Any = None) -> int:

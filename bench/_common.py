@@ -8,8 +8,10 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import resource
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -176,3 +178,21 @@ class JsonChild:
         except (OSError, subprocess.TimeoutExpired):
             self.proc.kill()
             self.proc.wait()
+
+
+# --- the child side of JsonChild: one JSON object per line on stdin, one reply per line on stdout -----------------
+def reply(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def commands() -> Iterator[dict[str, Any]]:
+    for line in sys.stdin:
+        if line.strip():
+            yield json.loads(line)
+
+
+def cpu_self() -> float:
+    """This process's user + system CPU seconds."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime

@@ -41,14 +41,13 @@ import gc
 import json
 import os
 import queue
-import resource
 import socket
 import struct
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -58,7 +57,7 @@ import msgspec
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "pybind" / "src"))
-from _common import JsonChild, summary  # noqa: E402
+from _common import JsonChild, commands, cpu_self, reply, summary  # noqa: E402
 from _vllm import (  # noqa: E402
     AllBlocksCleared,
     BlockRemoved,
@@ -265,22 +264,6 @@ class Side:
 
 
 # --- child processes --------------------------------------------------------------------------------------------
-def reply(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
-
-
-def commands() -> Iterator[dict[str, Any]]:
-    for line in sys.stdin:
-        if line.strip():
-            yield json.loads(line)
-
-
-def cpu_self() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 def thread_cpu(ident: int | None) -> float:
     if ident is None:
         return 0.0
