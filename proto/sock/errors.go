@@ -35,6 +35,9 @@ const (
 	CodeForbidden          = "forbidden"
 	CodeBusy               = "busy"
 	CodeInternal           = "internal"
+	// CodeLimit refuses a request beyond one of the daemon's per-producer bounds (replay buffer, ring size, HWM,
+	// streams or connections per peer); the message names the bound and the kvshmd flag that raises it.
+	CodeLimit = "limit"
 )
 
 // RemoteError is an error reply received from the daemon. It wraps ErrRemote.

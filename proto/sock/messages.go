@@ -35,6 +35,9 @@ type Publish struct {
 	Topic          string  `json:"topic"`
 	HWM            int     `json:"hwm"`
 	BufferSteps    int     `json:"buffer_steps"`
+	// Wire is the vLLM release whose KV-event structs the payloads follow: "0.33" (vLLM 0.33.0; the default when
+	// omitted) or "0.32" (vLLM 0.32.0, whose BlockStored has one field less). Other values are bad_request.
+	Wire string `json:"wire,omitempty"`
 }
 
 // AttachReply is the body of an ATTACH reply.
