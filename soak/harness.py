@@ -41,6 +41,14 @@ KNOWN: dict[str, str] = {
     "truncated; "
     "the daemon side is fixed (SetPanicOnFault, idle size check)",
 }
+# Issue 19's findings, fixed on other branches (the lead merges them, then drops these entries).
+KNOWN["limits:buffer_steps"] = KNOWN["limits:all"] = (
+    "issue 19 #1: ZmqPublish(buffer_steps=2**31-1) sent to a shared kvshmd kills it (fatal error: out of memory, "
+    "zmqpub.New allocates the whole replay buffer up front); the per-producer bounds refused at ATTACH (code limit) "
+    "are on another branch")
+KNOWN["limits"] = KNOWN["limits:buffer_steps"] + " (the healthy stream beside it lost its daemon)"
+KNOWN["replay_stuck"] = ("issue 19 #2: replay clients that never read delay or deny a healthy replay (zmqpub's "
+                         "ROUTER serves them in turn); per-client replay queues are on another branch")
 if os.environ.get("SOAK_KNOWN") is not None:  # e.g. SOAK_KNOWN= (empty) once the lead's fixes are merged
     KNOWN = {k: v for k, v in KNOWN.items() if k in os.environ["SOAK_KNOWN"].split(",")}
 
@@ -77,6 +85,8 @@ class Figures:
     details: list[str] = field(default_factory=list)
     scenario_runs: Counter[str] = field(default_factory=Counter)
     zmq: Counter[str] = field(default_factory=Counter)  # the ZMQ scenario's batches, gaps, drops, replays
+    limits: Counter[str] = field(default_factory=Counter)  # what the shared daemon did with each huge ask
+    plugin: Counter[str] = field(default_factory=Counter)  # the vLLM plugin's batches: good, bad, contained
 
 
 class Ctx:
@@ -563,3 +573,67 @@ def restart_daemon(ctx: Ctx, old: Daemon) -> None:
         pass
     ctx.daemon = Daemon(ctx, old.sock, old.state_dir, "200ms")
     healthy(ctx, "restart")
+
+
+class Child:
+    """A soak child speaking JSON lines (``asker.py``, ``plugin_child.py``): started by pid, counted in ctx.procs."""
+
+    def __init__(self, ctx: Ctx, script: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.ctx = ctx
+        self.name = script
+        self.errlog = open(os.path.join(ctx.work, f"{script}-{int(time.time() * 1e6)}.log"), "wb")
+        self.p = subprocess.Popen([sys.executable, os.path.join(HERE, script), *args], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=self.errlog, env=env)
+        ctx.procs.append(self.p)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            self.lines.put(line.decode())
+        self.lines.put(None)
+
+    def stderr(self) -> str:
+        with open(self.errlog.name, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def get(self, timeout: float = 60) -> dict[str, Any] | None:
+        """The next reply, or None (a hang or a death, counted, with the child's stderr)."""
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            self.ctx.fail("hangs", f"{self.name} {self.p.pid} gave no reply in {timeout} s")
+            return None
+        if line is None:
+            self.p.wait()
+            self.ctx.fail("crashes", f"{self.name} {self.p.pid} died with {self.p.returncode}: "
+                          f"{self.stderr()[-1500:]}")
+            return None
+        out: dict[str, Any] = json.loads(line)
+        return out
+
+    def call(self, cmd: dict[str, Any] | str, timeout: float = 60) -> dict[str, Any] | None:
+        assert self.p.stdin is not None
+        try:
+            self.p.stdin.write(((cmd if isinstance(cmd, str) else json.dumps(cmd)) + "\n").encode())
+            self.p.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass
+        return self.get(timeout)
+
+    def finish(self) -> None:
+        """Close stdin (the child shuts down and exits), then stop it by its pid."""
+        try:
+            assert self.p.stdin is not None
+            self.p.stdin.close()
+        except OSError:
+            pass
+        try:
+            rc: int | None = self.p.wait(30)
+        except subprocess.TimeoutExpired:
+            self.ctx.fail("hangs", f"{self.name} {self.p.pid} did not exit 30 s after its stdin closed")
+            rc = stop_pid(self.p, grace=5)
+        if rc not in (0, None):
+            self.ctx.fail("crashes", f"{self.name} {self.p.pid} exited {rc}: {self.stderr()[-1500:]}")
+        self.errlog.close()

@@ -57,6 +57,8 @@ from sc_hostile import (  # noqa: E402
     sc_http_hostile,
     sc_socket_hostile,
 )
+from sc_limits import sc_limits, sc_replay_stuck  # noqa: E402
+from sc_plugin import sc_plugin  # noqa: E402
 from sc_zmq import (  # noqa: E402
     sc_zmq,
 )
@@ -76,6 +78,9 @@ SCENARIOS: list[tuple[str, Callable[..., None], bool]] = [  # name, function, ta
     ("many_workers", sc_many_workers, False),
     ("tmpfs_state", sc_tmpfs_state, False),
     ("zmq", sc_zmq, False),
+    ("limits", sc_limits, False),
+    ("replay_stuck", sc_replay_stuck, False),
+    ("plugin", sc_plugin, False),
 ]
 
 
@@ -185,6 +190,8 @@ def report(ctx: Ctx, seconds: float, elapsed: float, path: str | None) -> int:
         "answers reported incomplete, by scenario: "
         + (", ".join(f"{k} {v}" for k, v in sorted(f.reported_by.items())) or "none"),
         "ZMQ (healthy SUB and DEALER): " + (", ".join(f"{k} {v}" for k, v in f.zmq.items()) or "not run"),
+        "huge config asks to the shared daemon: " + (", ".join(f"{k} {v}" for k, v in f.limits.items()) or "not run"),
+        "vLLM plugin: " + (", ".join(f"{k} {v}" for k, v in f.plugin.items()) or "not run"),
         "scenario runs: " + ", ".join(f"{k} {v}" for k, v in sorted(f.scenario_runs.items())),
         "faults: " + ", ".join(f"{k} {v}" for k, v in sorted(f.faults.items())),
         "bad inputs: " + ", ".join(f"{k} {v}" for k, v in sorted(f.bad_inputs.items())),
