@@ -40,7 +40,7 @@ type Event struct {
 	// Stored only.
 	HasParent   bool
 	ParentHash  uint64
-	ParentBytes []byte // when not nil (and HasParent), the parent hash as bytes: sent as bin, ParentHash its key
+	ParentBytes []byte   // when not nil (and HasParent), the parent hash as bytes: sent as bin, ParentHash its key
 	TokenIDs    []uint32 // for Eagle, the chain's stream of blocks × block_size + 1 tokens (windows overlap by one)
 	IsEagle     bool     // token_ids go on the wire as [token, next] pairs (Dynamo's Eagle form)
 	BlockSize   uint32
