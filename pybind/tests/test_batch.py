@@ -173,6 +173,8 @@ def official_meta(**kw: Any) -> bytes:
 
     Meta: Any = generated  # flatc's Python is untyped
     b = flatbuffers.Builder(0)
+    pb = b.CreateByteVector(kw["parent_bytes"]) if kw.get("parent_bytes") is not None else None
+    hb = b.CreateByteVector(kw["hash_bytes"]) if kw.get("hash_bytes") is not None else None
     k = b.CreateString(kw["kind"]) if kw.get("kind") is not None else None
     x = b.CreateByteVector(kw["extra_keys"]) if kw.get("extra_keys") is not None else None
     m = b.CreateString(kw["medium"]) if kw.get("medium") is not None else None
@@ -191,6 +193,10 @@ def official_meta(**kw: Any) -> bytes:
         Meta.MetaAddKvCacheSpecKind(b, k)
     if kw.get("sliding_window") is not None:
         Meta.MetaAddKvCacheSpecSlidingWindow(b, kw["sliding_window"])
+    if hb is not None:
+        Meta.MetaAddBlockHashBytes(b, hb)
+    if pb is not None:
+        Meta.MetaAddParentHashBytes(b, pb)
     b.Finish(Meta.MetaEnd(b))
     return bytes(b.Output())
 
@@ -213,4 +219,8 @@ def test_meta_matches_official_builder() -> None:
             kw["kind"] = "k" * rng.randint(0, 11)
         if rng.random() < 0.5:
             kw["sliding_window"] = rng.randint(0, 2**32 - 1)
+        if rng.random() < 0.5:
+            kw["hash_bytes"] = bytes(rng.randint(0, 255) for _ in range(rng.choice([0, 2, 32, 64, 96])))
+        if rng.random() < 0.5:
+            kw["parent_bytes"] = bytes(rng.randint(0, 255) for _ in range(rng.choice([0, 1, 32])))
         assert build_meta(**kw) == official_meta(**kw), kw

@@ -28,6 +28,7 @@ from vllm_structs import WIRES, AllBlocksCleared, BlockRemoved, BlockStored, Eve
 
 # The vectors file of each wire, next to this script.
 FILES = {"0.33": "vectors.json", "0.32": "vectors_0.32.json"}
+assert set(FILES) == set(WIRES), "a vectors file per release of vllm_structs.WIRES"
 
 
 def key(h: bytes | int) -> int:

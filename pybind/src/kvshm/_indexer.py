@@ -860,10 +860,11 @@ def _has_meta(e: Any) -> bool:
     nothing else), which a per-event fallback therefore drops."""
     if e.__class__.__name__ == "AllBlocksCleared":
         return False
+    hashes: Any = getattr(e, "block_hashes", None)
     return getattr(e, "medium", None) != "GPU" or any(
         getattr(e, f, None) is not None
         for f in ("lora_id", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window")
-    )
+    ) or bool(hashes) and hashes[0].__class__ is bytes or getattr(e, "parent_block_hash", None).__class__ is bytes
 
 
 def _error_json(message: str) -> str:
