@@ -5,8 +5,9 @@ vLLM 0.33.0 (the default; the unsuffixed classes) and vLLM 0.32.0 (``WIRES["0.32
 ``lookahead_token_ids``, so msgspec sizes its map header for 15 entries, a fixmap, where 0.33.0's 16 take a map16;
 everything else is the same). The same field names, order, types, defaults and struct options as
 ``vllm/distributed/kv_events.py`` of each release (written from it, not copied): the batch is
-``EventBatch(array_like=True, omit_defaults=True)``, encoded as ``[ts, [events...], data_parallel_rank]``; the events are ``KVCacheEvent(omit_defaults=True, tag=True)``
-subclasses, NOT array_like, so each event is a tagged msgpack map whose fields at their default value are omitted.
+``EventBatch(array_like=True, omit_defaults=True)``, encoded as ``[ts, [events...], data_parallel_rank]``; the
+events are ``KVCacheEvent(omit_defaults=True, tag=True)`` subclasses, NOT array_like, so each event is a tagged
+msgpack map whose fields at their default value are omitted.
 ``ExternalBlockHash`` is ``bytes | int`` in vLLM.
 
 Users: testdata/vllmwire/gen_vectors.py (vllmwire's byte-identity vectors), pybind/tests (kvshmd's ZMQ stream
