@@ -1,12 +1,20 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/transport"
 
 	"github.com/kvshm/kvshm/internal/testenv"
 	"github.com/kvshm/kvshm/vllmwire"
@@ -98,5 +106,87 @@ func TestWatch(t *testing.T) {
 	}
 	if rc := run([]string{"watch"}, &out, &errb); rc != exitUsage {
 		t.Fatalf("no endpoint: exit %d", rc)
+	}
+}
+
+// refusingTransport is a zmq4 transport that refuses the first n dials of each address (ECONNREFUSED, as a tcp
+// port nobody listens on yet) and then dials the unix socket at that address: a publisher that comes up late.
+type refusingTransport struct {
+	n     int
+	mu    sync.Mutex
+	tries map[string]int
+}
+
+func (r *refusingTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
+	r.mu.Lock()
+	r.tries[addr]++
+	refuse := r.tries[addr] <= r.n
+	r.mu.Unlock()
+	if refuse {
+		return nil, &net.OpError{Op: "dial", Net: "unix", Err: syscall.ECONNREFUSED}
+	}
+	return d.DialContext(ctx, "unix", addr)
+}
+
+func (r *refusingTransport) Listen(context.Context, string) (net.Listener, error) {
+	return nil, errors.New("refusing transport: dial only")
+}
+
+func (r *refusingTransport) Addr(ep string) (string, error) { return ep, nil }
+
+func (r *refusingTransport) attempts(addr string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.tries[addr]
+}
+
+var refusing = sync.OnceValue(func() *refusingTransport {
+	r := &refusingTransport{n: 40, tries: map[string]int{}} // 40: beyond zmq4's default of 10 retries
+	if err := zmq4.RegisterTransport("refusing", r); err != nil {
+		panic(err)
+	}
+	return r
+})
+
+// TestWatchRetriesRefused: like a libzmq SUB, watch keeps dialing a publisher (and a replay socket) that refuses
+// the connection until it is up, however many attempts that takes, then receives; an endpoint no retry can fix (an
+// unknown transport) exits 3 at once. Before: zmq4's dial gave up after 10 retries and watch exited 3.
+func TestWatchRetriesRefused(t *testing.T) {
+	r := refusing()
+	dir := t.TempDir()
+	pubPath, repPath := filepath.Join(dir, "pub.sock"), filepath.Join(dir, "replay.sock")
+	p, err := zmqpub.New(zmqpub.Config{Endpoint: "ipc://" + pubPath, ReplayEndpoint: "ipc://" + repPath, Topic: "kv",
+		BufferSteps: 10}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	batch := vllmwire.AppendBatchTrailer(vllmwire.AppendBatchHeader(nil, 1, 0), 0)
+	p.Publish(1, batch) // for the replay
+	var out, errb testenv.SyncBuffer
+	done := make(chan int)
+	go func() {
+		done <- watchWith([]string{"--count", "2", "--timeout", "60s", "--replay", "refusing://" + repPath,
+			"--from", "0", "refusing://" + pubPath}, &out, &errb, time.Millisecond)
+	}()
+	var rc int
+	for seq := uint64(2); ; seq++ {
+		p.Publish(seq, batch) // PUB drops what it sends before the subscription arrives
+		select {
+		case rc = <-done:
+		case <-time.After(20 * time.Millisecond):
+			continue
+		}
+		break
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if rc != exitOK || len(lines) != 2 || !strings.Contains(lines[0], `"replayed":true`) {
+		t.Fatalf("watch exited %d: %s\n%s", rc, errb.String(), out.String())
+	}
+	if a, b := r.attempts(pubPath), r.attempts(repPath); a <= r.n || b <= r.n {
+		t.Fatalf("dial attempts: pub %d, replay %d; want more than the %d refused", a, b, r.n)
+	}
+	if rc := watchWith([]string{"--timeout", "60s", "bogus://x"}, &out, &errb, time.Millisecond); rc != exitUnreachable {
+		t.Fatalf("unknown transport: exit %d, want %d", rc, exitUnreachable)
 	}
 }
