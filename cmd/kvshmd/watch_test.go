@@ -40,9 +40,11 @@ func TestWatch(t *testing.T) {
 		return vllmwire.AppendBatchTrailer(b, 2)
 	}
 	p.Publish(7, payload(7)) // in the replay buffer before anyone subscribes
+	p.Publish(8, payload(8))
+	waitPublished(t, p, 2)
 	// runUntil runs watch with args while publishing new seqs (PUB drops what it sends before the subscription
 	// arrives) and returns its exit code and output lines.
-	next := uint64(8)
+	next := uint64(9)
 	runUntil := func(args ...string) (int, []string, string) {
 		var out, errb testenv.SyncBuffer
 		done := make(chan int)
@@ -109,6 +111,15 @@ func TestWatch(t *testing.T) {
 	}
 }
 
+// waitPublished waits until p has published n batches (Publish only queues); all but the last are then in the
+// replay buffer too (the sender buffers a batch after counting it, before the next).
+func waitPublished(t *testing.T, p *zmqpub.Publisher, n uint64) {
+	t.Helper()
+	for p.Stats().Published < n {
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // refusingTransport is a zmq4 transport that refuses the first n dials of each address (ECONNREFUSED, as a tcp
 // port nobody listens on yet) and then dials the unix socket at that address: a publisher that comes up late.
 type refusingTransport struct {
@@ -163,29 +174,38 @@ func TestWatchRetriesRefused(t *testing.T) {
 	defer p.Close()
 	batch := vllmwire.AppendBatchTrailer(vllmwire.AppendBatchHeader(nil, 1, 0), 0)
 	p.Publish(1, batch) // for the replay
-	var out, errb testenv.SyncBuffer
-	done := make(chan int)
-	go func() {
-		done <- watchWith([]string{"--count", "2", "--timeout", "60s", "--replay", "refusing://" + repPath,
-			"--from", "0", "refusing://" + pubPath}, &out, &errb, time.Millisecond)
-	}()
-	var rc int
-	for seq := uint64(2); ; seq++ {
-		p.Publish(seq, batch) // PUB drops what it sends before the subscription arrives
-		select {
-		case rc = <-done:
-		case <-time.After(20 * time.Millisecond):
-			continue
+	p.Publish(2, batch)
+	waitPublished(t, p, 2)
+	seq := uint64(3)
+	watchRefused := func(args ...string) (int, string, string) {
+		var out, errb testenv.SyncBuffer
+		done := make(chan int)
+		go func() {
+			done <- watchWith(append([]string{"--count", "1", "--timeout", "60s"}, args...), &out, &errb, time.Millisecond)
+		}()
+		for {
+			p.Publish(seq, batch) // PUB drops what it sends before the subscription arrives
+			seq++
+			select {
+			case rc := <-done:
+				return rc, out.String(), errb.String()
+			case <-time.After(20 * time.Millisecond):
+			}
 		}
-		break
 	}
-	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if rc != exitOK || len(lines) != 2 || !strings.Contains(lines[0], `"replayed":true`) {
-		t.Fatalf("watch exited %d: %s\n%s", rc, errb.String(), out.String())
+	// Live: the SUB's dials are refused 40 times, then it receives.
+	if rc, out, errs := watchRefused("refusing://" + pubPath); rc != exitOK || strings.Contains(out, "replayed") {
+		t.Fatalf("live: watch exited %d: %s\n%s", rc, errs, out)
+	}
+	// Replay: the DEALER's dials likewise.
+	if rc, out, errs := watchRefused("--replay", "refusing://"+repPath, "--from", "0", "ipc://"+pubPath); rc != exitOK ||
+		!strings.Contains(out, `"replayed":true`) {
+		t.Fatalf("replay: watch exited %d: %s\n%s", rc, errs, out)
 	}
 	if a, b := r.attempts(pubPath), r.attempts(repPath); a <= r.n || b <= r.n {
 		t.Fatalf("dial attempts: pub %d, replay %d; want more than the %d refused", a, b, r.n)
 	}
+	var out, errb testenv.SyncBuffer
 	if rc := watchWith([]string{"--timeout", "60s", "bogus://x"}, &out, &errb, time.Millisecond); rc != exitUnreachable {
 		t.Fatalf("unknown transport: exit %d, want %d", rc, exitUnreachable)
 	}
