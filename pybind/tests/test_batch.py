@@ -52,6 +52,11 @@ CASES: dict[str, tuple[int, int, float, int, list[Any]]] = {
     "eagle_pairs": (9, 0, 2.0, 2, [
         ke.BlockStored([41, 42], None, [(1, 2), (2, 3), (3, 4), (4, 5)], 2, None, "GPU", None),  # type: ignore[list-item]
     ]),
+    "bytes_hashes": (11, 2, 4.0, 2, [  # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0: sha256-sized bytes hashes
+        ke.BlockStored([b"\x01" * 32, b"\x02" * 32], b"\x03" * 32, [1, 2, 3, 4], 2, None, "GPU", None),
+        ke.BlockRemoved([b"\xab\xcd"], "GPU"),
+        ke.BlockStored([b"\x04" * 32], None, [5, 6], 2, None, "CPU", None, group_idx=1),
+    ]),
     "empty_medium": (10, 0, 3.0, 4, [
         ke.BlockRemoved([5], ""),
         ke.BlockStored([6], None, [0, 0, 0, 0], 4, 0, None, None, group_idx=0),
@@ -77,6 +82,12 @@ def event_json(e: Any) -> dict[str, Any]:
 
             d["extra_keys_msgpack"] = msgspec.msgpack.encode(v).hex()
             continue
+        if f == "block_hashes" and v and isinstance(v[0], bytes):  # JSON has no bytes: their keys and hex
+            d["block_hash_bytes_hex"] = b"".join(v).hex()
+            v = [int.from_bytes(h[-8:], "big") for h in v]
+        if f == "parent_block_hash" and isinstance(v, bytes):
+            d["parent_bytes_hex"] = v.hex()
+            v = int.from_bytes(v[-8:], "big")
         d[f] = v
     return d
 
