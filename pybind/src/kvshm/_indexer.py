@@ -667,7 +667,10 @@ class LocalIndexer:
         ``events``: vLLM's ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared`` objects (recognized by class
         name, read by vLLM's attribute names: vLLM's msgspec objects pass as they are) or
         :mod:`kvshm.events`' dataclasses. ``ts`` is the engine's ``time.time()`` for the batch (None: now);
-        ``dp_rank`` None means the indexer's own rank. An empty ``events`` publishes nothing.
+        ``dp_rank`` None means the indexer's own rank. An empty ``events`` publishes nothing. Block hashes are ints
+        or, as vLLM sends them with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``, ``bytes`` (all of an event's one
+        length): published as msgpack bin, as vLLM does, and indexed under their last 8 bytes, big-endian (the int
+        vLLM would send for the same hash; Dynamo's rule where it decodes bytes hashes, 1.6.1 does not).
 
         With a kvshmd that reads BATCH records (its ATTACH reply says ``"batches": true``) the batch is one ring
         record, atomic for the daemon, carrying vLLM's metadata (medium, lora_id, block_size, extra_keys,
