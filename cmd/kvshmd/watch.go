@@ -9,6 +9,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"syscall"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -28,7 +30,7 @@ import (
 // dialed again, so watch can start before the stream it watches and outlive its restarts. --timeout covers that
 // wait too.
 func watch(args []string, stdout, stderr io.Writer) int {
-	return watchWith(args, stdout, stderr, reconnectInterval)
+	return watchWith(context.Background(), args, stdout, stderr, reconnectInterval)
 }
 
 // reconnectInterval is libzmq's ZMQ_RECONNECT_IVL default.
@@ -40,7 +42,8 @@ func zmqRetry(ivl time.Duration) []zmq4.Option {
 	return []zmq4.Option{zmq4.WithDialerRetry(ivl), zmq4.WithDialerMaxRetries(-1), zmq4.WithAutomaticReconnect(true)}
 }
 
-func watchWith(args []string, stdout, stderr io.Writer, ivl time.Duration) int {
+// watchWith is watch with its reconnect interval, until ctx ends (tests).
+func watchWith(parent context.Context, args []string, stdout, stderr io.Writer, ivl time.Duration) int {
 	fs := flag.NewFlagSet("kvshmd watch", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	topic := fs.String("topic", "", "subscribe to this topic prefix")
@@ -58,7 +61,7 @@ func watchWith(args []string, stdout, stderr io.Writer, ivl time.Duration) int {
 		fmt.Fprintln(stderr, "usage: kvshmd watch [--topic T] [--count N] [--timeout D] [--replay EP --from SEQ] ENDPOINT")
 		return exitUsage
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	sub := zmq4.NewSub(ctx, zmqRetry(ivl)...)
 	defer sub.Close()
@@ -87,6 +90,17 @@ func watchWith(args []string, stdout, stderr io.Writer, ivl time.Duration) int {
 		for {
 			m, err := sub.Recv()
 			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				// The connection was lost (the publisher stopped: EOF, reset). The socket dials it again
+				// (WithAutomaticReconnect); receive again after the reconnect interval, as a libzmq SUB just
+				// keeps waiting. --timeout still ends a wait that never sees a batch.
+				if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
+					errors.Is(err, net.ErrClosed) {
+					time.Sleep(ivl)
+					continue
+				}
 				errc <- err
 				return
 			}
@@ -116,6 +130,8 @@ func watchWith(args []string, stdout, stderr io.Writer, ivl time.Duration) int {
 			if errors.As(err, new(unreachable)) {
 				return exitUnreachable
 			}
+			return exitFailure
+		case <-ctx.Done(): // the caller's context (tests)
 			return exitFailure
 		case <-idle:
 			fmt.Fprintf(stderr, "kvshmd watch: no batch for %v (%d received)\n", *timeout, w.seen)

@@ -181,7 +181,7 @@ func TestWatchRetriesRefused(t *testing.T) {
 		var out, errb testenv.SyncBuffer
 		done := make(chan int)
 		go func() {
-			done <- watchWith(append([]string{"--count", "1", "--timeout", "60s"}, args...), &out, &errb, time.Millisecond)
+			done <- watchWith(context.Background(), append([]string{"--count", "1", "--timeout", "60s"}, args...), &out, &errb, time.Millisecond)
 		}()
 		for {
 			p.Publish(seq, batch) // PUB drops what it sends before the subscription arrives
@@ -206,7 +206,45 @@ func TestWatchRetriesRefused(t *testing.T) {
 		t.Fatalf("dial attempts: pub %d, replay %d; want more than the %d refused", a, b, r.n)
 	}
 	var out, errb testenv.SyncBuffer
-	if rc := watchWith([]string{"--timeout", "60s", "bogus://x"}, &out, &errb, time.Millisecond); rc != exitUnreachable {
+	if rc := watchWith(context.Background(), []string{"--timeout", "60s", "bogus://x"}, &out, &errb, time.Millisecond); rc != exitUnreachable {
 		t.Fatalf("unknown transport: exit %d, want %d", rc, exitUnreachable)
 	}
+}
+
+// TestWatchReconnects: a publisher that goes away and comes back on the same endpoint (kvshmd restarted) is
+// dialed again, as a libzmq SUB would: watch keeps receiving.
+func TestWatchReconnects(t *testing.T) {
+	ep := "ipc://" + filepath.Join(t.TempDir(), "pub.sock")
+	newPub := func() *zmqpub.Publisher {
+		p, err := zmqpub.New(zmqpub.Config{Endpoint: ep, Topic: "kv"}, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	batch := vllmwire.AppendBatchTrailer(vllmwire.AppendBatchHeader(nil, 1, 0), 0)
+	var out, errb testenv.SyncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	go func() { done <- watchWith(ctx, []string{ep}, &out, &errb, time.Millisecond) }()
+	// publishUntil publishes from seq on until watch printed what contains want.
+	publishUntil := func(p *zmqpub.Publisher, seq uint64, want string) {
+		for ; !strings.Contains(out.String(), want); seq++ {
+			p.Publish(seq, batch)
+			select {
+			case rc := <-done:
+				t.Fatalf("watch exited %d: %s\n%s", rc, errb.String(), out.String())
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	p := newPub()
+	publishUntil(p, 1, `"seq":`)
+	_ = p.Close()
+	p = newPub() // the same endpoint, a new publisher: seqs from 1000
+	defer p.Close()
+	publishUntil(p, 1000, `"seq":10`)
+	cancel()
+	<-done
 }
