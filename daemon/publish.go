@@ -84,6 +84,25 @@ func publishConfig(p *sock.Publish) zmqpub.Config {
 	return c
 }
 
+// publishWire is the vLLM release layout an ATTACH's publish object asks for (sock.Publish.Wire; none or "": the
+// default); an unknown name is a bad_request naming the known ones.
+func publishWire(p *sock.Publish) (vllmwire.Wire, error) {
+	if p == nil {
+		return vllmwire.Wire033, nil
+	}
+	w, err := vllmwire.ParseWire(p.Wire)
+	if err != nil {
+		return w, errorf(sock.CodeBadRequest, "publish: %v", err)
+	}
+	return w, nil
+}
+
+// wireOf is publishWire for a request openRing has validated.
+func wireOf(p *sock.Publish) vllmwire.Wire {
+	w, _ := publishWire(p)
+	return w
+}
+
 // setPublisher gives the stream the publisher an ATTACH asks for: kept when the config is the same, closed when
 // none is asked, replaced (the old one closed first, so the same endpoint can be bound again) otherwise. A bind
 // failure is a bad_request naming the endpoint and errno; the stream is then left without publisher. Called with
@@ -186,6 +205,12 @@ func (a *attachment) applyBatch(rec shm.Record, c *batchCounts) {
 			a.malformedRecord(rec.Pos, fmt.Errorf("sub-record %d: %w", i, err))
 			return
 		}
+		if e.hasMeta {
+			if err := checkHashBytes(&e.view, &e.meta); err != nil {
+				a.malformedRecord(rec.Pos, fmt.Errorf("sub-record %d: %w", i, err))
+				return
+			}
+		}
 		if first := &a.bevs[0].view; e.view.Seq != first.Seq || e.view.DpRank != first.DpRank {
 			a.malformedRecord(rec.Pos, fmt.Errorf("%w: event %d has seq %d dp_rank %d, the batch's first %d/%d",
 				errBatch, len(a.bevs)-1, e.view.Seq, e.view.DpRank, first.Seq, first.DpRank))
@@ -218,7 +243,7 @@ func (a *attachment) applyBatch(rec shm.Record, c *batchCounts) {
 			a.countReceived(v, c)
 		}
 		if pub != nil {
-			a.wire = vllmwire.AppendEvent(a.wire, a.wireEvent(v, meta))
+			a.wire = a.wireFmt.AppendEvent(a.wire, a.wireEvent(v, meta))
 		}
 	}
 	if pub != nil {
@@ -254,7 +279,7 @@ func (a *attachment) publishEvent(v *fbs.EventView) {
 		return
 	}
 	a.wire = vllmwire.AppendBatchHeader(a.wire[:0], batchTS(0), 1)
-	a.wire = vllmwire.AppendEvent(a.wire, a.wireEvent(v, nil))
+	a.wire = a.wireFmt.AppendEvent(a.wire, a.wireEvent(v, nil))
 	a.wire = vllmwire.AppendBatchTrailer(a.wire, int64(v.DpRank))
 	a.handOver(pub, v.Seq)
 }
@@ -292,6 +317,7 @@ func (a *attachment) wireEvent(v *fbs.EventView, m *fbs.MetaView) *vllmwire.Even
 		e.HasGroupIdx, e.GroupIdx = m.HasGroupIdx, m.GroupIdx
 		e.HasKVCacheSpecKind, e.KVCacheSpecKind = m.HasKind, string(m.Kind)
 		e.HasSlidingWindow, e.KVCacheSpecSlidingWindow = m.HasSlidingWindow, m.SlidingWindow
+		e.HashBytes, e.ParentBytes = m.HashBytes, m.ParentBytes // checked against the keys (checkHashBytes)
 	}
 	if v.Kind == fbs.KindStored {
 		e.HasParent, e.ParentHash = v.HasParent, v.ParentHash

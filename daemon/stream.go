@@ -121,6 +121,7 @@ type attachment struct {
 	batch   shm.Batch
 	bevs    []batchEvent // the decoded events of the BATCH record being applied
 	wire    []byte
+	wireFmt vllmwire.Wire // the layout the producer's ATTACH asked for (sock.Publish.Wire)
 	wev     vllmwire.Event
 	whashes []uint64
 	wtoks   []uint32

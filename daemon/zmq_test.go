@@ -2,10 +2,12 @@ package daemon
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -30,10 +32,14 @@ import (
 
 // publishableVectors returns the shared vllmwire vectors (internal/wirevectors) a producer can send through the
 // ring: at least one event (an empty BATCH is malformed), a dp_rank (the daemon always has one) and a ts (0 is
-// "unknown": the daemon stamps it).
-func publishableVectors(t testing.TB) []wirevectors.Vector {
+// "unknown": the daemon stamps it). wire picks the release's file ("": 0.33).
+func publishableVectors(t testing.TB, wire ...string) []wirevectors.Vector {
 	t.Helper()
-	vs, err := wirevectors.Load("../testdata/vllmwire/vectors.json", 0)
+	file := wirevectors.Files["0.33"]
+	if len(wire) > 0 && wire[0] != "" {
+		file = wirevectors.Files[wire[0]]
+	}
+	vs, err := wirevectors.Load("../testdata/vllmwire/"+file, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,6 +100,13 @@ func vectorSubs(t testing.TB, v wirevectors.Vector, seq uint64, bs uint32) []shm
 		}
 		if e.GroupIdx != nil {
 			m.HasGroupIdx, m.GroupIdx = true, *e.GroupIdx
+		}
+		var err error
+		if m.HashBytes, err = e.HashBytes(); err != nil {
+			t.Fatal(err)
+		}
+		if m.ParentBytes, err = e.ParentBytes(); err != nil {
+			t.Fatal(err)
 		}
 		if spec.Kind != fbs.KindCleared {
 			subs = append(subs, shm.Sub{Type: shm.SubMeta, Payload: append([]byte(nil), fbs.BuildMeta(b, &m)...)})
@@ -270,6 +283,96 @@ func TestIndexReason(t *testing.T) {
 	}
 }
 
+// sendVectors writes each vector as one BATCH record (seqs from 1000) and checks that sub receives its payload
+// byte for byte, in order, under topic.
+func sendVectors(t *testing.T, p *producer, sub <-chan zmsg, vecs []wirevectors.Vector, topic string) {
+	t.Helper()
+	for i, v := range vecs {
+		writeBatch(t, p, v.TS, vectorSubs(t, v, 1000+uint64(i), 4))
+	}
+	for i, v := range vecs {
+		m := nextBatch(t, sub, 1000)
+		if m.frames != 3 || m.topic != topic || m.seq != 1000+uint64(i) {
+			t.Fatalf("%s: message %d frames, topic %q, seq %d; want 3, %s, %d", v.Name, m.frames, m.topic, m.seq, topic, 1000+i)
+		}
+		if hex.EncodeToString(m.payload) != v.PayloadHex {
+			t.Fatalf("%s: payload differs from msgspec's:\n got %x\nwant %s", v.Name, m.payload, v.PayloadHex)
+		}
+	}
+}
+
+// TestZmqPublishWire: a producer asking for vLLM 0.32.0's layout (sock.Publish.Wire "0.32") gets every shared
+// 0.32 vector byte for byte (BlockStored's fixmap header); re-attaching with the default switches back to 0.33.0's
+// on the same publisher; an unknown release is a bad_request that names the known ones.
+func TestZmqPublishWire(t *testing.T) {
+	ts := startServer(t, nil)
+	p := newProducer(t, ts.cfg.SocketPath, 7, 4, 1<<22)
+	ep := "ipc://" + filepath.Join(t.TempDir(), "pub.sock")
+	attachPublishing(t, p, &sock.Publish{Endpoint: ep, Topic: "kv", HWM: 1000, BufferSteps: 10, Wire: "0.32"})
+	got := goSub(t, ep)
+	joinProbes(t, p, 1, got)
+	sendVectors(t, p, got, publishableVectors(t, "0.32"), "kv")
+
+	c, err := sock.Dial(ctxT(t), ts.cfg.SocketPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	req := sock.AttachRequest{WorkerID: 8, RingPath: p.path, KVBlockSize: 4,
+		Publish: &sock.Publish{Endpoint: ep + "x", Topic: "kv", Wire: "0.31"}}
+	var se *sock.RemoteError
+	if _, err := c.Attach(ctxT(t), req); !errors.As(err, &se) || se.Code != sock.CodeBadRequest ||
+		!strings.Contains(se.Message, `"0.31"`) || !strings.Contains(se.Message, `"0.32"`) {
+		t.Fatalf("attach with wire 0.31: %v, want bad_request naming 0.31 and the known releases", err)
+	}
+}
+
+// TestCheckHashBytes: the bytes block hashes a META gives must be the bytes of the event's keys; anything else
+// makes the batch malformed.
+func TestCheckHashBytes(t *testing.T) {
+	b := flatbuffers.NewBuilder(0)
+	h1, h2 := bytes.Repeat([]byte{1}, 32), append(bytes.Repeat([]byte{2}, 24), 9, 8, 7, 6, 5, 4, 3, 2)
+	k1, k2 := vllmwire.HashKey(h1), vllmwire.HashKey(h2)
+	stored := fbs.EventSpec{Kind: fbs.KindStored, BlockHashes: []uint64{k1, k2}, HasParent: true, ParentHash: k1,
+		TokenIDs: make([]uint32, 8)}
+	root := fbs.EventSpec{Kind: fbs.KindStored, BlockHashes: []uint64{k1}, TokenIDs: make([]uint32, 4)}
+	removed := fbs.EventSpec{Kind: fbs.KindRemoved, BlockHashes: []uint64{k2}}
+	empty := fbs.EventSpec{Kind: fbs.KindRemoved}
+	cleared := fbs.EventSpec{Kind: fbs.KindCleared}
+	cat := func(bs ...[]byte) []byte { return bytes.Join(bs, nil) }
+	for _, c := range []struct {
+		name string
+		ev   fbs.EventSpec
+		m    fbs.MetaSpec
+		ok   bool
+	}{
+		{"no bytes", stored, fbs.MetaSpec{}, true},
+		{"stored", stored, fbs.MetaSpec{HashBytes: cat(h1, h2), ParentBytes: h1}, true},
+		{"removed", removed, fbs.MetaSpec{HashBytes: h2}, true},
+		{"no blocks", empty, fbs.MetaSpec{HashBytes: []byte{}}, true},
+		{"short hashes", removed, fbs.MetaSpec{HashBytes: []byte{0x2}}, false},
+		{"swapped", stored, fbs.MetaSpec{HashBytes: cat(h2, h1)}, false},
+		{"length not a multiple", stored, fbs.MetaSpec{HashBytes: cat(h1, h2[1:])}, false},
+		{"bytes without blocks", empty, fbs.MetaSpec{HashBytes: h1}, false},
+		{"cleared", cleared, fbs.MetaSpec{HashBytes: []byte{}}, false},
+		{"parent key differs", stored, fbs.MetaSpec{ParentBytes: h2}, false},
+		{"parent bytes without parent", root, fbs.MetaSpec{ParentBytes: h1}, false},
+		{"parent bytes on removed", removed, fbs.MetaSpec{ParentBytes: h2}, false},
+	} {
+		var v fbs.EventView
+		if err := fbs.Decode(bytes.Clone(fbs.Build(b, &c.ev)), &v); err != nil {
+			t.Fatal(err)
+		}
+		var m fbs.MetaView
+		if err := fbs.DecodeMeta(bytes.Clone(fbs.BuildMeta(b, &c.m)), &m); err != nil {
+			t.Fatal(err)
+		}
+		if err := checkHashBytes(&v, &m); (err == nil) != c.ok || err != nil && !errors.Is(err, errBatch) {
+			t.Errorf("%s: %v, want ok=%v", c.name, err, c.ok)
+		}
+	}
+}
+
 // TestZmqPublishVectors (pure Go peers): every shared vector, written as one BATCH record, reaches a zmq4 SUB as
 // [topic, seq, payload] with the payload byte-identical to msgspec's; EVENT records go out as one-event batches;
 // what decision 4 excludes is counted and not indexed; a malformed batch is counted and not published; STATS and
@@ -284,18 +387,7 @@ func TestZmqPublishVectors(t *testing.T) {
 	joinProbes(t, p, 1, got)
 
 	vecs := publishableVectors(t)
-	for i, v := range vecs {
-		writeBatch(t, p, v.TS, vectorSubs(t, v, 1000+uint64(i), 4))
-	}
-	for i, v := range vecs {
-		m := nextBatch(t, got, 1000)
-		if m.frames != 3 || m.topic != "kv@7" || m.seq != 1000+uint64(i) {
-			t.Fatalf("%s: message %d frames, topic %q, seq %d; want 3, kv@7, %d", v.Name, m.frames, m.topic, m.seq, 1000+i)
-		}
-		if hex.EncodeToString(m.payload) != v.PayloadHex {
-			t.Fatalf("%s: payload differs from msgspec's:\n got %x\nwant %s", v.Name, m.payload, v.PayloadHex)
-		}
-	}
+	sendVectors(t, p, got, vecs, "kv@7")
 
 	// A single EVENT record: a one-event batch, medium GPU, lora_id None, block_size the stream's.
 	p.mustPublish(stored(2000, 1, nil, []uint64{11, 12}, tokens(1, 2, 4)))

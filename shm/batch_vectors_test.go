@@ -33,6 +33,8 @@ type vecEvent struct {
 	GroupIdx        *uint32           `json:"group_idx"`
 	Kind            *string           `json:"kv_cache_spec_kind"`
 	Window          *uint32           `json:"kv_cache_spec_sliding_window"`
+	HashBytes       *string           `json:"block_hash_bytes_hex"` // bytes block hashes, concatenated (hex)
+	ParentBytes     *string           `json:"parent_bytes_hex"`
 }
 
 type vecBatch struct {
@@ -67,6 +69,18 @@ func expected(t *testing.T, b *vecBatch) []shm.Sub {
 		}
 		if e.GroupIdx != nil {
 			m.HasGroupIdx, m.GroupIdx = true, *e.GroupIdx
+		}
+		for _, x := range []struct {
+			hex *string
+			dst *[]byte
+		}{{e.HashBytes, &m.HashBytes}, {e.ParentBytes, &m.ParentBytes}} {
+			if x.hex != nil {
+				b, err := hex.DecodeString(*x.hex)
+				if err != nil {
+					t.Fatal(err)
+				}
+				*x.dst = append([]byte{}, b...)
+			}
 		}
 		switch e.Type {
 		case "BlockStored":
@@ -132,7 +146,7 @@ func expected(t *testing.T, b *vecBatch) []shm.Sub {
 		}
 		// No META stands for the defaults (medium "GPU", nothing else); anything else, medium None included, has one.
 		if !(m.HasMedium && m.Medium == "GPU") || m.HasLoraID || m.HasBlockSize || m.ExtraKeys != nil || m.HasGroupIdx ||
-			m.HasKind || m.HasSlidingWindow {
+			m.HasKind || m.HasSlidingWindow || m.HashBytes != nil || m.ParentBytes != nil {
 			subs = append(subs, shm.Sub{Type: shm.SubMeta, Payload: bytes.Clone(fbs.BuildMeta(bld, &m))})
 		}
 		subs = append(subs, shm.Sub{Type: shm.SubEvent, Payload: bytes.Clone(fbs.Build(bld, &ev))})

@@ -19,8 +19,9 @@ type Batch struct {
 // Decode parses a payload in the shape this package encodes (FORMAT.md): a 2- or 3-array [ts, events,
 // dp_rank?] whose events are tagged maps with vLLM's field names in any order. It rejects unknown tags, unknown or
 // repeated keys, wrong types, out-of-range integers and leftover bytes with an error wrapping ErrMalformed.
-// Decoded slices are new (they do not alias p) except ExtraKeys, which aliases p. Decode is for tests and tools;
-// the daemon only encodes.
+// Bytes block hashes (msgpack bin) fill HashBytes / ParentBytes and their keys (HashKey). Decoded slices are new
+// (they do not alias p) except ExtraKeys, which aliases p. The map header's form is not checked, so a payload of
+// any Wire decodes. Decode is for tests and tools; the daemon only encodes.
 func Decode(p []byte) (Batch, error) {
 	var b Batch
 	n, rest, err := msgp.ReadArrayHeaderBytes(p)
@@ -93,23 +94,41 @@ func readOptString(p []byte) (bool, string, []byte, error) {
 	return err == nil, s, rest, err
 }
 
-func readHashes(p []byte) ([]uint64, []byte, error) {
+// readHashes reads block_hashes: all uints, or all bin strings of one length (vLLM's bytes hashes: their keys
+// and their concatenation hb are returned). Mixed forms and bytes of different lengths are refused: the encoder
+// cannot write them.
+func readHashes(p []byte) (hs []uint64, hb []byte, rest []byte, err error) {
 	n, rest, err := msgp.ReadArrayHeaderBytes(p)
 	if err != nil {
-		return nil, p, err
+		return nil, nil, p, err
 	}
 	if int(n) > len(rest) {
-		return nil, p, fmt.Errorf("%d elements in %d bytes", n, len(rest))
+		return nil, nil, p, fmt.Errorf("%d elements in %d bytes", n, len(rest))
 	}
-	hs := make([]uint64, 0, n)
-	for range n {
-		var h uint64
-		if h, rest, err = msgp.ReadUint64Bytes(rest); err != nil {
-			return nil, p, err
+	hs = make([]uint64, 0, n)
+	asBytes := n > 0 && msgp.NextType(rest) == msgp.BinType
+	for i := range n {
+		if !asBytes {
+			var h uint64
+			if h, rest, err = msgp.ReadUint64Bytes(rest); err != nil {
+				return nil, nil, p, err
+			}
+			hs = append(hs, h)
+			continue
 		}
-		hs = append(hs, h)
+		var b []byte
+		if b, rest, err = msgp.ReadBytesZC(rest); err != nil {
+			return nil, nil, p, err
+		}
+		if i == 0 {
+			hb = make([]byte, 0, len(b)*int(n))
+		} else if len(b) != len(hb)/int(i) {
+			return nil, nil, p, fmt.Errorf("bytes block hash %d has %d bytes, the first %d", i, len(b), len(hb)/int(i))
+		}
+		hb = append(hb, b...)
+		hs = append(hs, HashKey(b))
 	}
-	return hs, rest, nil
+	return hs, hb, rest, nil
 }
 
 // readTokens reads token_ids: uints, or [a, b] pairs (Eagle; the stream is rebuilt as Dynamo does).
@@ -184,11 +203,17 @@ func decodeEvent(p []byte, e *Event) ([]byte, error) {
 		case tagKey:
 			tag, rest, err = msgp.ReadStringBytes(rest)
 		case "block_hashes":
-			e.BlockHashes, rest, err = readHashes(rest)
+			e.BlockHashes, e.HashBytes, rest, err = readHashes(rest)
 		case "parent_block_hash":
-			if msgp.IsNil(rest) {
+			switch {
+			case msgp.IsNil(rest):
 				rest = rest[1:]
-			} else {
+			case msgp.NextType(rest) == msgp.BinType:
+				e.HasParent = true
+				if e.ParentBytes, rest, err = msgp.ReadBytesBytes(rest, []byte{}); err == nil {
+					e.ParentHash = HashKey(e.ParentBytes) // an empty bin stays non-nil: still bytes
+				}
+			default:
 				e.HasParent = true
 				e.ParentHash, rest, err = msgp.ReadUint64Bytes(rest)
 			}

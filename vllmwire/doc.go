@@ -1,7 +1,15 @@
-// Package vllmwire encodes KV-cache event batches exactly as vLLM 0.33.0 puts them on its ZMQ event stream: the
-// msgpack that msgspec produces from vllm.distributed.kv_events.KVEventBatch. kvshmd publishes these bytes on a
-// stream's PUB socket (package zmqpub); consumers (Dynamo's zmq_wire parser, vLLM-compatible subscribers) cannot
-// tell them from vLLM's own.
+// Package vllmwire encodes KV-cache event batches exactly as vLLM puts them on its ZMQ event stream: the msgpack
+// that msgspec produces from vllm.distributed.kv_events.KVEventBatch, for vLLM 0.33.0 (Wire033, the default) or
+// vLLM 0.32.0 (Wire032). kvshmd publishes these bytes on a stream's PUB socket (package zmqpub) in the layout the
+// producer asked for (sock.Publish.Wire); consumers (Dynamo's zmq_wire parser, vLLM-compatible subscribers) cannot
+// tell them from the installed vLLM's own.
+//
+// # Releases
+//
+// The releases differ only in the fields BlockStored declares: 0.33.0 added lookahead_token_ids (15 fields), 0.32.0
+// has 14. msgspec sizes a struct's map header for its full field count plus the tag whatever it omits, so the same
+// event starts with a map16 header (0xde 0x00 n) from 0.33.0 and a fixmap (0x80|n) from 0.32.0; nothing else
+// changes. A Wire is a value of this package (ParseWire, Wire.AppendEvent); an unknown name is ErrUnknownWire.
 //
 // # Shape
 //
@@ -13,15 +21,32 @@
 //
 // # Byte identity
 //
-// msgspec picks the smallest msgpack form for every value (uint forms for non-negative ints, fixstr/str8/16/32,
-// fixarray/array16/32), always float64 for floats, and sizes a struct's map header for the struct's full field
-// count (BlockStored has 16 with its tag: always map16). The shared vectors in testdata/vllmwire (written by
-// gen_vectors.py from vLLM-shaped msgspec Structs) pin every case; TestVectors requires byte identity and
-// TestVectorsFresh regenerates them with the dev venv's msgspec.
+// msgspec picks the smallest msgpack form for every value (uint forms for non-negative ints, bin8/16/32 for bytes,
+// fixstr/str8/16/32, fixarray/array16/32), always float64 for floats, and sizes a struct's map header for the
+// struct's full field count (above). The shared vectors in testdata/vllmwire (vectors.json for 0.33.0,
+// vectors_0.32.json for 0.32.0, the same cases, written by gen_vectors.py from each release's msgspec Structs in
+// vllm_structs.py) pin every case; TestVectors requires byte identity in each layout and TestVectorsFresh
+// regenerates both with the dev venv's msgspec. `make vllm-plugin-test VLLM_VERSION=0.32.0|0.33.0` checks the
+// same against the real vLLM's ZmqEventPublisher.
+//
+// # Bytes block hashes
+//
+// vLLM sends a block hash as bytes (its sha256 digest, by default) when VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0, as an
+// int otherwise (the digest's last 8 bytes, big-endian). An Event with HashBytes (and ParentBytes) is encoded with
+// bin strings, as msgspec encodes bytes; BlockHashes then hold their keys, HashKey: the same last-8-bytes rule,
+// so a block has one key whichever way vLLM sends it. That is also the rule of Dynamo's listener since it decodes
+// bytes hashes (its block_hash_bytes_to_u64); Dynamo 1.6.1 does not decode them at all (its BlockHashValue is an
+// untagged i64 | u64 enum: such a batch fails to parse and is dropped), so a 1.6.1 router needs int hashes.
 //
 // # Usage
 //
-//	buf = vllmwire.AppendBatch(buf[:0], ts, events, dpRank) // or AppendBatchHeader, AppendEvent..., AppendBatchTrailer
+//	buf = vllmwire.AppendBatchHeader(buf[:0], ts, len(events))
+//	for i := range events {
+//		buf = wire.AppendEvent(buf, &events[i]) // wire: the producer's vllmwire.Wire
+//	}
+//	buf = vllmwire.AppendBatchTrailer(buf, dpRank)
+//
+// AppendBatch and the function AppendEvent do the same in the default layout (Wire033).
 //
 // The Append functions allocate only when dst lacks capacity: with a reused buffer a batch costs no allocation
 // (TestAppendBatchAllocs). They never fail; a field a kind does not carry is ignored, an unknown Kind appends
@@ -29,7 +54,8 @@
 //
 // Decode parses the shape this package encodes (tests, tools, the fuzz target); it fails with an error wrapping
 // ErrMalformed on anything else (unknown tag or key, repeated key, wrong type, out-of-range integer, leftover
-// bytes), never panics, and is not used on the daemon's path.
+// bytes, int and bytes hashes mixed in one list, bytes hashes of different lengths), never panics, and is not used
+// on the daemon's path.
 //
 // # Eagle
 //

@@ -32,10 +32,15 @@ func (k Kind) Tag() string {
 // ignored by the encoder.
 type Event struct {
 	Kind        Kind
-	BlockHashes []uint64 // Stored, Removed: encoded as msgpack uint
+	BlockHashes []uint64 // Stored, Removed: encoded as msgpack uint, or the keys of HashBytes
+	// HashBytes, when not nil, holds the block hashes as vLLM's bytes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0),
+	// concatenated, len(HashBytes)/len(BlockHashes) bytes each; they go on the wire as msgpack bin, and
+	// BlockHashes holds their keys (HashKey). The caller keeps the length a multiple of len(BlockHashes).
+	HashBytes []byte
 	// Stored only.
 	HasParent   bool
 	ParentHash  uint64
+	ParentBytes []byte   // when not nil (and HasParent), the parent hash as bytes: sent as bin, ParentHash its key
 	TokenIDs    []uint32 // for Eagle, the chain's stream of blocks × block_size + 1 tokens (windows overlap by one)
 	IsEagle     bool     // token_ids go on the wire as [token, next] pairs (Dynamo's Eagle form)
 	BlockSize   uint32
@@ -85,22 +90,33 @@ func AppendBatch(dst []byte, ts float64, events []Event, dpRank int64) []byte {
 	return AppendBatchTrailer(dst, dpRank)
 }
 
-// AppendEvent appends one event as msgspec encodes vLLM's tagged struct: a map whose first key is "type", then
-// the struct's fields in declaration order, the fields with a None default omitted when None (omit_defaults).
-// An unknown kind appends nothing.
-func AppendEvent(dst []byte, e *Event) []byte {
+// AppendEvent appends one event in the default layout (Wire033): Wire033.AppendEvent.
+func AppendEvent(dst []byte, e *Event) []byte { return Wire033.AppendEvent(dst, e) }
+
+// AppendEvent appends one event as msgspec encodes the release's tagged struct: a map whose first key is "type",
+// then the struct's fields in declaration order, the fields with a None default omitted when None
+// (omit_defaults). An unknown kind appends nothing.
+func (w Wire) AppendEvent(dst []byte, e *Event) []byte {
 	switch e.Kind {
 	case KindStored:
 		n := uint32(8) // type, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name
 		n += b2u(e.ExtraKeys != nil) + b2u(e.HasGroupIdx) + b2u(e.HasKVCacheSpecKind) + b2u(e.HasSlidingWindow)
-		// msgspec sizes a struct's map header for all its fields (15 + the tag: map16), whatever it omits.
-		dst = append(dst, 0xde, 0, byte(n))
-		dst = appendKeyString(dst, tagKey, "BlockStored")
-		dst = appendHashes(msgp.AppendString(dst, "block_hashes"), e.BlockHashes)
-		dst = msgp.AppendString(dst, "parent_block_hash")
-		if e.HasParent {
-			dst = msgp.AppendUint64(dst, e.ParentHash)
+		// msgspec sizes a struct's map header for all its fields, whatever it omits: 16 entries (0.33.0) take a
+		// map16, 15 (0.32.0) a fixmap.
+		if w.storedFields() > 15 {
+			dst = append(dst, 0xde, 0, byte(n))
 		} else {
+			dst = append(dst, 0x80|byte(n))
+		}
+		dst = appendKeyString(dst, tagKey, "BlockStored")
+		dst = appendHashes(msgp.AppendString(dst, "block_hashes"), e.BlockHashes, e.HashBytes)
+		dst = msgp.AppendString(dst, "parent_block_hash")
+		switch {
+		case e.HasParent && e.ParentBytes != nil:
+			dst = msgp.AppendBytes(dst, e.ParentBytes)
+		case e.HasParent:
+			dst = msgp.AppendUint64(dst, e.ParentHash)
+		default:
 			dst = msgp.AppendNil(dst)
 		}
 		dst = appendTokens(msgp.AppendString(dst, "token_ids"), e.TokenIDs, e.IsEagle)
@@ -128,7 +144,7 @@ func AppendEvent(dst []byte, e *Event) []byte {
 	case KindRemoved:
 		dst = msgp.AppendMapHeader(dst, 3+b2u(e.HasGroupIdx))
 		dst = appendKeyString(dst, tagKey, "BlockRemoved")
-		dst = appendHashes(msgp.AppendString(dst, "block_hashes"), e.BlockHashes)
+		dst = appendHashes(msgp.AppendString(dst, "block_hashes"), e.BlockHashes, e.HashBytes)
 		dst = appendOptString(msgp.AppendString(dst, "medium"), e.HasMedium, e.Medium)
 		if e.HasGroupIdx {
 			dst = msgp.AppendUint64(msgp.AppendString(dst, "group_idx"), uint64(e.GroupIdx))
@@ -166,8 +182,16 @@ func appendOptString(dst []byte, has bool, s string) []byte {
 	return msgp.AppendString(dst, s)
 }
 
-func appendHashes(dst []byte, hs []uint64) []byte {
+// appendHashes appends block_hashes: uints, or with hb the bin strings it holds (len(hb)/len(hs) bytes each).
+func appendHashes(dst []byte, hs []uint64, hb []byte) []byte {
 	dst = msgp.AppendArrayHeader(dst, uint32(len(hs)))
+	if hb != nil && len(hs) > 0 {
+		size := len(hb) / len(hs)
+		for i := range hs {
+			dst = msgp.AppendBytes(dst, hb[i*size:(i+1)*size])
+		}
+		return dst
+	}
 	for _, h := range hs {
 		dst = msgp.AppendUint64(dst, h)
 	}

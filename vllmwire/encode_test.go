@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/tinylib/msgp/msgp"
+
 	"github.com/kvshm/kvshm/internal/wirevectors"
 )
 
@@ -60,6 +62,10 @@ func TestDecodeRejects(t *testing.T) {
 		{"missing fields", []byte{0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x81, 0xa4, 't', 'y', 'p', 'e', 0xac,
 			'B', 'l', 'o', 'c', 'k', 'R', 'e', 'm', 'o', 'v', 'e', 'd', 0}},
 		{"huge count", []byte{0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff}},
+		{"bytes then int hash", removedWith(0x92, 0xc4, 1, 'a', 0x01)},
+		{"int then bytes hash", removedWith(0x92, 0x01, 0xc4, 1, 'a')},
+		{"bytes hashes of two lengths", removedWith(0x92, 0xc4, 1, 'a', 0xc4, 2, 'b', 'c')},
+		{"bytes hash truncated", removedWith(0x91, 0xc4, 9, 'a')},
 	} {
 		if _, err := Decode(c.p); !errors.Is(err, ErrMalformed) {
 			t.Errorf("%s: Decode(%x) = %v, want ErrMalformed", c.name, c.p, err)
@@ -70,12 +76,25 @@ func TestDecodeRejects(t *testing.T) {
 	}
 }
 
-// FuzzDecode: Decode never panics; what it accepts re-encodes to a payload that decodes to the same batch.
+// removedWith is a one-event batch: a BlockRemoved whose block_hashes are the msgpack bytes hashes.
+func removedWith(hashes ...byte) []byte {
+	p := AppendBatchHeader(nil, 1, 1)
+	p = msgp.AppendMapHeader(p, 3)
+	p = appendKeyString(p, tagKey, "BlockRemoved")
+	p = append(msgp.AppendString(p, "block_hashes"), hashes...)
+	p = msgp.AppendNil(msgp.AppendString(p, "medium"))
+	return AppendBatchTrailer(p, 0)
+}
+
+// FuzzDecode: Decode never panics; what it accepts re-encodes, in every layout, to a payload that decodes to the
+// same batch (bytes block hashes included).
 func FuzzDecode(f *testing.F) {
-	if vs, err := wirevectors.Load(vectorsPath, 0); err == nil {
-		for _, v := range vs {
-			p, _ := encodeVector(f, v, nil)
-			f.Add(p)
+	for _, w := range wires {
+		if vs, err := wirevectors.Load(vectorsPath(w), 0); err == nil {
+			for _, v := range vs {
+				p, _ := encodeVector(f, w, v, nil)
+				f.Add(p)
+			}
 		}
 	}
 	f.Fuzz(func(t *testing.T, p []byte) {
@@ -94,22 +113,23 @@ func FuzzDecode(f *testing.F) {
 				b.Events[i].ExtraKeys = append([]byte{}, b.Events[i].ExtraKeys...)
 			}
 		}
-		var q []byte
-		if b.HasDpRank {
-			q = AppendBatch(nil, b.TS, b.Events, b.DpRank)
-		} else {
-			q = AppendBatchHeader(nil, b.TS, len(b.Events))
+		for _, w := range wires {
+			q := AppendBatchHeader(nil, b.TS, len(b.Events))
 			for i := range b.Events {
-				q = AppendEvent(q, &b.Events[i])
+				q = w.AppendEvent(q, &b.Events[i])
 			}
-			q = append(q, 0xc0)
-		}
-		b2, err := Decode(q)
-		if err != nil {
-			t.Fatalf("re-encoding %x does not decode: %v", q, err)
-		}
-		if b.TS == b.TS && !reflect.DeepEqual(b, b2) { // NaN ts never compares equal
-			t.Fatalf("round trip differs:\n%+v\n%+v", b, b2)
+			if b.HasDpRank {
+				q = AppendBatchTrailer(q, b.DpRank)
+			} else {
+				q = append(q, 0xc0)
+			}
+			b2, err := Decode(q)
+			if err != nil {
+				t.Fatalf("%s: re-encoding %x does not decode: %v", w, q, err)
+			}
+			if b.TS == b.TS && !reflect.DeepEqual(b, b2) { // NaN ts never compares equal
+				t.Fatalf("%s: round trip differs:\n%+v\n%+v", w, b, b2)
+			}
 		}
 	})
 }

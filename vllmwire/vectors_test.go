@@ -2,6 +2,7 @@ package vllmwire
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,11 +15,16 @@ import (
 	"github.com/kvshm/kvshm/internal/wirevectors"
 )
 
-const vectorsPath = "../testdata/vllmwire/vectors.json"
+const vectorsDir = "../testdata/vllmwire/"
 
-func loadVectors(t testing.TB) []wirevectors.Vector {
+// wires is every layout with its vectors file.
+var wires = []Wire{Wire033, Wire032}
+
+func vectorsPath(w Wire) string { return vectorsDir + wirevectors.Files[w.String()] }
+
+func loadVectors(t testing.TB, w Wire) []wirevectors.Vector {
 	t.Helper()
-	vs, err := wirevectors.Load(vectorsPath, 10)
+	vs, err := wirevectors.Load(vectorsPath(w), 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,36 +70,48 @@ func event(t testing.TB, v wirevectors.Event) Event {
 	if e.ExtraKeys, err = v.ExtraKeys(); err != nil {
 		t.Fatal(err)
 	}
+	if e.HashBytes, err = v.HashBytes(); err != nil {
+		t.Fatal(err)
+	}
+	if e.ParentBytes, err = v.ParentBytes(); err != nil {
+		t.Fatal(err)
+	}
 	return e
 }
 
-// encodeVector encodes a vector's input; a null dp_rank (msgspec writes nil) is appended by hand, as the daemon
-// always knows its dp_rank.
-func encodeVector(t testing.TB, v wirevectors.Vector, dst []byte) ([]byte, []Event) {
+// encodeVector encodes a vector's input in layout w; a null dp_rank (msgspec writes nil) is appended by hand, as
+// the daemon always knows its dp_rank.
+func encodeVector(t testing.TB, w Wire, v wirevectors.Vector, dst []byte) ([]byte, []Event) {
 	evs := make([]Event, len(v.Events))
 	for i, ve := range v.Events {
 		evs[i] = event(t, ve)
 	}
+	dst = AppendBatchHeader(dst, v.TS, len(evs))
+	for i := range evs {
+		dst = w.AppendEvent(dst, &evs[i])
+	}
 	if v.DpRank == nil {
-		dst = AppendBatchHeader(dst, v.TS, len(evs))
-		for i := range evs {
-			dst = AppendEvent(dst, &evs[i])
-		}
 		return msgp.AppendNil(dst), evs
 	}
-	return AppendBatch(dst, v.TS, evs, *v.DpRank), evs
+	return AppendBatchTrailer(dst, *v.DpRank), evs
 }
 
-// TestVectors: every payload vllmwire encodes is byte-identical to msgspec's encoding of vLLM's structs, and
-// decodes back to its input.
+// TestVectors: every payload vllmwire encodes, in each release's layout, is byte-identical to msgspec's encoding
+// of that release's structs, and decodes back to its input.
 func TestVectors(t *testing.T) {
-	for _, v := range loadVectors(t) {
+	for _, w := range wires {
+		t.Run(w.String(), func(t *testing.T) { testVectors(t, w) })
+	}
+}
+
+func testVectors(t *testing.T, w Wire) {
+	for _, v := range loadVectors(t, w) {
 		t.Run(v.Name, func(t *testing.T) {
 			want, err := v.Payload()
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, evs := encodeVector(t, v, nil)
+			got, evs := encodeVector(t, w, v, nil)
 			if !bytes.Equal(got, want) {
 				t.Fatalf("encoding differs from msgspec's:\n got %x\nwant %x", got, want)
 			}
@@ -135,23 +153,81 @@ func normalize(e *Event) {
 	}
 }
 
-// TestVectorsFresh regenerates the vectors with the committed script and the dev venv's msgspec: the committed
-// file must be what msgspec produces today (a msgspec upgrade that changes its bytes fails here).
+// TestVectorsFresh regenerates each release's vectors with the committed script and the dev venv's msgspec: the
+// committed files must be what msgspec produces today (a msgspec upgrade that changes its bytes, or a struct
+// changed in vllm_structs.py, fails here).
 func TestVectorsFresh(t *testing.T) {
 	py, err := filepath.Abs("../.venv/bin/python")
 	if err == nil {
 		_, err = os.Stat(py)
 	}
 	testenv.Require(t, err, "the dev venv with msgspec", "make venv")
-	out, err := exec.Command(py, "../testdata/vllmwire/gen_vectors.py", "-").Output()
-	if err != nil {
-		t.Fatalf("gen_vectors.py: %v", err)
+	for _, w := range wires {
+		out, err := exec.Command(py, "../testdata/vllmwire/gen_vectors.py", "--wire", w.String(), "-").Output()
+		if err != nil {
+			t.Fatalf("gen_vectors.py --wire %s: %v", w, err)
+		}
+		committed, err := os.ReadFile(vectorsPath(w))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(out, committed) {
+			t.Errorf("%s is stale: run %s testdata/vllmwire/gen_vectors.py --wire %s", vectorsPath(w), py, w)
+		}
 	}
-	committed, err := os.ReadFile(vectorsPath)
-	if err != nil {
-		t.Fatal(err)
+}
+
+// TestWires: the two layouts differ exactly in BlockStored's map header (msgspec sizes it for the struct's field
+// count: 16 entries take a map16, 15 a fixmap), and ParseWire knows their names.
+func TestWires(t *testing.T) {
+	a, b := loadVectors(t, Wire033), loadVectors(t, Wire032)
+	if len(a) != len(b) {
+		t.Fatalf("%d vectors for 0.33, %d for 0.32: want the same cases", len(a), len(b))
 	}
-	if !bytes.Equal(out, committed) {
-		t.Fatalf("testdata/vllmwire/vectors.json is stale: run %s testdata/vllmwire/gen_vectors.py", py)
+	differ := 0
+	for i := range a {
+		if a[i].Name != b[i].Name {
+			t.Fatalf("case %d: %q vs %q", i, a[i].Name, b[i].Name)
+		}
+		if a[i].PayloadHex != b[i].PayloadHex {
+			differ++
+		}
+	}
+	if differ == 0 {
+		t.Fatal("the 0.32 and 0.33 vectors are identical: the layouts are not pinned apart")
+	}
+	e := Event{Kind: KindStored, BlockHashes: []uint64{1}, TokenIDs: []uint32{2}, BlockSize: 1}
+	if got := Wire033.AppendEvent(nil, &e)[:3]; !bytes.Equal(got, []byte{0xde, 0, 8}) {
+		t.Errorf("0.33 BlockStored header %x, want de0008", got)
+	}
+	if got := Wire032.AppendEvent(nil, &e)[0]; got != 0x88 {
+		t.Errorf("0.32 BlockStored header %x, want 88", got)
+	}
+	for _, c := range []struct {
+		in   string
+		want Wire
+		err  bool
+	}{{"", Wire033, false}, {"0.33", Wire033, false}, {"0.32", Wire032, false}, {"0.31", 0, true}, {"0.33.0", 0, true}} {
+		w, err := ParseWire(c.in)
+		if (err != nil) != c.err || (!c.err && w != c.want) || (c.err && !errors.Is(err, ErrUnknownWire)) {
+			t.Errorf("ParseWire(%q) = %v, %v", c.in, w, err)
+		}
+	}
+}
+
+// TestHashKey: bytes hashes index under their last 8 bytes, big-endian, zero-extended (vLLM's int form).
+func TestHashKey(t *testing.T) {
+	for _, c := range []struct {
+		in   []byte
+		want uint64
+	}{
+		{nil, 0},
+		{[]byte{1, 2}, 0x0102},
+		{[]byte{9, 1, 2, 3, 4, 5, 6, 7, 8}, 0x0102030405060708},
+		{bytes.Repeat([]byte{0xff}, 32), 1<<64 - 1},
+	} {
+		if got := HashKey(c.in); got != c.want {
+			t.Errorf("HashKey(%x) = %#x, want %#x", c.in, got, c.want)
+		}
 	}
 }

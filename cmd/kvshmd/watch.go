@@ -3,11 +3,14 @@ package main
 import (
 	"context"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"syscall"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -19,8 +22,28 @@ import (
 // prints one JSON line per batch: what a consumer receives, decoded. With --replay it first asks the replay socket
 // for the batches from --from on (printed with "replayed": true), then follows the live stream. It exits 0 after
 // --count batches, 1 when nothing arrives for --timeout (0: wait forever) or a payload does not decode (printed
-// with its error: a consumer would drop it), 2 on a usage error.
+// with its error: a consumer would drop it), 2 on a usage error, 3 on an endpoint it can never connect to (an
+// unknown transport or a malformed address).
+//
+// Like a libzmq SUB (and DEALER) it connects in the background: a publisher that is not up yet (connection
+// refused, no ipc socket file) is dialed again every reconnectInterval until it is, and a lost connection is
+// dialed again, so watch can start before the stream it watches and outlive its restarts. --timeout covers that
+// wait too.
 func watch(args []string, stdout, stderr io.Writer) int {
+	return watchWith(context.Background(), args, stdout, stderr, reconnectInterval)
+}
+
+// reconnectInterval is libzmq's ZMQ_RECONNECT_IVL default.
+const reconnectInterval = 100 * time.Millisecond
+
+// zmqRetry are the socket options of a libzmq-like connect: retry every ivl, forever (until the context ends),
+// and again after a lost connection.
+func zmqRetry(ivl time.Duration) []zmq4.Option {
+	return []zmq4.Option{zmq4.WithDialerRetry(ivl), zmq4.WithDialerMaxRetries(-1), zmq4.WithAutomaticReconnect(true)}
+}
+
+// watchWith is watch with its reconnect interval, until ctx ends (tests).
+func watchWith(parent context.Context, args []string, stdout, stderr io.Writer, ivl time.Duration) int {
 	fs := flag.NewFlagSet("kvshmd watch", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	topic := fs.String("topic", "", "subscribe to this topic prefix")
@@ -38,19 +61,18 @@ func watch(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "usage: kvshmd watch [--topic T] [--count N] [--timeout D] [--replay EP --from SEQ] ENDPOINT")
 		return exitUsage
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
-	sub := zmq4.NewSub(ctx)
+	sub := zmq4.NewSub(ctx, zmqRetry(ivl)...)
 	defer sub.Close()
-	if err := sub.Dial(fs.Arg(0)); err != nil {
-		fmt.Fprintf(stderr, "kvshmd watch: %v\n", err)
-		return exitUnreachable
-	}
+	// Subscribed before the connection exists: the socket sends its topics on every connection it makes.
 	if err := sub.SetOption(zmq4.OptionSubscribe, *topic); err != nil {
 		fmt.Fprintf(stderr, "kvshmd watch: %v\n", err)
 		return exitFailure
 	}
-	w := watcher{out: json.NewEncoder(stdout), stderr: stderr, count: *count}
+	dialed := make(chan error, 1)
+	go func() { dialed <- sub.Dial(fs.Arg(0)) }() // returns once connected, or on an endpoint it cannot dial
+	w := watcher{out: json.NewEncoder(stdout), stderr: stderr, count: *count, ivl: ivl}
 	if *replay != "" {
 		if rc, done := w.replay(ctx, *replay, *from, *timeout); done {
 			return rc
@@ -59,9 +81,26 @@ func watch(args []string, stdout, stderr io.Writer) int {
 	msgs := make(chan zmq4.Msg)
 	errc := make(chan error, 1)
 	go func() {
+		if err := <-dialed; err != nil {
+			if ctx.Err() == nil {
+				errc <- unreachable{err}
+			}
+			return
+		}
 		for {
 			m, err := sub.Recv()
 			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				// The connection was lost (the publisher stopped: EOF, reset). The socket dials it again
+				// (WithAutomaticReconnect); receive again after the reconnect interval, as a libzmq SUB just
+				// keeps waiting. --timeout still ends a wait that never sees a batch.
+				if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
+					errors.Is(err, net.ErrClosed) {
+					time.Sleep(ivl)
+					continue
+				}
 				errc <- err
 				return
 			}
@@ -88,6 +127,11 @@ func watch(args []string, stdout, stderr io.Writer) int {
 			}
 		case err := <-errc:
 			fmt.Fprintf(stderr, "kvshmd watch: %v\n", err)
+			if errors.As(err, new(unreachable)) {
+				return exitUnreachable
+			}
+			return exitFailure
+		case <-ctx.Done(): // the caller's context (tests)
 			return exitFailure
 		case <-idle:
 			fmt.Fprintf(stderr, "kvshmd watch: no batch for %v (%d received)\n", *timeout, w.seen)
@@ -96,12 +140,16 @@ func watch(args []string, stdout, stderr io.Writer) int {
 	}
 }
 
+// unreachable is a dial error no retry can fix (unknown transport, malformed address).
+type unreachable struct{ error }
+
 // watcher prints batches and counts them.
 type watcher struct {
 	out    *json.Encoder
 	stderr io.Writer
 	count  int
 	seen   int
+	ivl    time.Duration // reconnect interval of the replay DEALER
 }
 
 // replay asks a ROUTER replay socket for the batches from seq on and prints them until the end marker. done is
@@ -112,7 +160,7 @@ func (w *watcher) replay(ctx context.Context, ep string, from uint64, timeout ti
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	d := zmq4.NewDealer(ctx)
+	d := zmq4.NewDealer(ctx, zmqRetry(w.ivl)...) // waits for the replay socket as the SUB does (bounded by timeout)
 	defer d.Close()
 	if err := d.Dial(ep); err != nil {
 		fmt.Fprintf(w.stderr, "kvshmd watch: replay: %v\n", err)
@@ -196,7 +244,16 @@ func watchEvent(e *vllmwire.Event) map[string]any {
 	if e.Kind == vllmwire.KindCleared {
 		return m
 	}
-	m["block_hashes"] = e.BlockHashes
+	m["block_hashes"] = e.BlockHashes // bytes hashes: their keys, with the bytes in block_hash_bytes
+	if e.HashBytes != nil {
+		var hs []string
+		if n := len(e.BlockHashes); n > 0 {
+			for i, size := 0, len(e.HashBytes)/n; i < n; i++ {
+				hs = append(hs, hex.EncodeToString(e.HashBytes[i*size:(i+1)*size]))
+			}
+		}
+		m["block_hash_bytes"] = hs
+	}
 	if e.HasMedium {
 		m["medium"] = e.Medium
 	}
@@ -209,6 +266,9 @@ func watchEvent(e *vllmwire.Event) map[string]any {
 	m["parent_block_hash"] = nil
 	if e.HasParent {
 		m["parent_block_hash"] = e.ParentHash
+		if e.ParentBytes != nil {
+			m["parent_block_hash_bytes"] = hex.EncodeToString(e.ParentBytes)
+		}
 	}
 	m["token_ids"], m["block_size"] = e.TokenIDs, e.BlockSize
 	if e.IsEagle {

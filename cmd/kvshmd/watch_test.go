@@ -1,12 +1,20 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/transport"
 
 	"github.com/kvshm/kvshm/internal/testenv"
 	"github.com/kvshm/kvshm/vllmwire"
@@ -32,9 +40,11 @@ func TestWatch(t *testing.T) {
 		return vllmwire.AppendBatchTrailer(b, 2)
 	}
 	p.Publish(7, payload(7)) // in the replay buffer before anyone subscribes
+	p.Publish(8, payload(8))
+	waitPublished(t, p, 2)
 	// runUntil runs watch with args while publishing new seqs (PUB drops what it sends before the subscription
 	// arrives) and returns its exit code and output lines.
-	next := uint64(8)
+	next := uint64(9)
 	runUntil := func(args ...string) (int, []string, string) {
 		var out, errb testenv.SyncBuffer
 		done := make(chan int)
@@ -99,4 +109,142 @@ func TestWatch(t *testing.T) {
 	if rc := run([]string{"watch"}, &out, &errb); rc != exitUsage {
 		t.Fatalf("no endpoint: exit %d", rc)
 	}
+}
+
+// waitPublished waits until p has published n batches (Publish only queues); all but the last are then in the
+// replay buffer too (the sender buffers a batch after counting it, before the next).
+func waitPublished(t *testing.T, p *zmqpub.Publisher, n uint64) {
+	t.Helper()
+	for p.Stats().Published < n {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// refusingTransport is a zmq4 transport that refuses the first n dials of each address (ECONNREFUSED, as a tcp
+// port nobody listens on yet) and then dials the unix socket at that address: a publisher that comes up late.
+type refusingTransport struct {
+	n     int
+	mu    sync.Mutex
+	tries map[string]int
+}
+
+func (r *refusingTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
+	r.mu.Lock()
+	r.tries[addr]++
+	refuse := r.tries[addr] <= r.n
+	r.mu.Unlock()
+	if refuse {
+		return nil, &net.OpError{Op: "dial", Net: "unix", Err: syscall.ECONNREFUSED}
+	}
+	return d.DialContext(ctx, "unix", addr)
+}
+
+func (r *refusingTransport) Listen(context.Context, string) (net.Listener, error) {
+	return nil, errors.New("refusing transport: dial only")
+}
+
+func (r *refusingTransport) Addr(ep string) (string, error) { return ep, nil }
+
+func (r *refusingTransport) attempts(addr string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.tries[addr]
+}
+
+var refusing = sync.OnceValue(func() *refusingTransport {
+	r := &refusingTransport{n: 40, tries: map[string]int{}} // 40: beyond zmq4's default of 10 retries
+	if err := zmq4.RegisterTransport("refusing", r); err != nil {
+		panic(err)
+	}
+	return r
+})
+
+// TestWatchRetriesRefused: like a libzmq SUB, watch keeps dialing a publisher (and a replay socket) that refuses
+// the connection until it is up, however many attempts that takes, then receives; an endpoint no retry can fix (an
+// unknown transport) exits 3 at once. Before: zmq4's dial gave up after 10 retries and watch exited 3.
+func TestWatchRetriesRefused(t *testing.T) {
+	r := refusing()
+	dir := t.TempDir()
+	pubPath, repPath := filepath.Join(dir, "pub.sock"), filepath.Join(dir, "replay.sock")
+	p, err := zmqpub.New(zmqpub.Config{Endpoint: "ipc://" + pubPath, ReplayEndpoint: "ipc://" + repPath, Topic: "kv",
+		BufferSteps: 10}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	batch := vllmwire.AppendBatchTrailer(vllmwire.AppendBatchHeader(nil, 1, 0), 0)
+	p.Publish(1, batch) // for the replay
+	p.Publish(2, batch)
+	waitPublished(t, p, 2)
+	seq := uint64(3)
+	watchRefused := func(args ...string) (int, string, string) {
+		var out, errb testenv.SyncBuffer
+		done := make(chan int)
+		go func() {
+			done <- watchWith(context.Background(), append([]string{"--count", "1", "--timeout", "60s"}, args...), &out, &errb, time.Millisecond)
+		}()
+		for {
+			p.Publish(seq, batch) // PUB drops what it sends before the subscription arrives
+			seq++
+			select {
+			case rc := <-done:
+				return rc, out.String(), errb.String()
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	// Live: the SUB's dials are refused 40 times, then it receives.
+	if rc, out, errs := watchRefused("refusing://" + pubPath); rc != exitOK || strings.Contains(out, "replayed") {
+		t.Fatalf("live: watch exited %d: %s\n%s", rc, errs, out)
+	}
+	// Replay: the DEALER's dials likewise.
+	if rc, out, errs := watchRefused("--replay", "refusing://"+repPath, "--from", "0", "ipc://"+pubPath); rc != exitOK ||
+		!strings.Contains(out, `"replayed":true`) {
+		t.Fatalf("replay: watch exited %d: %s\n%s", rc, errs, out)
+	}
+	if a, b := r.attempts(pubPath), r.attempts(repPath); a <= r.n || b <= r.n {
+		t.Fatalf("dial attempts: pub %d, replay %d; want more than the %d refused", a, b, r.n)
+	}
+	var out, errb testenv.SyncBuffer
+	if rc := watchWith(context.Background(), []string{"--timeout", "60s", "bogus://x"}, &out, &errb, time.Millisecond); rc != exitUnreachable {
+		t.Fatalf("unknown transport: exit %d, want %d", rc, exitUnreachable)
+	}
+}
+
+// TestWatchReconnects: a publisher that goes away and comes back on the same endpoint (kvshmd restarted) is
+// dialed again, as a libzmq SUB would: watch keeps receiving.
+func TestWatchReconnects(t *testing.T) {
+	ep := "ipc://" + filepath.Join(t.TempDir(), "pub.sock")
+	newPub := func() *zmqpub.Publisher {
+		p, err := zmqpub.New(zmqpub.Config{Endpoint: ep, Topic: "kv"}, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	batch := vllmwire.AppendBatchTrailer(vllmwire.AppendBatchHeader(nil, 1, 0), 0)
+	var out, errb testenv.SyncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	go func() { done <- watchWith(ctx, []string{ep}, &out, &errb, time.Millisecond) }()
+	// publishUntil publishes from seq on until watch printed what contains want.
+	publishUntil := func(p *zmqpub.Publisher, seq uint64, want string) {
+		for ; !strings.Contains(out.String(), want); seq++ {
+			p.Publish(seq, batch)
+			select {
+			case rc := <-done:
+				t.Fatalf("watch exited %d: %s\n%s", rc, errb.String(), out.String())
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	p := newPub()
+	publishUntil(p, 1, `"seq":`)
+	_ = p.Close()
+	p = newPub() // the same endpoint, a new publisher: seqs from 1000
+	defer p.Close()
+	publishUntil(p, 1000, `"seq":10`)
+	cancel()
+	<-done
 }

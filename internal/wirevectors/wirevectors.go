@@ -1,5 +1,7 @@
-// Package wirevectors reads testdata/vllmwire/vectors.json: vLLM 0.33.0 KV-event batches, each with the payload
-// msgspec encodes for it (testdata/vllmwire/gen_vectors.py writes the file from testdata/vllmwire/vllm_structs.py).
+// Package wirevectors reads testdata/vllmwire/vectors.json (vLLM 0.33.0) and vectors_0.32.json (vLLM 0.32.0):
+// KV-event batches, each with the payload msgspec encodes for it with that release's structs
+// (testdata/vllmwire/gen_vectors.py writes the files from testdata/vllmwire/vllm_structs.py; both hold the same
+// cases).
 // The tests of vllmwire check their encoder against the payloads byte for byte, the daemon's tests send the same
 // batches through the ring; this package imports neither, so both can use it.
 package wirevectors
@@ -26,15 +28,34 @@ type Event struct {
 	SpecKind     *string  `json:"kv_cache_spec_kind"`
 	Window       *uint32  `json:"kv_cache_spec_sliding_window"`
 	ExtraKeysHex *string  `json:"extra_keys_hex"` // msgspec's encoding of extra_keys
+	// Bytes block hashes (vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0): the event's hashes concatenated (all
+	// one length) and the parent's; BlockHashes and Parent then hold their index keys.
+	HashBytesHex   *string `json:"block_hash_bytes_hex"`
+	ParentBytesHex *string `json:"parent_bytes_hex"`
+}
+
+// Files maps a vLLM release (vllmwire's wire name) to its vectors file under testdata/vllmwire.
+var Files = map[string]string{"0.33": "vectors.json", "0.32": "vectors_0.32.json"}
+
+// HashBytes returns the concatenated bytes block hashes (nil: the hashes are ints).
+func (e Event) HashBytes() ([]byte, error) { return optHex(e.HashBytesHex) }
+
+// ParentBytes returns the parent hash's bytes (nil: an int or None).
+func (e Event) ParentBytes() ([]byte, error) { return optHex(e.ParentBytesHex) }
+
+func optHex(s *string) ([]byte, error) {
+	if s == nil {
+		return nil, nil
+	}
+	b, err := hex.DecodeString(*s)
+	if b == nil && err == nil {
+		b = []byte{}
+	}
+	return b, err
 }
 
 // ExtraKeys returns the msgpack bytes of extra_keys (nil for None).
-func (e Event) ExtraKeys() ([]byte, error) {
-	if e.ExtraKeysHex == nil {
-		return nil, nil
-	}
-	return hex.DecodeString(*e.ExtraKeysHex)
-}
+func (e Event) ExtraKeys() ([]byte, error) { return optHex(e.ExtraKeysHex) }
 
 // Vector is one batch and msgspec's payload for it.
 type Vector struct {

@@ -29,6 +29,10 @@ type MetaSpec struct {
 	Kind             string // kv_cache_spec_kind
 	HasSlidingWindow bool
 	SlidingWindow    uint32 // kv_cache_spec_sliding_window
+	// HashBytes: the event's bytes block hashes, concatenated (nil: ints); ParentBytes: its parent's (nil: an
+	// int or None). See the schema; DecodeMeta does not relate them to the event (the daemon does).
+	HashBytes   []byte
+	ParentBytes []byte
 }
 
 // MetaView is a decoded Meta whose byte slices alias the payload given to DecodeMeta (valid as long as it is).
@@ -47,18 +51,27 @@ type MetaView struct {
 	Kind             []byte
 	HasSlidingWindow bool
 	SlidingWindow    uint32
+	HashBytes        []byte // nil when absent
+	ParentBytes      []byte // nil when absent
 }
 
 // BuildMeta encodes m with b in the canonical call order (the Python builder, kvshm._encode, follows it too) and
 // returns the finished bytes (a root buffer without file identifier). It resets b first; the result aliases b's
 // buffer and is valid until b is used again.
 //
-//	[kind = CreateString], [extra = CreateByteVector], [medium = CreateString]
+//	[parent = CreateByteVector], [hashes = CreateByteVector], [kind = CreateString], [extra = CreateByteVector],
+//	[medium = CreateString]
 //	MetaStart, [AddMedium], [AddLoraId], [AddBlockSize], [AddExtraKeys], [AddGroupIdx], [AddKvCacheSpecKind],
-//	[AddKvCacheSpecSlidingWindow], MetaEnd, Finish
+//	[AddKvCacheSpecSlidingWindow], [AddBlockHashBytes], [AddParentHashBytes], MetaEnd, Finish
 func BuildMeta(b *flatbuffers.Builder, m *MetaSpec) []byte {
 	b.Reset()
-	var kind, extra, medium flatbuffers.UOffsetT
+	var parent, hashes, kind, extra, medium flatbuffers.UOffsetT
+	if m.ParentBytes != nil {
+		parent = b.CreateByteVector(m.ParentBytes)
+	}
+	if m.HashBytes != nil {
+		hashes = b.CreateByteVector(m.HashBytes)
+	}
 	if m.HasKind {
 		kind = b.CreateString(m.Kind)
 	}
@@ -90,6 +103,12 @@ func BuildMeta(b *flatbuffers.Builder, m *MetaSpec) []byte {
 	if m.HasSlidingWindow {
 		kvevent.MetaAddKvCacheSpecSlidingWindow(b, m.SlidingWindow)
 	}
+	if m.HashBytes != nil {
+		kvevent.MetaAddBlockHashBytes(b, hashes)
+	}
+	if m.ParentBytes != nil {
+		kvevent.MetaAddParentHashBytes(b, parent)
+	}
 	kvevent.FinishMetaBuffer(b, kvevent.MetaEnd(b))
 	return b.FinishedBytes()
 }
@@ -103,7 +122,9 @@ const (
 	slotMetaGroupIdx      = 4
 	slotMetaKind          = 5
 	slotMetaSlidingWindow = 6
-	metaFields            = 7
+	slotMetaHashBytes     = 7
+	slotMetaParentBytes   = 8
+	metaFields            = 9
 
 	metaHeaderSize = 4 // root uoffset, no file identifier
 	// minMetaSize: the root offset, a table's soffset and a minimal vtable.
@@ -151,12 +172,8 @@ func decodeMeta(payload []byte, m *MetaView) error {
 	if m.BlockSize, m.HasBlockSize, err = d.optU32(t, slotMetaBlockSize); err != nil {
 		return err
 	}
-	if pos, err := d.field(t, slotMetaExtraKeys, 4); err != nil {
+	if m.ExtraKeys, err = d.optBytes(t, slotMetaExtraKeys); err != nil {
 		return err
-	} else if pos != 0 {
-		if m.ExtraKeys, err = d.vector(pos, 1); err != nil {
-			return err
-		}
 	}
 	if m.GroupIdx, m.HasGroupIdx, err = d.optU32(t, slotMetaGroupIdx); err != nil {
 		return err
@@ -165,6 +182,12 @@ func decodeMeta(payload []byte, m *MetaView) error {
 		return err
 	}
 	if m.SlidingWindow, m.HasSlidingWindow, err = d.optU32(t, slotMetaSlidingWindow); err != nil {
+		return err
+	}
+	if m.HashBytes, err = d.optBytes(t, slotMetaHashBytes); err != nil {
+		return err
+	}
+	if m.ParentBytes, err = d.optBytes(t, slotMetaParentBytes); err != nil {
 		return err
 	}
 	if !d.unknown && d.n-d.end > maxTrailing {
@@ -179,6 +202,15 @@ func (d *decoder) optU32(t table, slot int) (uint32, bool, error) {
 		return 0, false, err
 	}
 	return binary.LittleEndian.Uint32(d.p[pos:]), true, nil
+}
+
+// optBytes reads a [ubyte] field: nil when absent, non-nil (maybe empty) when present.
+func (d *decoder) optBytes(t table, slot int) ([]byte, error) {
+	pos, err := d.field(t, slot, 4)
+	if err != nil || pos == 0 {
+		return nil, err
+	}
+	return d.vector(pos, 1) // an empty vector is a non-nil empty slice: present, not None
 }
 
 func (d *decoder) optString(t table, slot int) ([]byte, bool, error) {

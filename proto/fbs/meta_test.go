@@ -29,9 +29,13 @@ var metaCases = []struct {
 	{"group", MetaSpec{HasGroupIdx: true, GroupIdx: 3}},
 	{"kind", MetaSpec{HasKind: true, Kind: "sliding_window"}},
 	{"window", MetaSpec{HasSlidingWindow: true, SlidingWindow: 4096}},
+	{"hash bytes", MetaSpec{HashBytes: bytes.Repeat([]byte{0xab}, 64)}},
+	{"hash bytes empty", MetaSpec{HashBytes: []byte{}}},
+	{"parent bytes", MetaSpec{ParentBytes: []byte{1, 2, 3}}},
 	{"all", MetaSpec{HasMedium: true, Medium: "CPU", HasLoraID: true, LoraID: 1 << 40, HasBlockSize: true,
 		BlockSize: 16, ExtraKeys: []byte{1, 2, 3, 4, 5}, HasGroupIdx: true, GroupIdx: 1, HasKind: true,
-		Kind: "full_attention", HasSlidingWindow: true, SlidingWindow: 128}},
+		Kind: "full_attention", HasSlidingWindow: true, SlidingWindow: 128, HashBytes: []byte{7, 7},
+		ParentBytes: []byte{9}}},
 }
 
 func checkMetaView(t testing.TB, m *MetaSpec, v *MetaView) {
@@ -42,7 +46,9 @@ func checkMetaView(t testing.TB, m *MetaSpec, v *MetaView) {
 		(v.ExtraKeys == nil) != (m.ExtraKeys == nil) || !bytes.Equal(v.ExtraKeys, m.ExtraKeys) ||
 		v.HasGroupIdx != m.HasGroupIdx || v.GroupIdx != m.GroupIdx ||
 		v.HasKind != m.HasKind || string(v.Kind) != m.Kind ||
-		v.HasSlidingWindow != m.HasSlidingWindow || v.SlidingWindow != m.SlidingWindow {
+		v.HasSlidingWindow != m.HasSlidingWindow || v.SlidingWindow != m.SlidingWindow ||
+		(v.HashBytes == nil) != (m.HashBytes == nil) || !bytes.Equal(v.HashBytes, m.HashBytes) ||
+		(v.ParentBytes == nil) != (m.ParentBytes == nil) || !bytes.Equal(v.ParentBytes, m.ParentBytes) {
 		t.Fatalf("view %+v != spec %+v", *v, *m)
 	}
 }
@@ -60,7 +66,8 @@ func checkMetaOfficial(t testing.TB, p []byte, v *MetaView) {
 	if !bytes.Equal(o.Medium(), v.Medium) || !bytes.Equal(o.KvCacheSpecKind(), v.Kind) ||
 		o.ExtraKeysLength() != len(v.ExtraKeys) || !bytes.Equal(o.ExtraKeysBytes(), v.ExtraKeys) ||
 		!u32(o.BlockSize(), v.HasBlockSize, v.BlockSize) || !u32(o.GroupIdx(), v.HasGroupIdx, v.GroupIdx) ||
-		!u32(o.KvCacheSpecSlidingWindow(), v.HasSlidingWindow, v.SlidingWindow) {
+		!u32(o.KvCacheSpecSlidingWindow(), v.HasSlidingWindow, v.SlidingWindow) ||
+		!bytes.Equal(o.BlockHashBytesBytes(), v.HashBytes) || !bytes.Equal(o.ParentHashBytesBytes(), v.ParentBytes) {
 		t.Fatalf("official accessors disagree with view %+v", *v)
 	}
 	if l := o.LoraId(); (l != nil) != v.HasLoraID || l != nil && *l != v.LoraID {
@@ -167,12 +174,13 @@ func specFromMetaView(v *MetaView) MetaSpec {
 	m := MetaSpec{HasMedium: v.HasMedium, Medium: string(v.Medium), HasLoraID: v.HasLoraID, LoraID: v.LoraID,
 		HasBlockSize: v.HasBlockSize, BlockSize: v.BlockSize, HasGroupIdx: v.HasGroupIdx, GroupIdx: v.GroupIdx,
 		HasKind: v.HasKind, Kind: string(v.Kind), HasSlidingWindow: v.HasSlidingWindow, SlidingWindow: v.SlidingWindow}
-	if v.ExtraKeys != nil {
-		m.ExtraKeys = slices.Clone(v.ExtraKeys)
-		if m.ExtraKeys == nil {
-			m.ExtraKeys = []byte{}
+	clone := func(b []byte) []byte {
+		if b == nil {
+			return nil
 		}
+		return append([]byte{}, b...) // present and empty stays non-nil
 	}
+	m.ExtraKeys, m.HashBytes, m.ParentBytes = clone(v.ExtraKeys), clone(v.HashBytes), clone(v.ParentBytes)
 	return m
 }
 
@@ -228,6 +236,9 @@ func FuzzMetaRoundTrip(f *testing.F) {
 		}
 		if has&64 != 0 {
 			m.ExtraKeys = append([]byte{}, extra...)
+		}
+		if has&128 != 0 { // the hash and parent bytes: the extra bytes split in two
+			m.HashBytes, m.ParentBytes = append([]byte{}, extra[:len(extra)/2]...), append([]byte{}, extra[len(extra)/2:]...)
 		}
 		if m.HasGroupIdx {
 			m.GroupIdx = group

@@ -52,6 +52,11 @@ CASES: dict[str, tuple[int, int, float, int, list[Any]]] = {
     "eagle_pairs": (9, 0, 2.0, 2, [
         ke.BlockStored([41, 42], None, [(1, 2), (2, 3), (3, 4), (4, 5)], 2, None, "GPU", None),  # type: ignore[list-item]
     ]),
+    "bytes_hashes": (11, 2, 4.0, 2, [  # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0: sha256-sized bytes hashes
+        ke.BlockStored([b"\x01" * 32, b"\x02" * 32], b"\x03" * 32, [1, 2, 3, 4], 2, None, "GPU", None),
+        ke.BlockRemoved([b"\xab\xcd"], "GPU"),
+        ke.BlockStored([b"\x04" * 32], None, [5, 6], 2, None, "CPU", None, group_idx=1),
+    ]),
     "empty_medium": (10, 0, 3.0, 4, [
         ke.BlockRemoved([5], ""),
         ke.BlockStored([6], None, [0, 0, 0, 0], 4, 0, None, None, group_idx=0),
@@ -77,6 +82,12 @@ def event_json(e: Any) -> dict[str, Any]:
 
             d["extra_keys_msgpack"] = msgspec.msgpack.encode(v).hex()
             continue
+        if f == "block_hashes" and v and isinstance(v[0], bytes):  # JSON has no bytes: their keys and hex
+            d["block_hash_bytes_hex"] = b"".join(v).hex()
+            v = [int.from_bytes(h[-8:], "big") for h in v]
+        if f == "parent_block_hash" and isinstance(v, bytes):
+            d["parent_bytes_hex"] = v.hex()
+            v = int.from_bytes(v[-8:], "big")
         d[f] = v
     return d
 
@@ -173,6 +184,8 @@ def official_meta(**kw: Any) -> bytes:
 
     Meta: Any = generated  # flatc's Python is untyped
     b = flatbuffers.Builder(0)
+    pb = b.CreateByteVector(kw["parent_bytes"]) if kw.get("parent_bytes") is not None else None
+    hb = b.CreateByteVector(kw["hash_bytes"]) if kw.get("hash_bytes") is not None else None
     k = b.CreateString(kw["kind"]) if kw.get("kind") is not None else None
     x = b.CreateByteVector(kw["extra_keys"]) if kw.get("extra_keys") is not None else None
     m = b.CreateString(kw["medium"]) if kw.get("medium") is not None else None
@@ -191,6 +204,10 @@ def official_meta(**kw: Any) -> bytes:
         Meta.MetaAddKvCacheSpecKind(b, k)
     if kw.get("sliding_window") is not None:
         Meta.MetaAddKvCacheSpecSlidingWindow(b, kw["sliding_window"])
+    if hb is not None:
+        Meta.MetaAddBlockHashBytes(b, hb)
+    if pb is not None:
+        Meta.MetaAddParentHashBytes(b, pb)
     b.Finish(Meta.MetaEnd(b))
     return bytes(b.Output())
 
@@ -213,4 +230,8 @@ def test_meta_matches_official_builder() -> None:
             kw["kind"] = "k" * rng.randint(0, 11)
         if rng.random() < 0.5:
             kw["sliding_window"] = rng.randint(0, 2**32 - 1)
+        if rng.random() < 0.5:
+            kw["hash_bytes"] = bytes(rng.randint(0, 255) for _ in range(rng.choice([0, 2, 32, 64, 96])))
+        if rng.random() < 0.5:
+            kw["parent_bytes"] = bytes(rng.randint(0, 255) for _ in range(rng.choice([0, 1, 32])))
         assert build_meta(**kw) == official_meta(**kw), kw

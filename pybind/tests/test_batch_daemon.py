@@ -79,6 +79,65 @@ def test_publish_batches_vllm_wire(make_indexer: Any, short_dir: Path) -> None:
         ctx.term()
 
 
+def test_publish_wire_per_vllm_release(make_indexer: Any, short_dir: Path) -> None:
+    """ZmqPublish(wire="0.32"): the stream is byte-identical to vLLM 0.32.0's (its BlockStored has one field less:
+    msgspec writes a fixmap header, not 0.33.0's map16)."""
+    endpoint = f"ipc://{short_dir}/pub.sock"
+    ix = make_indexer(publish=ZmqPublish(endpoint=endpoint, topic="kv", wire="0.32"))
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sub = sub_socket(ctx, endpoint)
+    try:
+        seq = join(ix, sub)
+        theirs = [BlockStored([11, 12], 10, list(range(8)), 4, None, "GPU", None), BlockRemoved([5], "GPU")]
+        ix.apply_batch(seq, [ke.BlockStored([11, 12], 10, list(range(8)), 4, None, "GPU", None),
+                             ke.BlockRemoved([5], "GPU")], ts=2.5)
+        _, _, payload = sub.recv_multipart()
+        assert payload == vllm_payload(2.5, theirs, 0, "0.32") != vllm_payload(2.5, theirs, 0, "0.33")
+    finally:
+        sub.close(0)
+        ctx.term()
+    assert ZmqPublish().to_json().get("wire") is None, "the default is not sent (older daemons refuse the field)"
+    assert ZmqPublish(wire="0.32").for_rank(1).wire == "0.32"
+    with pytest.raises(ValueError, match="0.33"):
+        ZmqPublish(wire="0.31")
+    with pytest.raises(TypeError):
+        ZmqPublish(wire=0.32)  # type: ignore[arg-type]
+
+
+def test_bytes_block_hashes(make_indexer: Any, short_dir: Path) -> None:
+    """vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0 sends bytes hashes (sha256 digests): published as msgpack bin,
+    as vLLM's msgspec does, and indexed under their last 8 bytes, big-endian (vLLM's own int form of the same
+    hash, and newer Dynamo's rule for bytes)."""
+    endpoint = f"ipc://{short_dir}/pub.sock"
+    ix = make_indexer(publish=ZmqPublish(endpoint=endpoint, topic="kv"))
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sub = sub_socket(ctx, endpoint)
+    h = [bytes([i]) * 24 + i.to_bytes(8, "big") for i in range(1, 4)]  # keys 1, 2, 3
+    try:
+        seq = join(ix, sub)
+        batches: list[list[Any]] = [
+            [BlockStored(list[bytes | int](h[1:]), h[0], list(range(8)), 4, None, "GPU", None),
+             BlockRemoved([h[2]], "GPU")],
+            [BlockStored([h[0]], None, [9, 9, 9, 9], 4, None, "GPU", None, group_idx=0)],
+        ]
+        for i, evs in enumerate(batches):
+            ix.apply_batch(seq + i, evs, ts=3.0)
+            _, _, payload = sub.recv_multipart()
+            assert payload == vllm_payload(3.0, evs, 0), (msgspec.msgpack.decode(payload), evs)
+        (body,) = query(ix, seq).values()
+        stored = [e["event"]["data"]["stored"] for e in body["events"] if "stored" in e["event"]["data"]]
+        assert [b["block_hash"] for b in stored[0]["blocks"]] == [2, 3] and stored[0]["parent_hash"] == 1
+        removed = [e["event"]["data"]["removed"] for e in body["events"] if "removed" in e["event"]["data"]]
+        assert removed[0]["block_hashes"] == [3]
+        with pytest.raises(TypeError, match="mixes bytes"):
+            ix.apply_batch(seq + 9, [ke.BlockRemoved([h[0], 7], "GPU")])  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="32 and 2 bytes"):
+            ix.apply_batch(seq + 9, [ke.BlockRemoved([h[0], b"ab"], "GPU")])
+    finally:
+        sub.close(0)
+        ctx.term()
+
+
 def test_dp_rank_offsets_ports() -> None:
     p = ZmqPublish(endpoint="tcp://*:5557", replay_endpoint="tcp://*:5558")
     assert p.for_rank(2) == ZmqPublish(endpoint="tcp://*:5559", replay_endpoint="tcp://*:5560")

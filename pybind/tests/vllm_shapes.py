@@ -1,5 +1,6 @@
-"""vLLM 0.33.0's KV-event wire shapes for the tests that compare kvshmd's ZMQ stream with what vLLM would send (the
-msgspec Structs live in testdata/vllmwire/vllm_structs.py, their one home), and pyzmq helpers."""
+"""vLLM's KV-event wire shapes (0.33.0; 0.32.0 through ``wire="0.32"``) for the tests that compare kvshmd's ZMQ
+stream with what vLLM would send (the msgspec Structs live in testdata/vllmwire/vllm_structs.py, their one home),
+and pyzmq helpers."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ __all__ = [
 ]
 
 
-def vllm_payload(ts: float, events: list[Any], dp: int) -> bytes:
-    return payload(ts, events, dp)
+def vllm_payload(ts: float, events: list[Any], dp: int, wire: str = "0.33") -> bytes:
+    """What vLLM of release ``wire`` sends for the batch (its msgspec structs)."""
+    return payload(ts, events, dp, wire)
 
 
 def sub_socket(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> zmq.Socket[bytes]:

@@ -1,18 +1,26 @@
-"""kvshm's vLLM plugin against the real vLLM 0.33.0 (make vllm-plugin-test: a venv with `pip install vllm==0.33.0`,
-torch and its CUDA libraries included, ~9 GB; no GPU needed: only vLLM's config and KV-event modules run).
+"""kvshm's vLLM plugin against the real vLLM, 0.33.0 or 0.32.0 (make vllm-plugin-test [VLLM_VERSION=0.32.0]: a venv
+with vLLM and torch; no GPU needed: only vLLM's config and KV-event modules run).
 
 vLLM's plugin loader runs the `vllm.general_plugins` entry point of the installed kvshm wheel; the test then builds
 `KVEventsConfig(publisher="kvshm", ...)` (refused by vLLM without the plugin), creates the publisher through
-`EventPublisherFactory.create` as vLLM's scheduler does, publishes real `KVEventBatch` objects, and checks that a
-pyzmq subscriber receives exactly the frames vLLM's own ZmqEventPublisher would send (topic, seq from 0, msgspec
-payload), that the replay socket answers, and that the recovery index holds the events under their seqs.
+`EventPublisherFactory.create` as vLLM's scheduler does, and publishes real `KVEventBatch` objects. The judge is
+vLLM's own `ZmqEventPublisher`, fed the same batches side by side: every payload a pyzmq subscriber receives live,
+and every replay frame, must be byte-identical to vLLM's for the installed release (its BlockStored differs between
+0.32.0 and 0.33.0), with bytes block hashes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) among them.
+
+Seqs: kvshmd numbers its wire (LIFECYCLE.md: its own counter, a Cleared batch when an incarnation starts, empty
+heartbeats), so the comparison is by payload and order, not by seq value: each test batch must arrive once, in
+order, with increasing seqs; a replay from the first one's seq gives the same (seq, payload) pairs; the only other
+batches allowed are kvshmd's own (empty heartbeats, Cleared). The recovery index holds the events under the seqs
+they went out with.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import tempfile
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +29,7 @@ import pytest
 import zmq
 
 kv_events = pytest.importorskip("vllm.distributed.kv_events")
+import vllm  # noqa: E402
 from vllm.config.kv_events import KVEventsConfig  # noqa: E402
 from vllm.distributed.kv_events import (  # noqa: E402
     AllBlocksCleared,
@@ -29,24 +38,195 @@ from vllm.distributed.kv_events import (  # noqa: E402
     EventPublisher,
     EventPublisherFactory,
     KVEventBatch,
+    ZmqEventPublisher,
 )
 
+from kvshm import LocalIndexer, ZmqPublish  # noqa: E402
 from kvshm.integrations.vllm import KvshmEventPublisher  # noqa: E402
 
-
-def reference(batch: Any) -> bytes:
-    """vLLM's ZmqEventPublisher: publish() sets the dp rank, the thread encodes with a msgspec Encoder."""
-    if batch.data_parallel_rank is None:
-        batch.data_parallel_rank = 0
-    return bytes(msgspec.msgpack.Encoder().encode(batch))
+# The kvshm wire name of the installed release (ZmqPublish(wire=...)).
+WIRE = ".".join(vllm.__version__.split(".")[:2])
+END = [b"", b"", b"\xff" * 8, b""]  # vLLM's replay end marker, after the DEALER strips the identity
+Frames = list[bytes]
 
 
-def test_kvshm_publisher_in_real_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_installed_release_is_known() -> None:
+    assert WIRE in ("0.32", "0.33"), f"vLLM {vllm.__version__}: kvshm knows the wire of 0.32 and 0.33"
+    site = os.environ.get("KVSHM_VLLM_TEST_SITE")  # make vllm-plugin-test: the wheel under test, not the venv's
+    if site:
+        import kvshm
+
+        assert Path(kvshm.__file__).resolve().is_relative_to(Path(site).resolve()), kvshm.__file__
+
+
+def batches() -> list[Any]:
+    """The test batches, new objects each call (publish() fills in the dp rank). Fixed ts, so vLLM's and kvshm's
+    payloads of a batch are comparable byte for byte."""
+    sha = [bytes([i]) * 24 + (1000 + i).to_bytes(8, "big") for i in range(4)]  # sha256-sized bytes hashes
+    return [
+        KVEventBatch(ts=1700000001.25, events=[
+            BlockStored(block_hashes=[11, 12], parent_block_hash=None, token_ids=list(range(8)), block_size=4,
+                        lora_id=None, medium="GPU", lora_name=None),
+        ]),
+        KVEventBatch(ts=1700000002.5, events=[
+            BlockStored(block_hashes=[13], parent_block_hash=12, token_ids=[8, 9, 10, 11], block_size=4,
+                        lora_id=None, medium="GPU", lora_name=None, extra_keys=[("salt",)], group_idx=0,
+                        kv_cache_spec_kind="full_attention"),
+            BlockRemoved(block_hashes=[13], medium="GPU"),
+            BlockStored(block_hashes=[99], parent_block_hash=None, token_ids=[1, 2, 3, 4], block_size=4,
+                        lora_id=3, medium="CPU", lora_name="lora-a"),
+            BlockStored(block_hashes=[2**64 - 1], parent_block_hash=None, token_ids=[5, 6, 7, 8], block_size=4,
+                        lora_id=None, medium=None, lora_name=None, group_idx=1, kv_cache_spec_kind="sliding_window",
+                        kv_cache_spec_sliding_window=128),
+        ]),
+        # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0: the hashes go out as bytes.
+        KVEventBatch(ts=1700000003.75, events=[
+            BlockStored(block_hashes=sha[1:3], parent_block_hash=sha[0], token_ids=list(range(8)), block_size=4,
+                        lora_id=None, medium="GPU", lora_name=None),
+            BlockRemoved(block_hashes=[sha[2]], medium="GPU"),
+        ]),
+        KVEventBatch(ts=1700000004.0, events=[AllBlocksCleared()]),
+    ]
+
+
+def recv(sock: zmq.Socket[bytes]) -> Frames:
+    return sock.recv_multipart()
+
+
+def seq_of(frames: Frames) -> int:
+    return int.from_bytes(frames[-2], "big")
+
+
+def join(publish: Callable[[Any], object], sub: zmq.Socket[bytes]) -> None:
+    """Publishes warm-up batches until the subscriber receives (PUB drops what it sends before the subscription
+    arrives), then a marker batch, and reads up to the marker: what comes next is new."""
+    sub.setsockopt(zmq.RCVTIMEO, 100)
+    for i in range(300):
+        publish(KVEventBatch(ts=0.5, events=[AllBlocksCleared()]))
+        try:
+            recv(sub)
+            break
+        except zmq.Again:
+            assert i < 299, "the subscriber never received a batch"
+    sub.setsockopt(zmq.RCVTIMEO, 10_000)
+    marker = KVEventBatch(ts=0.75, events=[AllBlocksCleared()])
+    publish(marker)
+    want = msgspec.msgpack.encode(KVEventBatch(ts=0.75, events=[AllBlocksCleared()], data_parallel_rank=0))
+    while recv(sub)[2] != want:
+        pass
+
+
+def kvshmd_own(payload: bytes) -> bool:
+    """A batch kvshmd publishes on its own (LIFECYCLE.md): an empty heartbeat, or a Cleared."""
+    _, events, _ = msgspec.msgpack.decode(payload)
+    return bool(events == [] or events == [{"type": "AllBlocksCleared"}])
+
+
+def live(publish: Callable[[Any], object], sub: zmq.Socket[bytes], want: list[bytes]) -> list[tuple[int, bytes]]:
+    """Publishes the test batches and reads the stream until each of ``want`` arrived, in order; returns their
+    (seq, payload). Any other batch in between must be kvshmd's own."""
+    for b in batches():
+        publish(b)
+    got: list[tuple[int, bytes]] = []
+    while len(got) < len(want):
+        frames = recv(sub)
+        assert len(frames) == 3 and frames[0] == b"kv" and len(frames[1]) == 8, frames
+        if frames[2] == want[len(got)]:
+            got.append((seq_of(frames), frames[2]))
+        else:
+            assert kvshmd_own(frames[2]), ("an unexpected batch", msgspec.msgpack.decode(frames[2]),
+                                           "expected", msgspec.msgpack.decode(want[len(got)]))
+    seqs = [s for s, _ in got]
+    assert seqs == sorted(set(seqs)), f"seqs not increasing: {seqs}"
+    return got
+
+
+def replay(dealer: zmq.Socket[bytes], start: int) -> list[Frames]:
+    """Dynamo's gap request: DEALER [b"", start seq]; every frame up to and including the end marker."""
+    dealer.send_multipart([b"", start.to_bytes(8, "big")])
+    out = []
+    while True:
+        frames = recv(dealer)
+        out.append(frames)
+        if frames == END:
+            return out
+
+
+def sockets(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, replay_endpoint: str) -> tuple[Any, Any]:
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.RCVTIMEO, 10_000)
+    dealer.connect(replay_endpoint)
+    return sub, dealer
+
+
+def vllm_reference(d: Path, ctx: zmq.Context[zmq.Socket[bytes]]) -> tuple[list[bytes], list[Frames]]:
+    """vLLM's own ZmqEventPublisher fed the test batches: the live payloads, and the replay frames from the first
+    test batch on."""
+    pub = ZmqEventPublisher(data_parallel_rank=0, endpoint=f"ipc://{d}/ref-pub.sock",
+                            replay_endpoint=f"ipc://{d}/ref-replay.sock", topic="kv")
+    sub, dealer = sockets(ctx, f"ipc://{d}/ref-pub.sock", f"ipc://{d}/ref-replay.sock")
+    try:
+        join(pub.publish, sub)
+        for b in batches():
+            pub.publish(b)
+        frames = [recv(sub) for _ in batches()]
+        frames_replay = replay(dealer, seq_of(frames[0]))
+        return [f[2] for f in frames], frames_replay
+    finally:
+        pub.shutdown()
+        sub.close(0)
+        dealer.close(0)
+
+
+def check_against_reference(publish: Callable[[Any], object], ix: Callable[[], LocalIndexer | None], d: Path,
+                            endpoint: str, replay_endpoint: str) -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        want, want_replay = vllm_reference(d, ctx)
+        assert want_replay[-1] == END and len(want_replay) == len(want) + 1
+        sub, dealer = sockets(ctx, endpoint, replay_endpoint)
+        try:
+            join(publish, sub)
+            got = live(publish, sub, want)
+            # The replay from the first test batch: the same (seq, payload) pairs in vLLM's frames, then its end
+            # marker; kvshmd's heartbeats are not kept for replay, and nothing else may come in between.
+            frames = replay(dealer, got[0][0])
+            assert frames[-1] == END
+            body = [f for f in frames[:-1] if not (f[3:] and kvshmd_own(f[3]) and f[3] not in want)]
+            assert [(seq_of(f), f[3]) for f in body] == got
+            assert all(f[:2] == [b"", b"kv"] and len(f) == 4 for f in body)
+            assert [f[3] for f in want_replay[:-1]] == [p for _, p in got], "vLLM's replay carries the same payloads"
+        finally:
+            sub.close(0)
+            dealer.close(0)
+        # The recovery index: each batch's device events under the seq it went out with (decision 4: the CPU
+        # event and the sliding-window group are not indexed).
+        indexer = ix()
+        assert indexer is not None
+        resp = json.loads(indexer.get_events_json(got[0][0]))
+        ids = [e["event"]["event_id"] for e in resp["Events"]["events"]]
+        s = [seq for seq, _ in got]
+        assert ids == [s[0], s[1], s[1], s[2], s[2], s[3]], (ids, s)
+    finally:
+        ctx.term()
+
+
+@pytest.fixture
+def ring_dir(monkeypatch: pytest.MonkeyPatch) -> Path:
     d = Path(tempfile.mkdtemp(prefix="kvv-"))
     monkeypatch.setenv("KVSHM_KV_BLOCK_SIZE", "4")
     monkeypatch.setenv("KVSHM_WORKER_ID", "3")
     monkeypatch.setenv("KVSHM_RING_DIR", str(d))
     monkeypatch.setenv("VLLM_PLUGINS", "kvshm")
+    return d
+
+
+def test_kvshm_publisher_in_real_vllm(ring_dir: Path) -> None:
+    """The plugin through vLLM's own loader and factory: byte-identical to vLLM's ZmqEventPublisher."""
+    d = ring_dir
     cfg_fields: dict[str, Any] = {
         "enable_kv_cache_events": True, "publisher": "kvshm", "endpoint": f"ipc://{d}/pub.sock",
         "replay_endpoint": f"ipc://{d}/replay.sock", "topic": "kv",
@@ -58,70 +238,33 @@ def test_kvshm_publisher_in_real_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cfg.publisher == "kvshm"
     pub = EventPublisherFactory.create(cfg, data_parallel_rank=0)
     assert isinstance(pub, KvshmEventPublisher) and isinstance(pub, EventPublisher)
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    dealer = ctx.socket(zmq.DEALER)
     try:
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.connect(cfg_fields["endpoint"])
-        sub.setsockopt(zmq.RCVTIMEO, 100)
-        seq = 0
-        while True:  # PUB drops until the subscription arrives: warm up with real batches
-            pub.publish(KVEventBatch(ts=time.time(), events=[AllBlocksCleared()]))
-            seq += 1
-            try:
-                frames = sub.recv_multipart()
-                break
-            except zmq.Again:
-                assert seq < 300
-        sub.setsockopt(zmq.RCVTIMEO, 10_000)
-        while int.from_bytes(frames[1], "big") != seq - 1:
-            frames = sub.recv_multipart()
-        batches = [
-            KVEventBatch(ts=time.time(), events=[
-                BlockStored(block_hashes=[11, 12], parent_block_hash=None, token_ids=list(range(8)), block_size=4,
-                            lora_id=None, medium="GPU", lora_name=None),
-            ]),
-            KVEventBatch(ts=time.time(), events=[
-                BlockStored(block_hashes=[13], parent_block_hash=12, token_ids=[8, 9, 10, 11], block_size=4,
-                            lora_id=None, medium="GPU", lora_name=None, extra_keys=[("salt",)], group_idx=0,
-                            kv_cache_spec_kind="full_attention"),
-                BlockRemoved(block_hashes=[13], medium="GPU"),
-                BlockStored(block_hashes=[99], parent_block_hash=None, token_ids=[1, 2, 3, 4], block_size=4,
-                            lora_id=None, medium="CPU", lora_name=None),
-            ]),
-        ]
-        first = seq
-        for b in batches:
-            pub.publish(b)
-            topic, seq_bytes, payload = sub.recv_multipart()
-            assert (topic, int.from_bytes(seq_bytes, "big")) == (b"kv", seq)
-            assert payload == reference(b), (msgspec.msgpack.decode(payload), msgspec.msgpack.decode(reference(b)))
-            seq += 1
-        # Replay, as Dynamo's listener asks for a gap: DEALER [b"", start seq]; every buffered batch from it, then
-        # the end marker.
-        dealer.setsockopt(zmq.RCVTIMEO, 10_000)
-        dealer.connect(cfg_fields["replay_endpoint"])
-        dealer.send_multipart([b"", first.to_bytes(8, "big")])
-        got = []
-        while True:  # vLLM 0.33.0's replay frames: [b"", topic, seq, payload], then [b"", b"", END_SEQ, b""]
-            frames = dealer.recv_multipart()
-            if frames == [b"", b"", b"\xff" * 8, b""]:
-                break
-            got.append(frames)
-        assert got == [[b"", b"kv", (first + i).to_bytes(8, "big"), reference(b)] for i, b in enumerate(batches)]
-        # The recovery index: the batch's device events under its seq (the CPU one is not indexed).
-        ix = pub.indexer
-        assert ix is not None
-        resp = json.loads(ix.get_events_json(first))
-        assert [e["event"]["event_id"] for e in resp["Events"]["events"]] == [first, first + 1, first + 1]
+        check_against_reference(pub.publish, lambda: pub.indexer, d, cfg_fields["endpoint"],
+                                cfg_fields["replay_endpoint"])
         got_cfg = pub.get_publisher_config()
         assert got_cfg.publisher == "kvshm" and got_cfg.endpoint == cfg_fields["endpoint"]
     finally:
         pub.shutdown()
-        sub.close(0)
-        dealer.close(0)
-        ctx.term()
+
+
+def test_apply_batch_matches_installed_vllm(ring_dir: Path) -> None:
+    """LocalIndexer(publish=ZmqPublish(wire=<the installed release>)) fed vLLM's own event objects through
+    apply_batch: byte-identical to vLLM's ZmqEventPublisher (the path the plugin takes, without it)."""
+    d = ring_dir
+    endpoint, replay_endpoint = f"ipc://{d}/pub.sock", f"ipc://{d}/replay.sock"
+    ix = LocalIndexer(3, 4, publish=ZmqPublish(endpoint=endpoint, replay_endpoint=replay_endpoint, topic="kv",
+                                               wire=WIRE))
+    seq = 0
+
+    def publish(b: Any) -> None:
+        nonlocal seq
+        ix.apply_batch(seq, b.events, ts=b.ts)
+        seq += 1
+
+    try:
+        check_against_reference(publish, lambda: ix, d, endpoint, replay_endpoint)
+    finally:
+        ix.shutdown()
 
 
 def test_cli_kv_events_config_accepts_kvshm() -> None:

@@ -1,10 +1,15 @@
-"""Generate the vllmwire test vectors: KVEventBatch payloads encoded by msgspec, as vLLM 0.33.0 sends them.
+"""Generate the vllmwire test vectors: KVEventBatch payloads encoded by msgspec, as a vLLM release sends them.
 
-The structs are vLLM 0.33.0's shape (vllm_structs.py, next to this script: events are tagged maps). Each vector is
-the input (in kvshm's terms, as vllmwire.Event reads it) and the hex of msgspec's encoding; vllmwire's Go test
-requires byte identity.
+The structs are the release's shape (vllm_structs.py, next to this script: events are tagged maps; ``--wire 0.33``,
+the default, or ``--wire 0.32``). Each vector is the input (in kvshm's terms, as vllmwire.Event reads it) and the
+hex of msgspec's encoding; vllmwire's Go test requires byte identity. Both releases get the same cases.
 
-Usage: python gen_vectors.py [OUT]   (default: vectors.json next to this script; `-` for stdout)
+Bytes block hashes (vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) go in as ``block_hash_bytes_hex`` (the
+event's hashes concatenated, all one length) and ``parent_bytes_hex``; ``block_hashes`` / ``parent`` then hold
+the index keys kvshm derives from them (the last 8 bytes, big-endian: vLLM's own int form, and newer Dynamo's).
+
+Usage: python gen_vectors.py [--wire 0.33|0.32] [OUT]   (default OUT: vectors.json, or vectors_0.32.json, next to
+this script; `-` for stdout)
 """
 
 from __future__ import annotations
@@ -19,7 +24,16 @@ from typing import Any
 import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_structs import AllBlocksCleared, BlockRemoved, BlockStored, Event, KVEventBatch  # noqa: E402
+from vllm_structs import WIRES, AllBlocksCleared, BlockRemoved, BlockStored, Event, payload  # noqa: E402
+
+# The vectors file of each wire, next to this script.
+FILES = {"0.33": "vectors.json", "0.32": "vectors_0.32.json"}
+assert set(FILES) == set(WIRES), "a vectors file per release of vllm_structs.WIRES"
+
+
+def key(h: bytes | int) -> int:
+    """kvshm's index key of a block hash: an int as it is, bytes as their last 8 bytes big-endian."""
+    return h if isinstance(h, int) else int.from_bytes(h[-8:], "big")
 
 
 def stored(rng: random.Random, **kw: Any) -> tuple[dict[str, Any], BlockStored]:
@@ -60,9 +74,20 @@ def stored(rng: random.Random, **kw: Any) -> tuple[dict[str, Any], BlockStored]:
         kv_cache_spec_sliding_window=f["kv_cache_spec_sliding_window"],
     )
     ek = f.pop("extra_keys")
-    inp = {"kind": "stored", "block_hashes": hashes, "token_ids": windows, "is_eagle": eagle, "block_size": bs, **f}
+    parent = f.pop("parent")
+    inp = {"kind": "stored", "block_hashes": [key(h) for h in hashes], "token_ids": windows, "is_eagle": eagle,
+           "block_size": bs, "parent": None if parent is None else key(parent), **f}
     inp["extra_keys_hex"] = None if ek is None else msgspec.msgpack.encode(ek).hex()
+    bytes_fields(inp, hashes, parent)
     return inp, ev
+
+
+def bytes_fields(inp: dict[str, Any], hashes: list[Any], parent: Any = None) -> None:
+    """The bytes-hash inputs, only when the event has them (the int vectors keep their shape)."""
+    if any(isinstance(h, bytes) for h in hashes):
+        inp["block_hash_bytes_hex"] = b"".join(hashes).hex()
+    if isinstance(parent, bytes):
+        inp["parent_bytes_hex"] = parent.hex()
 
 
 def removed(rng: random.Random, **kw: Any) -> tuple[dict[str, Any], BlockRemoved]:
@@ -70,7 +95,8 @@ def removed(rng: random.Random, **kw: Any) -> tuple[dict[str, Any], BlockRemoved
     medium = kw.pop("medium", "GPU")
     group = kw.pop("group_idx", None)
     assert not kw, kw
-    inp = {"kind": "removed", "block_hashes": hashes, "medium": medium, "group_idx": group}
+    inp = {"kind": "removed", "block_hashes": [key(h) for h in hashes], "medium": medium, "group_idx": group}
+    bytes_fields(inp, hashes)
     return inp, BlockRemoved(block_hashes=hashes, medium=medium, group_idx=group)
 
 
@@ -78,7 +104,7 @@ def cleared() -> tuple[dict[str, Any], AllBlocksCleared]:
     return {"kind": "cleared"}, AllBlocksCleared()
 
 
-def vectors() -> list[dict[str, Any]]:
+def vectors(wire: str) -> list[dict[str, Any]]:
     rng = random.Random(20261201)
     cases: list[tuple[str, float, int | None, list[tuple[dict[str, Any], Event]]]] = [
         ("empty", 0.0, 0, []),
@@ -109,19 +135,36 @@ def vectors() -> list[dict[str, Any]]:
             lambda: stored(rng), lambda: removed(rng), cleared]
         evs = [rng.choice(makers)() for _ in range(rng.randint(1, 6))]
         cases.append((f"random {i}", rng.uniform(0, 2e9), rng.randint(0, 9), evs))
+    # Bytes block hashes: sha256-sized (vLLM's default hash), shorter than 8 bytes (zero-extended keys), a parent.
+    sha = [bytes(rng.getrandbits(8) for _ in range(32)) for _ in range(3)]
+    cases += [
+        ("bytes hashes", 12.0, 0,
+         [stored(rng, block_hashes=sha[1:], parent=sha[0], block_size=2),
+          removed(rng, block_hashes=sha[1:2]), stored(rng, block_hashes=[sha[0]], parent=None, block_size=2)]),
+        ("bytes hashes short and long", 13.0, 1,
+         [removed(rng, block_hashes=[b"\x01\x02", b"\xff\xfe"]), removed(rng, block_hashes=[bytes(300)]),
+          removed(rng, block_hashes=[b"", b""]),
+          stored(rng, block_hashes=[b"\x00" * 8 + b"\x80" * 8], parent=b"\x07", block_size=1)]),
+    ]
     out = []
     for name, ts, dp, evs in cases:
-        batch = KVEventBatch(ts=ts, events=[e for _, e in evs], data_parallel_rank=dp)
-        payload = msgspec.msgpack.encode(batch)
-        back = msgspec.msgpack.decode(payload)  # untyped: Eagle's pairs are not vLLM's list[int]
+        data = payload(ts, [e for _, e in evs], dp, wire)
+        back = msgspec.msgpack.decode(data)  # untyped: Eagle's pairs are not vLLM's list[int]
         assert back[0] == ts and len(back[1]) == len(evs), name
-        out.append({"name": name, "ts": ts, "dp_rank": dp, "events": [i for i, _ in evs], "payload_hex": payload.hex()})
+        out.append({"name": name, "ts": ts, "dp_rank": dp, "events": [i for i, _ in evs], "payload_hex": data.hex()})
     return out
 
 
 def main() -> None:
-    dest = sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).with_name("vectors.json"))
-    text = json.dumps({"msgspec": msgspec.__version__, "vectors": vectors()}, indent=1, ensure_ascii=False) + "\n"
+    args = sys.argv[1:]
+    wire = "0.33"
+    if args[:1] == ["--wire"]:
+        wire, args = args[1], args[2:]
+    if wire not in FILES:
+        sys.exit(f"gen_vectors.py: unknown wire {wire!r}: one of {sorted(FILES)}")
+    dest = args[0] if args else str(Path(__file__).with_name(FILES[wire]))
+    doc = {"msgspec": msgspec.__version__, "wire": wire, "vectors": vectors(wire)}
+    text = json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
     if dest == "-":
         sys.stdout.write(text)
     else:

@@ -1,9 +1,13 @@
-"""vLLM 0.33.0's KV-event wire as msgspec Structs: the one reference shape for every test, benchmark and judge.
+"""vLLM's KV-event wire as msgspec Structs, per release: the one reference shape for every test, benchmark and
+judge.
 
-The same field names, order, types, defaults and struct options as ``vllm/distributed/kv_events.py`` of vLLM 0.33.0
-(written from it, not copied): the batch is ``EventBatch(array_like=True, omit_defaults=True)``, encoded as
-``[ts, [events...], data_parallel_rank]``; the events are ``KVCacheEvent(omit_defaults=True, tag=True)``
-subclasses, NOT array_like, so each event is a tagged msgpack map whose fields at their default value are omitted.
+vLLM 0.33.0 (the default; the unsuffixed classes) and vLLM 0.32.0 (``WIRES["0.32"]``: its ``BlockStored`` lacks
+``lookahead_token_ids``, so msgspec sizes its map header for 15 entries, a fixmap, where 0.33.0's 16 take a map16;
+everything else is the same). The same field names, order, types, defaults and struct options as
+``vllm/distributed/kv_events.py`` of each release (written from it, not copied): the batch is
+``EventBatch(array_like=True, omit_defaults=True)``, encoded as ``[ts, [events...], data_parallel_rank]``; the
+events are ``KVCacheEvent(omit_defaults=True, tag=True)`` subclasses, NOT array_like, so each event is a tagged
+msgpack map whose fields at their default value are omitted.
 ``ExternalBlockHash`` is ``bytes | int`` in vLLM.
 
 Users: testdata/vllmwire/gen_vectors.py (vllmwire's byte-identity vectors), pybind/tests (kvshmd's ZMQ stream
@@ -26,6 +30,7 @@ __all__ = [
     "EventBatch",
     "KVCacheEvent",
     "KVEventBatch",
+    "WIRES",
     "payload",
 ]
 
@@ -76,9 +81,49 @@ class KVEventBatch(EventBatch):
 
 Event = BlockStored | BlockRemoved | AllBlocksCleared
 
+
+class BlockStored032(KVCacheEvent, tag="BlockStored"):
+    """vLLM 0.32.0's BlockStored: 0.33.0's without ``lookahead_token_ids``."""
+
+    block_hashes: list[bytes | int]
+    parent_block_hash: bytes | int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+
+
+class KVEventBatch032(EventBatch):
+    events: list[BlockStored032 | BlockRemoved | AllBlocksCleared]
+
+
+# The wire name (kvshm's ZmqPublish(wire=...)) -> that release's (BlockStored, BlockRemoved, AllBlocksCleared,
+# KVEventBatch).
+WIRES: dict[str, tuple[type[Any], type[Any], type[Any], type[Any]]] = {
+    "0.33": (BlockStored, BlockRemoved, AllBlocksCleared, KVEventBatch),
+    "0.32": (BlockStored032, BlockRemoved, AllBlocksCleared, KVEventBatch032),
+}
+
 _encoder = msgspec.msgpack.Encoder()
 
 
-def payload(ts: float, events: list[Any], data_parallel_rank: int | None) -> bytes:
-    """The msgpack payload vLLM sends for one batch (the third frame of ``[topic, seq, payload]``)."""
-    return _encoder.encode(KVEventBatch(ts=ts, events=events, data_parallel_rank=data_parallel_rank))
+def payload(ts: float, events: list[Any], data_parallel_rank: int | None, wire: str = "0.33") -> bytes:
+    """The msgpack payload vLLM sends for one batch (the third frame of ``[topic, seq, payload]``); ``wire`` picks
+    the release (its BlockStored class is used for the events given as any release's BlockStored)."""
+    stored, _, _, batch = WIRES[wire]
+    evs = [_as(stored, e) if type(e).__name__.startswith("BlockStored") else e for e in events]
+    return _encoder.encode(batch(ts=ts, events=evs, data_parallel_rank=data_parallel_rank))
+
+
+def _as(cls: type[Any], e: Any) -> Any:
+    if type(e) is cls:
+        return e
+    return cls(**{f: getattr(e, f, None) for f in cls.__struct_fields__})

@@ -154,8 +154,86 @@ func (rcv *Meta) MutateKvCacheSpecSlidingWindow(n uint32) bool {
 	return rcv._tab.MutateUint32Slot(16, n)
 }
 
+// / vLLM's bytes block hashes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) of the event that follows, concatenated
+// / in its order, all of one length (this vector's length / the event's block count; none when the event has no
+// / blocks); the ZMQ stream sends them as msgpack bin. The event's block_hashes hold their keys (the last 8
+// / bytes, big-endian). Absent: the hashes are ints.
+func (rcv *Meta) BlockHashBytes(j int) byte {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(18))
+	if o != 0 {
+		a := rcv._tab.Vector(o)
+		return rcv._tab.GetByte(a + flatbuffers.UOffsetT(j*1))
+	}
+	return 0
+}
+
+func (rcv *Meta) BlockHashBytesLength() int {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(18))
+	if o != 0 {
+		return rcv._tab.VectorLen(o)
+	}
+	return 0
+}
+
+func (rcv *Meta) BlockHashBytesBytes() []byte {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(18))
+	if o != 0 {
+		return rcv._tab.ByteVector(o + rcv._tab.Pos)
+	}
+	return nil
+}
+
+// / vLLM's bytes block hashes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) of the event that follows, concatenated
+// / in its order, all of one length (this vector's length / the event's block count; none when the event has no
+// / blocks); the ZMQ stream sends them as msgpack bin. The event's block_hashes hold their keys (the last 8
+// / bytes, big-endian). Absent: the hashes are ints.
+func (rcv *Meta) MutateBlockHashBytes(j int, n byte) bool {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(18))
+	if o != 0 {
+		a := rcv._tab.Vector(o)
+		return rcv._tab.MutateByte(a+flatbuffers.UOffsetT(j*1), n)
+	}
+	return false
+}
+
+// / The following Stored event's parent hash as bytes (its parent_hash holds the key); absent: an int or none.
+func (rcv *Meta) ParentHashBytes(j int) byte {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(20))
+	if o != 0 {
+		a := rcv._tab.Vector(o)
+		return rcv._tab.GetByte(a + flatbuffers.UOffsetT(j*1))
+	}
+	return 0
+}
+
+func (rcv *Meta) ParentHashBytesLength() int {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(20))
+	if o != 0 {
+		return rcv._tab.VectorLen(o)
+	}
+	return 0
+}
+
+func (rcv *Meta) ParentHashBytesBytes() []byte {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(20))
+	if o != 0 {
+		return rcv._tab.ByteVector(o + rcv._tab.Pos)
+	}
+	return nil
+}
+
+// / The following Stored event's parent hash as bytes (its parent_hash holds the key); absent: an int or none.
+func (rcv *Meta) MutateParentHashBytes(j int, n byte) bool {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(20))
+	if o != 0 {
+		a := rcv._tab.Vector(o)
+		return rcv._tab.MutateByte(a+flatbuffers.UOffsetT(j*1), n)
+	}
+	return false
+}
+
 func MetaStart(builder *flatbuffers.Builder) {
-	builder.StartObject(7)
+	builder.StartObject(9)
 }
 func MetaAddMedium(builder *flatbuffers.Builder, medium flatbuffers.UOffsetT) {
 	builder.PrependUOffsetTSlot(0, flatbuffers.UOffsetT(medium), 0)
@@ -184,6 +262,18 @@ func MetaAddKvCacheSpecKind(builder *flatbuffers.Builder, kvCacheSpecKind flatbu
 func MetaAddKvCacheSpecSlidingWindow(builder *flatbuffers.Builder, kvCacheSpecSlidingWindow uint32) {
 	builder.PrependUint32(kvCacheSpecSlidingWindow)
 	builder.Slot(6)
+}
+func MetaAddBlockHashBytes(builder *flatbuffers.Builder, blockHashBytes flatbuffers.UOffsetT) {
+	builder.PrependUOffsetTSlot(7, flatbuffers.UOffsetT(blockHashBytes), 0)
+}
+func MetaStartBlockHashBytesVector(builder *flatbuffers.Builder, numElems int) flatbuffers.UOffsetT {
+	return builder.StartVector(1, numElems, 1)
+}
+func MetaAddParentHashBytes(builder *flatbuffers.Builder, parentHashBytes flatbuffers.UOffsetT) {
+	builder.PrependUOffsetTSlot(8, flatbuffers.UOffsetT(parentHashBytes), 0)
+}
+func MetaStartParentHashBytesVector(builder *flatbuffers.Builder, numElems int) flatbuffers.UOffsetT {
+	return builder.StartVector(1, numElems, 1)
 }
 func MetaEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()

@@ -14,6 +14,13 @@ What goes into Meta: ``medium``, ``lora_id``, ``block_size`` only when it differ
 newer trailing fields (``locality``, ``ownership``, ``session_id``, ``lookahead_token_ids``) have no place in the
 ring format of issue 12: an event that sets one is published without it and counted (``fields_dropped``).
 
+Bytes block hashes (vLLM with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`` sends ``bytes``, sha256 digests by
+default): an event whose first block hash is ``bytes`` has all of them ``bytes`` of one length (else TypeError /
+ValueError); the EVENT carries their index keys (the last 8 bytes, big-endian: the int vLLM sends for the same hash
+with the variable unset, and newer Dynamo's rule for bytes; Dynamo 1.6.1 cannot decode them at all), the META their
+bytes, so kvshmd publishes them as msgpack bin as vLLM does. A ``bytes`` parent hash likewise. Such a META is not
+cached. A daemon without BATCH records (the fallback) gets the keys only and publishes ints.
+
 Eagle: a ``BlockStored`` whose ``token_ids`` are pairs (Dynamo's bigram form: ``[(t0, t1), (t1, t2), ...]``) is
 published as Eagle, tokens = the first of every pair plus the second of the last (Dynamo's
 ``normalize_token_ids``); plain ints are not Eagle.
@@ -29,7 +36,11 @@ from typing import Any, Final
 
 from ._encode import Prepared, build_meta, prepare_cleared, prepare_removed, prepare_stored
 
-__all__ = ["ZmqPublish", "offset_endpoint_port", "BatchBuilder"]
+__all__ = ["WIRES", "ZmqPublish", "offset_endpoint_port", "BatchBuilder"]
+
+# The vLLM releases whose KV-event layout kvshmd can publish (vllmwire.Wire), the default first. They differ in
+# BlockStored's fields (0.32.0 lacks lookahead_token_ids), which changes msgspec's map header on the wire.
+WIRES: Final = ("0.33", "0.32")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,13 +48,16 @@ class ZmqPublish:
     """Ask kvshmd to publish this producer's stream on ZMQ in vLLM's KV-event wire format (PUB on ``endpoint``,
     replay ROUTER on ``replay_endpoint`` when given). The defaults are vLLM's ``KVEventsConfig``'s. Endpoints with
     ``*``, ``::`` or ``ipc://`` are bound by kvshmd, others connected; with ``LocalIndexer(dp_rank=r)`` the ports
-    are offset by ``r`` as vLLM does (:func:`offset_endpoint_port`)."""
+    are offset by ``r`` as vLLM does (:func:`offset_endpoint_port`). ``wire`` is the vLLM release whose structs
+    the payloads follow, byte for byte: ``"0.33"`` (vLLM 0.33.0, the default) or ``"0.32"`` (vLLM 0.32.0); the
+    vLLM plugin passes the installed vLLM's."""
 
     endpoint: str = "tcp://*:5557"
     replay_endpoint: str | None = None
     topic: str = ""
     hwm: int = 100_000
     buffer_steps: int = 10_000
+    wire: str = WIRES[0]
 
     def __post_init__(self) -> None:
         for name in ("endpoint", "topic"):
@@ -53,6 +67,10 @@ class ZmqPublish:
             raise TypeError("kvshm: ZmqPublish.replay_endpoint must be a str or None")
         if not self.endpoint:
             raise ValueError("kvshm: ZmqPublish.endpoint is empty")
+        if not isinstance(self.wire, str):
+            raise TypeError(f"kvshm: ZmqPublish.wire must be a str, not {type(self.wire).__name__}")
+        if self.wire not in WIRES:
+            raise ValueError(f"kvshm: ZmqPublish.wire {self.wire!r} is not a known vLLM release: one of {WIRES}")
         for name in ("hwm", "buffer_steps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
@@ -71,17 +89,22 @@ class ZmqPublish:
             topic=self.topic,
             hwm=self.hwm,
             buffer_steps=self.buffer_steps,
+            wire=self.wire,
         )
 
     def to_json(self) -> dict[str, Any]:
-        """The ATTACH body's ``publish`` object (proto/sock PROTOCOL.md)."""
-        return {
+        """The ATTACH body's ``publish`` object (proto/sock PROTOCOL.md). ``wire`` is sent only when it is not the
+        default, so a kvshmd older than the field (it refuses unknown fields) still takes the default."""
+        out: dict[str, Any] = {
             "endpoint": self.endpoint,
             "replay_endpoint": self.replay_endpoint,
             "topic": self.topic,
             "hwm": self.hwm,
             "buffer_steps": self.buffer_steps,
         }
+        if self.wire != WIRES[0]:
+            out["wire"] = self.wire
+        return out
 
 
 _PORT: Final = re.compile(r"^(.*):(\d+)$")
@@ -126,6 +149,23 @@ def _msgpack(value: object) -> bytes:
         raise TypeError(f"kvshm: extra_keys cannot be encoded with msgspec: {e}") from None
 
 
+def _hash_key(h: bytes) -> int:
+    """The index key of a bytes block hash: its last 8 bytes, big-endian (vllmwire.HashKey)."""
+    return int.from_bytes(h[-8:], "big")
+
+
+def _bytes_hashes(hashes: Sequence[Any], what: str) -> tuple[list[int], bytes]:
+    """The keys and the concatenation of an event's bytes block hashes (the first one is bytes). TypeError when
+    one is not bytes, ValueError when their lengths differ (the ring carries one length per event)."""
+    size = len(hashes[0])
+    for h in hashes:
+        if h.__class__ is not bytes:
+            raise TypeError(f"kvshm: {what} mixes bytes and {type(h).__name__} block hashes")
+        if len(h) != size:
+            raise ValueError(f"kvshm: {what} has bytes block hashes of {size} and {len(h)} bytes")
+    return [int.from_bytes(h[-8:], "big") for h in hashes], b"".join(hashes)
+
+
 def _bigram(tokens: Sequence[Any]) -> list[int]:
     """Dynamo's normalize_token_ids for Eagle's pairs: the first of every pair, then the second of the last."""
     try:
@@ -156,9 +196,12 @@ class BatchBuilder:
         kind: Any,
         window: Any,
         extra: Any,
+        hash_bytes: bytes | None = None,
+        parent_bytes: bytes | None = None,
     ) -> bytes:
-        if extra is not None:
-            return build_meta(medium, lora_id, block_size, _msgpack(extra), group_idx, kind, window)
+        if extra is not None or hash_bytes is not None or parent_bytes is not None:
+            return build_meta(medium, lora_id, block_size, None if extra is None else _msgpack(extra), group_idx,
+                              kind, window, hash_bytes, parent_bytes)
         key = (medium, lora_id, block_size, group_idx, kind, window)
         try:
             meta = self._cache.get(key)
@@ -188,7 +231,13 @@ class BatchBuilder:
                 eagle = False
                 if tokens and tokens[0].__class__ in (tuple, list):
                     tokens, eagle = _bigram(tokens), True
-                ev = prepare_stored(seq, tokens, e.block_hashes, e.parent_block_hash, dp_rank, e.lora_name, eagle)
+                hashes, parent = e.block_hashes, e.parent_block_hash
+                hbytes = pbytes = None
+                if hashes and hashes[0].__class__ is bytes:
+                    hashes, hbytes = _bytes_hashes(hashes, "BlockStored")
+                if parent.__class__ is bytes:
+                    pbytes, parent = parent, _hash_key(parent)
+                ev = prepare_stored(seq, tokens, hashes, parent, dp_rank, e.lora_name, eagle)
                 bs = e.block_size
                 if bs.__class__ is not int:
                     bs = _index(bs, "BlockStored.block_size")
@@ -200,6 +249,8 @@ class BatchBuilder:
                     getattr(e, "kv_cache_spec_kind", None),
                     getattr(e, "kv_cache_spec_sliding_window", None),
                     getattr(e, "extra_keys", None),
+                    hbytes,
+                    pbytes,
                 )
                 if (
                     getattr(e, "locality", None) is not None
@@ -209,8 +260,11 @@ class BatchBuilder:
                 ):
                     self.fields_dropped += 1
             elif name == "BlockRemoved":
-                ev = prepare_removed(seq, e.block_hashes, dp_rank)
-                meta = self._meta(e.medium, None, None, getattr(e, "group_idx", None), None, None, None)
+                hashes, hbytes = e.block_hashes, None
+                if hashes and hashes[0].__class__ is bytes:
+                    hashes, hbytes = _bytes_hashes(hashes, "BlockRemoved")
+                ev = prepare_removed(seq, hashes, dp_rank)
+                meta = self._meta(e.medium, None, None, getattr(e, "group_idx", None), None, None, None, hbytes)
                 if getattr(e, "locality", None) is not None or getattr(e, "ownership", None) is not None:
                     self.fields_dropped += 1
             elif name == "AllBlocksCleared":
@@ -247,14 +301,20 @@ class BatchBuilder:
             )
         if not self.indexed(e):
             return None
+        hashes = e.block_hashes if name != "AllBlocksCleared" else ()
+        if hashes and hashes[0].__class__ is bytes:
+            hashes, _ = _bytes_hashes(hashes, name)
         if name == "BlockStored":
             tokens = e.token_ids
             eagle = False
             if tokens and tokens[0].__class__ in (tuple, list):
                 tokens, eagle = _bigram(tokens), True
-            return prepare_stored(seq, tokens, e.block_hashes, e.parent_block_hash, dp_rank, e.lora_name, eagle)
+            parent = e.parent_block_hash
+            if parent.__class__ is bytes:
+                parent = _hash_key(parent)
+            return prepare_stored(seq, tokens, hashes, parent, dp_rank, e.lora_name, eagle)
         if name == "BlockRemoved":
-            return prepare_removed(seq, e.block_hashes, dp_rank)
+            return prepare_removed(seq, hashes, dp_rank)
         return prepare_cleared(seq, dp_rank)
 
 

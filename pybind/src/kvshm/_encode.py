@@ -691,8 +691,9 @@ def encode_cleared(seq: SupportsIndex, dp_rank: SupportsIndex = 0) -> bytes:
 #
 # Meta is small and cached per distinct value, so it is built by a minimal FlatBuffers builder for one table (no
 # runtime dependency) that follows the official builders' arithmetic and kvshm's canonical call order (Go:
-# fbs.BuildMeta): [kind = CreateString], [extra = CreateByteVector], [medium = CreateString], MetaStart, the present
-# fields in schema order, MetaEnd, Finish without file identifier. Tests prove byte identity with the official
+# fbs.BuildMeta): [parent bytes = CreateByteVector], [hash bytes = CreateByteVector], [kind = CreateString],
+# [extra = CreateByteVector], [medium = CreateString], MetaStart, the present fields in schema order, MetaEnd, Finish
+# without file identifier. Tests prove byte identity with the official
 # Python builder and with the shared vectors (testdata/batch) that the Go side checks too.
 
 RECORD_BATCH: Final = 3  # ring record type of a batch
@@ -700,8 +701,9 @@ SUB_EVENT: Final = 1  # sub-record types inside a BATCH
 SUB_META: Final = 4
 BATCH_HEADER: Final = 16  # ts f64, count u32, flags u32
 
-# Meta's vtable slots (proto/fbs/event.fbs): medium, lora_id, block_size, extra_keys, group_idx, kind, window.
-_META_FIELDS: Final = 7
+# Meta's vtable slots (proto/fbs/event.fbs): medium, lora_id, block_size, extra_keys, group_idx, kind, window,
+# block_hash_bytes, parent_hash_bytes.
+_META_FIELDS: Final = 9
 
 
 def build_meta(
@@ -712,8 +714,11 @@ def build_meta(
     group_idx: int | None = None,
     kind: str | None = None,
     sliding_window: int | None = None,
+    hash_bytes: bytes | None = None,
+    parent_bytes: bytes | None = None,
 ) -> bytes:
-    """The canonical ``kvevent.Meta`` FlatBuffer (None = absent; ``extra_keys`` already msgpack-encoded).
+    """The canonical ``kvevent.Meta`` FlatBuffer (None = absent; ``extra_keys`` already msgpack-encoded;
+    ``hash_bytes`` the event's bytes block hashes concatenated, ``parent_bytes`` its parent's).
     TypeError/ValueError for values that do not fit their fields (lora_id i64, the others u32, strings UTF-8)."""
     ints = [lora_id, block_size, group_idx, sliding_window]
     for i, v in enumerate(ints):
@@ -727,6 +732,8 @@ def build_meta(
     lora_id, block_size, group_idx, sliding_window = ints
     b = _Sim(0, 1)  # the same builder arithmetic as the EVENT layouts, here with constant bytes only
     try:
+        parent_off = b.bytes_vector(parent_bytes, False) if parent_bytes is not None else 0
+        hashes_off = b.bytes_vector(hash_bytes, False) if hash_bytes is not None else 0
         kind_off = b.bytes_vector(kind.encode("utf-8"), True) if kind is not None else 0
         extra_off = b.bytes_vector(bytes(extra_keys), False) if extra_keys is not None else 0
         medium_off = b.bytes_vector(medium.encode("utf-8"), True) if medium is not None else 0
@@ -752,6 +759,12 @@ def build_meta(
         if sliding_window is not None:
             b.prepend("I", sliding_window)
             b.slot(6)
+        if hash_bytes is not None:
+            b.prepend_uoffset(hashes_off)
+            b.slot(7)
+        if parent_bytes is not None:
+            b.prepend_uoffset(parent_off)
+            b.slot(8)
     except struct.error as e:
         raise ValueError(f"kvshm: event metadata out of range: {e}") from None
     except (AttributeError, UnicodeEncodeError) as e:

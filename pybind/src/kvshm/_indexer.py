@@ -667,7 +667,10 @@ class LocalIndexer:
         ``events``: vLLM's ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared`` objects (recognized by class
         name, read by vLLM's attribute names: vLLM's msgspec objects pass as they are) or
         :mod:`kvshm.events`' dataclasses. ``ts`` is the engine's ``time.time()`` for the batch (None: now);
-        ``dp_rank`` None means the indexer's own rank. An empty ``events`` publishes nothing.
+        ``dp_rank`` None means the indexer's own rank. An empty ``events`` publishes nothing. Block hashes are ints
+        or, as vLLM sends them with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``, ``bytes`` (all of an event's one
+        length): published as msgpack bin, as vLLM does, and indexed under their last 8 bytes, big-endian (the int
+        vLLM would send for the same hash; Dynamo's rule where it decodes bytes hashes, 1.6.1 does not).
 
         With a kvshmd that reads BATCH records (its ATTACH reply says ``"batches": true``) the batch is one ring
         record, atomic for the daemon, carrying vLLM's metadata (medium, lora_id, block_size, extra_keys,
@@ -860,10 +863,11 @@ def _has_meta(e: Any) -> bool:
     nothing else), which a per-event fallback therefore drops."""
     if e.__class__.__name__ == "AllBlocksCleared":
         return False
+    hashes: Any = getattr(e, "block_hashes", None)
     return getattr(e, "medium", None) != "GPU" or any(
         getattr(e, f, None) is not None
         for f in ("lora_id", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window")
-    )
+    ) or bool(hashes) and hashes[0].__class__ is bytes or getattr(e, "parent_block_hash", None).__class__ is bytes
 
 
 def _error_json(message: str) -> str:

@@ -4,6 +4,8 @@ The classes mirror vLLM 0.33.0's ``vllm.distributed.kv_events`` (``BlockStored``
 ``AllBlocksCleared``, ``KVEventBatch``): same field names, order and defaults, as slots dataclasses, so an engine
 that is not vLLM (TensorRT-LLM, a test) builds the same events positionally or by keyword. ``apply_batch`` takes
 these and vLLM's own msgspec objects alike: it recognizes an event by its class name and reads the attributes.
+Block hashes are ints or, as vLLM sends them with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``, ``bytes``
+(vLLM's ``ExternalBlockHash``; see ``apply_batch``).
 
 What kvshm carries to the ZMQ stream (kvshm.LocalIndexer(publish=...)): every field up to
 ``kv_cache_spec_sliding_window``. vLLM 0.33.0's newer trailing fields (``locality``, ``ownership``,
@@ -26,8 +28,8 @@ MEDIUM_CPU = "CPU"
 class BlockStored:
     """Blocks stored in the engine's prefix cache, as one chain under ``parent_block_hash`` (None: the root)."""
 
-    block_hashes: list[int]
-    parent_block_hash: int | None
+    block_hashes: list[int] | list[bytes]  # vLLM: list[ExternalBlockHash]; kvshm refuses mixed lists
+    parent_block_hash: bytes | int | None
     token_ids: list[int]
     block_size: int
     lora_id: int | None
@@ -47,7 +49,7 @@ class BlockStored:
 class BlockRemoved:
     """Blocks evicted from the engine's prefix cache."""
 
-    block_hashes: list[int]
+    block_hashes: list[int] | list[bytes]  # vLLM: list[ExternalBlockHash]; kvshm refuses mixed lists
     medium: str | None
     group_idx: int | None = None
     locality: str | None = None

@@ -104,8 +104,67 @@ class Meta(object):
             return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
         return None
 
+    # vLLM's bytes block hashes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) of the event that follows, concatenated
+    # in its order, all of one length (this vector's length / the event's block count; none when the event has no
+    # blocks); the ZMQ stream sends them as msgpack bin. The event's block_hashes hold their keys (the last 8
+    # bytes, big-endian). Absent: the hashes are ints.
+    # Meta
+    def BlockHashBytes(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Uint8Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 1))
+        return 0
+
+    # Meta
+    def BlockHashBytesAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Uint8Flags, o)
+        return 0
+
+    # Meta
+    def BlockHashBytesLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Meta
+    def BlockHashBytesIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        return o == 0
+
+    # The following Stored event's parent hash as bytes (its parent_hash holds the key); absent: an int or none.
+    # Meta
+    def ParentHashBytes(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Uint8Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 1))
+        return 0
+
+    # Meta
+    def ParentHashBytesAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Uint8Flags, o)
+        return 0
+
+    # Meta
+    def ParentHashBytesLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Meta
+    def ParentHashBytesIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        return o == 0
+
 def MetaStart(builder):
-    builder.StartObject(7)
+    builder.StartObject(9)
 
 def Start(builder):
     MetaStart(builder)
@@ -157,6 +216,30 @@ def MetaAddKvCacheSpecSlidingWindow(builder, kvCacheSpecSlidingWindow):
 
 def AddKvCacheSpecSlidingWindow(builder, kvCacheSpecSlidingWindow):
     MetaAddKvCacheSpecSlidingWindow(builder, kvCacheSpecSlidingWindow)
+
+def MetaAddBlockHashBytes(builder, blockHashBytes):
+    builder.PrependUOffsetTRelativeSlot(7, flatbuffers.number_types.UOffsetTFlags.py_type(blockHashBytes), 0)
+
+def AddBlockHashBytes(builder, blockHashBytes):
+    MetaAddBlockHashBytes(builder, blockHashBytes)
+
+def MetaStartBlockHashBytesVector(builder, numElems):
+    return builder.StartVector(1, numElems, 1)
+
+def StartBlockHashBytesVector(builder, numElems):
+    return MetaStartBlockHashBytesVector(builder, numElems)
+
+def MetaAddParentHashBytes(builder, parentHashBytes):
+    builder.PrependUOffsetTRelativeSlot(8, flatbuffers.number_types.UOffsetTFlags.py_type(parentHashBytes), 0)
+
+def AddParentHashBytes(builder, parentHashBytes):
+    MetaAddParentHashBytes(builder, parentHashBytes)
+
+def MetaStartParentHashBytesVector(builder, numElems):
+    return builder.StartVector(1, numElems, 1)
+
+def StartParentHashBytesVector(builder, numElems):
+    return MetaStartParentHashBytesVector(builder, numElems)
 
 def MetaEnd(builder):
     return builder.EndObject()
