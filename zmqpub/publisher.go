@@ -65,8 +65,8 @@ type Stats struct {
 	// oldest buffered batch and that batch is not a reset batch (the buffer rolled over, or the daemon restarted
 	// since the incarnation began).
 	ReplayIncomplete uint64
-	Endpoint       string           // the PUB endpoint (as bound: a port 0 is resolved)
-	ReplayEndpoint string           // "" without replay socket
+	Endpoint         string // the PUB endpoint (as bound: a port 0 is resolved)
+	ReplayEndpoint   string // "" without replay socket
 }
 
 // AddCounts adds o's counters to s (the endpoints are left as they are): a stream's totals over its publishers.
