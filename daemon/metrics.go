@@ -32,7 +32,7 @@ func newMetrics(reg *prometheus.Registry, s *Server) (*metrics, error) {
 			Name: "kvshm_requests_total", Help: "Requests served, by transport (socket, http), kind and result code (ok or an error code).",
 		}, []string{"transport", "kind", "code"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvshm_connections_rejected_total", Help: "Connections refused or closed by the daemon, by reason (socket: forbidden, busy, idle, frame_timeout, peercred; HTTP: http_busy).",
+			Name: "kvshm_connections_rejected_total", Help: "Connections refused or closed by the daemon, by reason (socket: forbidden, busy, limit, idle, frame_timeout, peercred; HTTP: http_busy).",
 		}, []string{"reason"}),
 		recoveries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvshm_recovery_requests_total", Help: "Recovery queries (events, dump, /kv_recover) by result (events, tree_dump, too_new, invalid_range, error, failed).",
