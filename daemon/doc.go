@@ -398,7 +398,8 @@
 //
 // Publishing never slows ingest: the drain goroutine encodes the payload into a reused buffer, copies it once, and
 // hands it to the publisher's queue without blocking (full queue: dropped, counted queue_full); zmqpub/doc.go says
-// what a slow subscriber or replay client costs (only itself). Seq continuity is the engine's: seqs are the engine's event ids,
+// what a slow subscriber or replay client costs (only itself). Seq continuity is the engine's: seqs are the
+// engine's event ids,
 // so a restarted daemon (or a re-attached producer) continues the same numbering, never reuses a seq, and a
 // subscriber sees a gap for whatever was not published. A restarted daemon replays only what it has published
 // since it started (the replay buffer is in memory); batches the previous daemon published are not replayable,
