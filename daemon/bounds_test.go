@@ -222,3 +222,23 @@ func statsOn(t *testing.T, c *sock.Client, worker uint64, ok func(sock.StreamSta
 	t.Fatalf("worker %d: stats %+v", worker, last)
 	return last
 }
+
+// TestZmqCutAndIncompleteMetrics: a publishing stream exports zmqpub's replay-incomplete and cut counters.
+func TestZmqCutAndIncompleteMetrics(t *testing.T) {
+	ts := startServer(t, nil)
+	d := t.TempDir()
+	rep := "ipc://" + filepath.Join(d, "r.sock")
+	cl := dialT(t, ts.SocketPath())
+	if _, err := cl.Attach(ctxT(t), sock.AttachRequest{RingPath: ringAt(t, t.TempDir(), 5, 1<<16), WorkerID: 5,
+		KVBlockSize: 4, MaxBufferSize: 1024, Publish: &sock.Publish{Endpoint: "ipc://" + filepath.Join(d, "p.sock"),
+			ReplayEndpoint: &rep, HWM: 10, BufferSteps: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	m := scrape(t, ts.Server)
+	for _, name := range []string{"kvshm_zmq_replay_incomplete_total", "kvshm_zmq_subscribers_cut_total",
+		"kvshm_zmq_replay_clients_cut_total"} {
+		if want := name + `{dp_rank="",worker_id="5"} 0`; !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
