@@ -51,6 +51,7 @@ type Config struct {
 	// RankPortsBase > 0 (requires HTTPAddr): port RankPortsBase+r on the HTTP host answers /kv_recover for rank r
 	// of the only worker, opened when the daemon first holds a stream covering r (--rank-ports). 0 = off.
 	RankPortsBase int
+	Bounds        Bounds       // per-producer bounds (bounds.go); zero fields: DefaultBounds
 	Version       string       // reported by HEALTH and kvshm_build_info
 	Logger        *slog.Logger //
 	Registry      *prometheus.Registry
@@ -75,6 +76,7 @@ func DefaultConfig() Config {
 		ParentPoll:        200 * time.Millisecond,
 		OnLoss:            index.LossBestEffort,
 		DumpShape:         index.DumpChains,
+		Bounds:            DefaultBounds(),
 		Version:           "dev",
 	}
 }
@@ -108,6 +110,7 @@ func (c *Config) fill() {
 			*f.v = f.def
 		}
 	}
+	c.Bounds.fill()
 	if c.Version == "" {
 		c.Version = d.Version
 	}
@@ -134,6 +137,7 @@ type Server struct {
 	rankPorts rankPorts
 	ckpt      *ckptStore
 	nconns    atomic.Int64 // open connections. Updated atomically.
+	peers     peerConns    // open connections per peer (bounds.go)
 
 	ctx    context.Context // canceled at shutdown: aborts queries in flight
 	cancel context.CancelFunc
@@ -362,17 +366,22 @@ func (s *Server) admit(c *net.UnixConn) {
 		s.refuse(c, sock.CodeForbidden, fmt.Sprintf("peer uid %d is not the daemon's uid %d", cred.Uid, s.uid))
 		return
 	}
+	cc := &conn{c: c, uid: cred.Uid, pid: cred.Pid}
+	if !s.admitPeer(cc) {
+		return
+	}
 	if s.nconns.Add(1) > int64(s.cfg.MaxConns) {
 		s.nconns.Add(-1)
+		s.peers.remove(peerKey{cc.uid, cc.pid})
 		s.m.rejected.WithLabelValues("busy").Inc()
 		s.refuse(c, sock.CodeBusy, fmt.Sprintf("connection limit %d reached; retry later", s.cfg.MaxConns))
 		return
 	}
-	cc := &conn{c: c, uid: cred.Uid, pid: cred.Pid}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		s.nconns.Add(-1)
+		s.peers.remove(peerKey{cc.uid, cc.pid})
 		_ = c.Close()
 		return
 	}
@@ -396,6 +405,7 @@ func (s *Server) serveConn(cc *conn) {
 		delete(s.conns, cc)
 		s.mu.Unlock()
 		s.nconns.Add(-1)
+		s.peers.remove(peerKey{cc.uid, cc.pid})
 		if cc.att != nil {
 			cc.att.finish("producer connection closed")
 			<-cc.att.done

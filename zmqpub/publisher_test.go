@@ -56,7 +56,7 @@ func subscribe(t *testing.T, p *Publisher, ep string) zmq4.Socket {
 			case <-ctx.Done():
 				return
 			case <-time.After(5 * time.Millisecond):
-				p.Publish(1<<62+i, []byte("probe"))
+				p.PublishHeartbeat(1<<62+i, []byte("probe")) // not kept for replay
 			}
 		}
 	}()
@@ -219,6 +219,11 @@ func stuckSubscriber(t *testing.T, addr string) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", strings.Replace(addr, "0.0.0.0", "127.0.0.1", 1))
 	if err != nil {
+		t.Fatal(err)
+	}
+	// A fixed small receive buffer: Linux autotunes it up to tcp_rmem's max (32 MiB here) otherwise, which can hold
+	// everything a test publishes.
+	if err := c.(*net.TCPConn).SetReadBuffer(16 << 10); err != nil {
 		t.Fatal(err)
 	}
 	greet := make([]byte, 64)

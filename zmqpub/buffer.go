@@ -1,0 +1,112 @@
+package zmqpub
+
+// replayBuffer holds the batches kept for replay, oldest first: at most steps batches and at most maxBytes payload
+// bytes (the oldest are evicted first). It grows as used: nothing is allocated for the steps not yet filled, so a
+// huge buffer_steps costs nothing until batches arrive (issue 19: a 2^31-entry ring allocated up front killed the
+// daemon). Not safe for concurrent use (Publisher.bufMu).
+type replayBuffer struct {
+	steps, maxBytes int
+	q               []entry // q[head:] is the content
+	head            int
+	bytes           int
+	base            uint64 // the index of q[head] among every batch ever kept (a reply's cursor)
+	gen             uint64 // +1 per clear: a reply in progress stops at a reset
+	// lost: since the last reset batch (or since the buffer was made) a batch was evicted or was too large to keep.
+	// lostMax is the highest seq of those batches.
+	lost    bool
+	lostMax uint64
+}
+
+// entry is one batch. reset marks a reset batch (PublishReset): the start or the end of an engine incarnation.
+type entry struct {
+	seq     uint64
+	payload []byte
+	reset   bool
+}
+
+func (b *replayBuffer) len() int { return len(b.q) - b.head }
+
+// reset empties the buffer (the batches before it belong to an incarnation that ended).
+func (b *replayBuffer) clear() {
+	clear(b.q) // drop the payload references
+	b.base += uint64(b.len())
+	b.gen++
+	b.q, b.head, b.bytes, b.lost, b.lostMax = b.q[:0], 0, 0, false, 0
+}
+
+// add appends e, evicting the oldest batches past the step or byte cap.
+func (b *replayBuffer) add(e entry) {
+	if b.steps == 0 || len(e.payload) > b.maxBytes {
+		b.markLost(e.seq)
+		return
+	}
+	for b.len() > 0 && (b.len() >= b.steps || b.bytes+len(e.payload) > b.maxBytes) {
+		b.evict()
+	}
+	if b.head > 0 && b.head >= len(b.q)/2 && len(b.q) == cap(b.q) {
+		// Compact instead of growing: the live part is at most half the slice.
+		n := copy(b.q, b.q[b.head:])
+		clear(b.q[n:])
+		b.q, b.head = b.q[:n], 0
+	}
+	b.q = append(b.q, e)
+	b.bytes += len(e.payload)
+}
+
+func (b *replayBuffer) evict() {
+	e := b.q[b.head]
+	b.q[b.head] = entry{}
+	b.head++
+	b.base++
+	b.bytes -= len(e.payload)
+	b.markLost(e.seq)
+}
+
+func (b *replayBuffer) markLost(seq uint64) {
+	if !b.lost || seq > b.lostMax {
+		b.lostMax = seq
+	}
+	b.lost = true
+}
+
+// A reply walks the buffer with a cursor, a chunk at a time under the lock, so that a client that reads slowly holds
+// no copy of the buffer: [from, end) are the indices of the batches held when the request came.
+
+// replyRange returns the cursor range of a request from start, the buffer's generation, and whether the reply is
+// complete (as since).
+func (b *replayBuffer) replyRange(start uint64) (from, end, gen uint64, complete bool) {
+	live := b.q[b.head:]
+	switch {
+	case len(live) == 0:
+		complete = !b.lost || b.lostMax < start
+	default:
+		complete = live[0].reset || start >= live[0].seq
+	}
+	return b.base, b.base + uint64(len(live)), b.gen, complete
+}
+
+// chunkStatus says why chunk returned what it did.
+type chunkStatus uint8
+
+const (
+	chunkOK      chunkStatus = iota
+	chunkReset               // the buffer was reset since the request: the reply ends (the reset batch goes live)
+	chunkEvicted             // the batch at the cursor was evicted (rolled over during the reply)
+)
+
+// chunk appends to out the batches with seq >= start at cursor indices [cursor, min(end, cursor+max)) and returns
+// the next cursor.
+func (b *replayBuffer) chunk(out []entry, cursor, end, gen, start uint64, max int) ([]entry, uint64, chunkStatus) {
+	if gen != b.gen {
+		return out, cursor, chunkReset
+	}
+	if cursor < b.base {
+		return out, cursor, chunkEvicted
+	}
+	for ; cursor < end && max > 0; cursor, max = cursor+1, max-1 {
+		if e := b.q[b.head+int(cursor-b.base)]; e.seq >= start {
+			out = append(out, e)
+		}
+	}
+	return out, cursor, chunkOK
+}
