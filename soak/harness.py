@@ -41,15 +41,7 @@ KNOWN: dict[str, str] = {
     "truncated; "
     "the daemon side is fixed (SetPanicOnFault, idle size check)",
 }
-# Issue 19's findings, fixed on other branches (the lead merges them, then drops these entries).
-KNOWN["limits:buffer_steps"] = KNOWN["limits:all"] = (
-    "issue 19 #1: ZmqPublish(buffer_steps=2**31-1) sent to a shared kvshmd kills it (fatal error: out of memory, "
-    "zmqpub.New allocates the whole replay buffer up front); the per-producer bounds refused at ATTACH (code limit) "
-    "are on another branch")
-KNOWN["limits"] = KNOWN["limits:buffer_steps"] + " (the healthy stream beside it lost its daemon)"
-KNOWN["replay_stuck"] = ("issue 19 #2: replay clients that never read delay or deny a healthy replay (zmqpub's "
-                         "ROUTER serves them in turn); per-client replay queues are on another branch")
-if os.environ.get("SOAK_KNOWN") is not None:  # e.g. SOAK_KNOWN= (empty) once the lead's fixes are merged
+if os.environ.get("SOAK_KNOWN") is not None:  # e.g. SOAK_KNOWN= (empty): every known defect counts as a failure
     KNOWN = {k: v for k, v in KNOWN.items() if k in os.environ["SOAK_KNOWN"].split(",")}
 
 
