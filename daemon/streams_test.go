@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -279,8 +280,13 @@ func TestRingLossAndCorruption(t *testing.T) {
 func TestConfigDefaults(t *testing.T) {
 	var c Config
 	c.fill()
-	c.Logger, c.Registry = nil, nil
-	if d := DefaultConfig(); c != d {
+	if c.Clock == nil {
+		t.Fatal("a zero Config has no clock after fill")
+	}
+	c.Logger, c.Registry, c.Clock = nil, nil, nil
+	d := DefaultConfig()
+	d.ZMQHeartbeat = 0 // the one field whose zero means off (kvshmd serve's default is DefaultConfig's)
+	if !reflect.DeepEqual(c, d) {
 		t.Fatalf("zero Config filled to\n%+v\nDefaultConfig\n%+v", c, d)
 	}
 }
