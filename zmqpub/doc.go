@@ -16,6 +16,25 @@
 // owns the PUB socket; the replay goroutine owns the ROUTER socket, so a slow replay client never delays live
 // publication. The replay buffer is in memory: a restarted daemon replays only what it published since.
 //
+// # Heartbeats, resets, flush (LIFECYCLE.md)
+//
+// One queue carries, in call order, four kinds of item to the sender goroutine: batches (Publish: published, kept
+// for replay), heartbeats (PublishHeartbeat: published, never kept), resets (PublishReset: the replay buffer is
+// emptied, then the batch is published and kept as the buffer's first batch: the start or the end of an engine
+// incarnation) and flush markers (Flush). Batches and heartbeats share the queue's DefaultQueueSize places and are
+// dropped (queue_full) past them; resets and flush markers take no place, so a full queue never drops them
+// (PublishReset returns false only after Close). Flush returns true once the sender has handed every earlier item to
+// the PUB socket and every connected subscriber's outbox is empty (a subscriber cut meanwhile no longer counts);
+// false at its timeout or after Close.
+//
+// The replay buffer grows as used (nothing is allocated for buffer_steps up front: 2^31-1 steps cost nothing until
+// batches arrive) and holds at most buffer_steps batches and at most Config.BufferBytes payload bytes
+// (DefaultBufferBytes, 64 MiB, when 0); the oldest are evicted first, and a batch larger than the byte cap is not
+// kept. A reply is incomplete when the requested seq is before the oldest buffered batch and that batch is not a
+// reset batch (the buffer rolled over, or this publisher began mid-incarnation: the daemon restarted), or, the
+// buffer empty, when a batch at or after the requested seq was evicted: counted (Stats.ReplayIncomplete) and logged
+// at most once per 10 s. A request from before a reset batch is complete: that batch is the incarnation's start.
+//
 // Endpoints: bound when the endpoint contains "*" or "::" or is ipc:// (vLLM's rule), connected otherwise (in
 // the background with zmq4's retries, as libzmq connects asynchronously); inproc:// is refused (ErrEndpoint);
 // the replay endpoint is always bound. An ipc:// socket file is chmod 0600 right after the bind (a short window

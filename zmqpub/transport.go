@@ -42,6 +42,50 @@ const DefaultSubscriberBacklog = 16 << 20
 type connOpts struct {
 	timeout time.Duration
 	backlog int
+	conns   *connSet // with a backlog: the publisher's connections (Flush)
+}
+
+// connSet is the set of a publisher's connections with outboxes.
+type connSet struct {
+	mu sync.Mutex
+	m  map[*outbox]struct{}
+}
+
+func (s *connSet) add(o *outbox) {
+	s.mu.Lock()
+	if s.m == nil {
+		s.m = map[*outbox]struct{}{}
+	}
+	s.m[o] = struct{}{}
+	s.mu.Unlock()
+}
+
+func (s *connSet) remove(o *outbox) {
+	s.mu.Lock()
+	delete(s.m, o)
+	s.mu.Unlock()
+}
+
+// drained waits until every outbox in the set is empty (a cut one is removed) or deadline; it reports which.
+func (s *connSet) drained(deadline time.Time) bool {
+	for {
+		busy := false
+		s.mu.Lock()
+		for o := range s.m {
+			if o.pending() {
+				busy = true
+				break
+			}
+		}
+		s.mu.Unlock()
+		if !busy {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // errBacklog is the cause of a connection closed because its peer fell more than the backlog behind.
@@ -285,7 +329,7 @@ type stallConn struct {
 func newStallConn(c net.Conn, o connOpts, pre []byte, skipWrite int) *stallConn {
 	sc := &stallConn{Conn: c, timeout: o.timeout, pre: pre, skipWrite: skipWrite}
 	if o.backlog > 0 {
-		sc.out = newOutbox(sc, o.backlog)
+		sc.out = newOutbox(sc, o.backlog, o.conns)
 	}
 	return sc
 }
@@ -359,15 +403,27 @@ type outbox struct {
 	done   chan struct{} // closed when the goroutine returns
 	mu     sync.Mutex
 	q      [][]byte
-	queued int
+	queued int   // bytes in q and being written
 	err    error // set once the connection is unusable
 	once   sync.Once
+	set    *connSet
 }
 
-func newOutbox(c *stallConn, max int) *outbox {
-	o := &outbox{c: c, max: max, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+func newOutbox(c *stallConn, max int, set *connSet) *outbox {
+	o := &outbox{c: c, max: max, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		set: set}
+	if set != nil {
+		set.add(o)
+	}
 	go o.run()
 	return o
+}
+
+// pending reports whether bytes wait to be written to a usable connection.
+func (o *outbox) pending() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.err == nil && o.queued > 0
 }
 
 func (o *outbox) put(p []byte) (int, error) {
@@ -397,6 +453,9 @@ func (o *outbox) put(p []byte) (int, error) {
 
 func (o *outbox) run() {
 	defer close(o.done)
+	if o.set != nil {
+		defer o.set.remove(o)
+	}
 	for {
 		select {
 		case <-o.wake:
