@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvshm/kvshm/index"
 	"github.com/kvshm/kvshm/vllmwire"
+	"github.com/kvshm/kvshm/zmqpub"
 )
 
 // Incarnations, wire seqs and heartbeats: LIFECYCLE.md is the contract; doc.go ("Streams and their lifecycle",
@@ -72,7 +73,7 @@ func (st *stream) resetIncarnation(ix *index.Indexer) uint64 {
 	var id uint64
 	if pub := st.pub.Load(); pub != nil {
 		id = st.nextWire()
-		publishReset(pub, id, clearedBatch(nil, st.rank.Load())) // a drop (full queue) is counted by the publisher
+		pub.PublishReset(id, clearedBatch(nil, st.rank.Load())) // never dropped for a full queue
 	} else if is := ix.Stats(); is.SeenAny {
 		id = is.LastSeenID + 1
 	}
@@ -157,10 +158,10 @@ func (s *Server) logFor(st *stream) interface{ Info(string, ...any) } {
 
 // heartbeat publishes an empty batch [now, [], rank] with the next wire seq (Publisher.PublishHeartbeat: not kept
 // for replay, not in the index). Runs on the drain goroutine of a publishing stream.
-func (a *attachment) heartbeat(pub publisher) {
+func (a *attachment) heartbeat(pub *zmqpub.Publisher) {
 	a.wire = vllmwire.AppendBatchHeader(a.wire[:0], batchTS(0), 0)
 	a.wire = vllmwire.AppendBatchTrailer(a.wire, int64(a.st.rank.Load()))
-	publishHeartbeat(pub, a.st.nextWire(), append([]byte(nil), a.wire...))
+	pub.PublishHeartbeat(a.st.nextWire(), append([]byte(nil), a.wire...))
 }
 
 // ErrUnsafeCleanupDir is wrapped by cleanupDir's error when the directory is not one the daemon may remove.

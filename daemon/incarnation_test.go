@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -250,7 +251,7 @@ func TestHeartbeat(t *testing.T) {
 	got := goSub(t, ep)
 	var m zmsg
 	deadline := time.Now().Add(20 * time.Second) // a hang guard
-	for m.frames == 0 {                            // the heartbeats alone reach a subscriber that joins late
+	for m.frames == 0 {                          // the heartbeats alone reach a subscriber that joins late
 		select {
 		case m = <-got:
 		case <-time.After(time.Second):
@@ -383,8 +384,8 @@ func TestLossTranslation(t *testing.T) {
 	_, first, last := dropUntil(t, p, 100, 50)
 	p.conn.Close()
 	p.conn = nil
-	attachPublishing(t, p, cfg) // a new incarnation drains the ring: events 100..first-1, then the drops
-	nextWire(t, ts, 4)          // a barrier: the ring is drained (the header's pending loss is marked)
+	attachPublishing(t, p, cfg)                                          // a new incarnation drains the ring: events 100..first-1, then the drops
+	nextWire(t, ts, 4)                                                   // a barrier: the ring is drained (the header's pending loss is marked)
 	p.mustPublish(stored(last+10, 0, nil, []uint64{7}, tokens(7, 1, 4))) // carries the LOSS record; +9: a plain gap
 	start := nextBatch(t, got, endSeq+1)
 	if !isCleared(decodeBatch(t, start)) {
@@ -432,5 +433,35 @@ func TestKillRestartDefaultStateDir(t *testing.T) {
 	st := checkStats(t, socket, 5, func(s sock.StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == 19 })
 	if st.Tainted || st.Incomplete || st.ResidentBlocks != 20 {
 		t.Fatalf("after a SIGKILL with the default state dir: %+v, want complete with 20 blocks", st)
+	}
+}
+
+// TestWireSeqRule: each incarnation starts at max(last wire seq + 1, the clock in µs) (the clock injected).
+func TestWireSeqRule(t *testing.T) {
+	var clock atomic.Int64
+	clock.Store(5_000_000)
+	ts := startServer(t, func(c *Config) { c.Clock = func() time.Time { return time.UnixMicro(clock.Load()) } })
+	p := newProducer(t, ts.SocketPath(), 8, 4, 1<<20)
+	cfg := &sock.Publish{Endpoint: "ipc://" + filepath.Join(t.TempDir(), "pub.sock"), HWM: 10, BufferSteps: 10}
+	wire := func() uint64 {
+		ts.mu.Lock()
+		defer ts.mu.Unlock()
+		return ts.streams[keyOf(8, nil)].wire.Load()
+	}
+	cases := []struct {
+		name  string
+		clock int64
+		want  uint64 // the start Cleared's seq (after the previous incarnation's end Cleared)
+	}{
+		{"first incarnation: the clock", 5_000_000, 5_000_000},
+		{"clock behind the last seq: last + 1 (after the end Cleared)", 4_000_000, 5_000_002},
+		{"clock ahead: the clock", 9_000_000, 9_000_000},
+	}
+	for _, c := range cases {
+		clock.Store(c.clock)
+		attachPublishing(t, p, cfg) // DETACH ends the previous incarnation, the attach begins one
+		if got := wire(); got != c.want {
+			t.Errorf("%s: start Cleared at %d, want %d", c.name, got, c.want)
+		}
 	}
 }

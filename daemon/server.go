@@ -29,16 +29,6 @@ type Config struct {
 	SocketMode        os.FileMode   // the socket file's mode
 	HTTPAddr          string        // "" = no HTTP listener
 	ParentPID         int           // > 0: shut down (after draining) when this process is gone
-	// CleanupDir, when set, is removed recursively when Serve returns, only if it is a directory owned by the
-	// daemon's uid with mode 0700 (the private directory the Python launcher made); anything else is refused and
-	// logged (--cleanup-dir).
-	CleanupDir string
-	// ZMQHeartbeat > 0: a publishing stream that published nothing for this long publishes an empty batch with the
-	// next wire seq (--zmq-heartbeat; LIFECYCLE.md, "Heartbeats"). 0 = off.
-	ZMQHeartbeat time.Duration
-	// Clock is the wall clock wire seqs start from (unix µs; LIFECYCLE.md, "Wire seqs"). nil = time.Now; tests
-	// inject one.
-	Clock func() time.Time
 	MaxRequestBytes   uint32        // request frame cap (length field)
 	MaxConns          int           // concurrent connections
 	HTTPMaxConns      int           // concurrent HTTP connections; beyond it a client gets 503 and is closed
@@ -50,7 +40,17 @@ type Config struct {
 	QueryTimeout      time.Duration // bound on one query (including waiting for the single-flight dump)
 	PIDCheckInterval  time.Duration // producer pid backstop period
 	ParentPoll        time.Duration // --parent-pid poll period
-	StateDir          string        // "" = no checkpoints; else indexes are checkpointed here at shutdown (created 0700)
+	// CleanupDir, when set, is removed recursively when Serve returns, only if it is a directory owned by the
+	// daemon's uid with mode 0700 (the private directory the Python launcher made); anything else is refused and
+	// logged (--cleanup-dir).
+	CleanupDir string
+	// ZMQHeartbeat > 0: a publishing stream that published nothing for this long publishes an empty batch with the
+	// next wire seq (--zmq-heartbeat; LIFECYCLE.md, "Heartbeats"). 0 = off.
+	ZMQHeartbeat time.Duration
+	// Clock is the wall clock wire seqs start from (unix µs; LIFECYCLE.md, "Wire seqs"). nil = time.Now; tests
+	// inject one.
+	Clock    func() time.Time
+	StateDir string // "" = no checkpoints; else indexes are checkpointed here at shutdown (created 0700)
 	// CheckpointInterval > 0 (requires StateDir): also checkpoint each stream while it runs and release its ring head
 	// only up to a written checkpoint, so a crash loses nothing (see doc.go, "Continuous checkpoints"). 0 = off.
 	CheckpointInterval time.Duration
@@ -338,7 +338,7 @@ func (s *Server) shutdown() {
 	flushBy := time.Now().Add(time.Second)
 	for _, st := range s.streamList() {
 		if p := st.pub.Load(); p != nil {
-			flushPublisher(p, max(0, time.Until(flushBy)))
+			p.Flush(max(0, time.Until(flushBy)))
 		}
 		st.closePublisher()
 	}
