@@ -154,16 +154,8 @@ Flags:
 		fmt.Fprintf(stderr, "kvshmd serve: --log-format %q: want text or json\n", o.logFormat)
 		return exitUsage
 	}
-	if err := o.stateDefaults(fs); err != nil {
-		fmt.Fprintf(stderr, "kvshmd serve: %v\n", err)
-		return exitFailure
-	}
 	if o.zmqHeartbeat < 0 {
 		fmt.Fprintf(stderr, "kvshmd serve: --zmq-heartbeat %v: want 0 (off) or a positive duration\n", o.zmqHeartbeat)
-		return exitUsage
-	}
-	if o.ckptInterval < 0 || (o.ckptInterval > 0 && o.stateDir == "") {
-		fmt.Fprintf(stderr, "kvshmd serve: --checkpoint-interval %v: want 0 (off) or a positive duration together with --state-dir\n", o.ckptInterval)
 		return exitUsage
 	}
 	onLoss, ok := byName(o.onLoss, index.LossBestEffort, index.LossError)
@@ -179,6 +171,14 @@ Flags:
 	if o.rankPorts != 0 && (o.rankPorts < 1 || o.rankPorts > 65535 || o.http == "") {
 		fmt.Fprintf(stderr, "kvshmd serve: --rank-ports %d: want a base port in 1..65535 together with --http (its host is used)\n", o.rankPorts)
 		return exitUsage
+	}
+	if o.ckptInterval < 0 || (o.ckptInterval > 0 && o.stateDir == "") {
+		fmt.Fprintf(stderr, "kvshmd serve: --checkpoint-interval %v: want 0 (off) or a positive duration together with --state-dir\n", o.ckptInterval)
+		return exitUsage
+	}
+	if err := o.stateDefaults(fs); err != nil {
+		fmt.Fprintf(stderr, "kvshmd serve: %v\n", err)
+		return exitFailure
 	}
 	log := slog.New(h)
 	srv, err := daemon.New(daemon.Config{
