@@ -194,7 +194,7 @@ func serveDaemon(t *testing.T, socket string) {
 }
 
 // TestStateDefaults: the default --state-dir is on tmpfs for the default socket ($XDG_RUNTIME_DIR/kvshm/state),
-// beside any other socket, with --checkpoint-interval 10s unless given; an explicit --state-dir (or '') is kept
+// beside any other socket, with --checkpoint-interval 10s unless given; an explicit --state-dir (or ”) is kept
 // with the interval given (0 by default).
 func TestStateDefaults(t *testing.T) {
 	xdg := t.TempDir()
