@@ -96,8 +96,15 @@ Losses: an answer that misses events kvshm lost (ring full, corrupt record, unkn
 state kvshm has, marked (headers Kvshm-State: incomplete and Kvshm-Lost-Events, kvshm_incomplete_answers_total, a
 warn log line, "incomplete" in stats) until a Cleared; --on-loss=error answers the Error variant instead.
 
-Restarts: a new daemon resumes each ring at the head the old one stored. Without --state-dir the index state before
-that head is gone: the stream reports unknown history (answers incomplete, or Error with --on-loss=error) until the
+Engines: when a producer's engine ends (DETACH, ring CLOSED, its pid gone; a new ring epoch ends the previous one)
+its stream's index applies a Cleared, and a stream published on ZMQ publishes [AllBlocksCleared] with the next seq
+and again when a new engine starts on it. Seqs on the wire are kvshmd's (+1 per batch, starting above the clock in
+µs), an idle stream heartbeats (--zmq-heartbeat), and with --parent-pid gone every engine's end is published and
+flushed before exit. LIFECYCLE.md is the contract.
+
+Restarts: a new daemon resumes each ring at the head the old one stored. By default the state directory is on
+tmpfs with --checkpoint-interval 10s (see --state-dir), so nothing is lost. Without --state-dir ('') the index
+state before that head is gone: the stream reports unknown history (answers incomplete, or Error with --on-loss=error) until the
 engine sends a Cleared. With --state-dir, a SIGTERM/SIGINT shutdown writes one checkpoint per attached stream
 (w<worker>-<ring epoch>.ckpt, w<worker>r<rank>-<ring epoch>.ckpt for a per-rank stream) and
 the next daemon restores it when that producer reattaches the same ring at the same head: nothing is lost. A crash
