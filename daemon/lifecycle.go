@@ -338,6 +338,33 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 	default:
 		panic(fmt.Sprintf("install: outcome %s installs nothing", p.outcome))
 	}
+	// Before the taints below: a start Cleared would re-base them.
+	st.mu.Lock()
+	publishing := st.pub.Load() != nil
+	// Incarnations (LIFECYCLE.md): one begins with the first attach of a ring epoch the stream has not followed
+	// (a fresh ring at head 0 too: the ring holds the whole incarnation), or with a reattach of an epoch whose
+	// incarnation was seen to end; a daemon restart (head > 0) continues it. No attachment is installed yet, so
+	// this goroutine (holding st.mu) owns the wire counter.
+	begins := false
+	switch p.outcome {
+	case attachFirst, attachRestart:
+		begins = true
+	case attachReattach:
+		begins = !st.live
+	case attachRestore, attachUnknown:
+		st.live = true
+	}
+	if publishing && (newStream || begins || st.wire.Load() == 0) {
+		st.rebaseWire(s.wireFloor())
+	}
+	if begins {
+		st.live = true
+		if publishing {
+			id := st.resetIncarnation(st.ix)
+			log.Info("producer incarnation began: Cleared published", "id", id, "epoch", h.Epoch)
+		}
+	}
+	st.mu.Unlock()
 	if p.countRestore {
 		s.m.ckptRestores.WithLabelValues(o.ck.result).Inc()
 	}
@@ -371,30 +398,6 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 		log.Info("producer restarted (new ring epoch): index reset", "old_epoch", st.epoch, "epoch", h.Epoch, "stream_epoch", st.streamEpoch)
 	}
 	st.mu.Lock()
-	publishing := st.pub.Load() != nil
-	// Incarnations (LIFECYCLE.md): one begins with the first attach of a ring epoch the stream has not followed
-	// (a fresh ring at head 0 too: the ring holds the whole incarnation), or with a reattach of an epoch whose
-	// incarnation was seen to end; a daemon restart (head > 0) continues it. No attachment is installed yet, so
-	// this goroutine (holding st.mu) owns the wire counter.
-	begins := false
-	switch p.outcome {
-	case attachFirst, attachRestart:
-		begins = true
-	case attachReattach:
-		begins = !st.live
-	case attachRestore, attachUnknown:
-		st.live = true
-	}
-	if publishing && (newStream || begins || st.wire.Load() == 0) {
-		st.rebaseWire(s.wireFloor())
-	}
-	if begins {
-		st.live = true
-		if publishing {
-			id := st.resetIncarnation(st.ix)
-			log.Info("producer incarnation began: Cleared published", "id", id, "epoch", h.Epoch)
-		}
-	}
 	is := st.ix.Stats()
 	seqSeen, lastSeq := is.SeenAny, is.LastSeenID
 	if publishing { // the index speaks wire seqs; loss bookkeeping needs the engine's
