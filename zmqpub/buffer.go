@@ -9,6 +9,8 @@ type replayBuffer struct {
 	q               []entry // q[head:] is the content
 	head            int
 	bytes           int
+	base            uint64 // the index of q[head] among every batch ever kept (a reply's cursor)
+	gen             uint64 // +1 per clear: a reply in progress stops at a reset
 	// lost: since the last reset batch (or since the buffer was made) a batch was evicted or was too large to keep.
 	// lostMax is the highest seq of those batches.
 	lost    bool
@@ -27,6 +29,8 @@ func (b *replayBuffer) len() int { return len(b.q) - b.head }
 // reset empties the buffer (the batches before it belong to an incarnation that ended).
 func (b *replayBuffer) clear() {
 	clear(b.q) // drop the payload references
+	b.base += uint64(b.len())
+	b.gen++
 	b.q, b.head, b.bytes, b.lost, b.lostMax = b.q[:0], 0, 0, false, 0
 }
 
@@ -53,6 +57,7 @@ func (b *replayBuffer) evict() {
 	e := b.q[b.head]
 	b.q[b.head] = entry{}
 	b.head++
+	b.base++
 	b.bytes -= len(e.payload)
 	b.markLost(e.seq)
 }
@@ -64,19 +69,44 @@ func (b *replayBuffer) markLost(seq uint64) {
 	b.lost = true
 }
 
-// since returns the batches with seq >= start, in publication order, and whether that is everything published
-// since the incarnation began from start on: false when start is before the oldest batch and that batch is not a
-// reset batch (the buffer rolled over, or this publisher began mid-incarnation: a restarted daemon), or, with an
-// empty buffer, when a batch at or after start was evicted.
-func (b *replayBuffer) since(start uint64) (out []entry, complete bool) {
+// A reply walks the buffer with a cursor, a chunk at a time under the lock, so that a client that reads slowly holds
+// no copy of the buffer: [from, end) are the indices of the batches held when the request came.
+
+// replyRange returns the cursor range of a request from start, the buffer's generation, and whether the reply is
+// complete (as since).
+func (b *replayBuffer) replyRange(start uint64) (from, end, gen uint64, complete bool) {
 	live := b.q[b.head:]
-	for _, e := range live { // vLLM's rule: every batch with seq >= start (wire seqs only grow: a suffix)
-		if e.seq >= start {
+	switch {
+	case len(live) == 0:
+		complete = !b.lost || b.lostMax < start
+	default:
+		complete = live[0].reset || start >= live[0].seq
+	}
+	return b.base, b.base + uint64(len(live)), b.gen, complete
+}
+
+// chunkStatus says why chunk returned what it did.
+type chunkStatus uint8
+
+const (
+	chunkOK      chunkStatus = iota
+	chunkReset               // the buffer was reset since the request: the reply ends (the reset batch goes live)
+	chunkEvicted             // the batch at the cursor was evicted (rolled over during the reply)
+)
+
+// chunk appends to out the batches with seq >= start at cursor indices [cursor, min(end, cursor+max)) and returns
+// the next cursor.
+func (b *replayBuffer) chunk(out []entry, cursor, end, gen, start uint64, max int) ([]entry, uint64, chunkStatus) {
+	if gen != b.gen {
+		return out, cursor, chunkReset
+	}
+	if cursor < b.base {
+		return out, cursor, chunkEvicted
+	}
+	for ; cursor < end && max > 0; cursor, max = cursor+1, max-1 {
+		if e := b.q[b.head+int(cursor-b.base)]; e.seq >= start {
 			out = append(out, e)
 		}
 	}
-	if len(live) == 0 {
-		return nil, !b.lost || b.lostMax < start
-	}
-	return out, live[0].reset || start >= live[0].seq
+	return out, cursor, chunkOK
 }

@@ -1,20 +1,22 @@
 // Package zmqpub publishes one kvshmd stream's KV-event batches on ZMQ as vLLM's ZmqEventPublisher does: a PUB
 // socket carrying [topic, seq u64 BE, payload] and, optionally, a ROUTER socket answering replay requests from a
-// buffer of the last buffer_steps batches. The payload is built by package vllmwire; the sockets are
-// github.com/go-zeromq/zmq4 (pure Go, so kvshmd stays CGO_ENABLED=0).
+// buffer of the last batches. The payload is built by package vllmwire. The sockets speak ZMTP 3.0 (NULL mechanism)
+// themselves (zmtp.go, transport.go), in pure Go, so kvshmd stays CGO_ENABLED=0; libzmq (pyzmq, Dynamo), zmq4 and
+// raw-frame tests are their peers.
 //
 // # Design
 //
 //	drain goroutine ──Publish (non-blocking, bounded queue; full = drop counted)──► sender goroutine
-//	                                                                                 │ PUB SendMulti (queues only)
-//	                                                                                 │ replay ring (mutex)
-//	replay goroutine ◄── ROUTER [identity, "", start_seq] ── DEALER
-//	                 ──► [identity, "", topic, seq, payload] per buffered batch with seq >= start,
-//	                     then [identity, "", "", 0xFFFFFFFFFFFFFFFF, ""]
+//	                                                                                 │ each subscriber's queue
+//	                                                                                 │ replay buffer (mutex)
+//	replay client connection ── ["", start_seq] ──► its reader ──► its reply goroutine
+//	                         ◄── ["", topic, seq, payload] per buffered batch with seq >= start,
+//	                             then ["", "", 0xFFFFFFFFFFFFFFFF, ""]
 //
 // Publish never waits: it tries the queue and counts a drop (queue_full) when it is full. The sender goroutine
-// owns the PUB socket; the replay goroutine owns the ROUTER socket, so a slow replay client never delays live
-// publication. The replay buffer is in memory: a restarted daemon replays only what it published since.
+// encodes each batch once and appends it (shared, not copied) to the queue of every subscriber whose subscriptions
+// match the topic; each connection has a writer goroutine of its own. The replay buffer is in memory: a restarted
+// daemon replays only what it published since.
 //
 // # Heartbeats, resets, flush (LIFECYCLE.md)
 //
@@ -23,67 +25,81 @@
 // emptied, then the batch is published and kept as the buffer's first batch: the start or the end of an engine
 // incarnation) and flush markers (Flush). Batches and heartbeats share the queue's DefaultQueueSize places and are
 // dropped (queue_full) past them; resets and flush markers take no place, so a full queue never drops them
-// (PublishReset returns false only after Close). Flush returns true once the sender has handed every earlier item to
-// the PUB socket and every connected subscriber's outbox is empty (a subscriber cut meanwhile no longer counts);
-// false at its timeout or after Close.
+// (PublishReset returns false only after Close). Flush returns true once every subscriber connected when the sender
+// reached its marker has had every message queued before it written to its socket (a subscriber cut meanwhile no
+// longer counts); false at its timeout or after Close.
 //
-// The replay buffer grows as used (nothing is allocated for buffer_steps up front: 2^31-1 steps cost nothing until
-// batches arrive) and holds at most buffer_steps batches and at most Config.BufferBytes payload bytes
-// (DefaultBufferBytes, 64 MiB, when 0); the oldest are evicted first, and a batch larger than the byte cap is not
-// kept. A reply is incomplete when the requested seq is before the oldest buffered batch and that batch is not a
-// reset batch (the buffer rolled over, or this publisher began mid-incarnation: the daemon restarted), or, the
-// buffer empty, when a batch at or after the requested seq was evicted: counted (Stats.ReplayIncomplete) and logged
-// at most once per 10 s. A request from before a reset batch is complete: that batch is the incarnation's start.
+// # The replay buffer
+//
+// It grows as used (nothing is allocated for buffer_steps up front: 2^31-1 steps cost nothing until batches arrive;
+// before, New allocated the whole ring and buffer_steps 2^31-1 killed a shared daemon with a 64 GiB allocation) and
+// holds at most buffer_steps batches and at most Config.BufferBytes payload bytes (DefaultBufferBytes, 64 MiB, when
+// 0; the daemon passes its --zmq-buffer-bytes); the oldest are evicted first, and a batch larger than the byte cap is
+// not kept. A reply is incomplete when the requested seq is before the oldest buffered batch and that batch is not a
+// reset batch (the buffer rolled over, or this publisher began mid-incarnation: the daemon restarted), or, the buffer
+// empty, when a batch at or after the requested seq was evicted, or when the batch a reply was about to send is
+// evicted during the reply (the reply ends there): counted (Stats.ReplayIncomplete) and logged at most once per 10 s.
+// A request from before a reset batch is complete: that batch is the incarnation's start. A reset during a reply
+// ends the reply (end marker); the reset batch itself goes out live.
+//
+// A reply walks the buffer with a cursor, 64 batches per lock, over the batches held when the request came: a slow
+// client holds no copy of the buffer, only its place.
+//
+// # Replay framing
+//
+// Follows vLLM 0.33.0's _service_replay: a request is exactly 3 frames once a ROUTER adds the identity frame
+// ([identity, "", start_seq]), so ["", start_seq] on the wire; vLLM reads start_seq as a big-endian integer of any
+// length, kvshm requires 1..8 bytes. Anything else is counted (BadRequests), ignored, and logged at most once per
+// 10 s (with the number suppressed since the last warning); a message of more than 16 frames disconnects its
+// client. Replies carry the topic frame as vLLM's do, so a DEALER receives ["", topic, seq, payload]; Dynamo's
+// listener accepts that (vLLM's shape) and ["", seq, payload] (SGLang's). Each client connection is its own peer
+// (no identities are needed to route replies); its requests are answered in order.
+//
+// ZMTP commands are not requests: a libzmq peer with ZMQ_HEARTBEAT_IVL sends PING (Dynamo 1.6.1's replay DEALER and
+// SUB: every 5 s, timeout and TTL 15 s) and drops the connection when nothing comes back within the timeout. Both
+// sockets answer PING with PONG (echoing its context) and ignore other commands. (zmq4's ROUTER, used before, handed
+// a PING on as a 2-frame message: kvshmd logged "invalid zmq replay request: ignored frames=2" every 5 s and never
+// answered; zmq4's PUB stopped reading a subscriber after its 10th PING, subscriptions included.)
+//
+// # Connections (every bound, and what exceeding it does)
+//
+// Every connection has a queue and a writer goroutine of its own; every write waits at most Config.StallTimeout
+// (default 2 s). So one peer that stops reading costs only its own queue and never delays another peer.
+//
+//   - A subscriber is cut (its connection closed, counted in Stats.Cut) when its queue would exceed
+//     Config.SubscriberBacklog bytes (default 16 MiB) or Config.HWM messages (0: no message bound; libzmq drops
+//     past its per-peer HWM instead), or a write to it blocks for the stall timeout. Its libzmq peer reconnects by
+//     itself and sees a seq gap, which it can fill from the replay socket. Ingest is never affected.
+//   - A replay client's reply is paced by its own queue (SubscriberBacklog bytes: the reply goroutine waits for room,
+//     so a large reply is never cut for its size); a client whose write blocks for the stall timeout is cut
+//     (Stats.ReplayCut). 8 clients that request the whole buffer and never read leave a healthy client's replay
+//     unaffected (TestStuckReplayClientsCostOnlyThemselves; with zmq4's ROUTER they denied it for 40-60 s).
+//   - Handshakes run in a goroutine per connection with the stall timeout as deadline, at most 128 at once per
+//     socket (one more is closed at once); a connection whose handshake fails (garbage, a stall, a wrong socket
+//     type: a PUB accepts SUB and XSUB, the replay socket DEALER, REQ and ROUTER) is closed
+//     (TestStalledConnectionsDoNotBlockNewPeers, TestFailedHandshakesAreClosed). A socket keeps at most 1024
+//     connections; one more is closed after its handshake. A frame a peer sends is at most 64 KiB (requests,
+//     subscriptions and commands are small); a larger one disconnects it.
 //
 // Endpoints: bound when the endpoint contains "*" or "::" or is ipc:// (vLLM's rule), connected otherwise (in
-// the background with zmq4's retries, as libzmq connects asynchronously); inproc:// is refused (ErrEndpoint);
-// the replay endpoint is always bound. An ipc:// socket file is chmod 0600 right after the bind (a short window
-// with the umask's mode; the directory is the operator's); a socket file already at the path (left by a crashed
-// run) is replaced, as libzmq does, anything else there fails the bind; Close removes the files it bound. "tcp://*:0" binds an OS-chosen port on every interface
-// and Stats().Endpoint reports it (vLLM binds the node IP instead).
-//
-// Replay framing follows vLLM 0.33.0's _service_replay: a request is exactly 3 frames after the ROUTER's identity
-// frame is added ([identity, "", start_seq]); vLLM reads start_seq as a big-endian integer of any length, kvshm
-// requires 1..8 bytes. Anything else is counted (BadRequests), ignored, and logged at most once per 10 s
-// (with the number suppressed since the last warning). Replies carry the topic frame as
-// vLLM's do, so a DEALER receives ["", topic, seq, payload]; Dynamo's listener accepts that (vLLM's shape) and
-// ["", seq, payload] (SGLang's). Requests are served one at a time: a replay client that stops reading in the
-// middle of its reply holds the replay goroutine (not the live stream) until it reads or disconnects.
-//
-// # What zmq4 v0.17.0 does (read from its source, pinned by the tests)
-//
-//   - PUB Send only pushes onto one queue shared by all subscribers and returns; when the queue holds HWM
-//     messages the message is dropped silently (HWM 0: the queue is unbounded). So Send never waits for a
-//     subscriber, but HWM drops cannot be counted: kvshm counts only its own queue's drops and socket errors.
-//   - One goroutine writes that queue to every subscriber in turn, with no write deadline: a subscriber that
-//     stops reading (full TCP window) would stall delivery to all subscribers (libzmq keeps a queue per
-//     subscriber instead). kvshm's sockets therefore use their own tcp and unix transports (transport.go). A PUB
-//     connection gets an outbox of its own, drained by its own goroutine, so zmq4's write to it returns at once
-//     and a stuck subscriber never delays the others (TestStuckSubscriberIsCut/backlog; the soak measured 2 s
-//     waits before). A subscriber is cut (its connection closed) when it falls more than Config.SubscriberBacklog
-//     bytes behind (default 16 MiB) or takes no write for Config.StallTimeout (default 2 s;
-//     TestStuckSubscriberIsCut); its libzmq peer reconnects by itself and sees a seq gap, which it can fill from
-//     the replay socket. The ROUTER's connections write straight to the socket with the same deadline (its replay
-//     goroutine may wait for its one peer). Ingest is never affected (TestStuckSubscriberNeverBlocksPublish).
-//   - Its accept loop runs each connection's ZMTP handshake inline with no deadline, and never closes a connection
-//     whose handshake failed: one peer that connects and stalls would keep every later peer out, and every peer
-//     that sends garbage would leak a file descriptor. kvshm's listener (transport.go) therefore reads each peer's
-//     greeting and READY in a goroutine of its own, with the stall timeout as deadline (at most 128 at once), closes
-//     the connections that fail, and hands zmq4 only complete handshakes, buffered
-//     (TestStalledConnectionsDoNotBlockNewPeers, TestFailedHandshakesAreClosed; found by the soak's zmq scenario).
-//   - ROUTER routes a reply by the identity the peer announced in its handshake, or, when it announced none (a
-//     libzmq DEALER without ZMQ_IDENTITY, as vLLM's and Dynamo's), by a UUID zmq4 assigns to the connection; so
-//     concurrent anonymous replay clients each get their own replies. A reply to a peer that left is dropped.
+// the background, again 100 ms after every failure or disconnection, as libzmq connects); inproc:// is refused
+// (ErrEndpoint); the replay endpoint is always bound. "tcp://*:port" binds every IPv4 interface (libzmq's "*"
+// without ZMQ_IPV6); "tcp://*:0" binds an OS-chosen port and Stats().Endpoint reports it (vLLM binds the node IP
+// instead). An ipc:// socket file is chmod 0600 right after the bind (a short window with the umask's mode; the
+// directory is the operator's); a socket file already at the path (left by a crashed run) is replaced, as libzmq
+// does, anything else there fails the bind; Close removes the files it bound.
 //
 // # Errors
 //
 // New fails with ErrEndpoint (refused endpoint, nothing opened), ErrBind (bind or chmod failed; the message names
-// the endpoint and the errno) or ErrConfig (a negative hwm, buffer_steps, stall timeout or subscriber backlog); on error nothing stays open. After New
-// nothing fails: a send error is counted (send_error) and the batch is still kept for replay; a replay send error
-// ends that reply. Close is idempotent; Publish after Close drops (closed).
+// the endpoint and the errno) or ErrConfig (a negative hwm, buffer_steps, buffer bytes, stall timeout or subscriber
+// backlog); on error nothing stays open. After New nothing fails: a subscriber or a replay client that cannot be
+// written to is cut and counted. Close hands what is queued to the subscribers' queues and gives them at most 1 s
+// (or the stall timeout, if shorter) to be written; it is idempotent; Publish after Close drops (closed).
 //
 // # Concurrency
 //
-// Publish is called by one goroutine (the stream's drain goroutine); Stats, Config and Close are safe from any
-// goroutine. The payload handed to Publish is owned by the publisher from then on.
+// Publish, PublishHeartbeat and PublishReset are called by one goroutine at a time (the stream's drain goroutine or
+// the daemon's lifecycle code, ordered by the stream); Flush, Stats, Config and Close are safe from any goroutine.
+// The payload handed to Publish is owned by the publisher from then on.
 package zmqpub

@@ -9,7 +9,7 @@ var (
 	// ErrBind is returned by New when binding an endpoint (or, for a connect endpoint, starting its connection)
 	// fails; the wrapped error carries the OS errno where there is one.
 	ErrBind = errors.New("kvshm/zmqpub: bind failed")
-	// ErrConfig is returned by New for a config whose numbers are out of range (a negative hwm, buffer_steps or
-	// stall timeout).
+	// ErrConfig is returned by New for a config whose numbers are out of range (a negative hwm, buffer_steps,
+	// buffer bytes, stall timeout or subscriber backlog).
 	ErrConfig = errors.New("kvshm/zmqpub: bad config")
 )

@@ -118,27 +118,23 @@ func TestFlush(t *testing.T) {
 	if !p.Flush(time.Minute) { // a hang guard
 		t.Fatal("Flush with a healthy subscriber did not complete")
 	}
-	p.conns.mu.Lock()
-	for o := range p.conns.m {
-		if o.pending() {
-			t.Error("an outbox still holds bytes after Flush")
+	for _, c := range p.pubs.snapshot() {
+		if c.queued() == 0 || c.pending() {
+			t.Error("a subscriber's queue still holds bytes after Flush (or never had any)")
 		}
 	}
-	p.conns.mu.Unlock()
+	healthy := p.pubs.snapshot()[0]
 	stuck := stuckSubscriber(t, strings.TrimPrefix(ep, "tcp://"))
 	defer stuck.Close()
-	waitFor(t, func() bool { p.conns.mu.Lock(); defer p.conns.mu.Unlock(); return len(p.conns.m) == 2 }, "2 connections")
-	pending := func() bool {
-		p.conns.mu.Lock()
-		defer p.conns.mu.Unlock()
-		for o := range p.conns.m {
-			if o.pending() {
-				return true
-			}
+	waitFor(t, func() bool { return len(p.pubs.snapshot()) == 2 }, "2 connections")
+	var stuckConn *conn
+	for _, c := range p.pubs.snapshot() {
+		if c != healthy {
+			stuckConn = c
 		}
-		return false
 	}
-	for i := uint64(0); !pending(); i++ { // until the socket buffers are full and an outbox holds bytes
+	queued := func() int { stuckConn.mu.Lock(); defer stuckConn.mu.Unlock(); return stuckConn.qMsgs }
+	for i := uint64(0); queued() < 16; i++ { // until its socket buffers are full and its queue holds 16 MiB
 		p.Publish(100+i, payload)
 		time.Sleep(time.Millisecond)
 	}

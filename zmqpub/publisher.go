@@ -1,19 +1,19 @@
 package zmqpub
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/go-zeromq/zmq4"
 )
 
 // Config is one stream's publishing configuration, as the producer asks for it at ATTACH (vLLM's KVEventsConfig
@@ -22,7 +22,7 @@ type Config struct {
 	Endpoint       string // PUB endpoint; bound when it has "*" or "::" or is ipc://, connected otherwise
 	ReplayEndpoint string // ROUTER endpoint (always bound); "" = no replay socket
 	Topic          string
-	HWM            int // PUB high-water mark (messages); 0 = unlimited
+	HWM            int // messages one subscriber may have queued before it is cut; 0 = no message bound
 	BufferSteps    int // batches kept for replay, at most (the buffer grows as used)
 	// BufferBytes caps the replay buffer's payload bytes (the oldest batches are evicted first); 0 means
 	// DefaultBufferBytes. Not part of the ATTACH request (the daemon's per-stream cap).
@@ -30,9 +30,10 @@ type Config struct {
 	// StallTimeout: a connection whose peer has not taken a write for this long is closed (transport.go); 0 means
 	// DefaultStallTimeout. Not part of the ATTACH request (kvshm's own setting).
 	StallTimeout time.Duration
-	// SubscriberBacklog bounds, in bytes, how far one subscriber may fall behind before it is cut (each PUB
-	// connection has an outbox of its own, so a slow subscriber never delays the others; transport.go); 0 means
-	// DefaultSubscriberBacklog. Not part of the ATTACH request.
+	// SubscriberBacklog bounds, in bytes, how far one subscriber may fall behind before it is cut (each connection
+	// has a queue of its own, so a slow subscriber never delays the others; transport.go), and one replay client's
+	// queued reply (a reply waits for room there: it is never cut for its size); 0 means DefaultSubscriberBacklog.
+	// Not part of the ATTACH request.
 	SubscriberBacklog int
 }
 
@@ -46,7 +47,7 @@ const DefaultBufferBytes = 64 << 20
 // Drop reasons (the label values of kvshm_zmq_dropped_batches_total).
 const (
 	DropQueueFull = "queue_full" // the sender goroutine is behind: Publish found the queue full
-	DropSendError = "send_error" // the PUB socket refused the message
+	DropSendError = "send_error" // no longer produced (kvshm's own sockets never refuse a message); a stable label
 	DropClosed    = "closed"     // Publish after Close
 	numDrops      = 3
 )
@@ -61,6 +62,8 @@ type Stats struct {
 	ReplayRequests uint64           // valid requests served
 	BadRequests    uint64           // replay requests ignored (frame count or seq length)
 	Replayed       uint64           // batches sent on the replay socket (end markers not counted)
+	Cut            uint64           // subscribers cut: past their bound (bytes or hwm messages) or stalled
+	ReplayCut      uint64           // replay clients cut: stalled (a write blocked for the stall timeout)
 	// ReplayIncomplete counts replies that could not hold everything from the requested seq: it is before the
 	// oldest buffered batch and that batch is not a reset batch (the buffer rolled over, or the daemon restarted
 	// since the incarnation began).
@@ -78,6 +81,8 @@ func (s *Stats) AddCounts(o Stats) {
 	s.ReplayRequests += o.ReplayRequests
 	s.BadRequests += o.BadRequests
 	s.Replayed += o.Replayed
+	s.Cut += o.Cut
+	s.ReplayCut += o.ReplayCut
 	s.ReplayIncomplete += o.ReplayIncomplete
 }
 
@@ -103,24 +108,30 @@ const (
 type item struct {
 	entry
 	kind itemKind
-	done chan struct{} // itemFlush
+	done chan []flushTarget // itemFlush: the subscribers and how many messages each had queued at the marker
 }
 
-// Publisher publishes one stream's batches. Publish is called by one goroutine (the stream's drain goroutine);
-// Stats, Config and Close are safe for concurrent use.
+type flushTarget struct {
+	c *conn
+	n uint64
+}
+
+// Publisher publishes one stream's batches. Publish, PublishHeartbeat and PublishReset are called by one goroutine
+// at a time (the stream's drain goroutine, or the daemon's lifecycle code under the stream's lock); Flush, Stats,
+// Config and Close are safe for concurrent use.
 type Publisher struct {
 	cfg      Config // immutable
 	endpoint string // immutable: as bound
 	replayEP string // immutable
 	topic    []byte // immutable
 	log      *slog.Logger
+	timeout  time.Duration // stall timeout
+	backlog  int           // subscriber backlog
 
-	ctx      context.Context
-	cancel   context.CancelFunc
-	pub      zmq4.Socket
-	router   zmq4.Socket // nil without replay endpoint
-	ipcFiles []string    // ipc socket files bound (removed by Close); set by New
-	conns    connSet     // the PUB's connections (Flush)
+	ctx    context.Context
+	cancel context.CancelFunc
+	pubs   peerSet  // the PUB's subscribers
+	router *peerSet // the replay socket's clients; nil without replay endpoint
 
 	// The queue to the sender goroutine: Publish, PublishHeartbeat, PublishReset and Flush append under qmu, in
 	// call order; the sender takes everything at once. qBatches counts the items that Publish and PublishHeartbeat
@@ -132,12 +143,11 @@ type Publisher struct {
 	wake      chan struct{} // capacity 1: the queue is not empty, or closed
 	closeOnce sync.Once
 	sendDone  sync.WaitGroup // the sender goroutine
-	wg        sync.WaitGroup // the replay goroutine
 
 	// Counters. Updated atomically.
-	published, replayReqs, badReqs, replayed, incomplete atomic.Uint64
-	dropped                                              [numDrops]atomic.Uint64
-	incompleteLog, badReqLog                             rateLog
+	published, replayReqs, badReqs, replayed, incomplete, cut, replayCut atomic.Uint64
+	dropped                                                              [numDrops]atomic.Uint64
+	incompleteLog, badReqLog                                             rateLog
 
 	bufMu sync.Mutex // protects buf
 	buf   replayBuffer
@@ -164,7 +174,7 @@ func checkEndpoint(ep string) error {
 }
 
 // New makes the sockets (binding or starting the connection at once, so that a bind failure is the caller's
-// error) and starts the sender goroutine and, with a replay endpoint, the replay goroutine.
+// error) and starts the sender goroutine.
 func New(cfg Config, log *slog.Logger) (*Publisher, error) {
 	if cfg.HWM < 0 || cfg.BufferSteps < 0 || cfg.BufferBytes < 0 || cfg.StallTimeout < 0 || cfg.SubscriberBacklog < 0 {
 		return nil, fmt.Errorf("%w: hwm %d, buffer_steps %d, buffer bytes %d, stall timeout %v, subscriber backlog %d",
@@ -181,86 +191,68 @@ func New(cfg Config, log *slog.Logger) (*Publisher, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	maxBytes := cfg.BufferBytes
 	if maxBytes == 0 {
 		maxBytes = DefaultBufferBytes
 	}
+	ctx, cancel := context.WithCancel(context.Background())
 	p := &Publisher{cfg: cfg, topic: []byte(cfg.Topic), log: log, ctx: ctx, cancel: cancel,
+		timeout: cfg.StallTimeout, backlog: cfg.SubscriberBacklog,
 		wake: make(chan struct{}, 1), buf: replayBuffer{steps: cfg.BufferSteps, maxBytes: maxBytes}}
-	p.pub = zmq4.NewPub(ctx)
-	if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
-		cancel()
-		_ = p.pub.Close()
-		return nil, fmt.Errorf("%w: set hwm %d: %w", ErrConfig, cfg.HWM, err)
+	if p.timeout == 0 {
+		p.timeout = DefaultStallTimeout
 	}
-	ep, err := p.open(p.pub, cfg.Endpoint, isBind(cfg.Endpoint), true)
+	if p.backlog == 0 {
+		p.backlog = DefaultSubscriberBacklog
+	}
+	p.pubs = peerSet{ctx: ctx, timeout: p.timeout, mine: "PUB", peers: []string{"SUB", "XSUB"}, serve: p.serveSubscriber,
+		newConn: func(nc net.Conn, r *bufio.Reader) *conn {
+			c := newConn(nc, r, p.timeout, p.backlog, cfg.HWM)
+			c.onCut = func() { p.cut.Add(1) }
+			return c
+		}}
+	ep, err := p.open(&p.pubs, cfg.Endpoint, isBind(cfg.Endpoint))
 	if err != nil {
 		p.closeSockets()
 		return nil, err
 	}
 	p.endpoint = ep
 	if cfg.ReplayEndpoint != "" {
-		p.router = zmq4.NewRouter(ctx)
-		if p.replayEP, err = p.open(p.router, cfg.ReplayEndpoint, true, false); err != nil {
+		p.router = &peerSet{ctx: ctx, timeout: p.timeout, mine: "ROUTER", peers: []string{"DEALER", "REQ", "ROUTER"},
+			serve: p.serveReplayClient, newConn: func(nc net.Conn, r *bufio.Reader) *conn {
+				c := newConn(nc, r, p.timeout, p.backlog, 0)
+				c.onCut = func() { p.replayCut.Add(1) }
+				return c
+			}}
+		if p.replayEP, err = p.open(p.router, cfg.ReplayEndpoint, true); err != nil {
 			p.closeSockets()
 			return nil, err
 		}
 	}
 	p.sendDone.Add(1)
 	go p.send()
-	if p.router != nil {
-		p.wg.Add(1)
-		go p.serveReplay()
-	}
 	return p, nil
 }
 
-// open binds (bind) or connects sck to ep and returns the endpoint as bound, its connections with outboxes (the PUB)
-// or writing straight to the socket (the ROUTER). An ipc socket file is made 0600. A connect runs in the background
-// with retries, as libzmq's connect does (an absent peer is not an error).
-func (p *Publisher) open(sck zmq4.Socket, ep string, bind, outboxes bool) (string, error) {
-	o := connOpts{timeout: p.cfg.StallTimeout}
-	if o.timeout == 0 {
-		o.timeout = DefaultStallTimeout
-	}
-	if outboxes {
-		if o.backlog = p.cfg.SubscriberBacklog; o.backlog == 0 {
-			o.backlog = DefaultSubscriberBacklog
-		}
-		o.conns = &p.conns
-	}
-	iep, err := internalEndpoint(ep, o)
-	if err != nil {
-		return "", fmt.Errorf("%w: %s: %w", ErrBind, ep, err)
-	}
+// open binds (bind) or connects s to ep and returns the endpoint as bound. An ipc socket file is made 0600. A
+// connect runs in the background with retries, as libzmq's connect does (an absent peer is not an error).
+func (p *Publisher) open(s *peerSet, ep string, bind bool) (string, error) {
+	nep := parseEndpoint(ep)
 	if !bind {
-		go func() {
-			if err := sck.Dial(iep); err != nil && p.ctx.Err() == nil {
-				p.log.Warn("zmq connect failed: batches are not delivered", "endpoint", ep, "err", err)
-			}
-		}()
+		s.dial(nep)
 		return ep, nil
 	}
-	if path, ok := strings.CutPrefix(ep, "ipc://"); ok {
-		// As libzmq does: a socket file left by an earlier run (a crashed daemon) is replaced. Anything else at
-		// the path makes the bind fail.
-		if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() == os.ModeSocket {
-			_ = os.Remove(path)
-		}
-	}
-	if err := sck.Listen(iep); err != nil {
+	if err := bindEndpoint(s, nep); err != nil {
 		return "", fmt.Errorf("%w: %s: %s: %w", ErrBind, ep, errnoName(err), err)
 	}
-	if path, ok := strings.CutPrefix(ep, "ipc://"); ok {
-		p.ipcFiles = append(p.ipcFiles, path) // zmq4 removes only files of its own ipc:// scheme
-		if err := os.Chmod(path, 0o600); err != nil {
-			return "", fmt.Errorf("%w: chmod 0600 %s: %w", ErrBind, path, err)
+	if nep.network == "unix" {
+		if err := os.Chmod(nep.address, 0o600); err != nil {
+			return "", fmt.Errorf("%w: chmod 0600 %s: %w", ErrBind, nep.address, err)
 		}
 		return ep, nil
 	}
-	if a := sck.Addr(); a != nil && strings.HasSuffix(ep, ":0") {
-		return "tcp://" + a.String(), nil
+	if strings.HasSuffix(ep, ":0") {
+		return "tcp://" + s.ln.Addr().String(), nil
 	}
 	return ep, nil
 }
@@ -303,18 +295,24 @@ func (p *Publisher) PublishReset(seq uint64, payload []byte) bool {
 // longer counts. Used before a private daemon exits. false after Close.
 func (p *Publisher) Flush(timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)
-	done := make(chan struct{})
+	done := make(chan []flushTarget, 1)
 	if !p.enqueue(item{kind: itemFlush, done: done}) {
 		return false
 	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
+	var targets []flushTarget
 	select {
-	case <-done:
+	case targets = <-done:
 	case <-t.C:
 		return false
 	}
-	return p.conns.drained(deadline)
+	for _, ft := range targets {
+		if !ft.c.waitWritten(ft.n, deadline) {
+			return false
+		}
+	}
+	return true
 }
 
 // enqueue appends it to the sender's queue; batches and heartbeats are dropped when DefaultQueueSize of them wait.
@@ -369,22 +367,30 @@ func (p *Publisher) send() {
 func (p *Publisher) handle(it item) {
 	switch it.kind {
 	case itemFlush:
-		close(it.done)
+		var targets []flushTarget
+		for _, c := range p.pubs.snapshot() {
+			targets = append(targets, flushTarget{c, c.queued()})
+		}
+		it.done <- targets
 		return
 	case itemReset:
 		p.bufMu.Lock()
 		p.buf.clear()
 		p.bufMu.Unlock()
 	}
+	// [topic, seq, payload]: one message shared by every subscriber's queue (the payload is not copied).
 	var seq [8]byte
 	binary.BigEndian.PutUint64(seq[:], it.seq)
-	// zmq4's PUB Send only queues the message (or drops it past the HWM, silently): it never waits for a subscriber.
-	if err := p.pub.SendMulti(zmq4.NewMsgFrom(p.topic, seq[:], it.payload)); err != nil {
-		p.dropped[1].Add(1)
-		p.log.Debug("zmq publish failed", "seq", it.seq, "err", err)
-	} else {
-		p.published.Add(1)
+	hdr := appendFrame(nil, flagMore, p.topic)
+	hdr = appendFrame(hdr, flagMore, seq[:])
+	hdr = append(hdr, frameHeader(0, len(it.payload))...)
+	msg := net.Buffers{hdr, it.payload}
+	for _, c := range p.pubs.snapshot() {
+		if c.subscribed.Load() {
+			_ = c.put(msg, false) // a cut is counted by the connection
+		}
 	}
+	p.published.Add(1)
 	if it.kind != itemHeartbeat {
 		p.bufMu.Lock()
 		p.buf.add(it.entry)
@@ -392,22 +398,111 @@ func (p *Publisher) handle(it item) {
 	}
 }
 
-// since returns the buffered batches with seq >= start, in publication order, and counts (and logs, rate-limited)
-// a reply that cannot be complete.
-func (p *Publisher) since(start uint64) []entry {
-	p.bufMu.Lock()
-	out, complete := p.buf.since(start)
-	var oldest uint64
-	if p.buf.len() > 0 {
-		oldest = p.buf.q[p.buf.head].seq
+// serveSubscriber reads a subscriber's subscriptions (messages [0x01 topic] and [0x00 topic], as ZMTP 3.0 peers send
+// them, or SUBSCRIBE and CANCEL commands, ZMTP 3.1) and answers its PINGs, until the connection ends.
+func (p *Publisher) serveSubscriber(c *conn) {
+	subs := map[string]int{}
+	update := func(add bool, topic []byte) {
+		if add {
+			subs[string(topic)]++
+		} else if subs[string(topic)]--; subs[string(topic)] <= 0 {
+			delete(subs, string(topic))
+		}
+		match := false
+		for t := range subs {
+			match = match || strings.HasPrefix(string(p.topic), t)
+		}
+		c.subscribed.Store(match)
 	}
-	p.bufMu.Unlock()
-	if !complete {
-		p.incomplete.Add(1)
-		p.incompleteLog.warn(p.log, "zmq replay reply incomplete: the requested seq is older than the replay buffer "+
-			"(rolled over, or kvshmd restarted since the engine incarnation began)", "start", start, "oldest", oldest)
+	var frames int
+	for {
+		flags, body, err := readFrame(c.r, maxCommand)
+		if err != nil {
+			return
+		}
+		if flags&flagCommand != 0 {
+			name, data, err := parseCommand(body)
+			if err != nil {
+				return
+			}
+			switch name {
+			case "PING":
+				_ = c.put(net.Buffers{pong(data)}, true)
+			case "SUBSCRIBE", "CANCEL":
+				update(name == "SUBSCRIBE", data)
+			}
+			continue
+		}
+		frames++
+		if flags&flagMore != 0 {
+			continue
+		}
+		if frames == 1 && len(body) > 0 && body[0] <= 1 { // a subscription message; anything else is ignored
+			update(body[0] == 1, body[1:])
+		}
+		frames = 0
 	}
-	return out
+}
+
+// Stats returns the counters.
+func (p *Publisher) Stats() Stats {
+	s := Stats{Published: p.published.Load(), ReplayRequests: p.replayReqs.Load(), BadRequests: p.badReqs.Load(),
+		Replayed: p.replayed.Load(), ReplayIncomplete: p.incomplete.Load(), Cut: p.cut.Load(),
+		ReplayCut: p.replayCut.Load(), Endpoint: p.endpoint, ReplayEndpoint: p.replayEP}
+	for i := range s.Dropped {
+		s.Dropped[i] = p.dropped[i].Load()
+	}
+	return s
+}
+
+// closeLinger bounds how long Close waits for the subscribers' queues to be written (with the stall timeout, if
+// shorter); Flush waits as long as its caller says.
+const closeLinger = time.Second
+
+// Close stops the goroutines and closes the sockets (an ipc socket file is removed). Batches still queued are
+// handed to the subscribers' queues, which get at most closeLinger (or the stall timeout) to be written; it is
+// idempotent.
+func (p *Publisher) Close() error {
+	p.closeOnce.Do(func() {
+		p.qmu.Lock()
+		p.closed = true
+		p.qmu.Unlock()
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+		p.sendDone.Wait()
+		p.closeSockets()
+	})
+	return nil
+}
+
+func (p *Publisher) closeSockets() {
+	deadline := time.Now().Add(min(p.timeout, closeLinger))
+	drain := func(conns []*conn) { // concurrently: at most one stall timeout in all
+		var wg sync.WaitGroup
+		for _, c := range conns {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c.waitWritten(c.queued(), deadline)
+			}()
+		}
+		wg.Wait()
+	}
+	if p.pubs.ctx != nil {
+		if p.pubs.ln != nil {
+			_ = p.pubs.ln.Close()
+		}
+		drain(p.pubs.snapshot())
+	}
+	p.cancel()
+	if p.pubs.ctx != nil {
+		p.pubs.shut(nil)
+	}
+	if p.router != nil {
+		p.router.shut(nil)
+	}
 }
 
 // logEvery is the least time between two warnings of one kind (invalid replay requests, incomplete replies): the
@@ -433,87 +528,4 @@ func (r *rateLog) warn(log *slog.Logger, msg string, args ...any) {
 	r.last, r.suppressed = now, 0
 	r.mu.Unlock()
 	log.Warn(msg, append(args, "suppressed_since_last", n)...)
-}
-
-// endSeq is vLLM's END_SEQ: -1 as 8 signed big-endian bytes.
-var endSeq = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
-
-// serveReplay is the replay goroutine: one request at a time, answered as vLLM's _service_replay does.
-func (p *Publisher) serveReplay() {
-	defer p.wg.Done()
-	for {
-		msg, err := p.router.Recv()
-		if err != nil {
-			if p.ctx.Err() != nil {
-				return
-			}
-			p.log.Debug("zmq replay recv failed", "err", err)
-			continue
-		}
-		// [identity, "", start_seq]: vLLM checks the frame count only and reads the seq as a big-endian
-		// integer; kvshm also requires 1..8 seq bytes.
-		if len(msg.Frames) != 3 || len(msg.Frames[2]) == 0 || len(msg.Frames[2]) > 8 {
-			p.badReqs.Add(1)
-			p.badReqLog.warn(p.log, "invalid zmq replay request: ignored", "frames", len(msg.Frames))
-			continue
-		}
-		id := msg.Frames[0]
-		var start uint64
-		for _, b := range msg.Frames[2] {
-			start = start<<8 | uint64(b)
-		}
-		p.replayReqs.Add(1)
-		for _, e := range p.since(start) {
-			var seq [8]byte
-			binary.BigEndian.PutUint64(seq[:], e.seq)
-			if err := p.router.SendMulti(zmq4.NewMsgFrom(id, nil, p.topic, seq[:], e.payload)); err != nil {
-				p.log.Debug("zmq replay send failed", "err", err)
-				break
-			}
-			p.replayed.Add(1)
-		}
-		if err := p.router.SendMulti(zmq4.NewMsgFrom(id, nil, nil, endSeq, nil)); err != nil {
-			p.log.Debug("zmq replay end marker failed", "err", err)
-		}
-	}
-}
-
-// Stats returns the counters.
-func (p *Publisher) Stats() Stats {
-	s := Stats{Published: p.published.Load(), ReplayRequests: p.replayReqs.Load(), BadRequests: p.badReqs.Load(),
-		Replayed: p.replayed.Load(), ReplayIncomplete: p.incomplete.Load(), Endpoint: p.endpoint,
-		ReplayEndpoint: p.replayEP}
-	for i := range s.Dropped {
-		s.Dropped[i] = p.dropped[i].Load()
-	}
-	return s
-}
-
-// Close stops the goroutines and closes the sockets (an ipc socket file is removed). Batches still queued are
-// sent first unless the PUB socket is stuck; it is idempotent.
-func (p *Publisher) Close() error {
-	p.closeOnce.Do(func() {
-		p.qmu.Lock()
-		p.closed = true
-		p.qmu.Unlock()
-		select {
-		case p.wake <- struct{}{}:
-		default:
-		}
-		p.sendDone.Wait() // the queue drains fast: a PUB send only queues
-		p.closeSockets()
-		p.wg.Wait()
-	})
-	return nil
-}
-
-func (p *Publisher) closeSockets() {
-	p.cancel()
-	if p.router != nil {
-		_ = p.router.Close()
-	}
-	_ = p.pub.Close()
-	for _, f := range p.ipcFiles {
-		_ = os.Remove(f)
-	}
 }

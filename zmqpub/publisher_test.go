@@ -221,6 +221,11 @@ func stuckSubscriber(t *testing.T, addr string) net.Conn {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A fixed small receive buffer: Linux autotunes it up to tcp_rmem's max (32 MiB here) otherwise, which can hold
+	// everything a test publishes.
+	if err := c.(*net.TCPConn).SetReadBuffer(16 << 10); err != nil {
+		t.Fatal(err)
+	}
 	greet := make([]byte, 64)
 	greet[0], greet[9], greet[10], greet[11] = 0xff, 0x7f, 3, 0
 	copy(greet[12:], "NULL")
