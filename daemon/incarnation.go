@@ -67,8 +67,9 @@ func clearedBatch(buf []byte, rank uint32) []byte {
 
 // resetIncarnation publishes the Cleared batch that starts or ends an incarnation with the next wire seq
 // (Publisher.PublishReset: the replay buffer then holds only it) and applies the same Cleared to ix under that id.
-// On a stream that is not published the Cleared takes the id after the index's last one (the engine's numbering).
-// Called by the wire counter's owner (see above). It returns the id used.
+// On a stream that is not published the Cleared takes the id after the index's last one (the engine's numbering);
+// an index that has seen no id holds no block and is left alone. Called by the wire counter's owner (see above).
+// It returns the id used.
 func (st *stream) resetIncarnation(ix *index.Indexer) uint64 {
 	var id uint64
 	if pub := st.pub.Load(); pub != nil {
@@ -76,6 +77,8 @@ func (st *stream) resetIncarnation(ix *index.Indexer) uint64 {
 		pub.PublishReset(id, clearedBatch(nil, st.rank.Load())) // never dropped for a full queue
 	} else if is := ix.Stats(); is.SeenAny {
 		id = is.LastSeenID + 1
+	} else {
+		return 0
 	}
 	_, _ = ix.Apply(&index.Event{ID: id, DpRank: st.rank.Load(), Kind: index.KindCleared})
 	return id
@@ -138,7 +141,7 @@ func (s *Server) watchDetached(st *stream, epoch uint64, pid uint32, start uint6
 			return
 		}
 		if !alive {
-			st.endIncarnationLocked(fmt.Sprintf("producer pid %d is gone (after its connection closed)", pid), s.logFor(st).Info)
+			st.endIncarnationLocked(fmt.Sprintf("producer pid %d is gone (after its connection closed)", pid), s.log.With(st.key.logAttrs()...).Info)
 			st.mu.Unlock()
 			return
 		}
@@ -149,11 +152,6 @@ func (s *Server) watchDetached(st *stream, epoch uint64, pid uint32, start uint6
 		}
 		t.Reset(next)
 	}
-}
-
-// logFor returns the stream's logger.
-func (s *Server) logFor(st *stream) interface{ Info(string, ...any) } {
-	return s.log.With(st.key.logAttrs()...)
 }
 
 // heartbeat publishes an empty batch [now, [], rank] with the next wire seq (Publisher.PublishHeartbeat: not kept
