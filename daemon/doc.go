@@ -49,6 +49,8 @@
 //	  shm.Open validates the header; the file was not swapped meanwhile          bad_request / conflict
 //	  header worker_id, kv_block_size (and max_buffer_size when given) match     bad_request
 //	  no live producer on the (worker, scope) key, none on this connection       conflict
+//	  ring capacity, publish buffer_steps and hwm within the bounds (bounds.go)  limit
+//	  the peer has fewer than --max-streams-per-peer streams attached            limit
 //
 // lifecycle.go carries these tables out: openRing is the validation, planAttach the outcome table as a pure
 // function of the stream's and the ring's state (TestPlanAttach), install the step that applies its decision.
@@ -287,12 +289,38 @@
 //	                                                  kvshm_zmq_dropped_batches_total{reason=queue_full}; a
 //	                                                  subscriber that takes no write for 2 s is disconnected (it
 //	                                                  reconnects and replays the gap), the others go on
-//	invalid replay request (frames, seq length)       logged and ignored; no reply
 //	engine dies (pid gone, DETACH, CLOSED) or         its incarnation ends: Cleared applied to the index and, when
 //	restarts (new ring epoch)                         publishing, published with the next wire seq as a replay
 //	                                                  reset (LIFECYCLE.md); a restart then begins with another
 //	producer connection breaks, pid alive             not an end; the pid is watched until it reattaches or dies
 //	--cleanup-dir not ours, not 0700, not a directory not removed (ErrUnsafeCleanupDir), logged; exit as usual
+//	ZMQ subscriber more than 16 MiB or hwm messages   that subscriber is cut (zmqpub Stats.Cut); it reconnects and
+//	behind                                            replays the gap; the others and ingest never wait
+//	replay client that requests and never reads       costs only itself: its reply waits in its own queue (16 MiB),
+//	                                                  cut when a write blocks 2 s (Stats.ReplayCut); every other
+//	                                                  client is answered meanwhile
+//	invalid replay request (frames, seq length)       logged (at most once per 10 s) and ignored; no reply
+//	ZMTP PING (libzmq heartbeats: Dynamo's DEALER     answered with PONG; not a request, not logged
+//	and SUB every 5 s)
+//	replay from before the replay buffer (rolled      what the buffer holds, then the end marker; counted
+//	over, or daemon restarted mid-incarnation)        (zmqpub Stats.ReplayIncomplete), logged at most once per 10 s
+//	ATTACH ring capacity > --max-ring-bytes (4 GiB)   limit: "ring capacity N bytes is beyond this daemon's bound of
+//	                                                  M (kvshmd serve --max-ring-bytes or KVSHMD_MAX_RING_BYTES
+//	                                                  raises it; the producer sets it with KVSHM_RING_BYTES)"
+//	ATTACH publish buffer_steps > --max-buffer-steps  limit: "publish buffer_steps N is beyond this daemon's bound of
+//	(1,000,000)                                       M (kvshmd serve --max-buffer-steps or KVSHMD_MAX_BUFFER_STEPS
+//	                                                  raises it; ...)"; nothing attached
+//	ATTACH publish hwm > --max-hwm (1,000,000)        limit: "publish hwm N is beyond this daemon's bound of M
+//	                                                  (kvshmd serve --max-hwm or KVSHMD_MAX_HWM raises it)"
+//	ATTACH from a peer (uid+pid) with                 limit: "peer pid P already has N streams attached, this
+//	--max-streams-per-peer (64) streams attached      daemon's bound (kvshmd serve --max-streams-per-peer or
+//	                                                  KVSHMD_MAX_STREAMS_PER_PEER raises it)"
+//	connection from a peer with --max-conns-per-peer  limit frame (kind 0): "peer pid P already has N connections
+//	(256) open                                        open, this daemon's bound (kvshmd serve --max-conns-per-peer
+//	                                                  or KVSHMD_MAX_CONNS_PER_PEER raises it)", closed; counted
+//	                                                  kvshm_connections_rejected_total{reason=limit}
+//	a stream's replay buffer past --zmq-buffer-bytes  the oldest batches evicted (never refused): its replays from
+//	(64 MiB) or its buffer_steps                      before them are incomplete (counted, logged)
 //	panic while decoding/applying a record (a bug)    recovered; same as a malformed event (logged with the stack)
 //	LOSS record (producer found the ring full)        index.MarkLost(first, last): exactly those ids are lost (the
 //	                                                  part already marked from the header is not marked again)
@@ -340,6 +368,27 @@
 //	                                                  history ({result=missing})
 //	--checkpoint-interval without --state-dir, or < 0 New fails with ErrCheckpointInterval (serve: usage error)
 //
+// # Per-producer bounds (issue 19, bounds.go)
+//
+// A shared daemon serves every engine of a node: no producer's config may take it down or crowd the others out. A
+// peer is a uid+pid (SO_PEERCRED). What a peer may ask is bounded, each bound a serve flag with a KVSHMD_* variable
+// (Config.Bounds; defaults pass vLLM's own defaults by far: buffer_steps 10000, hwm 100000, a 64 MiB ring): ring
+// capacity --max-ring-bytes (4 GiB: the daemon maps the whole ring), publish buffer_steps --max-buffer-steps
+// (1,000,000), publish hwm --max-hwm (1,000,000), streams attached at once --max-streams-per-peer (64), socket
+// connections open at once --max-conns-per-peer (256, within --max-conns 1024). A request beyond one is refused with
+// limit and a message naming the bound and its flag (the failure table above); nothing is attached. Applied rather
+// than asked: each publishing stream's replay buffer holds at most --zmq-buffer-bytes payload bytes (64 MiB) and is
+// grown as used, each subscriber's and replay client's queue at most 16 MiB (package zmqpub). So one peer holds at
+// most 64 streams × (64 MiB of replay buffer + its subscribers' queues) and 256 of the 1024 connections, and a
+// hostile peer cannot stop another's stream (TestHostileProducerCannotStopAnother).
+//
+// Daemon memory: --max-memory (KVSHMD_MAX_MEMORY) sets the Go runtime's soft limit (debug.SetMemoryLimit); without
+// it the runtime honours GOMEMLIMIT by itself. Both, because GOMEMLIMIT is what Go operators already set in a
+// container and the flag is where kvshmd's other bounds are documented. Neither refuses an allocation: near the
+// limit the GC runs harder instead of letting the heap grow to twice the live data (GOGC), so a daemon under a
+// cgroup limit is not OOM-killed for garbage; the live data itself is bounded by the bounds above. Set it a little
+// below the cgroup's limit. The rings are shared memory owned by their producers, outside the Go heap.
+//
 // # Publishing on ZMQ (issue 12)
 //
 // A producer may ask, in its ATTACH (sock.AttachRequest.Publish), that kvshmd publish the stream on ZMQ in vLLM's
@@ -370,7 +419,7 @@
 //
 // Publishing never slows ingest: the drain goroutine encodes the payload into a reused buffer, copies it once, and
 // hands it to the publisher's queue without blocking (full queue: dropped, counted queue_full); zmqpub/doc.go says
-// what zmq4's PUB does with slow subscribers.
+// what a slow subscriber or replay client costs (only itself).
 //
 // Wire seqs are kvshmd's, not the engine's (LIFECYCLE.md, "Wire seqs"): one counter per publishing stream
 // (stream.wire), +1 per published batch, continued at max(last + 1, Config.Clock in µs) when this daemon starts

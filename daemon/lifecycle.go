@@ -44,6 +44,9 @@ func (s *Server) attach(cc *conn, req sock.AttachRequest) (sock.AttachReply, err
 			_ = o.r.Close()
 		}
 	}()
+	if err := s.cfg.Bounds.checkAttach(req, o.h.Capacity); err != nil {
+		return sock.AttachReply{}, err
+	}
 	s.lookupCheckpoint(o)
 	for {
 		s.mu.Lock()
@@ -65,6 +68,10 @@ func (s *Server) attach(cc *conn, req sock.AttachRequest) (sock.AttachReply, err
 				scope = fmt.Sprintf("dp_rank %d", o.key.rank)
 			}
 			return sock.AttachReply{}, errorf(sock.CodeConflict, "worker %d already has a live producer for %s (pid %d, ring %s); producers that each publish one attention-DP rank with their own seq space must pass dp_rank (LocalIndexer(..., dp_rank=r) or KVSHM_DP_RANK) so each gets its own stream", req.WorkerID, scope, old.hdr.ProducerPID, old.st.ringPath)
+		}
+		if err := s.peerStreamsLocked(cc); err != nil {
+			s.mu.Unlock()
+			return sock.AttachReply{}, err
 		}
 		rep, err := s.install(cc, st, o, p)
 		s.mu.Unlock()
@@ -288,7 +295,7 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 		}
 	} else if req.Publish != nil {
 		var err error
-		if firstPub, err = zmqpub.New(publishConfig(req.Publish), log); err != nil {
+		if firstPub, err = zmqpub.New(s.cfg.Bounds.zmqConfig(req.Publish), log); err != nil {
 			return sock.AttachReply{}, errorf(sock.CodeBadRequest, "publish: %v", err)
 		}
 		ps := firstPub.Stats()

@@ -32,7 +32,7 @@ func newMetrics(reg *prometheus.Registry, s *Server) (*metrics, error) {
 			Name: "kvshm_requests_total", Help: "Requests served, by transport (socket, http), kind and result code (ok or an error code).",
 		}, []string{"transport", "kind", "code"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvshm_connections_rejected_total", Help: "Connections refused or closed by the daemon, by reason (socket: forbidden, busy, idle, frame_timeout, peercred; HTTP: http_busy).",
+			Name: "kvshm_connections_rejected_total", Help: "Connections refused or closed by the daemon, by reason (socket: forbidden, busy, limit, idle, frame_timeout, peercred; HTTP: http_busy).",
 		}, []string{"reason"}),
 		recoveries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvshm_recovery_requests_total", Help: "Recovery queries (events, dump, /kv_recover) by result (events, tree_dump, too_new, invalid_range, error, failed).",
@@ -139,6 +139,9 @@ var (
 	dZmqReplayReqs   = desc("kvshm_zmq_replay_requests_total", "Replay requests served on the stream's ZMQ ROUTER socket.")
 	dZmqBadReplay    = desc("kvshm_zmq_bad_replay_requests_total", "Replay requests that were not [identity, \"\", start seq]: ignored, unanswered, logged at most every 10 s.")
 	dZmqReplayed     = desc("kvshm_zmq_replayed_batches_total", "Batches sent in answer to replay requests.")
+	dZmqIncomplete   = desc("kvshm_zmq_replay_incomplete_total", "Replay replies that could not hold everything from the requested seq (the replay buffer rolled over, or kvshmd restarted since the engine incarnation began).")
+	dZmqCut          = desc("kvshm_zmq_subscribers_cut_total", "ZMQ subscribers disconnected for falling behind (16 MiB or hwm messages queued) or taking no write for the stall timeout.")
+	dZmqReplayCut    = desc("kvshm_zmq_replay_clients_cut_total", "Replay clients disconnected for taking no write for the stall timeout.")
 )
 
 var kindLabels = [3]string{"stored", "removed", "cleared"}
@@ -151,7 +154,8 @@ func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
 		dEventsRejected, dRingUsed, dRingCapacity, dRingDropped, dRingDroppedB, dLostEvents, dSeqGaps, dIDResets,
 		dUnknownHistory, dStreamResets, dStreamEpoch, dTainted, dResidentBlocks, dBuffered, dOldestID, dNewestID,
 		dDumpBuilds, dDumpCacheHits, dCorruptRecords, dMalformedEvents, dLossRecords, dDrainBatches, dTokenMismatch,
-		dNotIndexed, dZmqPublished, dZmqDropped, dZmqReplayReqs, dZmqBadReplay, dZmqReplayed} {
+		dNotIndexed, dZmqPublished, dZmqDropped, dZmqReplayReqs, dZmqBadReplay, dZmqReplayed,
+		dZmqIncomplete, dZmqCut, dZmqReplayCut} {
 		ch <- d
 	}
 }
@@ -216,6 +220,9 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 			emit(dZmqReplayReqs, C, float64(zs.ReplayRequests))
 			emit(dZmqBadReplay, C, float64(zs.BadRequests))
 			emit(dZmqReplayed, C, float64(zs.Replayed))
+			emit(dZmqIncomplete, C, float64(zs.ReplayIncomplete))
+			emit(dZmqCut, C, float64(zs.Cut))
+			emit(dZmqReplayCut, C, float64(zs.ReplayCut))
 		}
 	}
 }

@@ -97,7 +97,7 @@ func (st *stream) setPublisher(req *sock.Publish, s *Server) error {
 		}
 		return nil
 	}
-	cfg := publishConfig(req)
+	cfg := s.cfg.Bounds.zmqConfig(req)
 	if old != nil && old.Config() == cfg {
 		return nil
 	}

@@ -62,6 +62,7 @@ type Config struct {
 	// RankPortsBase > 0 (requires HTTPAddr): port RankPortsBase+r on the HTTP host answers /kv_recover for rank r
 	// of the only worker, opened when the daemon first holds a stream covering r (--rank-ports). 0 = off.
 	RankPortsBase int
+	Bounds        Bounds       // per-producer bounds (bounds.go); zero fields: DefaultBounds
 	Version       string       // reported by HEALTH and kvshm_build_info
 	Logger        *slog.Logger //
 	Registry      *prometheus.Registry
@@ -87,6 +88,7 @@ func DefaultConfig() Config {
 		OnLoss:            index.LossBestEffort,
 		DumpShape:         index.DumpChains,
 		ZMQHeartbeat:      time.Second,
+		Bounds:            DefaultBounds(),
 		Version:           "dev",
 	}
 }
@@ -120,6 +122,7 @@ func (c *Config) fill() {
 			*f.v = f.def
 		}
 	}
+	c.Bounds.fill()
 	if c.Version == "" {
 		c.Version = d.Version
 	}
@@ -149,6 +152,7 @@ type Server struct {
 	rankPorts rankPorts
 	ckpt      *ckptStore
 	nconns    atomic.Int64 // open connections. Updated atomically.
+	peers     peerConns    // open connections per peer (bounds.go)
 
 	// parentGone is set when the --parent-pid process is gone (before the shutdown it causes): the streams'
 	// incarnations end with the daemon (a private daemon's engine is its parent). Updated atomically.
@@ -397,17 +401,22 @@ func (s *Server) admit(c *net.UnixConn) {
 		s.refuse(c, sock.CodeForbidden, fmt.Sprintf("peer uid %d is not the daemon's uid %d", cred.Uid, s.uid))
 		return
 	}
+	cc := &conn{c: c, uid: cred.Uid, pid: cred.Pid}
+	if !s.admitPeer(cc) {
+		return
+	}
 	if s.nconns.Add(1) > int64(s.cfg.MaxConns) {
 		s.nconns.Add(-1)
+		s.peers.remove(peerKey{cc.uid, cc.pid})
 		s.m.rejected.WithLabelValues("busy").Inc()
 		s.refuse(c, sock.CodeBusy, fmt.Sprintf("connection limit %d reached; retry later", s.cfg.MaxConns))
 		return
 	}
-	cc := &conn{c: c, uid: cred.Uid, pid: cred.Pid}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		s.nconns.Add(-1)
+		s.peers.remove(peerKey{cc.uid, cc.pid})
 		_ = c.Close()
 		return
 	}
@@ -431,6 +440,7 @@ func (s *Server) serveConn(cc *conn) {
 		delete(s.conns, cc)
 		s.mu.Unlock()
 		s.nconns.Add(-1)
+		s.peers.remove(peerKey{cc.uid, cc.pid})
 		if cc.att != nil {
 			s.mu.Lock()
 			cause, why := causeEOF, "producer connection closed"

@@ -182,3 +182,30 @@ func TestInvalidReplayRequestsDoNotFloodTheLog(t *testing.T) {
 		t.Fatalf("%d warnings for 200 invalid requests in a burst, want 1", n)
 	}
 }
+
+// TestCloseDoesNotWaitForStalledHandshakes: Close waited for every handshake under way to time out (the stall
+// timeout: minutes here); it closes them now.
+func TestCloseDoesNotWaitForStalledHandshakes(t *testing.T) {
+	ep, rep := ipcEndpoint(t, "pub"), ipcEndpoint(t, "replay")
+	p, err := New(Config{Endpoint: ep, ReplayEndpoint: rep, StallTimeout: 10 * time.Minute}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []string{ep, rep} {
+		c, err := net.Dial("unix", strings.TrimPrefix(e, "ipc://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.Read(make([]byte, 1)); err != nil { // the server's greeting: the handshake is under way
+			t.Fatal(err)
+		}
+	}
+	done := make(chan struct{})
+	go func() { _ = p.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Minute): // a hang guard, far below the stall timeout
+		t.Fatal("Close waited for the stalled handshakes")
+	}
+}

@@ -74,6 +74,7 @@ func TestReplayAnswersPing(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = p.Close() })
 	p.Publish(7, []byte("x"))
+	waitFor(t, func() bool { return p.Stats().Published == 1 }, "1 published")
 	c := rawPeer(t, "unix", strings.TrimPrefix(rep, "ipc://"), "DEALER")
 	for range 3 {
 		if _, err := c.Write(libzmqPing); err != nil {

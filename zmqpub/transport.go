@@ -309,8 +309,9 @@ func (s *peerSet) snapshot() []*conn {
 // run hands an open connection through the handshake and, on success, to serve until it ends; it returns when the
 // connection is closed.
 func (s *peerSet) run(nc net.Conn) {
+	stop := context.AfterFunc(s.ctx, func() { _ = nc.Close() }) // Close does not wait out a stalled handshake
 	r, err := handshake(nc, s.timeout, s.mine, s.peers...)
-	if err != nil {
+	if !stop() || err != nil {
 		_ = nc.Close()
 		return
 	}

@@ -78,6 +78,8 @@ func serve(args []string, stderr io.Writer) int {
 	fs.DurationVar(&o.write, "write-timeout", dur("KVSHMD_WRITE_TIMEOUT", def.WriteTimeout), "a reply must be written within this, else the connection is closed (env KVSHMD_WRITE_TIMEOUT)")
 	fs.DurationVar(&o.query, "query-timeout", dur("KVSHMD_QUERY_TIMEOUT", def.QueryTimeout), "bound on one query, including waiting for a dump build (env KVSHMD_QUERY_TIMEOUT)")
 	fs.DurationVar(&o.pidCheck, "pid-check-interval", dur("KVSHMD_PID_CHECK_INTERVAL", def.PIDCheckInterval), "backstop check that each producer's pid is alive (env KVSHMD_PID_CHECK_INTERVAL)")
+	var bo boundsOpts
+	bo.register(fs, num)
 	fs.StringVar(&o.logLevel, "log-level", envOr("info", "KVSHMD_LOG_LEVEL"), "debug, info, warn or error (env KVSHMD_LOG_LEVEL)")
 	fs.StringVar(&o.logFormat, "log-format", envOr("text", "KVSHMD_LOG_FORMAT"), "text or json (env KVSHMD_LOG_FORMAT)")
 	fs.Usage = func() {
@@ -179,6 +181,12 @@ Flags:
 		fmt.Fprintf(stderr, "kvshmd serve: --rank-ports %d: want a base port in 1..65535 together with --http (its host is used)\n", o.rankPorts)
 		return exitUsage
 	}
+	bounds, mem, err := bo.bounds()
+	if err != nil {
+		fmt.Fprintf(stderr, "kvshmd serve: %v\n", err)
+		return exitUsage
+	}
+	applyMemoryLimit(mem)
 	if o.ckptInterval < 0 || (o.ckptInterval > 0 && o.stateDir == "") {
 		fmt.Fprintf(stderr, "kvshmd serve: --checkpoint-interval %v: want 0 (off) or a positive duration together with --state-dir\n", o.ckptInterval)
 		return exitUsage
@@ -194,7 +202,7 @@ Flags:
 		WriteTimeout: o.write, QueryTimeout: o.query, PIDCheckInterval: o.pidCheck, ParentPoll: o.parentInterval,
 		StateDir: o.stateDir, CheckpointInterval: o.ckptInterval, OnLoss: onLoss, DumpShape: shape, RankPortsBase: o.rankPorts,
 		ZMQHeartbeat: o.zmqHeartbeat, CleanupDir: o.cleanupDir,
-		Version: buildVersion(), Logger: log,
+		Bounds: bounds, Version: buildVersion(), Logger: log,
 	})
 	if err != nil {
 		log.Error("cannot start", "err", err)
