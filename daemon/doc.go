@@ -67,13 +67,18 @@
 //	same worker, same ring epoch (reattach)        kept; continues at the head         resumed true, same stream_epoch
 //	same worker, new ring epoch (producer restart) replaced (its cache is empty)      stream_epoch+1, resets+1,
 //	                                                                                  the worker's checkpoints deleted
-//	producer EOF / pid gone / ring state CLOSED    kept, queryable                    attached=false, producer_alive=false
-//	DETACH                                         kept, queryable                    same as above
+//	producer pid gone (EOF then the pid check, or  kept, queryable; the incarnation   attached=false, producer_alive=false
+//	the idle pid check) / ring state CLOSED at EOF ends: a Cleared applied (below)
+//	producer EOF while its pid lives               kept, queryable; the incarnation   same as above; its pid is watched
+//	(a broken connection)                          goes on (it may reattach)          (5 ms for 1 s, then --pid-check-
+//	                                                                                  interval); gone: the end
+//	DETACH                                         kept, queryable; the incarnation   attached=false, producer_alive=false
+//	                                               ends: a Cleared applied (below)
 //	FORGET of a detached/dead stream               dropped with its metric series     not_found from then on; a
 //	                                               and its checkpoints                later attach starts a new stream
 //	FORGET while a producer is attached            kept (refused)                     conflict
-//	SIGTERM / SIGINT / parent gone                 rings drained, head stored, then   exit 0
-//	                                               (--state-dir) each stream attached
+//	SIGTERM / SIGINT / parent gone                 rings drained, head stored, then   exit 0 (parent gone: every
+//	                                               (--state-dir) each stream attached incarnation ends first)
 //	                                               at the stop is checkpointed (with
 //	                                               --checkpoint-interval: before the
 //	                                               head is stored, by the final drain)
@@ -81,6 +86,17 @@
 // Ending an attachment always drains the ring one last time (up to the tail seen at the stop), releases the head
 // (with --checkpoint-interval after writing a checkpoint of it) and unmaps the ring; the head persisted in the ring
 // is where a later daemon resumes.
+//
+// Incarnations (LIFECYCLE.md is the contract; incarnation.go): an incarnation is one producer's life on a stream. It
+// begins at the first attach of a ring epoch the stream has not followed (a first attach at head 0 too: the ring
+// then holds the whole incarnation), or at a reattach of an epoch whose incarnation was seen to end; a first attach
+// at head > 0 (a daemon restart) continues it. It ends, after the final drain and before the final checkpoint, on
+// DETACH, a pid gone, a ring state CLOSED seen when the connection closes, a new ring epoch (which ends the previous
+// one first, at its attach), or the exit of a daemon whose --parent-pid is gone (a private daemon's engine is its
+// parent); a daemon shutdown otherwise (SIGTERM) ends none: the producer reattaches the same epoch. At the end the
+// stream's index applies a Cleared (every stream, published or not: /kv_recover never holds a dead engine's
+// blocks), under the next wire seq on a publishing stream, else under the id after the index's last (the engine's
+// numbering). A publishing stream also publishes the Cleared at the end and at the start ("Publishing on ZMQ").
 //
 // # Checkpoints (--state-dir)
 //
@@ -273,6 +289,11 @@
 //	                                                  kvshm_zmq_dropped_batches_total{reason=queue_full}; a
 //	                                                  subscriber that takes no write for 2 s is disconnected (it
 //	                                                  reconnects and replays the gap), the others go on
+//	engine dies (pid gone, DETACH, CLOSED) or         its incarnation ends: Cleared applied to the index and, when
+//	restarts (new ring epoch)                         publishing, published with the next wire seq as a replay
+//	                                                  reset (LIFECYCLE.md); a restart then begins with another
+//	producer connection breaks, pid alive             not an end; the pid is watched until it reattaches or dies
+//	--cleanup-dir not ours, not 0700, not a directory not removed (ErrUnsafeCleanupDir), logged; exit as usual
 //	ZMQ subscriber more than 16 MiB or hwm messages   that subscriber is cut (zmqpub Stats.Cut); it reconnects and
 //	behind                                            replays the gap; the others and ingest never wait
 //	replay client that requests and never reads       costs only itself: its reply waits in its own queue (16 MiB),
@@ -404,14 +425,42 @@
 //
 // Publishing never slows ingest: the drain goroutine encodes the payload into a reused buffer, copies it once, and
 // hands it to the publisher's queue without blocking (full queue: dropped, counted queue_full); zmqpub/doc.go says
-// what a slow subscriber or replay client costs (only itself). Seq continuity is the engine's: seqs are the
-// engine's event ids,
-// so a restarted daemon (or a re-attached producer) continues the same numbering, never reuses a seq, and a
-// subscriber sees a gap for whatever was not published. A restarted daemon replays only what it has published
-// since it started (the replay buffer is in memory); batches the previous daemon published are not replayable,
-// and batches in the ring that a restarted daemon drains again after an unclean stop (from the persisted head) are
-// published again with their original seqs (a subscriber sees seqs it already had; Dynamo's listener drops them
-// as stale). With a restored checkpoint the records before the checkpoint's head are not published again.
+// what a slow subscriber or replay client costs (only itself).
+//
+// Wire seqs are kvshmd's, not the engine's (LIFECYCLE.md, "Wire seqs"): one counter per publishing stream
+// (stream.wire), +1 per published batch, continued at max(last + 1, Config.Clock in µs) when this daemon starts
+// the stream (or starts publishing it, or restores its checkpoint: never below the restored index's last id) and
+// when an incarnation begins. The drain goroutine gives each EVENT or BATCH record the next seq before applying
+// it, and the index logs the record's events under it (BeginBatch(seq)), so /kv_recover, EVENTS and kvshmd events
+// speak wire seqs on a publishing stream. A malformed record takes none. A LOSS record (or a pending loss read
+// from the header) takes one wire seq per lost engine seq, never published, and the index marks exactly those
+// lost (at most 2^24 per record; beyond that the history is marked unknown). Engine seq gaps without a LOSS record
+// take none. A stream that is not published keeps the engine's ids.
+//
+// Incarnation batches: at the start of an incarnation (see "Streams and their lifecycle") a publishing stream
+// publishes [now, [AllBlocksCleared], dp_rank] with the incarnation's first wire seq through
+// zmqpub.Publisher.PublishReset (the replay buffer then starts with it, so a replay from any older seq yields
+// exactly the new incarnation) and applies it to the index; at the end the same batch with the next wire seq, also
+// a reset. dp_rank is that of the stream's last published batch (a per-rank stream's rank before any).
+//
+// Heartbeats (--zmq-heartbeat, Config.ZMQHeartbeat, kvshmd serve's default 1 s): a publishing stream that handed
+// nothing to its publisher for that long publishes [now, [], dp_rank] with the next wire seq through
+// PublishHeartbeat (live only, not in the replay buffer, not in the index: an id gap there). It is checked on the
+// drain goroutine's idle wakeups (a publishing stream parks ≤ 10 ms), so it costs no extra wakeup.
+//
+// A restarted daemon replays only what it has published since it started (the replay buffer is in memory), and
+// batches in the ring that it drains again after an unclean stop (from the persisted head) are published again
+// under new seqs: re-applying a suffix of the log leaves a router's state unchanged. With a restored checkpoint the
+// records before the checkpoint's head are not published again. At shutdown, after every final drain, each
+// publisher is flushed (zmqpub.Publisher.Flush, at most 1 s for all streams together) before it is closed.
+//
+// # Private daemon exit (--parent-pid, --cleanup-dir)
+//
+// When the --parent-pid process is gone the daemon shuts down as on SIGTERM, except that every stream's
+// incarnation ends (its Cleared is published and flushed before the sockets close). Then, with Config.CleanupDir
+// (--cleanup-dir), after everything is closed, the directory is removed recursively only if it is a directory (not
+// a symlink) owned by the daemon's uid with mode exactly 0700: the private directory the Python launcher made;
+// anything else is refused (ErrUnsafeCleanupDir) and logged.
 //
 // # Metrics
 //
@@ -436,7 +485,8 @@
 // An idle stream wakes once per park (250 ms, see "Drain loop"), so idle CPU grows slowly with the number of idle
 // streams (README, "Performance", has the measured figures). The pid backstop is only armed when the
 // attaching process is the ring's producer_pid (same pid namespace); otherwise socket EOF is the only death
-// signal. A stream's index is kept while the daemon runs until an operator sends FORGET (`kvshmd forget`); a
+// signal, so its end is seen only at DETACH or CLOSED (and a broken connection looks like an end never). A
+// stream's index is kept while the daemon runs until an operator sends FORGET (`kvshmd forget`); a
 // recovery query that selected the stream just before FORGET may re-create its recovery_* series once. Panic
 // containment relies on the index releasing its lock when a panic unwinds through it (its writer paths unlock
 // with defer), so the following MarkUnknownHistory can take the lock again.

@@ -306,8 +306,10 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 			"hwm", req.Publish.HWM, "buffer_steps", req.Publish.BufferSteps)
 	}
 	var ix *index.Indexer
+	newStream := false
 	switch p.outcome {
 	case attachFirst, attachRestore, attachUnknown: // first producer for this stream since the daemon started
+		newStream = true
 		var err error
 		if ix, err = newIndex(); err != nil {
 			if firstPub != nil {
@@ -320,6 +322,13 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 		}
 		st = &stream{key: key, ix: ix, streamEpoch: 1, groups: map[groupKey]bool{}}
 		st.pub.Store(firstPub)
+		st.rank.Store(key.rank)
+		if p.outcome == attachRestore && firstPub != nil {
+			// A restored index speaks the previous daemon's wire seqs: never go below them (the clock may have).
+			if is := ix.Stats(); is.SeenAny {
+				st.wire.Store(is.LastSeenID)
+			}
+		}
 		s.streams[key] = st
 	case attachRestart: // producer restarted: its cache is empty
 		var err error
@@ -327,6 +336,8 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 			return sock.AttachReply{}, err
 		}
 		st.mu.Lock()
+		// A new ring epoch ends the previous incarnation first, if its end was not seen (LIFECYCLE.md).
+		st.endIncarnationLocked(fmt.Sprintf("new ring epoch %d", h.Epoch), log.Info)
 		st.base = addStats(st.base, st.ix.Stats())
 		st.ix = ix
 		st.streamEpoch++
@@ -337,6 +348,33 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 	default:
 		panic(fmt.Sprintf("install: outcome %s installs nothing", p.outcome))
 	}
+	// Before the taints below: a start Cleared would re-base them.
+	st.mu.Lock()
+	publishing := st.pub.Load() != nil
+	// Incarnations (LIFECYCLE.md): one begins with the first attach of a ring epoch the stream has not followed
+	// (a fresh ring at head 0 too: the ring holds the whole incarnation), or with a reattach of an epoch whose
+	// incarnation was seen to end; a daemon restart (head > 0) continues it. No attachment is installed yet, so
+	// this goroutine (holding st.mu) owns the wire counter.
+	begins := false
+	switch p.outcome {
+	case attachFirst, attachRestart:
+		begins = true
+	case attachReattach:
+		begins = !st.live
+	case attachRestore, attachUnknown:
+		st.live = true
+	}
+	if publishing && (newStream || begins || st.wire.Load() == 0) {
+		st.rebaseWire(s.wireFloor())
+	}
+	if begins {
+		st.live = true
+		if publishing {
+			id := st.resetIncarnation(st.ix)
+			log.Info("producer incarnation began: Cleared published", "id", id, "epoch", h.Epoch)
+		}
+	}
+	st.mu.Unlock()
 	if p.countRestore {
 		s.m.ckptRestores.WithLabelValues(o.ck.result).Inc()
 	}
@@ -371,23 +409,31 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 	}
 	st.mu.Lock()
 	is := st.ix.Stats()
+	seqSeen, lastSeq := is.SeenAny, is.LastSeenID
+	if publishing { // the index speaks wire seqs; loss bookkeeping needs the engine's
+		seqSeen, lastSeq = false, 0
+		if p.outcome == attachReattach && !begins {
+			seqSeen, lastSeq = st.engSeen, st.engLast
+		}
+	}
 	cold, park := coldAfter, parkFor
-	if st.pub.Load() != nil {
+	if publishing {
 		cold, park = publishColdAfter, publishParkFor
 	}
 	a := &attachment{
-		st: st, r: o.r, hdr: h, ix: st.ix, log: log, idl: idler{r: o.r, cold: cold, park: park}, lease: cc,
+		st: st, r: o.r, hdr: h, ix: st.ix, log: log, idl: idler{r: o.r, cold: cold, park: park}, lease: cc, srv: s,
+		publishing: publishing, lastPub: time.Now(),
 		ckpt: s.ckpt, rankPorts: &s.rankPorts, pidEvery: s.cfg.PIDCheckInterval,
 		checkPID: h.ProducerPID != 0 && int32(h.ProducerPID) == cc.pid,
 		stop:     make(chan struct{}), done: make(chan struct{}), syncs: make(chan syncReq, 64),
 		ckptEvery: s.cfg.CheckpointInterval, lastCkpt: time.Now(), ckptHead: head, wireFmt: wireOf(req.Publish),
-		seqSeen: is.SeenAny, lastSeq: is.LastSeenID, ranks: rankSet{on: s.rankPorts.base != 0 && !key.perRank},
+		seqSeen: seqSeen, lastSeq: lastSeq, ranks: rankSet{on: s.rankPorts.base != 0 && !key.perRank},
 	}
 	st.att, st.alive = a, true
 	st.blockSize, st.maxBuffer, st.ringPath, st.epoch = req.KVBlockSize, h.MaxBufferSize, req.RingPath, h.Epoch
 	st.lastHeader, st.lastRing = h, o.r.Stats()
 	rep := sock.AttachReply{WorkerID: req.WorkerID, Epoch: h.Epoch, StreamEpoch: st.streamEpoch, Resumed: p.resumed, Head: head,
-		Restored: p.outcome == attachRestore, Batches: true, Publishing: st.pub.Load() != nil}
+		Restored: p.outcome == attachRestore, Batches: true, Publishing: publishing}
 	st.mu.Unlock()
 	cc.att = a
 	if !a.checkPID {
@@ -416,7 +462,7 @@ func (s *Server) detach(cc *conn, worker uint64, rank *uint32) error {
 		return errorf(sock.CodeForbidden, "%s is attached by producer pid %d: only the producer detaches it, on its ATTACH "+
 			"connection (FORGET drops a worker whose producer is gone)", st.key, a.hdr.ProducerPID)
 	}
-	a.finish("detach requested")
+	a.finish(causeDetach, "detach requested")
 	<-a.done
 	return nil
 }
@@ -438,6 +484,9 @@ func (s *Server) forget(ctx context.Context, worker uint64, rank *uint32) error 
 			delete(s.streams, st.key)
 			s.ckpt.remove(st.key)
 			s.mu.Unlock()
+			st.mu.Lock()
+			st.gone = true // a pid watcher of the stream stops
+			st.mu.Unlock()
 			st.closePublisher()
 			s.m.forgetStream(st.labels())
 			s.log.Info("stream forgotten: index and metrics dropped", st.key.logAttrs()...)

@@ -120,11 +120,12 @@ func TestStaleSocket(t *testing.T) {
 	}
 }
 
-// TestKillRestartResumes: a SIGKILLed daemon's successor resumes the ring at the persisted head, applies what the
-// producer published meanwhile, and reports that the earlier state is gone (resumed, tainted, dump = Error).
+// TestKillRestartResumes: without a state directory, a SIGKILLed daemon's successor resumes the ring at the
+// persisted head, applies what the producer published meanwhile, and reports that the earlier state is gone
+// (resumed, tainted, dump = Error). TestKillRestartDefaultStateDir is the default.
 func TestKillRestartResumes(t *testing.T) {
 	socket := filepath.Join(t.TempDir(), "kvshmd.sock")
-	d1 := startDaemon(t, socket)
+	d1 := startDaemon(t, socket, "--state-dir", "")
 	p := newProducer(t, socket, 5, 4, 1<<20)
 	for i := range uint64(10) {
 		p.mustPublish(stored(i, 0, nil, []uint64{500 + i}, tokens(uint32(i*10), 1, 4)))
@@ -135,7 +136,7 @@ func TestKillRestartResumes(t *testing.T) {
 	for i := uint64(10); i < 20; i++ { // the producer keeps publishing while no daemon runs
 		p.mustPublish(stored(i, 0, nil, []uint64{500 + i}, tokens(uint32(i*10), 1, 4)))
 	}
-	d2 := startDaemon(t, socket, "--http", "127.0.0.1:0")
+	d2 := startDaemon(t, socket, "--http", "127.0.0.1:0", "--state-dir", "")
 	rep := p.attach()
 	if !rep.Resumed || rep.Head != before.Head || rep.Head == 0 || rep.Epoch != p.w.Header().Epoch {
 		t.Fatalf("attach after restart = %+v, want resumed at head %d", rep, before.Head)

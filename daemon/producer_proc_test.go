@@ -23,20 +23,32 @@ import (
 func procEvents(n int) []fbs.EventSpec {
 	evs := make([]fbs.EventSpec, n)
 	for i := range evs {
-		var parent *uint64
-		if i > 0 {
-			parent = u64p(uint64(1000 + i - 1))
-		}
-		evs[i] = stored(uint64(i), 0, parent, []uint64{uint64(1000 + i)}, tokens(uint32(4*i), 1, 4))
+		evs[i] = procEvent(i)
 	}
 	return evs
 }
 
+// procEvent is the i-th event of procEvents.
+func procEvent(i int) fbs.EventSpec {
+	var parent *uint64
+	if i > 0 {
+		parent = u64p(uint64(1000 + i - 1))
+	}
+	return stored(uint64(i), 0, parent, []uint64{uint64(1000 + i)}, tokens(uint32(4*i), 1, 4))
+}
+
 // producerMain runs in a child process (the test binary re-executed with KVSHMD_TEST_PRODUCER=1): it creates a
-// ring, attaches, publishes KVSHMD_TEST_EVENTS events, says "published" and waits to be killed.
+// ring, attaches (asking for ZMQ publishing on KVSHMD_TEST_PUBLISH, replay on KVSHMD_TEST_REPLAY, when set),
+// publishes KVSHMD_TEST_EVENTS events, says "published"; then each stdin line "pub K" publishes the next K events
+// of the chain and says "ok". It waits to be killed.
 func producerMain() int {
 	socket, path := os.Getenv("KVSHMD_TEST_SOCKET"), os.Getenv("KVSHMD_TEST_RING")
 	n, _ := strconv.Atoi(os.Getenv("KVSHMD_TEST_EVENTS"))
+	var pub *sock.Publish
+	if ep := os.Getenv("KVSHMD_TEST_PUBLISH"); ep != "" {
+		rep := os.Getenv("KVSHMD_TEST_REPLAY")
+		pub = &sock.Publish{Endpoint: ep, ReplayEndpoint: &rep, HWM: 100000, BufferSteps: 1000}
+	}
 	w, err := shm.Create(path, shm.Options{Capacity: 1 << 20, WorkerID: 21, KVBlockSize: 4, MaxBufferSize: 1024})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -47,7 +59,7 @@ func producerMain() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if _, err := c.Attach(context.Background(), sock.AttachRequest{RingPath: path, WorkerID: 21, KVBlockSize: 4, MaxBufferSize: 1024}); err != nil {
+	if _, err := c.Attach(context.Background(), sock.AttachRequest{RingPath: path, WorkerID: 21, KVBlockSize: 4, MaxBufferSize: 1024, Publish: pub}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -59,11 +71,30 @@ func producerMain() int {
 		}
 	}
 	fmt.Println("published")
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		var k int
+		if _, err := fmt.Sscanf(sc.Text(), "pub %d", &k); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		for range k {
+			ev := procEvent(n)
+			n++
+			if err := w.WriteEvent(ev.Seq, fbs.Build(b, &ev)); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+		}
+		fmt.Println("ok")
+	}
 	select {}
 }
 
 // TestProducerProcessKilled: a real producer process attaches, publishes and is SIGKILLed; the daemon notices
-// (socket EOF), drains what was published, marks the producer dead and keeps answering from the index.
+// (socket EOF and its pid gone), drains what was published, marks the producer dead, and ends its incarnation: the
+// index applies a Cleared after its last event (LIFECYCLE.md: /kv_recover never holds a dead engine's blocks), and
+// the events answer holds every event and that Cleared.
 func TestProducerProcessKilled(t *testing.T) {
 	ts := startServer(t, nil)
 	exe, err := os.Executable()
@@ -97,13 +128,15 @@ func TestProducerProcessKilled(t *testing.T) {
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
 	st = checkStats(t, ts.SocketPath(), 21, func(s sock.StreamStats) bool { return !s.Attached && !s.ProducerAlive })
-	if st.LastEventID == nil || *st.LastEventID != n-1 || st.Tainted {
-		t.Fatalf("after the producer died: %+v, want all %d events applied", st, n)
+	st = checkStats(t, ts.SocketPath(), 21, func(s sock.StreamStats) bool { return s.LastEventID != nil && *s.LastEventID == n })
+	if st.Tainted || st.ResidentBlocks != 0 || st.EventsReceived != n {
+		t.Fatalf("after the producer died: %+v, want all %d events applied, then a Cleared at id %d", st, n, n)
 	}
 	oracle, _ := index.New(index.Config{WorkerID: 21, BlockSize: 4, MaxBufferSize: 1024})
 	for _, ev := range procEvents(n) {
 		_, _ = oracle.ApplyStoredTokens(ev.Seq, 0, ev.HasParent, ev.ParentHash, le64(ev.BlockHashes), le32(ev.TokenIDs), nil, false)
 	}
+	_, _ = oracle.Apply(&index.Event{ID: n, Kind: index.KindCleared})
 	c, err := sock.Dial(ctxT(t), ts.SocketPath())
 	if err != nil {
 		t.Fatal(err)

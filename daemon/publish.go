@@ -218,7 +218,11 @@ func (a *attachment) applyBatch(rec shm.Record, c *batchCounts) {
 		}
 	}
 	seq, rank := a.bevs[0].view.Seq, a.bevs[0].view.DpRank // ParseBatch refuses a batch without events
-	// Pass 2: apply and encode.
+	// Pass 2: apply and encode, under the batch's wire seq on a publishing stream.
+	a.id = seq
+	if a.publishing {
+		a.id = a.st.nextWire()
+	}
 	pub := a.st.pub.Load()
 	if pub != nil {
 		a.wire = vllmwire.AppendBatchHeader(a.wire[:0], batchTS(b.TS), len(a.bevs))
@@ -234,7 +238,7 @@ func (a *attachment) applyBatch(rec shm.Record, c *batchCounts) {
 		why := indexReason(v.Kind, v.DpRank, meta, a.hdr.KVBlockSize, a.st.groups)
 		if why == indexed {
 			if !began {
-				a.ix.BeginBatch(seq)
+				a.ix.BeginBatch(a.id)
 				began = true
 			}
 			a.applyView(v, c)
@@ -248,12 +252,15 @@ func (a *attachment) applyBatch(rec shm.Record, c *batchCounts) {
 	}
 	if pub != nil {
 		a.wire = vllmwire.AppendBatchTrailer(a.wire, int64(rank))
-		a.handOver(pub, seq)
+		a.handOver(pub, a.id, rank)
 	}
 }
 
-// handOver gives the encoded batch to the publisher; a drop (its queue is full) is logged, rate-limited.
-func (a *attachment) handOver(pub *zmqpub.Publisher, seq uint64) {
+// handOver gives the encoded batch (of dp_rank rank) to the publisher; a drop (its queue is full) is logged,
+// rate-limited.
+func (a *attachment) handOver(pub *zmqpub.Publisher, seq uint64, rank uint32) {
+	a.pubbed = true
+	a.st.rank.Store(rank) // read by heartbeats and Cleared batches (same owner)
 	if pub.Publish(seq, append([]byte(nil), a.wire...)) {
 		return
 	}
@@ -281,7 +288,7 @@ func (a *attachment) publishEvent(v *fbs.EventView) {
 	a.wire = vllmwire.AppendBatchHeader(a.wire[:0], batchTS(0), 1)
 	a.wire = a.wireFmt.AppendEvent(a.wire, a.wireEvent(v, nil))
 	a.wire = vllmwire.AppendBatchTrailer(a.wire, int64(v.DpRank))
-	a.handOver(pub, v.Seq)
+	a.handOver(pub, a.id, v.DpRank)
 }
 
 // wireEvent fills the attachment's scratch vllmwire.Event from an event and its metadata (nil: the one-event

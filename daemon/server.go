@@ -22,7 +22,8 @@ import (
 	"github.com/kvshm/kvshm/shm"
 )
 
-// Config configures a Server. A zero field selects its value in DefaultConfig (OnLoss, DumpShape: their zero values).
+// Config configures a Server. A zero field selects its value in DefaultConfig (OnLoss, DumpShape: their zero values;
+// ZMQHeartbeat: off).
 type Config struct {
 	SocketPath        string        // the Unix socket
 	SocketMode        os.FileMode   // the socket file's mode
@@ -39,7 +40,17 @@ type Config struct {
 	QueryTimeout      time.Duration // bound on one query (including waiting for the single-flight dump)
 	PIDCheckInterval  time.Duration // producer pid backstop period
 	ParentPoll        time.Duration // --parent-pid poll period
-	StateDir          string        // "" = no checkpoints; else indexes are checkpointed here at shutdown (created 0700)
+	// CleanupDir, when set, is removed recursively when Serve returns, only if it is a directory owned by the
+	// daemon's uid with mode 0700 (the private directory the Python launcher made); anything else is refused and
+	// logged (--cleanup-dir).
+	CleanupDir string
+	// ZMQHeartbeat > 0: a publishing stream that published nothing for this long publishes an empty batch with the
+	// next wire seq (--zmq-heartbeat; LIFECYCLE.md, "Heartbeats"). 0 = off.
+	ZMQHeartbeat time.Duration
+	// Clock is the wall clock wire seqs start from (unix µs; LIFECYCLE.md, "Wire seqs"). nil = time.Now; tests
+	// inject one.
+	Clock    func() time.Time
+	StateDir string // "" = no checkpoints; else indexes are checkpointed here at shutdown (created 0700)
 	// CheckpointInterval > 0 (requires StateDir): also checkpoint each stream while it runs and release its ring head
 	// only up to a written checkpoint, so a crash loses nothing (see doc.go, "Continuous checkpoints"). 0 = off.
 	CheckpointInterval time.Duration
@@ -76,6 +87,7 @@ func DefaultConfig() Config {
 		ParentPoll:        200 * time.Millisecond,
 		OnLoss:            index.LossBestEffort,
 		DumpShape:         index.DumpChains,
+		ZMQHeartbeat:      time.Second,
 		Bounds:            DefaultBounds(),
 		Version:           "dev",
 	}
@@ -114,6 +126,9 @@ func (c *Config) fill() {
 	if c.Version == "" {
 		c.Version = d.Version
 	}
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -138,6 +153,10 @@ type Server struct {
 	ckpt      *ckptStore
 	nconns    atomic.Int64 // open connections. Updated atomically.
 	peers     peerConns    // open connections per peer (bounds.go)
+
+	// parentGone is set when the --parent-pid process is gone (before the shutdown it causes): the streams'
+	// incarnations end with the daemon (a private daemon's engine is its parent). Updated atomically.
+	parentGone atomic.Bool
 
 	ctx    context.Context // canceled at shutdown: aborts queries in flight
 	cancel context.CancelFunc
@@ -245,6 +264,13 @@ func (s *Server) Serve(ctx context.Context) error {
 	case err = <-errc:
 	}
 	s.shutdown()
+	if s.cfg.CleanupDir != "" {
+		if cerr := cleanupDir(s.cfg.CleanupDir); cerr != nil {
+			s.log.Error("cleanup directory not removed", "err", cerr)
+		} else {
+			s.log.Info("cleanup directory removed", "dir", s.cfg.CleanupDir)
+		}
+	}
 	return err
 }
 
@@ -260,6 +286,7 @@ func (s *Server) watchParent(ctx context.Context, cancel context.CancelFunc) {
 		case <-t.C:
 			if !processAlive(s.cfg.ParentPID, start) {
 				s.log.Info("parent process is gone: shutting down", "parent_pid", s.cfg.ParentPID)
+				s.parentGone.Store(true)
 				cancel()
 				return
 			}
@@ -306,10 +333,18 @@ func (s *Server) shutdown() {
 		a := st.att
 		st.mu.Unlock()
 		if a != nil {
-			a.finish("daemon shutting down")
+			a.finish(causeShutdown, "daemon shutting down")
 			<-a.done
 		}
-		st.closePublisher() // after the final drain published what the ring held
+	}
+	// After every final drain (and end of incarnation) handed its batches over: give connected subscribers up to
+	// a second in all to receive them, then close.
+	flushBy := time.Now().Add(time.Second)
+	for _, st := range s.streamList() {
+		if p := st.pub.Load(); p != nil {
+			p.Flush(max(0, time.Until(flushBy)))
+		}
+		st.closePublisher()
 	}
 	if s.cfg.StateDir != "" && s.cfg.CheckpointInterval == 0 { // with an interval, each final drain wrote its checkpoint
 		sort.Slice(attached, func(i, j int) bool { return compareKeys(attached[i].st.key, attached[j].st.key) < 0 })
@@ -407,7 +442,13 @@ func (s *Server) serveConn(cc *conn) {
 		s.nconns.Add(-1)
 		s.peers.remove(peerKey{cc.uid, cc.pid})
 		if cc.att != nil {
-			cc.att.finish("producer connection closed")
+			s.mu.Lock()
+			cause, why := causeEOF, "producer connection closed"
+			if s.closed {
+				cause, why = causeShutdown, "daemon shutting down"
+			}
+			s.mu.Unlock()
+			cc.att.finish(cause, why)
 			<-cc.att.done
 		}
 		s.wg.Done()

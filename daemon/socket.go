@@ -74,8 +74,9 @@ func listenUnix(path string, mode os.FileMode) (*net.UnixListener, bool, error) 
 	return ln, hadFile, nil
 }
 
-// processAlive reports whether pid exists and, when startTime is nonzero, still has that start time (field 22 of
-// /proc/<pid>/stat), so a recycled pid is not mistaken for the original process.
+// processAlive reports whether pid exists, is not a zombie (a killed engine stays one until its parent reaps it)
+// and, when startTime is nonzero, still has that start time (field 22 of /proc/<pid>/stat), so a recycled pid is
+// not mistaken for the original process.
 func processAlive(pid int, startTime uint64) bool {
 	if pid <= 0 {
 		return false
@@ -83,12 +84,12 @@ func processAlive(pid int, startTime uint64) bool {
 	if err := unix.Kill(pid, 0); err != nil && !errors.Is(err, unix.EPERM) {
 		return false
 	}
-	if startTime == 0 {
-		return true
-	}
 	st, err := shm.ReadProcStat(pid)
 	if err != nil {
 		return !errors.Is(err, os.ErrNotExist)
 	}
-	return st.StartTime == startTime
+	if st.State == 'Z' || st.State == 'X' {
+		return false
+	}
+	return startTime == 0 || st.StartTime == startTime
 }

@@ -48,6 +48,12 @@ type stream struct {
 	// groups are the KV-cache group kinds learned from the stream's events (indexReason). Owned by the current
 	// attachment's drain goroutine (attachments of a stream run one after the other).
 	groups map[groupKey]bool
+	// wire is the last wire seq published on the stream (0: none yet; LIFECYCLE.md, "Wire seqs"), rank the dp_rank
+	// of its last published batch (heartbeats and Cleared batches carry it). Owned as incarnation.go says: the
+	// current attachment's drain goroutine, or the holder of mu while no attachment is installed. Updated
+	// atomically (readers: STATS, tests).
+	wire atomic.Uint64
+	rank atomic.Uint32
 
 	mu          sync.Mutex // protects every field below
 	ix          *index.Indexer
@@ -62,6 +68,13 @@ type stream struct {
 	lastHeader  shm.Header
 	alive       bool         // producer believed alive (attached and not seen dead)
 	zmqBase     zmqpub.Stats // counters of the stream's closed publishers
+	// live: an incarnation of the ring epoch in epoch has started and has not been seen to end (incarnation.go).
+	live bool
+	// engSeen, engLast: the last engine seq the previous attachment applied, for a publishing stream (whose index
+	// speaks wire seqs): the next attachment's loss bookkeeping continues from it.
+	engSeen bool
+	engLast uint64
+	gone    bool // forgotten (FORGET): a pid watcher stops
 }
 
 // attachment is one producer's ring, followed by one drain goroutine.
@@ -76,6 +89,9 @@ type attachment struct {
 	// on it (another client's DETACH is refused). The daemon itself ends an attachment only when the lease is
 	// gone, the producer's pid is gone, or at shutdown (which closes every connection).
 	lease        *conn
+	srv          *Server       // the daemon (clock, heartbeat period, pid watchers)
+	publishing   bool          // the stream had a publisher when this attachment was installed (constant: see pub)
+	cause        atomic.Int32  // endCause of finish; set once
 	ckpt         *ckptStore    // where checkpoints go (--state-dir)
 	rankPorts    *rankPorts    // --rank-ports: a rank's first event on an ALL stream opens its port
 	pidEvery     time.Duration // producer pid check period (backstop to the lease)
@@ -117,6 +133,9 @@ type attachment struct {
 	view    fbs.EventView
 	hashes  []uint64
 	pending []syncReq
+	id      uint64    // the index id of the record being applied: its wire seq on a publishing stream, else its seq
+	lastPub time.Time // the last batch handed to the publisher (or the attach): heartbeats after --zmq-heartbeat
+	pubbed  bool      // a batch was handed to the publisher in this pass
 	// Scratch of BATCH records and ZMQ encoding, owned by the drain goroutine.
 	batch   shm.Batch
 	bevs    []batchEvent // the decoded events of the BATCH record being applied
@@ -138,10 +157,11 @@ type syncReq struct {
 	done                chan struct{}
 }
 
-// finish asks the drain goroutine to drain one last time and close the ring. It is idempotent; the first reason
-// is the one logged.
-func (a *attachment) finish(reason string) {
+// finish asks the drain goroutine to drain one last time and close the ring. It is idempotent; the first cause
+// and reason are the ones kept (the cause decides whether the incarnation ends: incarnationEnds).
+func (a *attachment) finish(cause endCause, reason string) {
 	a.stopOnce.Do(func() {
+		a.cause.Store(int32(cause))
 		a.why.Store(&reason)
 		close(a.stop)
 		a.idl.wake()
@@ -240,6 +260,9 @@ func (a *attachment) run() {
 		if a.ckptEvery > 0 {
 			a.periodicCheckpoint(now)
 		}
+		if a.pubbed {
+			a.lastPub, a.pubbed = now, false
+		}
 		if n > 0 {
 			a.idl.worked(now)
 			continue
@@ -254,6 +277,12 @@ func (a *attachment) run() {
 		}
 		if !a.idl.idle(now) {
 			continue
+		}
+		if hb := a.srv.cfg.ZMQHeartbeat; a.publishing && hb > 0 && now.Sub(a.lastPub) >= hb {
+			if pub := a.st.pub.Load(); pub != nil {
+				a.heartbeat(pub)
+			}
+			a.lastPub = now
 		}
 		if now.Sub(lastSnap) >= snapshotPeriod {
 			lastSnap = now
@@ -274,7 +303,7 @@ func (a *attachment) run() {
 		if a.checkPID && now.Sub(lastPID) >= pidEvery {
 			lastPID = now
 			if !processAlive(int(a.hdr.ProducerPID), a.hdr.ProducerStartTime) {
-				a.finish(fmt.Sprintf("producer pid %d is gone", a.hdr.ProducerPID))
+				a.finish(causePIDGone, fmt.Sprintf("producer pid %d is gone", a.hdr.ProducerPID))
 			}
 		}
 	}
@@ -366,10 +395,27 @@ func (a *attachment) lossSeen(first, last, count uint64) {
 	if count == 0 {
 		reason = headerLossReason
 	}
-	a.ix.MarkLost(first, last, reason)
+	a.markLost(first, last, reason)
 	if !a.seqSeen || last > a.lastSeq {
 		a.seqSeen, a.lastSeq = true, last
 	}
+}
+
+// markLost marks the engine seqs first..last lost on the index. A publishing stream's index speaks wire seqs: the
+// lost batches take the next wire seqs (never published, so a subscriber sees the gap) and those are marked.
+func (a *attachment) markLost(first, last uint64, reason string) {
+	if !a.publishing {
+		a.ix.MarkLost(first, last, reason)
+		return
+	}
+	n := last - first + 1
+	if n > maxLostWire || n == 0 {
+		a.ix.MarkUnknownHistory(fmt.Sprintf("%s: %d..%d, too many to number on the wire", reason, first, last))
+		n = maxLostWire // n == 0: the whole u64 range
+	}
+	w := a.st.wire.Load() + 1
+	a.st.wire.Store(w + n - 1) // publishes the counter to readers
+	a.ix.MarkLost(w, w+n-1, fmt.Sprintf("%s (engine seqs %d..%d)", reason, first, last))
 }
 
 // lossKnown reports whether the drop episode a barrier waits for is marked on the index (or a later one is: the
@@ -462,7 +508,7 @@ func (a *attachment) ringFault(r any) {
 	a.log.Error("ring unusable (its file was truncated): attachment ended, state after the last applied event is "+
 		"unknown", "cause", fmt.Sprint(r))
 	a.ix.MarkUnknownHistory(fmt.Sprintf("ring unusable: %v", r))
-	a.finish("ring unusable") // barriers waiting on it are released by run closing done
+	a.finish(causeFault, "ring unusable") // barriers waiting on it are released by run closing done
 	a.closeRing()
 	st := a.st
 	st.mu.Lock()
@@ -497,6 +543,10 @@ func (a *attachment) applyEvent(rec shm.Record, c *batchCounts) {
 	if err := fbs.Decode(rec.Payload, v); err != nil {
 		a.malformedRecord(rec.Pos, err)
 		return
+	}
+	a.id = v.Seq
+	if a.publishing {
+		a.id = a.st.nextWire()
 	}
 	a.applyView(v, c)
 	a.publishEvent(v)
@@ -537,15 +587,15 @@ func (a *attachment) applyView(v *fbs.EventView, c *batchCounts) {
 	var err error
 	switch v.Kind {
 	case fbs.KindStored:
-		res, err = a.ix.ApplyStoredTokens(v.Seq, v.DpRank, v.HasParent, v.ParentHash, v.BlockHashes, v.TokenIDs, v.LoraName, v.IsEagle)
+		res, err = a.ix.ApplyStoredTokens(a.id, v.DpRank, v.HasParent, v.ParentHash, v.BlockHashes, v.TokenIDs, v.LoraName, v.IsEagle)
 	case fbs.KindRemoved:
 		a.hashes = a.hashes[:0]
 		for i := range int(nb) {
 			a.hashes = append(a.hashes, v.BlockHash(i))
 		}
-		res, err = a.ix.Apply(&index.Event{ID: v.Seq, DpRank: v.DpRank, Kind: index.KindRemoved, Hashes: a.hashes})
+		res, err = a.ix.Apply(&index.Event{ID: a.id, DpRank: v.DpRank, Kind: index.KindRemoved, Hashes: a.hashes})
 	case fbs.KindCleared:
-		res, err = a.ix.Apply(&index.Event{ID: v.Seq, DpRank: v.DpRank, Kind: index.KindCleared})
+		res, err = a.ix.Apply(&index.Event{ID: a.id, DpRank: v.DpRank, Kind: index.KindCleared})
 	}
 	// An error with status OK is an input rejection (not applied); a tree status other than OK was applied (and
 	// logged) with that status. Each block counts under its event's status.
@@ -638,6 +688,19 @@ func (a *attachment) finalDrain() {
 		}
 	}
 	a.drainBatch() // one pass that ends empty marks a loss the header still reports (see drainBatch)
+	st := a.st
+	why := ""
+	if p := a.why.Load(); p != nil {
+		why = *p
+	}
+	// The end of the producer's incarnation, after its last records and before the final checkpoint (which then
+	// holds the cleared index).
+	ends, watch := a.incarnationEnds()
+	if ends {
+		st.mu.Lock()
+		st.endIncarnationLocked(why, a.log.Info)
+		st.mu.Unlock()
+	}
 	if a.ckptEvery > 0 {
 		a.checkpoint("final") // even with nothing unreleased: the shutdown's checkpoint (Shutdown writes none then)
 	}
@@ -647,11 +710,6 @@ func (a *attachment) finalDrain() {
 		close(p.done)
 	}
 	a.pending = nil
-	st := a.st
-	why := ""
-	if p := a.why.Load(); p != nil {
-		why = *p
-	}
 	rs := a.r.Stats()
 	a.finalHead = rs.Head
 	a.closeRing()
@@ -659,9 +717,14 @@ func (a *attachment) finalDrain() {
 	if st.att == a {
 		st.att = nil
 		st.alive = false
+		st.engSeen, st.engLast = a.seqSeen, a.lastSeq
 	}
 	st.mu.Unlock()
-	a.log.Info("producer detached; ring drained, index stays queryable", "reason", why, "head", rs.Head, "tail", rs.Tail)
+	a.log.Info("producer detached; ring drained, index stays queryable", "reason", why, "head", rs.Head, "tail", rs.Tail,
+		"incarnation_ended", ends)
+	if watch && !ends {
+		go a.srv.watchDetached(st, a.hdr.Epoch, a.hdr.ProducerPID, a.hdr.ProducerStartTime)
+	}
 }
 
 // periodicCheckpoint writes a checkpoint (and releases) when the interval has passed since the last one and records

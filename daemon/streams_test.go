@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -116,8 +117,10 @@ func TestProducerLifecycle(t *testing.T) {
 	if err := p.conn.Detach(ctxT(t), 1); err != nil {
 		t.Fatal(err)
 	}
-	if s := stats(); s.Attached || s.LastEventID == nil || *s.LastEventID != 1 {
-		t.Fatalf("stats after detach = %+v", s)
+	// DETACH ends the producer's incarnation: a Cleared after its last event (LIFECYCLE.md).
+	p.applyOracle(cleared(2))
+	if s := stats(); s.Attached || s.LastEventID == nil || *s.LastEventID != 2 || s.ResidentBlocks != 0 {
+		t.Fatalf("stats after detach = %+v, want the end Cleared at id 2 and no block", s)
 	}
 	eventsEqual(t, q, p, nil, "after detach")
 
@@ -279,8 +282,13 @@ func TestRingLossAndCorruption(t *testing.T) {
 func TestConfigDefaults(t *testing.T) {
 	var c Config
 	c.fill()
-	c.Logger, c.Registry = nil, nil
-	if d := DefaultConfig(); c != d {
+	if c.Clock == nil {
+		t.Fatal("a zero Config has no clock after fill")
+	}
+	c.Logger, c.Registry, c.Clock = nil, nil, nil
+	d := DefaultConfig()
+	d.ZMQHeartbeat = 0 // the one field whose zero means off (kvshmd serve's default is DefaultConfig's)
+	if !reflect.DeepEqual(c, d) {
 		t.Fatalf("zero Config filled to\n%+v\nDefaultConfig\n%+v", c, d)
 	}
 }

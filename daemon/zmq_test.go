@@ -183,6 +183,20 @@ func joinProbes(t testing.TB, p *producer, probe uint64, got <-chan zmsg) uint64
 	}
 }
 
+// nextWire returns the wire seq the worker's ALL stream gives its next batch (LIFECYCLE.md: kvshmd numbers the
+// wire, +1 per published batch), once everything published before the call is applied (STATS is a
+// read-your-writes barrier).
+func nextWire(t testing.TB, ts *testServer, worker uint64) uint64 {
+	t.Helper()
+	if _, err := dialT(t, ts.cfg.SocketPath).Stats(ctxT(t), &worker); err != nil {
+		t.Fatal(err)
+	}
+	ts.mu.Lock()
+	st := ts.streams[keyOf(worker, nil)]
+	ts.mu.Unlock()
+	return st.wire.Load() + 1
+}
+
 // nextBatch returns the next message with seq >= min (probes below it are skipped).
 func nextBatch(t testing.TB, got <-chan zmsg, min uint64) zmsg {
 	t.Helper()
@@ -285,15 +299,15 @@ func TestIndexReason(t *testing.T) {
 
 // sendVectors writes each vector as one BATCH record (seqs from 1000) and checks that sub receives its payload
 // byte for byte, in order, under topic.
-func sendVectors(t *testing.T, p *producer, sub <-chan zmsg, vecs []wirevectors.Vector, topic string) {
+func sendVectors(t *testing.T, p *producer, sub <-chan zmsg, vecs []wirevectors.Vector, topic string, base uint64) {
 	t.Helper()
 	for i, v := range vecs {
 		writeBatch(t, p, v.TS, vectorSubs(t, v, 1000+uint64(i), 4))
 	}
 	for i, v := range vecs {
-		m := nextBatch(t, sub, 1000)
-		if m.frames != 3 || m.topic != topic || m.seq != 1000+uint64(i) {
-			t.Fatalf("%s: message %d frames, topic %q, seq %d; want 3, %s, %d", v.Name, m.frames, m.topic, m.seq, topic, 1000+i)
+		m := nextBatch(t, sub, base)
+		if m.frames != 3 || m.topic != topic || m.seq != base+uint64(i) {
+			t.Fatalf("%s: message %d frames, topic %q, seq %d; want 3, %s, %d", v.Name, m.frames, m.topic, m.seq, topic, base+uint64(i))
 		}
 		if hex.EncodeToString(m.payload) != v.PayloadHex {
 			t.Fatalf("%s: payload differs from msgspec's:\n got %x\nwant %s", v.Name, m.payload, v.PayloadHex)
@@ -311,7 +325,7 @@ func TestZmqPublishWire(t *testing.T) {
 	attachPublishing(t, p, &sock.Publish{Endpoint: ep, Topic: "kv", HWM: 1000, BufferSteps: 10, Wire: "0.32"})
 	got := goSub(t, ep)
 	joinProbes(t, p, 1, got)
-	sendVectors(t, p, got, publishableVectors(t, "0.32"), "kv")
+	sendVectors(t, p, got, publishableVectors(t, "0.32"), "kv", nextWire(t, ts, 7))
 
 	c, err := sock.Dial(ctxT(t), ts.cfg.SocketPath)
 	if err != nil {
@@ -386,20 +400,23 @@ func TestZmqPublishVectors(t *testing.T) {
 	got := goSub(t, ep)
 	joinProbes(t, p, 1, got)
 
+	// The engine's seqs (1000+i) are not the wire's: kvshmd numbers its batches, +1 each.
+	base := nextWire(t, ts, 7)
 	vecs := publishableVectors(t)
-	sendVectors(t, p, got, vecs, "kv@7")
+	sendVectors(t, p, got, vecs, "kv@7", base)
 
 	// A single EVENT record: a one-event batch, medium GPU, lora_id None, block_size the stream's.
 	p.mustPublish(stored(2000, 1, nil, []uint64{11, 12}, tokens(1, 2, 4)))
-	m := nextBatch(t, got, 2000)
+	evWire := base + uint64(len(vecs))
+	m := nextBatch(t, got, evWire)
 	b, err := vllmwire.Decode(m.payload)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := vllmwire.Event{Kind: vllmwire.KindStored, BlockHashes: []uint64{11, 12}, TokenIDs: tokens(1, 2, 4), BlockSize: 4,
 		HasMedium: true, Medium: "GPU"}
-	if m.seq != 2000 || len(b.Events) != 1 || b.DpRank != 1 || fmt.Sprint(b.Events[0]) != fmt.Sprint(want) {
-		t.Fatalf("one-event batch: seq %d, %+v; want seq 2000, dp_rank 1, %+v", m.seq, b, want)
+	if m.seq != evWire || len(b.Events) != 1 || b.DpRank != 1 || fmt.Sprint(b.Events[0]) != fmt.Sprint(want) {
+		t.Fatalf("one-event batch: seq %d, %+v; want seq %d, dp_rank 1, %+v", m.seq, b, evWire, want)
 	}
 
 	// A malformed batch (two events with different seqs): counted, skipped, not published; the next one is.
@@ -407,8 +424,8 @@ func TestZmqPublishVectors(t *testing.T) {
 	bad = append(bad, vectorSubs(t, vecs[0], 3001, 4)...)
 	writeBatch(t, p, 1, bad)
 	writeBatch(t, p, 1, vectorSubs(t, vecs[0], 3002, 4))
-	if m := nextBatch(t, got, 3000); m.seq != 3002 {
-		t.Fatalf("after a malformed batch: seq %d, want 3002", m.seq)
+	if m := nextBatch(t, got, evWire+1); m.seq != evWire+1 {
+		t.Fatalf("after a malformed batch (which takes no wire seq): seq %d, want %d", m.seq, evWire+1)
 	}
 
 	st, err := dialT(t, ts.cfg.SocketPath).Stats(ctxT(t), u64p(7))
@@ -439,7 +456,7 @@ func TestZmqPublishVectors(t *testing.T) {
 	}
 	promtool(t, []byte(metrics))
 
-	// Replay from 1000: every vector batch (and the later ones), then the end marker.
+	// Replay from the first vector's seq: every vector batch (and the later ones), then the end marker.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	d := zmq4.NewDealer(ctx, zmq4.WithID(zmq4.SocketIdentity("replayer")))
@@ -447,7 +464,7 @@ func TestZmqPublishVectors(t *testing.T) {
 	if err := d.Dial(rep); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.SendMulti(zmq4.NewMsgFrom(nil, binary.BigEndian.AppendUint64(nil, 1000))); err != nil {
+	if err := d.SendMulti(zmq4.NewMsgFrom(nil, binary.BigEndian.AppendUint64(nil, base))); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; ; i++ {
@@ -465,8 +482,8 @@ func TestZmqPublishVectors(t *testing.T) {
 			}
 			break
 		}
-		if i < len(vecs) && (seq != 1000+uint64(i) || hex.EncodeToString(r.Frames[3]) != vecs[i].PayloadHex) {
-			t.Fatalf("replay message %d: seq %d, payload %x; want %d and the vector's", i, seq, r.Frames[3], 1000+i)
+		if i < len(vecs) && (seq != base+uint64(i) || hex.EncodeToString(r.Frames[3]) != vecs[i].PayloadHex) {
+			t.Fatalf("replay message %d: seq %d, payload %x; want %d and the vector's", i, seq, r.Frames[3], base+uint64(i))
 		}
 	}
 
@@ -526,9 +543,11 @@ func TestZmqPublisherLifecycle(t *testing.T) {
 	if st.pub.Load() != first {
 		t.Fatal("re-attach with the same publish config replaced the publisher")
 	}
+	// DETACH ended the incarnation and the re-attach began a new one: a Cleared each, then the next batch.
+	w := nextWire(t, ts, 3)
 	p.mustPublish(cleared(next + 100))
-	if m := nextBatch(t, got, next+100); m.seq != next+100 {
-		t.Fatalf("after re-attach: seq %d", m.seq)
+	if m := nextBatch(t, got, w); m.seq != w {
+		t.Fatalf("after re-attach: seq %d, want %d", m.seq, w)
 	}
 	cfg2 := *cfg
 	cfg2.Topic = "u"
@@ -674,20 +693,21 @@ func TestZmqPyzmq(t *testing.T) {
 
 	early := startPeer(t, "sub", ep).subMessages(t)
 	probe := joinProbes(t, p, 1, early)
+	base := nextWire(t, ts, 9) // the wire seq of the first vector (kvshmd numbers the wire, +1 per batch)
 	vecs := publishableVectors(t)
 	for i, v := range vecs {
 		writeBatch(t, p, v.TS, vectorSubs(t, v, 1000+uint64(i), 4))
 	}
 	for i, v := range vecs {
-		m := nextBatch(t, early, 1000)
-		if m.frames != 3 || m.topic != "" || m.seq != 1000+uint64(i) || hex.EncodeToString(m.payload) != v.PayloadHex {
+		m := nextBatch(t, early, base)
+		if m.frames != 3 || m.topic != "" || m.seq != base+uint64(i) || hex.EncodeToString(m.payload) != v.PayloadHex {
 			t.Fatalf("%s: pyzmq SUB got %d frames, topic %q, seq %d, payload %x; want 3, \"\", %d, msgspec's %s",
-				v.Name, m.frames, m.topic, m.seq, m.payload, 1000+i, v.PayloadHex)
+				v.Name, m.frames, m.topic, m.seq, m.payload, base+uint64(i), v.PayloadHex)
 		}
 	}
 
-	// Replay from 1001 through a pyzmq DEALER: vLLM's frames, then the end marker.
-	r := startPeer(t, "replay", rep, "1001")
+	// Replay from the second vector's seq through a pyzmq DEALER: vLLM's frames, then the end marker.
+	r := startPeer(t, "replay", rep, fmt.Sprint(base+1))
 	for i := 1; ; i++ {
 		fr := r.line(t)["frames"].([]any)
 		if len(fr) != 4 || fr[0] != "" {
@@ -699,16 +719,17 @@ func TestZmqPyzmq(t *testing.T) {
 			}
 			break
 		}
-		if fr[2] != fmt.Sprintf("%016x", 1000+i) || fr[3] != vecs[i].PayloadHex {
-			t.Fatalf("replay reply %d: seq %v, want %016x and the vector's payload", i, fr[2], 1000+i)
+		if fr[2] != fmt.Sprintf("%016x", base+uint64(i)) || fr[3] != vecs[i].PayloadHex {
+			t.Fatalf("replay reply %d: seq %v, want %016x and the vector's payload", i, fr[2], base+uint64(i))
 		}
 	}
 
 	// A late subscriber: it gets what comes after it joined, byte-identical too.
 	late := startPeer(t, "sub", ep).subMessages(t)
 	joinProbes(t, p, probe+100, late)
+	w := nextWire(t, ts, 9)
 	writeBatch(t, p, vecs[3].TS, vectorSubs(t, vecs[3], 5000, 4))
-	if m := nextBatch(t, late, 5000); m.seq != 5000 || hex.EncodeToString(m.payload) != vecs[3].PayloadHex {
+	if m := nextBatch(t, late, w); m.seq != w || hex.EncodeToString(m.payload) != vecs[3].PayloadHex {
 		t.Fatalf("late subscriber: seq %d payload %x", m.seq, m.payload)
 	}
 

@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -36,9 +38,12 @@ func TestUsage(t *testing.T) {
 		{[]string{"serve", "--log-format", "xml"}, exitUsage, "--log-format"},
 		{[]string{"serve", "--max-request-bytes", "1"}, exitUsage, "--max-request-bytes"},
 		{[]string{"serve", "extra"}, exitUsage, "unexpected argument"},
-		{[]string{"serve", "--checkpoint-interval", "1s"}, exitUsage, "--checkpoint-interval 1s: want 0 (off) or a positive duration together with --state-dir"},
+		{[]string{"serve", "--state-dir", "", "--checkpoint-interval", "1s"}, exitUsage, "--checkpoint-interval 1s: want 0 (off) or a positive duration together with --state-dir"},
 		{[]string{"serve", "--state-dir", missing, "--checkpoint-interval", "-1s"}, exitUsage, "--checkpoint-interval -1s"},
 		{[]string{"serve", "--help"}, exitOK, "KVSHMD_CHECKPOINT_INTERVAL"},
+		{[]string{"serve", "--zmq-heartbeat", "-1s"}, exitUsage, "--zmq-heartbeat -1s"},
+		{[]string{"serve", "--help"}, exitOK, "KVSHMD_ZMQ_HEARTBEAT"},
+		{[]string{"serve", "--help"}, exitOK, "KVSHMD_CLEANUP_DIR"},
 		{[]string{"events", "--start", "-1"}, exitUsage, "unsigned"},
 		{[]string{"events", "--dp-rank", "4294967296"}, exitUsage, "unsigned 32-bit"},
 		{[]string{"serve", "--on-loss", "ignore"}, exitUsage, "--on-loss \"ignore\": want best-effort or error"},
@@ -186,4 +191,41 @@ func serveDaemon(t *testing.T, socket string) {
 			t.Errorf("Serve: %v", err)
 		}
 	})
+}
+
+// TestStateDefaults: the default --state-dir is on tmpfs for the default socket ($XDG_RUNTIME_DIR/kvshm/state),
+// beside any other socket, with --checkpoint-interval 10s unless given; an explicit --state-dir (or ”) is kept
+// with the interval given (0 by default).
+func TestStateDefaults(t *testing.T) {
+	xdg := t.TempDir()
+	t.Setenv("XDG_RUNTIME_DIR", xdg)
+	t.Setenv("KVSHMD_CHECKPOINT_INTERVAL", "")
+	other := filepath.Join(t.TempDir(), "k.sock")
+	tests := []struct {
+		socket string
+		args   []string
+		dir    string
+		every  time.Duration
+	}{
+		{sock.DefaultSocketPath(), nil, filepath.Join(xdg, "kvshm", "state"), 10 * time.Second},
+		{other, nil, other + ".state", 10 * time.Second},
+		{other, []string{"--checkpoint-interval", "3s"}, other + ".state", 3 * time.Second},
+		{other, []string{"--state-dir", "/x"}, "/x", 0},
+		{other, []string{"--state-dir", ""}, "", 0},
+	}
+	for _, tt := range tests {
+		o := serveOpts{socket: tt.socket}
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		fs.StringVar(&o.stateDir, "state-dir", defaultStateDir, "")
+		fs.DurationVar(&o.ckptInterval, "checkpoint-interval", 0, "")
+		if err := fs.Parse(tt.args); err != nil {
+			t.Fatal(err)
+		}
+		if err := o.stateDefaults(fs); err != nil || o.stateDir != tt.dir || o.ckptInterval != tt.every {
+			t.Errorf("socket %s %v: state dir %q every %v (%v); want %q every %v", tt.socket, tt.args, o.stateDir, o.ckptInterval, err, tt.dir, tt.every)
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(xdg, "kvshm")); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("the default state dir's parent: %v %v, want created 0700", fi, err)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"time"
@@ -20,6 +21,8 @@ import (
 
 type serveOpts struct {
 	socket, http, mode, logLevel, logFormat, stateDir   string
+	cleanupDir                                          string
+	zmqHeartbeat                                        time.Duration
 	onLoss, dumpShape                                   string
 	parentPID, maxConns, httpMaxConns, rankPorts        int
 	maxRequest                                          uint
@@ -58,8 +61,10 @@ func serve(args []string, stderr io.Writer) int {
 	fs.StringVar(&o.socket, "socket", envOr(def.SocketPath, "KVSHMD_SOCKET"), "Unix socket path; its directory is created 0700 and must be owned by you and not group/other writable (env KVSHMD_SOCKET)")
 	fs.StringVar(&o.mode, "socket-mode", envOr(fmt.Sprintf("%04o", def.SocketMode), "KVSHMD_SOCKET_MODE"), "socket file mode, octal (env KVSHMD_SOCKET_MODE)")
 	fs.StringVar(&o.http, "http", envOr("", "KVSHMD_HTTP"), "HTTP listen address for /kv_recover, /metrics, /healthz, e.g. 127.0.0.1:9400; off when empty (env KVSHMD_HTTP)")
-	fs.StringVar(&o.stateDir, "state-dir", envOr("", "KVSHMD_STATE_DIR"), "directory for index checkpoints: written at SIGTERM/SIGINT after the final drain, restored when a producer reattaches the same ring, so a planned restart loses nothing; created 0700, must be owned by you with no group/other permissions; off when empty (env KVSHMD_STATE_DIR)")
-	fs.DurationVar(&o.ckptInterval, "checkpoint-interval", dur("KVSHMD_CHECKPOINT_INTERVAL", 0), "with --state-dir: also checkpoint each stream while it runs, when this long has passed since its last checkpoint with records applied since, or when they fill half its ring, and release the ring head only up to a written checkpoint, so a crash (SIGKILL, OOM) loses nothing either; 0 = only at shutdown (env KVSHMD_CHECKPOINT_INTERVAL)")
+	fs.StringVar(&o.stateDir, "state-dir", envOr(defaultStateDir, "KVSHMD_STATE_DIR"), "directory for index checkpoints: written at SIGTERM/SIGINT after the final drain, restored when a producer reattaches the same ring, so a planned restart loses nothing; created 0700, must be owned by you with no group/other permissions; the default is on tmpfs (with another --socket: <socket>.state beside it, so two daemons never share one) and comes with --checkpoint-interval "+defaultCkptInterval.String()+"; --state-dir '' turns checkpoints off (env KVSHMD_STATE_DIR)")
+	fs.DurationVar(&o.ckptInterval, "checkpoint-interval", dur("KVSHMD_CHECKPOINT_INTERVAL", 0), "with --state-dir: also checkpoint each stream while it runs, when this long has passed since its last checkpoint with records applied since, or when they fill half its ring, and release the ring head only up to a written checkpoint, so a crash (SIGKILL, OOM) loses nothing either; 0 = only at shutdown; default "+defaultCkptInterval.String()+" with the default --state-dir, else 0 (env KVSHMD_CHECKPOINT_INTERVAL)")
+	fs.DurationVar(&o.zmqHeartbeat, "zmq-heartbeat", dur("KVSHMD_ZMQ_HEARTBEAT", def.ZMQHeartbeat), "a stream published on ZMQ that published nothing for this long publishes an empty batch with the next seq, so an idle engine's restarted router finds its gap and replays (LIFECYCLE.md); 0 = off (env KVSHMD_ZMQ_HEARTBEAT)")
+	fs.StringVar(&o.cleanupDir, "cleanup-dir", envOr("", "KVSHMD_CLEANUP_DIR"), "at exit, after everything is closed, remove this directory recursively, only if it is a directory owned by you with mode 0700 (the private directory the Python launcher made); anything else is refused and logged (env KVSHMD_CLEANUP_DIR)")
 	fs.StringVar(&o.onLoss, "on-loss", envOr(def.OnLoss.String(), "KVSHMD_ON_LOSS"), "answer to a recovery query that misses events kvshm lost (ring full, corrupt record, unknown history): best-effort = what Dynamo would answer from the events applied, marked with the Kvshm-State: incomplete and Kvshm-Lost-Events headers, counted and logged; error = the Error variant naming the loss until a Cleared (env KVSHMD_ON_LOSS)")
 	fs.StringVar(&o.dumpShape, "dump-shape", envOr(def.DumpShape.String(), "KVSHMD_DUMP_SHAPE"), "TreeDump shape: chains = Dynamo 1.6.1's merged chains with reset_scope and residency_domain; blocks = one single-block Stored event per block, as older Dynamo (env KVSHMD_DUMP_SHAPE)")
 	fs.IntVar(&o.rankPorts, "rank-ports", num("KVSHMD_RANK_PORTS", 0), "with --http: port BASE+r on the --http host answers /kv_recover for dp_rank r of the only worker (what pod discovery calls: recover_port + dp_rank), opened when the daemon first holds a stream covering r; a bind failure is logged and counted; 0 = off (env KVSHMD_RANK_PORTS)")
@@ -93,8 +98,15 @@ Losses: an answer that misses events kvshm lost (ring full, corrupt record, unkn
 state kvshm has, marked (headers Kvshm-State: incomplete and Kvshm-Lost-Events, kvshm_incomplete_answers_total, a
 warn log line, "incomplete" in stats) until a Cleared; --on-loss=error answers the Error variant instead.
 
-Restarts: a new daemon resumes each ring at the head the old one stored. Without --state-dir the index state before
-that head is gone: the stream reports unknown history (answers incomplete, or Error with --on-loss=error) until the
+Engines: when a producer's engine ends (DETACH, ring CLOSED, its pid gone; a new ring epoch ends the previous one)
+its stream's index applies a Cleared, and a stream published on ZMQ publishes [AllBlocksCleared] with the next seq
+and again when a new engine starts on it. Seqs on the wire are kvshmd's (+1 per batch, starting above the clock in
+µs), an idle stream heartbeats (--zmq-heartbeat), and with --parent-pid gone every engine's end is published and
+flushed before exit. LIFECYCLE.md is the contract.
+
+Restarts: a new daemon resumes each ring at the head the old one stored. By default the state directory is on
+tmpfs with --checkpoint-interval 10s (see --state-dir), so nothing is lost. Without --state-dir ('') the index
+state before that head is gone: the stream reports unknown history (answers incomplete, or Error with --on-loss=error) until the
 engine sends a Cleared. With --state-dir, a SIGTERM/SIGINT shutdown writes one checkpoint per attached stream
 (w<worker>-<ring epoch>.ckpt, w<worker>r<rank>-<ring epoch>.ckpt for a per-rank stream) and
 the next daemon restores it when that producer reattaches the same ring at the same head: nothing is lost. A crash
@@ -151,8 +163,8 @@ Flags:
 		fmt.Fprintf(stderr, "kvshmd serve: --log-format %q: want text or json\n", o.logFormat)
 		return exitUsage
 	}
-	if o.ckptInterval < 0 || (o.ckptInterval > 0 && o.stateDir == "") {
-		fmt.Fprintf(stderr, "kvshmd serve: --checkpoint-interval %v: want 0 (off) or a positive duration together with --state-dir\n", o.ckptInterval)
+	if o.zmqHeartbeat < 0 {
+		fmt.Fprintf(stderr, "kvshmd serve: --zmq-heartbeat %v: want 0 (off) or a positive duration\n", o.zmqHeartbeat)
 		return exitUsage
 	}
 	onLoss, ok := byName(o.onLoss, index.LossBestEffort, index.LossError)
@@ -175,12 +187,21 @@ Flags:
 		return exitUsage
 	}
 	applyMemoryLimit(mem)
+	if o.ckptInterval < 0 || (o.ckptInterval > 0 && o.stateDir == "") {
+		fmt.Fprintf(stderr, "kvshmd serve: --checkpoint-interval %v: want 0 (off) or a positive duration together with --state-dir\n", o.ckptInterval)
+		return exitUsage
+	}
+	if err := o.stateDefaults(fs); err != nil {
+		fmt.Fprintf(stderr, "kvshmd serve: %v\n", err)
+		return exitFailure
+	}
 	log := slog.New(h)
 	srv, err := daemon.New(daemon.Config{
 		SocketPath: o.socket, SocketMode: os.FileMode(mode), HTTPAddr: o.http, ParentPID: o.parentPID,
 		MaxRequestBytes: uint32(o.maxRequest), MaxConns: o.maxConns, HTTPMaxConns: o.httpMaxConns, IdleTimeout: o.idle, FrameTimeout: o.frame,
 		WriteTimeout: o.write, QueryTimeout: o.query, PIDCheckInterval: o.pidCheck, ParentPoll: o.parentInterval,
 		StateDir: o.stateDir, CheckpointInterval: o.ckptInterval, OnLoss: onLoss, DumpShape: shape, RankPortsBase: o.rankPorts,
+		ZMQHeartbeat: o.zmqHeartbeat, CleanupDir: o.cleanupDir,
 		Bounds: bounds, Version: buildVersion(), Logger: log,
 	})
 	if err != nil {
@@ -209,6 +230,46 @@ Flags:
 		return exitFailure
 	}
 	return exitOK
+}
+
+// defaultCkptInterval is --checkpoint-interval's default with the default --state-dir.
+const defaultCkptInterval = 10 * time.Second
+
+// defaultStateDir stands for "the default" in --state-dir's flag value; stateDefaults resolves it.
+const defaultStateDir = "(tmpfs default)"
+
+// stateDefaults resolves the default state directory (LIFECYCLE.md, "Daemon modes": a shared kvshmd keeps
+// checkpoints on tmpfs, so a SIGKILLed daemon's successor restores the index): $XDG_RUNTIME_DIR/kvshm/state, else
+// /dev/shm/kvshm-<uid>/state, for the default socket; <socket>.state for any other, so that two daemons (tests,
+// several shared daemons) never share one. With it, --checkpoint-interval defaults to 10 s. Its parent, when
+// kvshmd creates it, is created 0700 and must be yours and not group/other writable.
+func (o *serveOpts) stateDefaults(fs *flag.FlagSet) error {
+	if o.stateDir != defaultStateDir {
+		return nil
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if !set["checkpoint-interval"] && os.Getenv("KVSHMD_CHECKPOINT_INTERVAL") == "" {
+		o.ckptInterval = defaultCkptInterval
+	}
+	if o.socket != sock.DefaultSocketPath() {
+		o.stateDir = o.socket + ".state" // the socket's directory is checked (0700, ours) by Listen
+		return nil
+	}
+	parent := filepath.Join(os.TempDir(), "kvshm-"+strconv.Itoa(os.Getuid()))
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+		parent = filepath.Join(d, "kvshm")
+	} else if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
+		parent = filepath.Join("/dev/shm", "kvshm-"+strconv.Itoa(os.Getuid()))
+	}
+	if err := os.MkdirAll(parent, 0o700); err != nil {
+		return fmt.Errorf("default state directory: %w", err)
+	}
+	if err := sock.CheckSocketDir(parent); err != nil {
+		return fmt.Errorf("default state directory: %w (pass --state-dir)", err)
+	}
+	o.stateDir = filepath.Join(parent, "state")
+	return nil
 }
 
 // byName returns the value among vals whose String() is name (a flag naming an enum value).

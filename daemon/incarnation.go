@@ -1,0 +1,188 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/kvshm/kvshm/index"
+	"github.com/kvshm/kvshm/vllmwire"
+	"github.com/kvshm/kvshm/zmqpub"
+)
+
+// Incarnations, wire seqs and heartbeats: LIFECYCLE.md is the contract; doc.go ("Streams and their lifecycle",
+// "Publishing on ZMQ") says how this package keeps it.
+//
+// Ownership of a stream's wire counter (stream.wire) and incarnation state (stream.live): the drain goroutine of
+// the stream's current attachment, or, while no attachment is installed, whoever holds st.mu (install, which
+// starts or ends incarnations; watchDetached, which ends one whose producer died after a broken connection). An
+// attachment is installed and uninstalled under st.mu, so the two never overlap.
+
+// endCause is why an attachment ends; it decides whether the producer's incarnation ends with it.
+type endCause int32
+
+const (
+	causeEOF      endCause = iota + 1 // the producer's connection closed: an end only if its pid is gone or the ring CLOSED
+	causeDetach                       // DETACH on the lease: an end
+	causePIDGone                      // the producer's pid is gone: an end
+	causeShutdown                     // the daemon stops: an end only for a private daemon whose parent is gone (or as EOF)
+	causeFault                        // the ring mapping faulted: not an end (nothing more is known)
+)
+
+// maxLostWire bounds the wire seqs one LOSS record can take (a corrupt range must not push the counter far past
+// the clock); beyond it the rest of the range is reported as unknown history.
+const maxLostWire = 1 << 24
+
+// wireFloor is the lowest wire seq a daemon may start a stream or an incarnation at: the clock in µs.
+func (s *Server) wireFloor() uint64 {
+	us := s.cfg.Clock().UnixMicro()
+	if us < 0 {
+		return 0
+	}
+	return uint64(us)
+}
+
+// rebaseWire makes the stream's next wire seq max(last + 1, the clock in µs). Called by the counter's owner.
+func (st *stream) rebaseWire(floor uint64) {
+	if floor > st.wire.Load()+1 {
+		st.wire.Store(floor - 1) // publishes the counter to readers (tests, STATS)
+	}
+}
+
+// nextWire takes the stream's next wire seq. Called by the counter's owner.
+func (st *stream) nextWire() uint64 {
+	w := st.wire.Load() + 1
+	st.wire.Store(w) // publishes the counter to readers
+	return w
+}
+
+// clearedBatch encodes [now, [AllBlocksCleared], rank] into buf.
+func clearedBatch(buf []byte, rank uint32) []byte {
+	buf = vllmwire.AppendBatchHeader(buf[:0], batchTS(0), 1)
+	buf = vllmwire.AppendEvent(buf, &vllmwire.Event{Kind: vllmwire.KindCleared})
+	return vllmwire.AppendBatchTrailer(buf, int64(rank))
+}
+
+// resetIncarnation publishes the Cleared batch that starts or ends an incarnation with the next wire seq
+// (Publisher.PublishReset: the replay buffer then holds only it) and applies the same Cleared to ix under that id.
+// On a stream that is not published the Cleared takes the id after the index's last one (the engine's numbering);
+// an index that has seen no id holds no block and is left alone. Called by the wire counter's owner (see above).
+// It returns the id used.
+func (st *stream) resetIncarnation(ix *index.Indexer) uint64 {
+	var id uint64
+	if pub := st.pub.Load(); pub != nil {
+		id = st.nextWire()
+		pub.PublishReset(id, clearedBatch(nil, st.rank.Load())) // never dropped for a full queue
+	} else if is := ix.Stats(); is.SeenAny {
+		id = is.LastSeenID + 1
+	} else {
+		return 0
+	}
+	_, _ = ix.Apply(&index.Event{ID: id, DpRank: st.rank.Load(), Kind: index.KindCleared})
+	return id
+}
+
+// endIncarnationLocked ends the stream's live incarnation (LIFECYCLE.md, "Incarnations": the end Cleared on the
+// wire and in the index). Called with st.mu held by the wire counter's owner.
+func (st *stream) endIncarnationLocked(why string, log func(msg string, args ...any)) {
+	if !st.live {
+		return
+	}
+	st.live = false
+	id := st.resetIncarnation(st.ix)
+	log("producer incarnation ended: its blocks are cleared (published and in the index)", "why", why, "id", id,
+		"publishing", st.pub.Load() != nil)
+}
+
+// incarnationEnds reports, at the end of an attachment, whether the producer's incarnation ends with it (a new
+// epoch or its death is then certain), and whether its pid must be watched instead (a broken connection while
+// the pid lives: the producer may reattach the same ring epoch, or die later). Runs on the drain goroutine.
+func (a *attachment) incarnationEnds() (ends, watch bool) {
+	gone := func() bool {
+		return a.checkPID && !processAlive(int(a.hdr.ProducerPID), a.hdr.ProducerStartTime)
+	}
+	switch endCause(a.cause.Load()) {
+	case causeDetach, causePIDGone:
+		return true, false
+	case causeShutdown:
+		if a.srv.parentGone.Load() {
+			return true, false // a private daemon: its engine (the parent) is gone
+		}
+		return a.hdrClosed() || gone(), false
+	case causeEOF:
+		if a.hdrClosed() || gone() {
+			return true, false
+		}
+		return false, a.checkPID
+	}
+	return false, false
+}
+
+// watchDetached follows the pid of a producer whose connection broke while it lived: when the pid is gone before
+// the stream is attached again (or forgotten), the incarnation ends. It polls every 5 ms for the first second (a
+// dying process closes its descriptors before it is reaped: the common case of a SIGKILL) and every
+// PIDCheckInterval after that, and stops with the daemon.
+func (s *Server) watchDetached(st *stream, epoch uint64, pid uint32, start uint64) {
+	began := time.Now()
+	t := time.NewTimer(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		alive := processAlive(int(pid), start)
+		st.mu.Lock()
+		if st.att != nil || st.epoch != epoch || !st.live || st.gone {
+			st.mu.Unlock()
+			return
+		}
+		if !alive {
+			st.endIncarnationLocked(fmt.Sprintf("producer pid %d is gone (after its connection closed)", pid), s.log.With(st.key.logAttrs()...).Info)
+			st.mu.Unlock()
+			return
+		}
+		st.mu.Unlock()
+		next := 5 * time.Millisecond
+		if time.Since(began) > time.Second {
+			next = s.cfg.PIDCheckInterval
+		}
+		t.Reset(next)
+	}
+}
+
+// heartbeat publishes an empty batch [now, [], rank] with the next wire seq (Publisher.PublishHeartbeat: not kept
+// for replay, not in the index). Runs on the drain goroutine of a publishing stream.
+func (a *attachment) heartbeat(pub *zmqpub.Publisher) {
+	a.wire = vllmwire.AppendBatchHeader(a.wire[:0], batchTS(0), 0)
+	a.wire = vllmwire.AppendBatchTrailer(a.wire, int64(a.st.rank.Load()))
+	pub.PublishHeartbeat(a.st.nextWire(), append([]byte(nil), a.wire...))
+}
+
+// ErrUnsafeCleanupDir is wrapped by cleanupDir's error when the directory is not one the daemon may remove.
+var ErrUnsafeCleanupDir = errors.New("kvshm/daemon: refusing to remove the cleanup directory")
+
+// cleanupDir removes dir recursively if it is a directory (not a symlink) owned by the daemon's uid with mode
+// exactly 0700: the private directory the Python launcher made for this daemon. Anything else is refused.
+func cleanupDir(dir string) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("cleanup directory %s: %w", dir, err)
+	}
+	sys, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.IsDir():
+		return fmt.Errorf("%s is not a directory (mode %s): %w", dir, fi.Mode(), ErrUnsafeCleanupDir)
+	case !ok || int(sys.Uid) != os.Getuid():
+		return fmt.Errorf("%s is not owned by uid %d: %w", dir, os.Getuid(), ErrUnsafeCleanupDir)
+	case fi.Mode().Perm() != 0o700 || fi.Mode()&(os.ModeSetuid|os.ModeSetgid|os.ModeSticky) != 0:
+		return fmt.Errorf("%s has mode %s, not 0700: %w", dir, fi.Mode(), ErrUnsafeCleanupDir)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove cleanup directory %s: %w", dir, err)
+	}
+	return nil
+}
