@@ -74,7 +74,10 @@ class Engine:
             sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
             "--served-model-name", "tiny", "--load-format", "dummy", "--skip-tokenizer-init",
             "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(NUM_BLOCKS),
-            "--max-model-len", "1024", "--max-num-seqs", "8", "--gpu-memory-utilization", "0.05", "--enforce-eager", "--dtype", "float32",
+            "--max-model-len", "1024", "--max-num-seqs", "8", "--enforce-eager", "--dtype", "float32",
+            # On CPU this is the fraction of the machine's memory reserved (default 0.92: refused when other
+            # processes use more than 8 %); 5 % is plenty for this model and NUM_BLOCKS blocks.
+            "--gpu-memory-utilization", "0.05",
             "--host", "127.0.0.1", "--port", str(self.ports.http),
             "--kv-events-config", json.dumps(kv_events),
         ]

@@ -106,10 +106,10 @@ class Kvshmd:
             return State(frozenset(), f"{status}")
         doc = json.loads(body)
         hashes: set[int] = set()
-        if isinstance(doc, dict) and "Events" in doc:
-            events = doc["Events"]
-        elif isinstance(doc, dict) and "TreeDump" in doc:
-            events = doc["TreeDump"].get("events", [])
+        # Dynamo's WorkerKvQueryResponse: {"Events": {"events": [...], ...}} or {"TreeDump": {"events": [...]}}.
+        variant = next((doc[k] for k in ("Events", "TreeDump") if isinstance(doc, dict) and k in doc), None)
+        if isinstance(variant, dict):
+            events = variant.get("events", [])
         else:
             return State(frozenset(), f"answer {str(doc)[:60]}")
         for ev in events:
@@ -150,8 +150,7 @@ class WireRecorder:
         self.record = WireRecord()
         self.label = "start"
         self._stop = threading.Event()
-        self._ctx = zmq.Context.instance()
-        self._sock = self._ctx.socket(zmq.SUB)
+        self._sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
         self._sock.setsockopt(zmq.SUBSCRIBE, b"")
         self._sock.setsockopt(zmq.RCVTIMEO, 200)
         self._sock.setsockopt(zmq.LINGER, 0)

@@ -80,7 +80,7 @@ class Proc:
         self.popen.poll()
         return _group_has_live_members(self.pid)
 
-    def signal(self, sig: signal.Signals, group: bool = False) -> None:
+    def send(self, sig: signal.Signals, group: bool = False) -> None:
         try:
             if group:
                 os.killpg(self.pid, sig)
@@ -92,13 +92,13 @@ class Proc:
     def stop(self, sig: signal.Signals, timeout: float, group: bool = False) -> bool:
         """Send ``sig`` and wait for the whole group to be gone; SIGKILL the group after ``timeout``.
         Returns whether it went by itself."""
-        self.signal(sig, group)
+        self.send(sig, group)
         try:
             wait_until(f"{self.name} exits", lambda: not self.group_alive(), timeout)
             clean = True
         except Timeout:
             clean = False
-            self.signal(signal.SIGKILL, group=True)
+            self.send(signal.SIGKILL, group=True)
             try:
                 wait_until(f"{self.name} killed", lambda: not self.group_alive(), 10.0)
             except Timeout:

@@ -110,7 +110,7 @@ class ModeRun:
     def current_truth(self) -> truth.Truth:
         return truth.read(self.truth_path) if self.engine.proc is not None else truth.EMPTY
 
-    def judge(self, step: str, notes: list[str] | None = None) -> Row:
+    def judge(self, step: str, notes: list[str] | None = None, action: float = 0.0) -> Row:
         """Polls until the router and kvshmd match the truth, or CONVERGE_TIMEOUT; the last comparison is the row."""
         start = time.monotonic()
         while True:
@@ -121,14 +121,14 @@ class ModeRun:
             kvshmd = _judged(k_state, t.hashes) if k_state is not None else None
             elapsed = time.monotonic() - start
             if router.exact and (kvshmd is None or kvshmd.exact) and t == self.current_truth():
-                row = Row(step, self.mode, len(t.hashes), router, kvshmd, elapsed, list(notes or []))
+                row = Row(step, self.mode, len(t.hashes), router, kvshmd, elapsed, list(notes or []), action)
                 break
             if elapsed >= CONVERGE_TIMEOUT:
-                row = Row(step, self.mode, len(t.hashes), router, kvshmd, None, list(notes or []))
+                row = Row(step, self.mode, len(t.hashes), router, kvshmd, None, list(notes or []), action)
                 break
             time.sleep(0.5)
         self.rows.append(row)
-        print(f"  {step}: truth {row.truth}, router {router.cell()}, "
+        print(f"  {step} ({action:.0f} s): truth {row.truth}, router {router.cell()}, "
               f"kvshmd {kvshmd.cell() if kvshmd else 'n/a'}", flush=True)
         return row
 
@@ -177,8 +177,7 @@ class ModeRun:
                     continue
                 t0 = time.monotonic()
                 notes = action()
-                print(f"  [{name}: {time.monotonic() - t0:.0f} s]", flush=True)
-                self.judge(name, notes)
+                self.judge(name, notes, time.monotonic() - t0)
         finally:
             self.teardown()
 

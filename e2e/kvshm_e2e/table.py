@@ -52,6 +52,7 @@ class Row:
     kvshmd: Judged | None  # None: no kvshmd in this mode
     seconds: float | None  # until both judges matched the truth; None: not within CONVERGE_TIMEOUT
     notes: list[str] = field(default_factory=list)
+    action: float = 0.0  # seconds the step itself took (engine start, requests, kills)
 
     @property
     def ok(self) -> bool:
@@ -72,14 +73,14 @@ class Check:
 def render(rows: list[Row], checks: list[Check]) -> str:
     out = [
         "| step | publisher / daemon | truth | router (Dynamo 1.6.1) extra/missing | kvshmd /kv_recover "
-        "extra/missing | converged | notes |",
-        "|---|---|---|---|---|---|---|",
+        "extra/missing | converged | step took | notes |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         conv = f"{r.seconds:.1f} s" if r.seconds is not None else f"> {CONVERGE_TIMEOUT:.0f} s"
         out.append(
             f"| {r.step} | {r.mode.name} | {r.truth} | {r.router.cell() if r.router else 'n/a'} | "
-            f"{r.kvshmd.cell() if r.kvshmd else 'n/a'} | {conv} | {'; '.join(r.notes)} |"
+            f"{r.kvshmd.cell() if r.kvshmd else 'n/a'} | {conv} | {r.action:.0f} s | {'; '.join(r.notes)} |"
         )
     out += ["", "| check | publisher / daemon | result |", "|---|---|---|"]
     for c in checks:

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from kvshm_e2e import truth
 from kvshm_e2e.judges import State, WireRecord, _apply, diff
 from kvshm_e2e.table import MODES, Check, Judged, Row, failures, render

@@ -59,5 +59,5 @@ def register() -> None:
             _write(path, state["step"], hashes)
         return result
 
-    Scheduler.update_from_output = update_from_output  # type: ignore[method-assign]
+    Scheduler.update_from_output = update_from_output
     _patched = True
