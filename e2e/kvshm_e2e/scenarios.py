@@ -169,11 +169,12 @@ class ModeRun:
             ("router restarted, engine idle", self.router_idle),
             (f"router restarted + {FEW_REQUESTS} requests", self.router_busy),
             ("shared kvshmd SIGKILLed and restarted", self.kvshmd_restart),
+            (f"after the kvshmd restart + {FEW_REQUESTS} requests", self.few_requests),
         ]
         print(f"== {self.mode.name}", flush=True)
         try:
             for name, action in steps:
-                if action == self.kvshmd_restart and self.mode.daemon != "shared":
+                if action in (self.kvshmd_restart, self.few_requests) and self.mode.daemon != "shared":
                     continue
                 t0 = time.monotonic()
                 notes = action()
@@ -215,6 +216,9 @@ class ModeRun:
         self.daemon.stop(signal.SIGKILL, 10.0, group=True)
         self.start_daemon()
         return []
+
+    def few_requests(self) -> list[str]:
+        return self._requests(FEW_REQUESTS)
 
     def _requests(self, n: int) -> list[str]:
         ok = self.engine.requests(n, self.rng)
