@@ -137,10 +137,11 @@ class ModeRun:
         if self.mode.daemon != "private":
             return []
         notes: list[str] = []
-        log = self.engine.log.read_text(errors="replace") if self.engine.log.exists() else ""
-        forced = FORCE_KILL_LINE in log
-        self.checks.append(Check(f"{how}: vLLM did not SIGKILL kvshmd", self.mode, not forced,
-                                 f"'{FORCE_KILL_LINE}' in vLLM's log" if forced else "not in vLLM's log"))
+        if "SIGTERM" in how:  # vLLM's own shutdown; a SIGKILL of the group leaves vLLM no say
+            log = self.engine.log.read_text(errors="replace") if self.engine.log.exists() else ""
+            forced = FORCE_KILL_LINE in log
+            self.checks.append(Check(f"{how}: vLLM did not SIGKILL kvshmd", self.mode, not forced,
+                                     f"'{FORCE_KILL_LINE}' in vLLM's log" if forced else "not in vLLM's log"))
         left: list[str] = []
 
         def clean() -> bool:

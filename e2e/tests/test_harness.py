@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from kvshm_e2e import truth
 from kvshm_e2e.judges import State, WireRecord, _apply, diff
+from kvshm_e2e.procs import Timeout, wait_until
 from kvshm_e2e.table import MODES, Check, Judged, Row, failures, render
 
 
@@ -59,3 +60,26 @@ def test_failures_judge_only_kvshm() -> None:
     assert failures(rows, checks) == ["restart / kvshm shared"]
     text = render(rows, checks)
     assert "+59 -60" in text and "exact (incomplete)" in text and "> 10 s" in text
+
+
+def test_wait_until_is_bounded() -> None:
+    with pytest.raises(Timeout, match="never: not within 0 s"):
+        wait_until("never", lambda: False, 0.05, 0.01)
+
+
+def test_truth_plugin_hashes_as_published(tmp_path: Path) -> None:
+    """The plugin's ints are vLLM's own conversion of the pool's keys (the hash bytes + a 4-byte group id)."""
+    from types import SimpleNamespace
+
+    import kvshm_e2e_truth
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+    raw = [bytes(range(i, i + 32)) for i in (0, 7)]
+    keys = {h + (0).to_bytes(4, "big"): None for h in raw}
+    pool = SimpleNamespace(cached_block_hash_to_block=SimpleNamespace(_cache=keys))
+    scheduler = SimpleNamespace(kv_cache_manager=SimpleNamespace(block_pool=pool))
+    got = kvshm_e2e_truth._hashes(scheduler)
+    assert sorted(got, key=str) == sorted((maybe_convert_block_hash(h) for h in raw), key=str)
+    path = tmp_path / "truth.json"
+    kvshm_e2e_truth._write(str(path), 3, got)
+    assert truth.read(path).hashes == frozenset(int(h) for h in got)

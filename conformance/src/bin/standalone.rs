@@ -45,7 +45,13 @@ impl<S: Subscriber> Layer<S> for Stderr {
         event.record(&mut line);
         let meta = event.metadata();
         // One write per line: the harness reads stderr line by line.
-        let _ = writeln!(std::io::stderr().lock(), "{} {}: {}", meta.level(), meta.target(), line.0);
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "{} {}: {}",
+            meta.level(),
+            meta.target(),
+            line.0
+        );
     }
 }
 
@@ -67,7 +73,9 @@ fn parse() -> Result<IndexerConfig, String> {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {
             "--port" => config.port = value()?.parse().map_err(|e| format!("--port: {e}"))?,
-            "--threads" => config.threads = value()?.parse().map_err(|e| format!("--threads: {e}"))?,
+            "--threads" => {
+                config.threads = value()?.parse().map_err(|e| format!("--threads: {e}"))?
+            }
             "--model-name" => config.model_name = value()?,
             "--routing-group" => config.routing_group = value()?,
             _ => return Err(format!("unknown argument {flag}")),
