@@ -203,7 +203,7 @@ e2e-run: wheel $(E2EENV)/.stamp e2e-router
 	rm -rf e2e/truthplugin/build e2e/truthplugin/src/*.egg-info
 	cd e2e && ../$(VPY) -m mypy --config-file mypy.ini --python-executable ../$(E2EENV)/bin/python kvshm_e2e tests \
 	  truthplugin/src/kvshm_e2e_truth
-	cd e2e && ../$(E2EENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers tests
+	cd e2e && ../$(E2EENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers -W ignore::DeprecationWarning tests
 	cd e2e && ../$(E2EENV)/bin/python -m kvshm_e2e --router $(CARGO_TARGET_DIR)/release/standalone \
 	  --out ../$(E2E_OUT) $(E2E_ARGS)
 
