@@ -40,6 +40,22 @@ class Router:
         self.log = log
         self.proc: Proc | None = None
         self.starts = 0
+        self._log_offset = 0
+
+    def warnings(self) -> list[str]:
+        """The router's WARN/ERROR lines since the last call (gaps, incomplete replays), each once, shortened."""
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(self._log_offset)
+                text = f.read().decode(errors="replace")
+                self._log_offset = f.tell()
+        except FileNotFoundError:
+            return []
+        seen: dict[str, None] = {}
+        for line in text.splitlines():
+            if line.startswith(("WARN ", "ERROR ")):
+                seen.setdefault(line.split(" worker_id=")[0][:200], None)
+        return list(seen)
 
     @property
     def url(self) -> str:

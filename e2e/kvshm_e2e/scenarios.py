@@ -130,6 +130,8 @@ class ModeRun:
         self.rows.append(row)
         print(f"  {step} ({action:.0f} s): truth {row.truth}, router {router.cell()}, "
               f"kvshmd {kvshmd.cell() if kvshmd else 'n/a'}", flush=True)
+        for line in self.router.warnings():
+            print(f"    router: {line}", flush=True)
         return row
 
     def after_engine_death(self, how: str) -> list[str]:

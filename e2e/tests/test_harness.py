@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from kvshm_e2e import truth
-from kvshm_e2e.judges import State, WireRecord, _apply, diff
+from kvshm_e2e.judges import Router, State, WireRecord, _apply, diff
 from kvshm_e2e.procs import Timeout, wait_until
 from kvshm_e2e.table import MODES, Check, Judged, Row, failures, render
 
@@ -83,3 +83,15 @@ def test_truth_plugin_hashes_as_published(tmp_path: Path) -> None:
     path = tmp_path / "truth.json"
     kvshm_e2e_truth._write(str(path), 3, got)
     assert truth.read(path).hashes == frozenset(int(h) for h in got)
+
+
+def test_router_warnings_once(tmp_path: Path) -> None:
+    log = tmp_path / "router.log"
+    log.write_text("INFO x: started\nWARN l: Gap detected: expected seq 0, got 100 worker_id=7\n"
+                   "WARN l: Gap detected: expected seq 0, got 100 worker_id=7\n")
+    r = Router(tmp_path / "standalone", 1, log)
+    assert r.warnings() == ["WARN l: Gap detected: expected seq 0, got 100"]
+    assert r.warnings() == []
+    with log.open("a") as f:
+        f.write("ERROR l: boom\n")
+    assert r.warnings() == ["ERROR l: boom"]
