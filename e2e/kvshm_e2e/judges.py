@@ -4,6 +4,7 @@ every seq on the wire."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -54,7 +55,8 @@ class Router:
         seen: dict[str, None] = {}
         for line in text.splitlines():
             if line.startswith(("WARN ", "ERROR ")):
-                seen.setdefault(line.split(" worker_id=")[0][:200], None)
+                # Up to the structured fields tracing appends (" worker_id=7", " self.worker_id=7", ...).
+                seen.setdefault(re.split(r" (?:self\.)?worker_id=", line)[0][:200], None)
         return list(seen)
 
     @property

@@ -88,7 +88,7 @@ def test_truth_plugin_hashes_as_published(tmp_path: Path) -> None:
 def test_router_warnings_once(tmp_path: Path) -> None:
     log = tmp_path / "router.log"
     log.write_text("INFO x: started\nWARN l: Gap detected: expected seq 0, got 100 worker_id=7\n"
-                   "WARN l: Gap detected: expected seq 0, got 100 worker_id=7\n")
+                   "WARN l: Gap detected: expected seq 0, got 100 self.worker_id=7 got=100\n")
     r = Router(tmp_path / "standalone", 1, log)
     assert r.warnings() == ["WARN l: Gap detected: expected seq 0, got 100"]
     assert r.warnings() == []
