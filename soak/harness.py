@@ -96,6 +96,9 @@ class Ctx:
         self.lives: dict[int, int] = {}
         self.warm: dict[int, Tree] = {}
         self.acked: dict[int, int | None] = {}
+        # Publishing workers: kvshmd's wire seq of each batch -> the engine seq of its last event (LIFECYCLE.md:
+        # /kv_recover speaks wire seqs there); the judge translates an answer's ids through it.
+        self.wire: dict[int, dict[int, int]] = {}
         self.daemon: Daemon | None = None
         self.procs: list[subprocess.Popen[bytes]] = []  # every child ever started, for the final by-pid check
         self.tainted: set[int] = set()  # workers with a reported loss not yet re-based by a Cleared
@@ -479,13 +482,14 @@ def _judge_one(ctx: Ctx, w: int, what: str, cold: bool, deadline: float) -> None
                 ctx.fail("wrong_answers", f"{who}: InvalidRange for start={start}: {body[:300]!r}")
                 return
             elif variant == "TooNew":
-                if state.last is not None and (acked is None or state.last >= acked):
+                had, _ = engine_id(ctx, w, state.last)
+                if had is not None and (acked is None or had >= acked):
                     new = state  # nothing newer to learn: judge the state it has
                     variant = "Events"
                 else:
                     problem = f"TooNew for start={start} (acked {acked}): {body[:300]!r}"
             if variant in ("Events", "TreeDump"):
-                last = new.last
+                last, bad_id = engine_id(ctx, w, new.last)
                 if incomplete:
                     ctx.fig.judged += 1
                     ctx.fig.reported += 1
@@ -497,11 +501,11 @@ def _judge_one(ctx: Ctx, w: int, what: str, cold: bool, deadline: float) -> None
                                            f"{hdrs.get('kvshm-lost-events')}); daemon log: {_loss_log(ctx)}")
                     ctx.warm[w] = Tree()  # a consumer told its state is incomplete starts over
                     return
-                if acked is not None and (last is None or last < acked):
+                if acked is not None and (last is None or last < acked) and not bad_id:
                     problem = f"{variant} ends at id {last}, the producer published up to {acked}"
                 else:
                     ctx.fig.judged += 1
-                    diff = truth.at(last).diff(new)
+                    diff = bad_id or truth.at(last).diff(new)
                     if last is not None and not truth.seq_exists(last):
                         diff = diff or f"last_event_id {last} is no id the engine used"
                     if not diff:
@@ -520,6 +524,20 @@ def _judge_one(ctx: Ctx, w: int, what: str, cold: bool, deadline: float) -> None
         if not d.check():
             return
         time.sleep(0.1)
+
+
+def engine_id(ctx: Ctx, w: int, wire: int | None) -> tuple[int | None, str]:
+    """An answer's id in the engine's numbering: itself, or on a publishing worker (``ctx.wire``) the engine seq of
+    the batch kvshmd published under it; an id below every known batch is the incarnation's start Cleared (before
+    any event: None). The str says why an id is no batch's (a wrong answer)."""
+    m = ctx.wire.get(w)
+    if m is None or wire is None:
+        return wire, ""
+    if wire in m:
+        return m[wire], ""
+    if not m or wire < min(m):
+        return None, ""
+    return None, f"last_event_id {wire} is no wire seq kvshmd published a batch of worker {w} under"
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
@@ -548,7 +566,7 @@ def forget(ctx: Ctx, workers: list[int]) -> None:
             if st == 0 or b"conflict" not in body:
                 break
             time.sleep(0.1)  # the DETACH of a quitting producer is still being processed
-        for m in (ctx.truths, ctx.warm, ctx.acked):
+        for m in (ctx.truths, ctx.warm, ctx.acked, ctx.wire):
             m.pop(w, None)
 
 
