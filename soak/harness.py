@@ -99,6 +99,9 @@ class Ctx:
         # Publishing workers: kvshmd's wire seq of each batch -> the engine seq of its last event (LIFECYCLE.md:
         # /kv_recover speaks wire seqs there); the judge translates an answer's ids through it.
         self.wire: dict[int, dict[int, int]] = {}
+        # Workers whose producer the soak killed: the incarnation ended, so the stream must end with a Cleared under
+        # the id after the engine's last (LIFECYCLE.md), none of its blocks left.
+        self.ended: set[int] = set()
         self.daemon: Daemon | None = None
         self.procs: list[subprocess.Popen[bytes]] = []  # every child ever started, for the final by-pid check
         self.tainted: set[int] = set()  # workers with a reported loss not yet re-based by a Cleared
@@ -245,6 +248,7 @@ class Producer:
         pairs = ",".join(f"{w}:{ctx.lives.setdefault(w, 0)}" for w in workers)
         for w in workers:
             ctx.tainted.discard(w)  # a new producer: a new epoch, the stream starts empty
+            ctx.ended.discard(w)
             ctx.truths[w] = Truth(StreamGen(ctx.seed, w, ctx.lives[w], BLOCK))
             ctx.warm[w] = Tree()
             ctx.acked[w] = None
@@ -365,6 +369,7 @@ class Producer:
         self.p.wait()
         for w in self.workers:
             self.ctx.acked[w] = None  # unknown: the judge takes the answer's last_event_id
+            self.ctx.ended.add(w)
 
     def quit(self) -> None:
         if self.dead:
@@ -501,7 +506,15 @@ def _judge_one(ctx: Ctx, w: int, what: str, cold: bool, deadline: float) -> None
                                            f"{hdrs.get('kvshm-lost-events')}); daemon log: {_loss_log(ctx)}")
                     ctx.warm[w] = Tree()  # a consumer told its state is incomplete starts over
                     return
-                if acked is not None and (last is None or last < acked) and not bad_id:
+                if w in ctx.ended and not bad_id:
+                    if new.blocks or last is None or not truth.seq_exists(last - 1):
+                        problem = (f"{variant} (last_event_id {last}, {len(new.blocks)} blocks) is not the ended "
+                                   "incarnation's end: a Cleared under the id after the engine's last")
+                    else:
+                        ctx.fig.judged += 1
+                        ctx.warm[w] = new
+                        return
+                elif acked is not None and (last is None or last < acked) and not bad_id:
                     problem = f"{variant} ends at id {last}, the producer published up to {acked}"
                 else:
                     ctx.fig.judged += 1
@@ -517,7 +530,7 @@ def _judge_one(ctx: Ctx, w: int, what: str, cold: bool, deadline: float) -> None
                     return
         if time.monotonic() > t_end:
             ctx.fig.judged += 1
-            kind = "wrong_answers" if "published up to" in problem else "hangs"
+            kind = "wrong_answers" if "published up to" in problem or "incarnation's end" in problem else "hangs"
             ctx.fail(kind, f"{who}: not converged in {deadline:.0f} s: {problem}")
             ctx.warm[w] = Tree()
             return
@@ -568,6 +581,7 @@ def forget(ctx: Ctx, workers: list[int]) -> None:
             time.sleep(0.1)  # the DETACH of a quitting producer is still being processed
         for m in (ctx.truths, ctx.warm, ctx.acked, ctx.wire):
             m.pop(w, None)
+        ctx.ended.discard(w)
 
 
 def publish_some(ctx: Ctx, p: Producer, n: int, pace_us: int = 0) -> None:
