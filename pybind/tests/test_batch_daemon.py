@@ -18,6 +18,7 @@ from vllm_shapes import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
+    decode,
     join,
     recv_batch,
     sub_socket,
@@ -29,7 +30,7 @@ import kvshm
 from kvshm import LocalIndexer, ZmqPublish
 from kvshm import events as ke
 
-from helpers import event_ids, query, variant, wait_for
+from helpers import SharedDaemon, event_ids, query, variant, wait_for
 
 
 def test_publish_batches_vllm_wire(make_indexer: Any, short_dir: Path) -> None:
@@ -278,6 +279,47 @@ def test_publishing_survives_a_daemon_restart(make_indexer: Any, short_dir: Path
         dealer.close(0)
         assert seqs and min(seqs) > wire, (seqs, wire)  # only the successor's batches
         assert seqs == sorted(set(seqs)) and got in seqs
+    finally:
+        sub.close(0)
+        ctx.term()
+
+
+def test_engine_restarted_on_the_same_worker(shared_daemon: SharedDaemon, make_indexer: Any, short_dir: Path) -> None:
+    """LIFECYCLE.md, an engine restarted on the same worker, through a shared kvshmd: the subscriber sees the dead
+    incarnation's batch, its end Cleared, the new one's start Cleared and batch, under strictly increasing wire
+    seqs; a replay from 0 holds only the new incarnation (its start Cleared first); the index only its blocks."""
+    endpoint, replay = f"ipc://{short_dir}/pub.sock", f"ipc://{short_dir}/replay.sock"
+    publish = ZmqPublish(endpoint=endpoint, replay_endpoint=replay)
+    stored = [BlockStored([h], None, [h] * 4, 4, None, "GPU", None) for h in (1, 2)]
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sub = sub_socket(ctx, endpoint)
+    try:
+        a = make_indexer(worker_id=9, socket_path=shared_daemon.socket_path, publish=publish)
+        wire, seq = join(a, sub)
+        a.apply_batch(seq, [stored[0]], ts=2.0)
+        _, wire, payload = recv_batch(sub, wire)
+        assert payload == vllm_payload(2.0, [stored[0]], 0)
+        a.shutdown()  # the end of its incarnation
+        _, end, payload = recv_batch(sub, wire)
+        assert payload == vllm_payload(decode(payload)[0], [AllBlocksCleared()], 0), decode(payload)
+        b = make_indexer(worker_id=9, socket_path=shared_daemon.socket_path, publish=publish)
+        _, start, payload = recv_batch(sub, end)  # the SUB stays connected: the endpoint is the same stream's
+        assert payload == vllm_payload(decode(payload)[0], [AllBlocksCleared()], 0), decode(payload)
+        b.apply_batch(0, [stored[1]], ts=3.0)  # the new engine's seq starts at 0 again
+        _, last, payload = recv_batch(sub, start)
+        assert payload == vllm_payload(3.0, [stored[1]], 0)
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.RCVTIMEO, 10_000)
+        dealer.connect(replay)
+        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        got = []
+        while (frames := dealer.recv_multipart())[-1] != b"":
+            got.append((int.from_bytes(frames[-2], "big"), frames[-1]))
+        dealer.close(0)
+        assert [s for s, _ in got] == [start, last] and got[1][1] == payload
+        assert query(b, start)["Events"]["last_event_id"] == last
+        assert {blk["block_hash"] for e in query(b)["TreeDump"]["events"]
+                for blk in e["event"]["data"]["stored"]["blocks"]} == {2}
     finally:
         sub.close(0)
         ctx.term()
