@@ -87,6 +87,15 @@ def test_ts_of_reads_the_batch_time(payload: bytes, ts: float) -> None:
     assert zmq_bench.ts_of(payload) == ts
 
 
+def test_is_heartbeat_is_only_kvshmds_empty_batch() -> None:
+    """The subscriber skips kvshmd's heartbeats (no engine batch; their ts is kvshmd's) and nothing else."""
+    assert zmq_bench.is_heartbeat(msgspec.msgpack.encode(KVEventBatch(ts=1_733_000_000.25, events=[],
+                                                                     data_parallel_rank=0)))
+    assert not zmq_bench.is_heartbeat(msgspec.msgpack.encode(KVEventBatch(ts=1.0, events=[AllBlocksCleared()],
+                                                                         data_parallel_rank=0)))
+    assert not zmq_bench.is_heartbeat(msgspec.msgpack.encode(KVEventBatch(ts=1.0, events=Workload("mix").take(1)[0])))
+
+
 def test_event_indexer_gives_the_old_api_one_id_per_event() -> None:
     kvc = pytest.importorskip("kvshm_conformance")
     ix = kvc.LocalIndexer(1, 32)

@@ -14,7 +14,9 @@ mix of 1-4 Stored/Removed events per batch with an occasional AllBlocksCleared):
   encodes and sends.
 
 The indexers of (a) and (b) get one id per event (the old single-event API), the ZMQ seq counts batches (vLLM's rule);
-(c) gives the batch's seq (contract decision 1).
+(c) gives the batch's seq, and kvshmd numbers the wire (LIFECYCLE.md: its own counter; it also publishes the
+incarnation's start Cleared and, on an idle stream, an empty heartbeat batch every second, which the subscriber
+skips: they are no engine batch, and their ts is kvshmd's, not the engine's).
 
 Measurements:
 
@@ -325,6 +327,15 @@ def ts_of(payload: bytes) -> float:
     return float(msgspec.msgpack.decode(payload)[0])
 
 
+def is_heartbeat(payload: bytes) -> bool:
+    """kvshmd's heartbeat on an idle publishing stream: a batch with no events (LIFECYCLE.md); an engine's batch
+    always has one, so only a short payload is decoded."""
+    if len(payload) > 32:
+        return False
+    doc = msgspec.msgpack.decode(payload)
+    return isinstance(doc, list) and len(doc) == 3 and doc[1] == []
+
+
 def sub(args: argparse.Namespace) -> None:
     """A subscriber process: connects a SUB to every endpoint; {"op": "take"} replies with what arrived since the last
     take, per topic: the seqs received and the latency samples (arrival time.time() - the batch's ts, in ns)."""
@@ -352,6 +363,8 @@ def sub(args: argparse.Namespace) -> None:
                     break
                 now = time.time()
                 topic, seq, payload = frames[0].decode(), int.from_bytes(frames[1], "big"), frames[2]
+                if is_heartbeat(payload):
+                    continue
                 g = got.setdefault(topic, {"seqs": [], "lat_ns": [], "bytes": [0]})
                 g["seqs"].append(seq)
                 g["bytes"][0] += len(payload)

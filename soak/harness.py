@@ -96,6 +96,12 @@ class Ctx:
         self.lives: dict[int, int] = {}
         self.warm: dict[int, Tree] = {}
         self.acked: dict[int, int | None] = {}
+        # Publishing workers: kvshmd's wire seq of each batch -> the engine seq of its last event (LIFECYCLE.md:
+        # /kv_recover speaks wire seqs there); the judge translates an answer's ids through it.
+        self.wire: dict[int, dict[int, int]] = {}
+        # Workers whose producer the soak killed: the incarnation ended, so the stream must end with a Cleared under
+        # the id after the engine's last (LIFECYCLE.md), none of its blocks left.
+        self.ended: set[int] = set()
         self.daemon: Daemon | None = None
         self.procs: list[subprocess.Popen[bytes]] = []  # every child ever started, for the final by-pid check
         self.tainted: set[int] = set()  # workers with a reported loss not yet re-based by a Cleared
@@ -242,6 +248,7 @@ class Producer:
         pairs = ",".join(f"{w}:{ctx.lives.setdefault(w, 0)}" for w in workers)
         for w in workers:
             ctx.tainted.discard(w)  # a new producer: a new epoch, the stream starts empty
+            ctx.ended.discard(w)
             ctx.truths[w] = Truth(StreamGen(ctx.seed, w, ctx.lives[w], BLOCK))
             ctx.warm[w] = Tree()
             ctx.acked[w] = None
@@ -362,6 +369,7 @@ class Producer:
         self.p.wait()
         for w in self.workers:
             self.ctx.acked[w] = None  # unknown: the judge takes the answer's last_event_id
+            self.ctx.ended.add(w)
 
     def quit(self) -> None:
         if self.dead:
@@ -479,13 +487,14 @@ def _judge_one(ctx: Ctx, w: int, what: str, cold: bool, deadline: float) -> None
                 ctx.fail("wrong_answers", f"{who}: InvalidRange for start={start}: {body[:300]!r}")
                 return
             elif variant == "TooNew":
-                if state.last is not None and (acked is None or state.last >= acked):
+                had, _ = engine_id(ctx, w, state.last)
+                if had is not None and (acked is None or had >= acked):
                     new = state  # nothing newer to learn: judge the state it has
                     variant = "Events"
                 else:
                     problem = f"TooNew for start={start} (acked {acked}): {body[:300]!r}"
             if variant in ("Events", "TreeDump"):
-                last = new.last
+                last, bad_id = engine_id(ctx, w, new.last)
                 if incomplete:
                     ctx.fig.judged += 1
                     ctx.fig.reported += 1
@@ -497,11 +506,19 @@ def _judge_one(ctx: Ctx, w: int, what: str, cold: bool, deadline: float) -> None
                                            f"{hdrs.get('kvshm-lost-events')}); daemon log: {_loss_log(ctx)}")
                     ctx.warm[w] = Tree()  # a consumer told its state is incomplete starts over
                     return
-                if acked is not None and (last is None or last < acked):
+                if w in ctx.ended and not bad_id:
+                    if new.blocks or last is None or not truth.seq_exists(last - 1):
+                        problem = (f"{variant} (last_event_id {last}, {len(new.blocks)} blocks) is not the ended "
+                                   "incarnation's end: a Cleared under the id after the engine's last")
+                    else:
+                        ctx.fig.judged += 1
+                        ctx.warm[w] = new
+                        return
+                elif acked is not None and (last is None or last < acked) and not bad_id:
                     problem = f"{variant} ends at id {last}, the producer published up to {acked}"
                 else:
                     ctx.fig.judged += 1
-                    diff = truth.at(last).diff(new)
+                    diff = bad_id or truth.at(last).diff(new)
                     if last is not None and not truth.seq_exists(last):
                         diff = diff or f"last_event_id {last} is no id the engine used"
                     if not diff:
@@ -513,13 +530,27 @@ def _judge_one(ctx: Ctx, w: int, what: str, cold: bool, deadline: float) -> None
                     return
         if time.monotonic() > t_end:
             ctx.fig.judged += 1
-            kind = "wrong_answers" if "published up to" in problem else "hangs"
+            kind = "wrong_answers" if "published up to" in problem or "incarnation's end" in problem else "hangs"
             ctx.fail(kind, f"{who}: not converged in {deadline:.0f} s: {problem}")
             ctx.warm[w] = Tree()
             return
         if not d.check():
             return
         time.sleep(0.1)
+
+
+def engine_id(ctx: Ctx, w: int, wire: int | None) -> tuple[int | None, str]:
+    """An answer's id in the engine's numbering: itself, or on a publishing worker (``ctx.wire``) the engine seq of
+    the batch kvshmd published under it; an id below every known batch is the incarnation's start Cleared (before
+    any event: None). The str says why an id is no batch's (a wrong answer)."""
+    m = ctx.wire.get(w)
+    if m is None or wire is None:
+        return wire, ""
+    if wire in m:
+        return m[wire], ""
+    if not m or wire < min(m):
+        return None, ""
+    return None, f"last_event_id {wire} is no wire seq kvshmd published a batch of worker {w} under"
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
@@ -548,8 +579,9 @@ def forget(ctx: Ctx, workers: list[int]) -> None:
             if st == 0 or b"conflict" not in body:
                 break
             time.sleep(0.1)  # the DETACH of a quitting producer is still being processed
-        for m in (ctx.truths, ctx.warm, ctx.acked):
+        for m in (ctx.truths, ctx.warm, ctx.acked, ctx.wire):
             m.pop(w, None)
+        ctx.ended.discard(w)
 
 
 def publish_some(ctx: Ctx, p: Producer, n: int, pace_us: int = 0) -> None:

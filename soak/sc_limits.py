@@ -28,7 +28,7 @@ from harness import (
     producer,
     restart_daemon,
 )
-from sc_zmq import SubJudge, zmq_replay
+from sc_zmq import SubJudge, learn_wire, zmq_replay
 
 RSS_SLACK = 256 << 20  # bytes an accepted ask may add to kvshmd's RSS
 REPLAY_DEADLINE = 10.0  # seconds for a healthy replay of the whole buffer beside the stuck clients
@@ -63,12 +63,14 @@ def sc_limits(ctx: Ctx) -> None:
         zc = zmq.Context()
         sub = SubJudge(zc, pub_ep)
         published: list[str] = []
+        batches: list[tuple[int, str]] = []
         try:
             time.sleep(0.3)  # the subscription reaches the daemon
             r = p.batch(w, 300, 500)
             if r is None:
                 return
             published += [dg for _, dg in r["batches"]]
+            batches += [(int(s), dg) for s, dg in r["batches"]]
             for name, ask in ASKS:
                 ctx.scenario = f"limits:{name}"
                 ctx.bad(f"limits: {name} ask")
@@ -96,11 +98,13 @@ def sc_limits(ctx: Ctx) -> None:
                 if r is None:
                     return
                 published += [dg for _, dg in r["batches"]]
+                batches += [(int(s), dg) for s, dg in r["batches"]]
             ctx.scenario = "limits"
             r = p.batch(w, 100, 500)
             if r is None:
                 return
             published += [dg for _, dg in r["batches"]]
+            batches += [(int(s), dg) for s, dg in r["batches"]]
             t_end = time.monotonic() + 10
             while time.monotonic() < t_end and published[-1] not in {dg for _, dg in sub.got}:
                 time.sleep(0.05)
@@ -113,6 +117,7 @@ def sc_limits(ctx: Ctx) -> None:
             ctx.fail("hangs", f"healthy replay beside huge config asks: {why}")
         else:
             judge_payloads(ctx, "healthy replay beside huge config asks", got, published, len(published))
+        learn_wire(ctx, w, batches, sub.got, got or [])
         zc.term()
         judge(ctx, w, "huge config asks beside it")
 
@@ -127,6 +132,7 @@ def sc_replay_stuck(ctx: Ctx) -> None:
         if r is None:
             return
         published = [dg for _, dg in r["batches"]]
+        batches = [(int(s), dg) for s, dg in r["batches"]]
         zc = zmq.Context()
         stuck: list[Any] = []
         try:
@@ -153,6 +159,7 @@ def sc_replay_stuck(ctx: Ctx) -> None:
             else:
                 judge_payloads(ctx, "healthy replay beside 8 stuck replay clients", got, published,
                                min(len(published), 5000))
+                learn_wire(ctx, w, batches, got)
         finally:
             for s in stuck:
                 s.close(0)

@@ -11,7 +11,7 @@ import os
 import tempfile
 
 import zmq
-from harness import Child, Ctx, healthy
+from harness import Child, Ctx, forget, healthy
 from sc_limits import judge_payloads
 from sc_zmq import zmq_replay
 
@@ -54,3 +54,4 @@ def sc_plugin(ctx: Ctx) -> None:
             ctx.fail("wrong_answers", f"publish after shutdown: {r.get('after_shutdown')} (vLLM raises RuntimeError)")
     finally:
         child.finish()
+        forget(ctx, [w])  # a shared daemon keeps an ended stream's endpoints bound (its end Cleared) until FORGET

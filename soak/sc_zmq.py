@@ -1,5 +1,6 @@
 """Scenario zmq (issue 12): kvshmd's ZMQ publisher (PUB + replay ROUTER) under hostile peers, judged by a healthy
-subscriber and a healthy replay DEALER against msgspec's encoding of what the producer published."""
+subscriber and a healthy replay DEALER against msgspec's encoding of what the producer published, under kvshmd's
+wire seqs (LIFECYCLE.md: its own counter, its own heartbeats and incarnation Cleareds in the stream)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import msgspec  # the soak venv installs it with pyzmq
 import zmq  # pyzmq: the ZMQ scenario's peers; the soak venv installs it with msgspec
 from harness import (
     VERBOSE,
@@ -54,8 +56,23 @@ def zmq_replay(zc: Any, ep: str, start: int, timeout: float) -> tuple[list[tuple
         d.close(0)
 
 
+def kvshmd_batch(payload: bytes) -> str:
+    """What kvshmd publishes on its own (LIFECYCLE.md): "heartbeat" (a batch with no events, on an idle stream),
+    "cleared" (``[AllBlocksCleared]``: an incarnation's start or end), else ""."""
+    try:
+        _, events, _ = msgspec.msgpack.decode(payload)
+    except (msgspec.DecodeError, ValueError, TypeError):
+        return ""
+    if events == []:
+        return "heartbeat"
+    if events in ([{"type": "AllBlocksCleared"}], [["AllBlocksCleared"]]):
+        return "cleared"
+    return ""
+
+
 class SubJudge:
-    """The healthy subscriber: reads every message into memory in its own thread."""
+    """The healthy subscriber: reads every message into memory in its own thread; ``own`` holds the wire seqs of
+    kvshmd's own batches (seq -> heartbeat or cleared)."""
 
     def __init__(self, zc: Any, ep: str, *, rcvhwm: int = 0) -> None:
         self.s = zc.socket(zmq.SUB)
@@ -68,6 +85,7 @@ class SubJudge:
         self.s.setsockopt(zmq.LINGER, 0)
         self.s.connect(ep)
         self.got: list[tuple[int, str]] = []
+        self.own: dict[int, str] = {}
         self.bad: list[str] = []
         self.max_gap = 0.0  # the longest wait between two messages (s)
         self.t_last = 0.0
@@ -91,8 +109,14 @@ class SubJudge:
             if self.got:
                 self.max_gap = max(self.max_gap, now - self.t_last)
             self.t_last = now
-            self.got.append((int.from_bytes(fr[1], "big"), _digest(fr[2])))
+            seq = int.from_bytes(fr[1], "big")
+            if kind := kvshmd_batch(fr[2]):
+                self.own[seq] = kind
+            self.got.append((seq, _digest(fr[2])))
         self.s.close(0)
+
+    def has(self, digest: str) -> bool:
+        return any(d == digest for _, d in self.got[-500:])
 
 
 class ZmqHostiles:
@@ -277,54 +301,96 @@ class ZmqHostiles:
 
 def judge_sub(ctx: Ctx, zc: Any, rep_ep: str, sub: SubJudge, who: str, published: list[tuple[int, str]],
               dropped: int, *, cut_ok: bool) -> None:
-    """A subscriber's stream: every batch from the first it got, in order, once, byte-identical; a gap is a wrong
-    answer unless kvshm counted a drop (or, ``cut_ok``, the daemon cut this subscriber for not reading: documented);
-    a healthy DEALER's replay from the first gap (or of the last 50 batches) must fill it byte-identical, or the
-    batches must be older than the oldest the buffer returned (said, counted)."""
+    """A subscriber's stream under kvshmd's wire seqs (LIFECYCLE.md): seqs strictly increase and, when nothing was
+    dropped or cut, go up by exactly 1 (every batch kvshmd publishes takes the next seq); every batch from the first
+    published one it got is the next published payload, in order, once, byte-identical, except kvshmd's own
+    heartbeats and incarnation Cleareds; a gap is a wrong answer unless kvshm counted a drop (or, ``cut_ok``, the
+    daemon cut this subscriber for not reading: documented); a healthy DEALER's replay from the seq after the last
+    batch before the first gap (or of the last 50 batches) must fill it byte-identical under the same seqs, or the
+    batches must be older than the oldest the buffer returned (said, counted). ``published`` holds (engine seq,
+    payload digest) pairs: only the digests and their order count."""
     z = ctx.fig.zmq
-    want = dict(published)
+    pos = {d: i for i, (_, d) in enumerate(published)}
     if sub.bad:
         ctx.fail("wrong_answers", f"{who} got malformed messages: {sub.bad[:3]}")
-    if not sub.got:
+    seqs = [s for s, _ in sub.got]
+    if any(b <= a for a, b in zip(seqs, seqs[1:])):
+        ctx.fail("wrong_answers", f"{who} saw wire seqs not strictly increasing: {seqs[:20]}...")
+    holes = [(a, b) for a, b in zip(seqs, seqs[1:]) if b != a + 1]
+    if holes and dropped == 0 and not cut_ok:
+        ctx.fail("wrong_answers", f"{who}: wire seqs skip (e.g. {holes[:5]}) though kvshm counted no drop")
+    strangers = [s for s, d in sub.got if d not in pos and s not in sub.own]
+    if strangers:
+        ctx.fail("wrong_answers", f"{len(strangers)} batches at the {who} differ from msgspec's encoding of what was "
+                 f"published (or were never published): seqs {strangers[:10]}")
+    ours = [(s, pos[d]) for s, d in sub.got if d in pos]  # (wire seq, position in published)
+    z[f"{who}: kvshmd's own batches (heartbeats, Cleareds)"] += len(sub.own)
+    if not ours:
         ctx.fail("wrong_answers" if dropped == 0 else "losses",
                  f"{who} got none of {len(published)} batches (dropped counted: {dropped})")
         return
-    first = sub.got[0][0]
-    seqs = [s for s, _ in sub.got]
-    if seqs != sorted(set(seqs)):
-        ctx.fail("wrong_answers", f"{who} saw seqs out of order or twice: {seqs[:20]}...")
-    wrong = [s for s, d in sub.got if want.get(s) != d]
-    if wrong:
-        ctx.fail("wrong_answers", f"{len(wrong)} batches at the {who} differ from msgspec's encoding of what was "
-                 f"published (or were never published): seqs {wrong[:10]}")
-    seen = set(seqs)
-    missing = [s for s, _ in published if s >= first and s not in seen]
-    z[f"{who}: received"] += len(sub.got)
-    z[f"{who}: joined after"] += sum(1 for s, _ in published if s < first)
+    at = [i for _, i in ours]
+    if any(b <= a for a, b in zip(at, at[1:])):
+        ctx.fail("wrong_answers", f"{who} saw published batches out of order or twice: positions {at[:20]}...")
+    first = at[0]
+    seen = set(at)
+    missing = [i for i in range(first, len(published)) if i not in seen]
+    z[f"{who}: received"] += len(ours)
+    z[f"{who}: joined after"] += first
     z[f"{who}: missed"] += len(missing)
     if missing and dropped == 0 and not cut_ok:
-        ctx.fail("wrong_answers", f"{who} missed {len(missing)} batches (e.g. seqs {missing[:10]}) and kvshm "
+        ctx.fail("wrong_answers", f"{who} missed {len(missing)} batches (e.g. positions {missing[:10]}) and kvshm "
                  "counted no drop")
-    start = missing[0] if missing else published[max(0, len(published) - 50)][0]
+    if missing:
+        start = max(s for s, i in ours if i < missing[0]) + 1
+        want = missing
+    else:
+        start, i0 = ours[max(0, len(ours) - 50)]
+        want = list(range(i0, len(published)))
     got, why = zmq_replay(zc, rep_ep, start, 15)
     if got is None:
         ctx.fail("hangs", f"replay from {start} for the {who} after the hostiles left: {why}")
         return
-    rep = dict(got)
     z["replays judged"] += 1
     z["batches replayed"] += len(got)
-    oldest = got[0][0] if got else None
-    for s in missing or [s for s, _ in published if s >= start]:
-        if s in rep:
+    rseqs = [s for s, _ in got]
+    if any(b <= a for a, b in zip(rseqs, rseqs[1:])) or (rseqs and rseqs[0] < start):
+        ctx.fail("wrong_answers", f"replay from {start}: seqs not strictly increasing from it: {rseqs[:10]}")
+        return
+    # The buffer holds the incarnation's batches in order, its start Cleared (kvshmd's own) at most first.
+    rat = [(s, pos.get(d)) for s, d in got]
+    known = [i for _, i in rat if i is not None]
+    foreign = [k for k, (_, i) in enumerate(rat) if i is None]
+    if foreign not in ([], [0]) or (known and known != list(range(known[0], len(published)))):
+        ctx.fail("wrong_answers", f"replay from {start} is not the published batches' suffix in order: "
+                 f"positions {[i for _, i in rat][:12]}...")
+        return
+    rep = {i: s for s, i in rat if i is not None}
+    live = {i: s for s, i in ours}
+    moved = [i for i in rep if i in live and rep[i] != live[i]]
+    if moved:
+        ctx.fail("wrong_answers", f"replayed batches under other seqs than the {who} got them: positions {moved[:5]}")
+        return
+    oldest = min(rep) if rep else None
+    for i in want:
+        if i in rep:
             z[f"{who}: gap batches filled by replay"] += 1 if missing else 0
-            if rep[s] != want[s]:
-                ctx.fail("wrong_answers", f"replayed batch {s} differs from msgspec's encoding")
-                return
-        elif oldest is not None and s < oldest:
+        elif oldest is not None and i < oldest:
             z[f"{who}: gap batches no longer in the replay buffer (said)"] += 1
         else:
-            ctx.fail("wrong_answers", f"replay from {start} lacks batch {s} though it holds {oldest}..")
+            ctx.fail("wrong_answers", f"replay from {start} lacks published batch {i} though it holds {oldest}..")
             return
+
+
+def learn_wire(ctx: Ctx, w: int, published: list[tuple[int, str]], *seen: list[tuple[int, str]]) -> None:
+    """Records, for the recovery judge (``ctx.wire``), the wire seq kvshmd published each batch under, from what
+    subscribers and replays got: (wire seq, digest) matched with (engine seq, digest)."""
+    eng = {d: s for s, d in published}
+    m = ctx.wire.setdefault(w, {})
+    for got in seen:
+        for s, d in got:
+            if d in eng:
+                m[s] = eng[d]
 
 
 def sc_zmq(ctx: Ctx) -> None:
@@ -372,7 +438,7 @@ def sc_zmq(ctx: Ctx) -> None:
             if not late.got:
                 ctx.fail("hangs", f"a SUB connecting while {len(hostiles.stallers)} connections stall got nothing "
                          "in 10 s (its handshake waits behind theirs)")
-            got, why = zmq_replay(zc, rep_ep, published[-5][0], 10)
+            got, why = zmq_replay(zc, rep_ep, sub.got[-5][0] if len(sub.got) >= 5 else 0, 10)
             if got is None:
                 ctx.fail("hangs", f"a healthy replay while {len(hostiles.stallers)} connections stall: {why}")
             if late.got and got is not None:
@@ -388,9 +454,9 @@ def sc_zmq(ctx: Ctx) -> None:
             hostiles.finish()
             ctx.scenario = "zmq"
         # The healthy subscriber: every batch from the first it got, in order, byte-identical; gaps only if counted.
-        last = published[-1][0]
+        last = published[-1][1]
         t_end = time.monotonic() + 10
-        while time.monotonic() < t_end and any(not sj.got or sj.got[-1][0] < last for sj in (sub, slow)):
+        while time.monotonic() < t_end and not all(sj.has(last) for sj in (sub, slow)):
             time.sleep(0.05)
         for sj in (sub, slow):
             sj.stop.set()
@@ -409,5 +475,7 @@ def sc_zmq(ctx: Ctx) -> None:
                   f"{slow.max_gap:.2f} s", flush=True)
         judge_sub(ctx, zc, rep_ep, sub, "healthy SUB", published, dropped, cut_ok=False)
         judge_sub(ctx, zc, rep_ep, slow, "paused SUB", published, dropped, cut_ok=True)
+        everything, _ = zmq_replay(zc, rep_ep, 0, 15)
+        learn_wire(ctx, w, published, sub.got, slow.got, everything or [])
         zc.term()
         judge(ctx, w, "ZMQ hostile peers")

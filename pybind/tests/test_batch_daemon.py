@@ -1,6 +1,7 @@
 """apply_batch and publish= through a real kvshmd (issue 12): the ZMQ stream a pyzmq subscriber receives is
-byte-identical to what vLLM's publisher sends for the same batches (msgspec over vLLM 0.33.0-shaped Structs), the
-index numbers every event of a batch with the batch's seq, stats pass the daemon's zmq counters through, and the
+byte-identical to what vLLM's publisher sends for the same batches (msgspec over vLLM 0.33.0-shaped Structs) under
+kvshmd's strictly increasing wire seqs (LIFECYCLE.md), the index numbers every event of a batch with the batch's
+wire seq (the engine's seq on a stream kvshmd does not publish), stats pass the daemon's zmq counters through, and the
 per-event fallback for a daemon without BATCH records."""
 
 from __future__ import annotations
@@ -13,13 +14,23 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
-from vllm_shapes import AllBlocksCleared, BlockRemoved, BlockStored, join, sub_socket, vllm_payload, warm_up
+from vllm_shapes import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    decode,
+    join,
+    recv_batch,
+    sub_socket,
+    vllm_payload,
+    warm_up,
+)
 
 import kvshm
 from kvshm import LocalIndexer, ZmqPublish
 from kvshm import events as ke
 
-from helpers import event_ids, query, variant, wait_for
+from helpers import SharedDaemon, event_ids, query, variant, wait_for
 
 
 def test_publish_batches_vllm_wire(make_indexer: Any, short_dir: Path) -> None:
@@ -33,7 +44,8 @@ def test_publish_batches_vllm_wire(make_indexer: Any, short_dir: Path) -> None:
     # Eagle token pairs (vLLM's and Dynamo's wire form), outside the declared list[int] on purpose.
     eagle_pairs: Any = [(t, t + 1) for t in range(30, 38)]
     try:
-        seq = join(ix, sub)
+        wire, seq = join(ix, sub)
+        wires: list[int] = []
         cases: list[tuple[list[Any], list[Any]]] = [
             (  # the common vLLM batch: stored + removed on the GPU tier
                 [ke.BlockStored([11, 12], None, list(range(8)), 4, None, "GPU", None),
@@ -58,18 +70,19 @@ def test_publish_batches_vllm_wire(make_indexer: Any, short_dir: Path) -> None:
         for i, (ours, theirs) in enumerate(cases):
             ts = 1700000000.5 + i
             ix.apply_batch(seq + i, ours, ts=ts)
-            topic, seq_bytes, payload = sub.recv_multipart()
+            topic, wire, payload = recv_batch(sub, wire)
             assert topic == b"kv"
-            assert int.from_bytes(seq_bytes, "big") == seq + i
             assert payload == vllm_payload(ts, theirs, 0), (msgspec.msgpack.decode(payload), theirs)
-        # The index holds the batch's events under its seq (the CPU event excluded, decision 4).
-        resp = query(ix, seq)
+            wires.append(wire)
+        # The index holds the batch's events under its wire seq (the CPU event excluded, decision 4).
+        resp = query(ix, wires[0])
         assert variant(resp) == "Events"
-        assert event_ids(resp) == [seq, seq, seq + 1, seq + 1, seq + 2]
+        w0, w1, w2 = wires
+        assert event_ids(resp) == [w0, w0, w1, w1, w2]
         # The daemon's zmq counters pass through stats().
         def zmq_published() -> bool:
             z = ix.stats()["zmq"]
-            return isinstance(z, dict) and z.get("published", 0) >= seq + 3
+            return isinstance(z, dict) and z.get("published", 0) >= seq + 4  # with the incarnation's start Cleared
         wait_for(zmq_published, "stats()['zmq'] to count the published batches")
         st = ix.stats()
         assert st["batch"]["records"] == seq + 3 and st["batch"]["fallback_batches"] == 0
@@ -87,11 +100,11 @@ def test_publish_wire_per_vllm_release(make_indexer: Any, short_dir: Path) -> No
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sub = sub_socket(ctx, endpoint)
     try:
-        seq = join(ix, sub)
+        wire, seq = join(ix, sub)
         theirs = [BlockStored([11, 12], 10, list(range(8)), 4, None, "GPU", None), BlockRemoved([5], "GPU")]
         ix.apply_batch(seq, [ke.BlockStored([11, 12], 10, list(range(8)), 4, None, "GPU", None),
                              ke.BlockRemoved([5], "GPU")], ts=2.5)
-        _, _, payload = sub.recv_multipart()
+        _, _, payload = recv_batch(sub, wire)
         assert payload == vllm_payload(2.5, theirs, 0, "0.32") != vllm_payload(2.5, theirs, 0, "0.33")
     finally:
         sub.close(0)
@@ -114,7 +127,8 @@ def test_bytes_block_hashes(make_indexer: Any, short_dir: Path) -> None:
     sub = sub_socket(ctx, endpoint)
     h = [bytes([i]) * 24 + i.to_bytes(8, "big") for i in range(1, 4)]  # keys 1, 2, 3
     try:
-        seq = join(ix, sub)
+        wire, seq = join(ix, sub)
+        first = wire + 1
         batches: list[list[Any]] = [
             [BlockStored(list[bytes | int](h[1:]), h[0], list(range(8)), 4, None, "GPU", None),
              BlockRemoved([h[2]], "GPU")],
@@ -122,9 +136,10 @@ def test_bytes_block_hashes(make_indexer: Any, short_dir: Path) -> None:
         ]
         for i, evs in enumerate(batches):
             ix.apply_batch(seq + i, evs, ts=3.0)
-            _, _, payload = sub.recv_multipart()
+            _, wire, payload = recv_batch(sub, wire)
             assert payload == vllm_payload(3.0, evs, 0), (msgspec.msgpack.decode(payload), evs)
-        (body,) = query(ix, seq).values()
+            first = min(first, wire)
+        (body,) = query(ix, first).values()
         stored = [e["event"]["data"]["stored"] for e in body["events"] if "stored" in e["event"]["data"]]
         assert [b["block_hash"] for b in stored[0]["blocks"]] == [2, 3] and stored[0]["parent_hash"] == 1
         removed = [e["event"]["data"]["removed"] for e in body["events"] if "removed" in e["event"]["data"]]
@@ -229,25 +244,27 @@ def test_events_never_start_inside_an_evicted_batch(make_indexer: Any) -> None:
 
 def test_publishing_survives_a_daemon_restart(make_indexer: Any, short_dir: Path) -> None:
     """SIGKILL of the private kvshmd while publishing: its successor binds the same endpoints again (the producer's
-    re-ATTACH carries publish=), the subscriber's seqs go on with the engine's numbering (nothing reused), and the
-    replay socket holds only what the successor published, then the end marker (README, "Failure behaviour")."""
+    re-ATTACH carries publish=), the subscriber's wire seqs go on above every seq the dead daemon published (the
+    successor starts at unix µs, LIFECYCLE.md: nothing reused), and the replay socket holds only what the successor
+    published, then the end marker (README, "Failure behaviour")."""
     endpoint = f"ipc://{short_dir}/pub.sock"
     replay = f"ipc://{short_dir}/replay.sock"
     ix = make_indexer(publish=ZmqPublish(endpoint=endpoint, replay_endpoint=replay))
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sub = sub_socket(ctx, endpoint)
     try:
-        seq = join(ix, sub)
+        wire, seq = join(ix, sub)
         ix.apply_batch(seq, [ke.BlockStored([1], None, [1, 2, 3, 4], 4, None, "GPU", None)], ts=2.0)
-        assert int.from_bytes(sub.recv_multipart()[1], "big") == seq
+        _, wire, payload = recv_batch(sub, wire)
+        assert payload == vllm_payload(2.0, [BlockStored([1], None, [1, 2, 3, 4], 4, None, "GPU", None)], 0)
         wait_for(lambda: ix.stats(daemon=False)["ring"]["head"] > 0, "the periodic checkpoint")
         pid = ix.stats()["daemon_pid"]
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: (st := ix.stats(daemon=False))["attached"] and st["attaches"] == 2, "the restart")
         assert ix.stats()["publishing"] is True
         # The same SUB socket reconnects by itself (libzmq); warm up again from the next seq.
-        got, _ = warm_up(lambda s: ix.apply_batch(s, [ke.AllBlocksCleared()], ts=3.0), sub, seq + 1)
-        assert got > seq  # never a reused seq
+        got, _ = warm_up(lambda s, ts: ix.apply_batch(s, [ke.AllBlocksCleared()], ts=ts), sub, seq + 1)
+        assert got > wire  # never a reused seq
         dealer = ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.RCVTIMEO, 10_000)
         dealer.connect(replay)
@@ -260,8 +277,49 @@ def test_publishing_survives_a_daemon_restart(make_indexer: Any, short_dir: Path
                 break
             seqs.append(int.from_bytes(frames[-2], "big"))
         dealer.close(0)
-        assert seqs and min(seqs) > seq, (seqs, seq)  # only the successor's batches
-        assert seqs == sorted(seqs)
+        assert seqs and min(seqs) > wire, (seqs, wire)  # only the successor's batches
+        assert seqs == sorted(set(seqs)) and got in seqs
+    finally:
+        sub.close(0)
+        ctx.term()
+
+
+def test_engine_restarted_on_the_same_worker(shared_daemon: SharedDaemon, make_indexer: Any, short_dir: Path) -> None:
+    """LIFECYCLE.md, an engine restarted on the same worker, through a shared kvshmd: the subscriber sees the dead
+    incarnation's batch, its end Cleared, the new one's start Cleared and batch, under strictly increasing wire
+    seqs; a replay from 0 holds only the new incarnation (its start Cleared first); the index only its blocks."""
+    endpoint, replay = f"ipc://{short_dir}/pub.sock", f"ipc://{short_dir}/replay.sock"
+    publish = ZmqPublish(endpoint=endpoint, replay_endpoint=replay)
+    stored = [BlockStored([h], None, [h] * 4, 4, None, "GPU", None) for h in (1, 2)]
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sub = sub_socket(ctx, endpoint)
+    try:
+        a = make_indexer(worker_id=9, socket_path=shared_daemon.socket_path, publish=publish)
+        wire, seq = join(a, sub)
+        a.apply_batch(seq, [stored[0]], ts=2.0)
+        _, wire, payload = recv_batch(sub, wire)
+        assert payload == vllm_payload(2.0, [stored[0]], 0)
+        a.shutdown()  # the end of its incarnation
+        _, end, payload = recv_batch(sub, wire)
+        assert payload == vllm_payload(decode(payload)[0], [AllBlocksCleared()], 0), decode(payload)
+        b = make_indexer(worker_id=9, socket_path=shared_daemon.socket_path, publish=publish)
+        _, start, payload = recv_batch(sub, end)  # the SUB stays connected: the endpoint is the same stream's
+        assert payload == vllm_payload(decode(payload)[0], [AllBlocksCleared()], 0), decode(payload)
+        b.apply_batch(0, [stored[1]], ts=3.0)  # the new engine's seq starts at 0 again
+        _, last, payload = recv_batch(sub, start)
+        assert payload == vllm_payload(3.0, [stored[1]], 0)
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.RCVTIMEO, 10_000)
+        dealer.connect(replay)
+        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        got = []
+        while (frames := dealer.recv_multipart())[-1] != b"":
+            got.append((int.from_bytes(frames[-2], "big"), frames[-1]))
+        dealer.close(0)
+        assert [s for s, _ in got] == [start, last] and got[1][1] == payload
+        assert query(b, start)["Events"]["last_event_id"] == last
+        assert {blk["block_hash"] for e in query(b)["TreeDump"]["events"]
+                for blk in e["event"]["data"]["stored"]["blocks"]} == {2}
     finally:
         sub.close(0)
         ctx.term()

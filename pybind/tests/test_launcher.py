@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 import zmq
-from vllm_shapes import BlockStored, vllm_payload
+from vllm_shapes import AllBlocksCleared, BlockStored, decode, recv_batch, vllm_payload
 
-from kvshm._launcher import PrivateDaemon, find_kvshmd
+from kvshm._launcher import PrivateDaemon
 from kvshm._ring import proc_stat
 
 from conftest import IndexerFactory
@@ -32,11 +32,6 @@ def ancestors(pid: int) -> list[int]:
             pid = int(f.read().rsplit(")", 1)[1].split()[1])
         chain.append(pid)
     return chain
-
-
-def cleanup_dir_supported() -> bool:
-    out = subprocess.run([find_kvshmd(), "serve", "--help"], capture_output=True, text=True, timeout=30)
-    return "-cleanup-dir" in out.stdout + out.stderr
 
 
 def test_private_daemon_is_not_a_descendant_of_the_engine(make_indexer: IndexerFactory) -> None:
@@ -144,10 +139,11 @@ def test_engine_sigkill_daemon_drains_then_leaves_nothing(ring_dir: Path, short_
                 seqs.append(int.from_bytes(seq, "big"))
         assert got == want, f"{len(got)} of {len(want)} batches published after the engine's SIGKILL"
         assert seqs == sorted(set(seqs))
+        # Then the end of the incarnation (LIFECYCLE.md): one [AllBlocksCleared] batch with the next wire seq,
+        # flushed before the daemon exits.
+        _, _, payload = recv_batch(sub, seqs[-1])
+        assert payload == vllm_payload(decode(payload)[0], [AllBlocksCleared()], 0), decode(payload)
         wait_for(lambda: pid_gone(info["pid"]), "the daemon to exit after the engine's death")
-        if not cleanup_dir_supported():
-            pytest.skip("kvshmd has no --cleanup-dir (the daemon flag being added on another branch): its private "
-                        "directory is removed by the next engine's sweep only")
         assert not os.path.exists(os.path.dirname(info["socket"])), "the private directory is left behind"
     finally:
         sub.close(0)

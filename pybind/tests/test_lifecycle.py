@@ -141,8 +141,8 @@ def test_private_daemon_killed_while_idle_is_restarted(make_indexer: IndexerFact
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: (st := ix.stats(daemon=False))["attached"] and st["attaches"] == 2, "the restart")
     assert ix.stats()["daemon_pid"] != pid
-    # The restarted daemon restored that checkpoint: the history is complete. (A daemon without --state-dir
-    # reports it unknown instead: test_shared_daemon_killed_and_restarted.)
+    # The restarted daemon restored that checkpoint: the history is complete. (A daemon with --state-dir ''
+    # reports it unknown instead: test_shared_daemon_killed_and_restarted[none].)
     assert ix.stats()["last_attach"]["restored"] is True
     resp = query(ix)
     assert variant(resp) == "TreeDump" and resp["TreeDump"]["last_event_id"] == 0 and dump_set(resp) == {(0, None, 1)}
@@ -172,7 +172,8 @@ def test_shared_daemon_via_env(shared_daemon: SharedDaemon, ring_dir: Path, monk
     # DETACH: the shared daemon keeps the worker's index queryable after the producer left; the ring file is gone.
     with Client(shared_daemon.socket_path) as c:
         kept = json.loads(c.events(100, 0, None))
-    assert event_ids(kept) == [0]
+    # The end of its incarnation (LIFECYCLE.md): a Cleared under the id after its last, so none of its blocks stay.
+    assert event_ids(kept) == [0, 1] and kept["Events"]["events"][1]["event"]["data"] == "cleared", kept
     assert not os.path.exists(a.stats()["ring_path"])
     assert shared_daemon.proc is not None and shared_daemon.proc.poll() is None
     b.apply_stored(7, toks(2, 2), [3])
@@ -203,32 +204,51 @@ def test_shared_daemon_started_later_loses_nothing(shared_socket: SharedDaemon, 
     assert variant(query(ix)) == "TreeDump"
 
 
-def test_shared_daemon_killed_and_restarted(shared_daemon: SharedDaemon, make_indexer: IndexerFactory) -> None:
-    ix = make_indexer(worker_id=12, socket_path=shared_daemon.socket_path)
-    seq = publish_stream(ix, 0, 30)
-    assert variant(query(ix)) == "TreeDump"
-    shared_daemon.kill()
-    wait_for(lambda: not ix.stats(daemon=False)["attached"], "the client to notice the dead daemon")
-    # Nobody restarts a shared daemon for us: answers are the JSON Error variant, publishing goes on.
-    resp = query(ix, 0)
-    assert variant(resp) == "Error" and resp["Error"].startswith("kvshm: kvshmd is unavailable"), resp
-    seq = publish_stream(ix, seq, 30)
-    assert ix.stats()["dropped_events"] == 0 and ix.stats()["published_while_detached"] >= 30
+@pytest.mark.parametrize("state", ["default", "none"])
+def test_shared_daemon_killed_and_restarted(short_dir: Path, make_indexer: IndexerFactory, state: str) -> None:
+    """SIGKILL of a shared kvshmd while a producer publishes, then a new one on the same socket. With its default
+    state dir (``<socket>.state``, LIFECYCLE.md "Daemon modes") the ring head is released only up to a written
+    checkpoint, so the successor restores it and re-drains the ring from there: its answers are complete. With
+    ``--state-dir ''`` the successor resumes at a non-zero head and reports the history before it unknown."""
+    args = () if state == "default" else ("--state-dir", "")
+    shared_daemon = SharedDaemon(str(short_dir / "kvshmd.sock"), short_dir / "kvshmd.log", args=args)
     shared_daemon.start()
-    wait_for(lambda: ix.stats(daemon=False)["attached"], "the client to reattach by itself")
-    assert ix.stats()["attaches"] == 2
-    # The restarted daemon resumed at a non-zero head: the history before it is unknown. It answers with what it
-    # applied since (best effort, as Dynamo would) and says the answer is incomplete.
-    resp = query(ix)
-    assert variant(resp) == "TreeDump" and resp["TreeDump"]["last_event_id"] == seq - 1, str(resp)[:300]
-    assert {bh for _, _, bh in dump_set(resp)} <= {s * 10 for s in range(30, seq)}
-    st = ix.stats()
-    assert st["incomplete"] is True and "unknown" in st["daemon_stream"]["taint_reason"], str(st["daemon_stream"])
-    stream = daemon_stream(shared_daemon.socket_path, 12)
-    assert stream["events_received"] == 30  # the events published while it was down were kept in the ring
-    ix.apply_cleared(seq)
-    assert query(ix) == {"TreeDump": {"events": [], "last_event_id": seq, "reset_scope": "all"}}
-    assert ix.stats()["incomplete"] is False
+    try:
+        ix = make_indexer(worker_id=12, socket_path=shared_daemon.socket_path)
+        seq = publish_stream(ix, 0, 30)
+        assert variant(query(ix)) == "TreeDump"
+        if state == "none":  # the head moves once the daemon applied the events (no checkpoint to wait for)
+            wait_for(lambda: ix.stats(daemon=False)["ring"]["head"] > 0, "the daemon to release the ring head")
+        shared_daemon.kill()
+        wait_for(lambda: not ix.stats(daemon=False)["attached"], "the client to notice the dead daemon")
+        # Nobody restarts a shared daemon for us: answers are the JSON Error variant, publishing goes on.
+        resp = query(ix, 0)
+        assert variant(resp) == "Error" and resp["Error"].startswith("kvshm: kvshmd is unavailable"), resp
+        seq = publish_stream(ix, seq, 30)
+        assert ix.stats()["dropped_events"] == 0 and ix.stats()["published_while_detached"] >= 30
+        shared_daemon.start()
+        wait_for(lambda: ix.stats(daemon=False)["attached"], "the client to reattach by itself")
+        assert ix.stats()["attaches"] == 2
+        resp = query(ix)
+        assert variant(resp) == "TreeDump" and resp["TreeDump"]["last_event_id"] == seq - 1, str(resp)[:300]
+        st = ix.stats()
+        if state == "default":
+            # Complete: exactly the stream's blocks, every id since 0, nothing reported missing.
+            assert dump_set(resp) == stream_dump_set(0, seq)
+            assert event_ids(query(ix, 0)) == list(range(seq))
+            assert st["incomplete"] is False, str(st["daemon_stream"])
+        else:
+            # The history before the resumed head is unknown. It answers with what it applied since (best effort,
+            # as Dynamo would) and says the answer is incomplete.
+            assert {bh for _, _, bh in dump_set(resp)} <= {s * 10 for s in range(30, seq)}
+            assert st["incomplete"] is True and "unknown" in st["daemon_stream"]["taint_reason"], st["daemon_stream"]
+            stream = daemon_stream(shared_daemon.socket_path, 12)
+            assert stream["events_received"] == 30  # the events published while it was down were kept in the ring
+        ix.apply_cleared(seq)
+        assert query(ix) == {"TreeDump": {"events": [], "last_event_id": seq, "reset_scope": "all"}}
+        assert ix.stats()["incomplete"] is False
+    finally:
+        shared_daemon.stop()
 
 
 EXIT_SCRIPT = textwrap.dedent(
@@ -673,7 +693,7 @@ def test_only_the_producer_detaches_its_stream(shared_daemon: SharedDaemon, make
     assert event_ids(query(ix, 0)) == list(range(50)), "events after the refused DETACH were not applied"
     ix.shutdown()
     st = daemon_stream(shared_daemon.socket_path, 21)
-    assert not st["attached"] and st["last_event_id"] == 49
+    assert not st["attached"] and st["last_event_id"] == 50  # 49, then the end of the incarnation's Cleared
 
 
 def test_default_ring_is_a_sealed_memfd(short_dir: Path) -> None:

@@ -161,14 +161,16 @@ def test_vllm_per_rank_producers_share_a_worker_id(short_dir: Path, make_indexer
         assert not dst["attached"] and "conflict" in (dst["last_error"] or ""), dst
         dup.shutdown()
 
-        # Shutting rank 0 down detaches exactly its stream; it stays queryable, rank 1 is untouched.
+        # Shutting rank 0 down detaches exactly its stream and ends its incarnation (LIFECYCLE.md): it stays
+        # queryable, with a Cleared under the id after its last (none of its blocks); rank 1 is untouched.
         r0.shutdown()
         with Client(d.socket_path, timeout=10) as c:
             streams = {s["dp_rank"]: s for s in c.stats(5)["streams"]}
         assert not streams[0]["attached"] and streams[1]["attached"], streams
-        assert event_ids(http_get(base, "/kv_recover?start=0&end=1").json()) == [0, 1]  # the rank port too
-        assert blocks_of(http_get(port, "/workers/5/dp/0/kv_recover").body) == {(0, None, 10), (0, 10, 11)}
-        assert event_ids(query(r1, 3)) == [3]
+        ended = http_get(base, "/kv_recover?start=0&end=1").json()  # the rank port too (end is ignored: Dynamo's)
+        assert event_ids(ended) == [0, 1, 2] and ended["Events"]["events"][2]["event"]["data"] == "cleared", ended
+        assert blocks_of(http_get(port, "/workers/5/dp/0/kv_recover").body) == set()
+        assert event_ids(query(r1, 3)) == [3] and blocks_of(r1.get_events_json()) == {(1, None, 30)}
     finally:
         d.stop()
 

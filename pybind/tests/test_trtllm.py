@@ -1,5 +1,5 @@
 """kvshm.integrations.trtllm.KvZmqPublisher: TensorRT-LLM's native KV-cache event dicts, translated with the tee's
-rules and published by kvshmd (vLLM wire at a pyzmq subscriber, recovery ids)."""
+rules and published by kvshmd (vLLM wire at a pyzmq subscriber, recovery ids = kvshmd's wire seqs)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
+from vllm_shapes import first_id, recv_batch
 
 from kvshm.integrations.trtllm import KvZmqPublisher
 
@@ -42,8 +43,11 @@ def test_tee_translation_and_publish(monkeypatch: pytest.MonkeyPatch, ring_dir: 
         pub.enqueue({"event_id": 5, "data": {"type": "bogus"}})  # ignored, like the tee
         pub.enqueue({"event_id": 6})  # malformed: logged and counted, never raised
         assert pub.sequence == 2 and pub.errors == 1 and pub.partial_block_hashes == set()
-        resp = query(pub.indexer, 0)
-        assert event_ids(resp) == [0, 1]
+        # The index logs them under kvshmd's wire seqs (LIFECYCLE.md), after the incarnation's start Cleared.
+        first = first_id(pub.indexer)
+        resp = query(pub.indexer, first + 1)
+        ids = event_ids(resp)
+        assert len(ids) == 2 and first < ids[0] < ids[1], (first, ids)
         (body,) = resp.values()
         stored = body["events"][0]
         assert stored["event"]["dp_rank"] == 1
@@ -58,11 +62,11 @@ def test_tee_translation_and_publish(monkeypatch: pytest.MonkeyPatch, ring_dir: 
             pub.enqueue({"event_id": eid, "data": {"type": "removed", "block_hashes": [100 + eid]}})
             eid += 1
             try:
-                topic, seq, payload = sub.recv_multipart()
+                topic, wire, payload = recv_batch(sub, ids[-1])
                 break
             except zmq.Again:
                 assert eid < 300
-        assert topic == b"trt" and int.from_bytes(seq, "big") == pub.sequence - 1
+        assert topic == b"trt" and event_ids(query(pub.indexer, wire))[0] == wire  # one numbering: wire and index
         ts, events, dp = msgspec.msgpack.decode(payload)
         assert dp == 0 and events == [{"type": "BlockRemoved", "block_hashes": [100 + eid - 1], "medium": "GPU"}]
         assert pub.dropped == 0

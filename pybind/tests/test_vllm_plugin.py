@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import zmq
-from vllm_shapes import BlockRemoved, BlockStored, vllm_payload, warm_up
+from vllm_shapes import BlockRemoved, BlockStored, first_id, recv_batch, vllm_payload, warm_up
 
 from kvshm import KvshmError, LocalIndexer
 from kvshm import events as ke
@@ -64,15 +64,19 @@ def test_publisher_streams_from_construction(env: None, monkeypatch: pytest.Monk
         pub.publish(Batch(2.0, []))  # empty: ignored, takes no seq
         pub.publish(Batch(3.0, [ke.AllBlocksCleared()]))  # engine seq 1
         pub.publish(Batch(5.0, [stored(7)]))  # engine seq 2
-        ids = event_ids(query(ix, 0))
-        assert len(ids) == 3 and ids == sorted(set(ids)), ids
+        # Under kvshmd's wire seqs (LIFECYCLE.md): the incarnation's start Cleared, then the three batches.
+        resp = query(ix, first_id(ix))
+        ids = event_ids(resp)
+        assert len(ids) == 4 and ids == sorted(set(ids)), ids
+        kinds = [d if isinstance(d := e["event"]["data"], str) else next(iter(d)) for e in resp["Events"]["events"]]
+        assert kinds == ["cleared", "removed", "cleared", "stored"], resp
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(endpoint)
         # Keep publishing until the subscriber is joined, then check the framing and bytes.
-        _, seq = warm_up(lambda s: pub.publish(Batch(6.0, [stored(100 + s)])), sub, 3)
+        mark, _ = warm_up(lambda s, ts: pub.publish(Batch(ts, [stored(100 + s)])), sub, 3)
         pub.publish(Batch(7.5, [stored(9, medium=None), ke.BlockRemoved([7], "GPU")], data_parallel_rank=0))
-        topic, seq_bytes, payload = sub.recv_multipart()
-        assert topic == b"t" and len(seq_bytes) == 8
+        topic, _, payload = recv_batch(sub, mark)
+        assert topic == b"t"
         assert payload == vllm_payload(7.5, [BlockStored([9], None, [9] * 4, 4, None, None, None),
                                              BlockRemoved([7], "GPU")], 0)
         assert pub.errors == 0 and pub.get_publisher_config() is None  # no vLLM installed here
