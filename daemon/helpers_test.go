@@ -381,3 +381,21 @@ func frameBytes(length uint32, ver, kind byte, status uint16, body []byte) []byt
 	b = binary.LittleEndian.AppendUint16(b, status)
 	return append(b, body...)
 }
+
+// startPiped starts cmd (stderr to the test's) with its stdin and stdout piped to the test.
+func startPiped(t testing.TB, cmd *exec.Cmd) (io.WriteCloser, io.ReadCloser) {
+	t.Helper()
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return in, out
+}

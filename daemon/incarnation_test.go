@@ -40,18 +40,7 @@ func startProcProducer(t *testing.T, socket, ring, ep, rep string, events int) *
 	cmd := exec.Command(exe)
 	cmd.Env = append(os.Environ(), "KVSHMD_TEST_PRODUCER=1", "KVSHMD_TEST_SOCKET="+socket, "KVSHMD_TEST_RING="+ring,
 		"KVSHMD_TEST_EVENTS="+strconv.Itoa(events), "KVSHMD_TEST_PUBLISH="+ep, "KVSHMD_TEST_REPLAY="+rep)
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	in, out := startPiped(t, cmd)
 	p := &procProducer{cmd: cmd, in: in, out: bufio.NewReader(out)}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	p.expect(t, "published")

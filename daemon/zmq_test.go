@@ -608,18 +608,7 @@ func venvPython(t testing.TB) string {
 func startPeer(t testing.TB, args ...string) *pyPeer {
 	t.Helper()
 	cmd := exec.Command(venvPython(t), append([]string{"testdata/zmqpeer.py"}, args...)...)
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	in, out := startPiped(t, cmd)
 	p := &pyPeer{cmd: cmd, stdin: in, lines: make(chan map[string]any, 4096)}
 	go func() {
 		defer close(p.lines)
