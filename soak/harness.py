@@ -237,7 +237,29 @@ class Daemon:
         return 0
 
 
-class Producer:
+class Piped:
+    """A child process of the soak speaking JSON lines on stdout (read by a thread into ``lines``), its stderr in a
+    log file of the work dir; counted in ctx.procs so the leak check finds it."""
+
+    def _start(self, ctx: Ctx, argv: list[str], errlog: str, env: dict[str, str] | None) -> None:
+        self.errlog = open(errlog, "wb")
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errlog, env=env)
+        ctx.procs.append(self.p)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            self.lines.put(line.decode())
+        self.lines.put(None)
+
+    def stderr(self) -> str:
+        with open(self.errlog.name, "rb") as f:
+            return f.read().decode(errors="replace")
+
+
+class Producer(Piped):
     """A producer process (``producer.py``) with one LocalIndexer per worker."""
 
     def __init__(self, ctx: Ctx, workers: list[int], *, ring_bytes: int = 1 << 20, memfd: bool = False,
@@ -252,20 +274,16 @@ class Producer:
             ctx.truths[w] = Truth(StreamGen(ctx.seed, w, ctx.lives[w], BLOCK))
             ctx.warm[w] = Tree()
             ctx.acked[w] = None
-        self.errlog = open(os.path.join(ctx.work, f"producer-{workers[0]}-{ctx.lives[workers[0]]}.log"), "wb")
+        errlog = os.path.join(ctx.work, f"producer-{workers[0]}-{ctx.lives[workers[0]]}.log")
         # File rings in the work dir (the leak check counts them), or LocalIndexer's default: a sealed memfd.
         env = dict(os.environ, KVSHM_RING_DIR=os.path.join(ctx.work, "rings"))
         if memfd:
             del env["KVSHM_RING_DIR"]
-        self.p = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "producer.py"), "--socket", ctx.daemon.sock, "--seed", str(ctx.seed),
-             "--workers", pairs, "--block-size", str(BLOCK), "--ring-bytes", str(ring_bytes),
-             *(["--zmq-dir", zmq_dir, "--buffer-steps", str(buffer_steps)] if zmq_dir else [])],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errlog, env=env)
-        ctx.procs.append(self.p)
+        self._start(ctx, [
+            sys.executable, os.path.join(HERE, "producer.py"), "--socket", ctx.daemon.sock, "--seed", str(ctx.seed),
+            "--workers", pairs, "--block-size", str(BLOCK), "--ring-bytes", str(ring_bytes),
+            *(["--zmq-dir", zmq_dir, "--buffer-steps", str(buffer_steps)] if zmq_dir else [])], errlog, env)
         self.pid = self.p.pid
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
         self.dead = False
         self.rings: dict[int, str] = {}
         ready = self._get(30)
@@ -273,16 +291,6 @@ class Producer:
             raise RuntimeError(f"producer {self.pid} did not start: {self.stderr()[-1500:]}")
         self.rings = {int(w): r for w, r in ready["rings"].items()}
         self.outstanding = 0
-
-    def _read(self) -> None:
-        assert self.p.stdout is not None
-        for line in self.p.stdout:
-            self.lines.put(line.decode())
-        self.lines.put(None)
-
-    def stderr(self) -> str:
-        with open(self.errlog.name, "rb") as f:
-            return f.read().decode(errors="replace")
 
     def _get(self, timeout: float) -> dict[str, Any] | None:
         try:
@@ -599,28 +607,14 @@ def restart_daemon(ctx: Ctx, old: Daemon) -> None:
     healthy(ctx, "restart")
 
 
-class Child:
+class Child(Piped):
     """A soak child speaking JSON lines (``asker.py``, ``plugin_child.py``): started by pid, counted in ctx.procs."""
 
     def __init__(self, ctx: Ctx, script: str, args: list[str], env: dict[str, str] | None = None) -> None:
         self.ctx = ctx
         self.name = script
-        self.errlog = open(os.path.join(ctx.work, f"{script}-{int(time.time() * 1e6)}.log"), "wb")
-        self.p = subprocess.Popen([sys.executable, os.path.join(HERE, script), *args], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=self.errlog, env=env)
-        ctx.procs.append(self.p)
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.p.stdout is not None
-        for line in self.p.stdout:
-            self.lines.put(line.decode())
-        self.lines.put(None)
-
-    def stderr(self) -> str:
-        with open(self.errlog.name, "rb") as f:
-            return f.read().decode(errors="replace")
+        self._start(ctx, [sys.executable, os.path.join(HERE, script), *args],
+                    os.path.join(ctx.work, f"{script}-{int(time.time() * 1e6)}.log"), env)
 
     def get(self, timeout: float = 60) -> dict[str, Any] | None:
         """The next reply, or None (a hang or a death, counted, with the child's stderr)."""
