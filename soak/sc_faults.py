@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import struct
 import subprocess
 import tempfile
@@ -305,7 +306,10 @@ def sc_ckpt_corrupt(ctx: Ctx, base: Producer) -> None:
     for n in names:
         path = os.path.join(d.state_dir, n)
         if how == "truncated":
-            os.truncate(path, max(0, os.path.getsize(path) // 2))
+            # Only regular files: a file an earlier cycle made a symlink to /dev/zero or a FIFO stays while its
+            # worker never reattaches (daemon/doc.go, Caveats), and truncate would follow it (EINVAL).
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                os.truncate(path, max(0, os.path.getsize(path) // 2))
             continue
         os.unlink(path)
         if how == "symlink to /dev/zero":

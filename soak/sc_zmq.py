@@ -300,7 +300,7 @@ class ZmqHostiles:
 
 
 def judge_sub(ctx: Ctx, zc: Any, rep_ep: str, sub: SubJudge, who: str, published: list[tuple[int, str]],
-              dropped: int, *, cut_ok: bool) -> None:
+              dropped: int, ring_dropped: int, *, cut_ok: bool) -> None:
     """A subscriber's stream under kvshmd's wire seqs (LIFECYCLE.md): seqs strictly increase and, when nothing was
     dropped or cut, go up by exactly 1 (every batch kvshmd publishes takes the next seq); every batch from the first
     published one it got is the next published payload, in order, once, byte-identical, except kvshmd's own
@@ -308,7 +308,9 @@ def judge_sub(ctx: Ctx, zc: Any, rep_ep: str, sub: SubJudge, who: str, published
     daemon cut this subscriber for not reading: documented); a healthy DEALER's replay from the seq after the last
     batch before the first gap (or of the last 50 batches) must fill it byte-identical under the same seqs, or the
     batches must be older than the oldest the buffer returned (said, counted). ``published`` holds (engine seq,
-    payload digest) pairs: only the digests and their order count."""
+    payload digest) pairs: only the digests and their order count. ``ring_dropped``: batches the producer found no
+    room for in its ring (counted in its ``stats()["dropped_events"]``): they never reach kvshmd, whose LOSS record
+    gives them their wire seqs, so a subscriber and a replay miss exactly those (a hole, not a wrong answer)."""
     z = ctx.fig.zmq
     pos = {d: i for i, (_, d) in enumerate(published)}
     if sub.bad:
@@ -317,7 +319,7 @@ def judge_sub(ctx: Ctx, zc: Any, rep_ep: str, sub: SubJudge, who: str, published
     if any(b <= a for a, b in zip(seqs, seqs[1:])):
         ctx.fail("wrong_answers", f"{who} saw wire seqs not strictly increasing: {seqs[:20]}...")
     holes = [(a, b) for a, b in zip(seqs, seqs[1:]) if b != a + 1]
-    if holes and dropped == 0 and not cut_ok:
+    if holes and dropped == 0 and ring_dropped == 0 and not cut_ok:
         ctx.fail("wrong_answers", f"{who}: wire seqs skip (e.g. {holes[:5]}) though kvshm counted no drop")
     strangers = [s for s, d in sub.got if d not in pos and s not in sub.own]
     if strangers:
@@ -338,7 +340,7 @@ def judge_sub(ctx: Ctx, zc: Any, rep_ep: str, sub: SubJudge, who: str, published
     z[f"{who}: received"] += len(ours)
     z[f"{who}: joined after"] += first
     z[f"{who}: missed"] += len(missing)
-    if missing and dropped == 0 and not cut_ok:
+    if missing and dropped == 0 and ring_dropped == 0 and not cut_ok:
         ctx.fail("wrong_answers", f"{who} missed {len(missing)} batches (e.g. positions {missing[:10]}) and kvshm "
                  "counted no drop")
     if missing:
@@ -361,7 +363,10 @@ def judge_sub(ctx: Ctx, zc: Any, rep_ep: str, sub: SubJudge, who: str, published
     rat = [(s, pos.get(d)) for s, d in got]
     known = [i for _, i in rat if i is not None]
     foreign = [k for k, (_, i) in enumerate(rat) if i is None]
-    if foreign not in ([], [0]) or (known and known != list(range(known[0], len(published)))):
+    suffix = known == list(range(known[0], len(published))) if known else True
+    if ring_dropped:  # the ring's losses are holes in the buffer too: in order, up to the last batch published
+        suffix = not known or (known == sorted(set(known)) and known[-1] == len(published) - 1)
+    if foreign not in ([], [0]) or not suffix:
         ctx.fail("wrong_answers", f"replay from {start} is not the published batches' suffix in order: "
                  f"positions {[i for _, i in rat][:12]}...")
         return
@@ -377,6 +382,8 @@ def judge_sub(ctx: Ctx, zc: Any, rep_ep: str, sub: SubJudge, who: str, published
             z[f"{who}: gap batches filled by replay"] += 1 if missing else 0
         elif oldest is not None and i < oldest:
             z[f"{who}: gap batches no longer in the replay buffer (said)"] += 1
+        elif ring_dropped:
+            z[f"{who}: gap batches lost in the producer's full ring (counted)"] += 1
         else:
             ctx.fail("wrong_answers", f"replay from {start} lacks published batch {i} though it holds {oldest}..")
             return
@@ -464,6 +471,8 @@ def sc_zmq(ctx: Ctx) -> None:
         zc_stats = p.call({"op": "stats", "worker": w}) or {}
         zstats = (zc_stats.get("stats") or {}).get("zmq") or zstats
         dropped = int(zstats.get("dropped", 0))
+        ring_dropped = int((zc_stats.get("stats") or {}).get("dropped_events") or 0)
+        ctx.fig.zmq["ring drops counted (batches lost before kvshmd)"] += ring_dropped
         if VERBOSE:
             print(f"    [zmq] worker {w}: {len(published)} batches published; daemon zmq stats {zstats}", flush=True)
         ctx.fig.zmq["batches published"] += len(published)
@@ -473,8 +482,8 @@ def sc_zmq(ctx: Ctx) -> None:
         if VERBOSE:
             print(f"    [zmq] longest wait between two messages: healthy SUB {sub.max_gap:.2f} s, paused SUB "
                   f"{slow.max_gap:.2f} s", flush=True)
-        judge_sub(ctx, zc, rep_ep, sub, "healthy SUB", published, dropped, cut_ok=False)
-        judge_sub(ctx, zc, rep_ep, slow, "paused SUB", published, dropped, cut_ok=True)
+        judge_sub(ctx, zc, rep_ep, sub, "healthy SUB", published, dropped, ring_dropped, cut_ok=False)
+        judge_sub(ctx, zc, rep_ep, slow, "paused SUB", published, dropped, ring_dropped, cut_ok=True)
         everything, _ = zmq_replay(zc, rep_ep, 0, 15)
         learn_wire(ctx, w, published, sub.got, slow.got, everything or [])
         zc.term()
