@@ -140,7 +140,7 @@ func BenchmarkTreeDump(b *testing.B) {
 				if msg != "" {
 					b.Fatal(msg)
 				}
-				size = len(snap.json)
+				size = len(snap.encode())
 			}
 			b.SetBytes(int64(size))
 			b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/dump")
