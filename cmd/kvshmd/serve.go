@@ -174,7 +174,13 @@ Flags:
 		fmt.Fprintf(stderr, "kvshmd serve: %v\n", err)
 		return exitUsage
 	}
+	headroom, err := bo.gcHeadroomBytes()
+	if err != nil {
+		fmt.Fprintf(stderr, "kvshmd serve: %v\n", err)
+		return exitUsage
+	}
 	applyMemoryLimit(mem)
+	startGCPolicy(headroom)
 	log := slog.New(h)
 	srv, err := daemon.New(daemon.Config{
 		SocketPath: o.socket, SocketMode: os.FileMode(mode), HTTPAddr: o.http, ParentPID: o.parentPID,
