@@ -393,9 +393,11 @@ func TestEventJSONLen(t *testing.T) {
 	}
 }
 
-// TestDumpCacheCompact: the cached dump holds the blocks' words, not their JSON (~85 bytes a block): its heap cost
-// stays under 24 bytes a block.
+// TestDumpCacheCompact: a cached dump larger than dumpJSONKeep holds the blocks' words, not their JSON (~85 bytes a
+// block): its heap cost stays under 24 bytes a block. A smaller one keeps its JSON: answers share it.
 func TestDumpCacheCompact(t *testing.T) {
+	defer func(k int) { dumpJSONKeep = k }(dumpJSONKeep)
+	dumpJSONKeep = 1 << 20
 	ix, _ := New(Config{WorkerID: 1, BlockSize: 4, MaxBufferSize: 10})
 	const blocks = 50_000
 	h := uint64(1)
@@ -428,5 +430,17 @@ func TestDumpCacheCompact(t *testing.T) {
 	}
 	if per := float64(int64(cached)-int64(before)) / blocks; per > 24 {
 		t.Fatalf("the cached dump holds %.1f heap bytes per block, want <= 24", per)
+	}
+}
+
+func TestDumpCacheKeepsSmallJSON(t *testing.T) {
+	ix, _ := New(Config{WorkerID: 1, BlockSize: 4, MaxBufferSize: 10})
+	if _, err := ix.Apply(&Event{ID: 1, Kind: KindStored, Blocks: []Block{{BlockHash: 5, TokensHash: 6}}}); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := ix.Recover(context.Background(), nil, nil)
+	b, _ := ix.Recover(context.Background(), nil, nil)
+	if !b.CacheHit || &a.JSON[0] != &b.JSON[0] {
+		t.Fatalf("a small cached dump is encoded per answer (hit %v), want its JSON kept and shared", b.CacheHit)
 	}
 }

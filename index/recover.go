@@ -153,6 +153,11 @@ func (ix *Indexer) dump(ctx context.Context, f rankFilter) (Response, error) {
 		ix.cmu.Unlock()
 
 		snap, errMsg := ix.buildDump(f)
+		var js []byte
+		if errMsg == "" {
+			js = snap.encode()
+			snap.keep(js)
+		}
 
 		ix.cmu.Lock()
 		ix.building = false
@@ -170,7 +175,7 @@ func (ix *Indexer) dump(ctx context.Context, f rankFilter) (Response, error) {
 		}
 		ix.cache = snap
 		ix.cmu.Unlock()
-		return snap.response(false), nil
+		return snap.responseWith(js, false), nil
 	}
 }
 
@@ -231,17 +236,28 @@ func (ix *Indexer) assessCacheLocked(snap *dumpSnap) (*dumpSnap, bool) {
 	ext := *snap
 	ext.parts = slices.Concat(snap.parts, parts)
 	ext.events, ext.last, ext.treeVersion = snap.events+viewEvents(parts), lastB, tv
+	ext.json = nil
+	if snap.json != nil { // a kept answer is extended as JSON: the cached events, the tail, the new last_event_id
+		body := snap.json[:len(snap.json)-dumpTailLen(snap.shape, snap.last)]
+		buf := make([]byte, 0, len(body)+viewSize(parts)+64)
+		buf = append(buf, body...)
+		buf, _ = appendViewEvents(buf, snap.shape, snap.worker, parts, snap.events == 0, rankFilter{})
+		ext.keep(appendDumpTail(buf, snap.shape, lastB))
+	}
 	ix.cache = &ext
 	ix.cacheExtends.Add(1)
 	return &ext, true
 }
 
 // dumpSnap is a TreeDump, immutable once published. Its events are kept in the event log's compact form (a
-// header per event, two words per block: 16 bytes a block where the JSON takes ~85) and encoded anew for every
-// answer: the cache costs a fifth of the JSON it stands for, and formatting is cheap (appendU64, encodeDump).
+// header per event, two words per block: 16 bytes a block where the JSON takes ~85); a large dump is encoded anew
+// for every answer (the cache costs a fifth of the JSON it stands for, and formatting is cheap: appendU64,
+// encode), a small one also keeps its JSON (dumpJSONKeep).
 type dumpSnap struct {
 	// parts: the built dump (event ids = positions), then the log tails it was extended with (real ids).
-	parts       []logPart
+	parts []logPart
+	// json: the answer, kept when at most dumpJSONKeep bytes (then shared by every answer), else nil.
+	json        []byte
 	events      int
 	worker      uint64
 	base, last  uint64
@@ -253,8 +269,29 @@ type dumpSnap struct {
 	lost       []LostRange
 }
 
+// dumpJSONKeep: a cached dump whose JSON is at most this long also keeps the JSON (answers are then shared, not
+// encoded: ~200 k blocks and below, where the JSON costs little next to the daemon's other memory); larger ones keep
+// only the compact form.
+var dumpJSONKeep = 16 << 20 // a variable for tests
+
+// keep records js as the snapshot's answer when it is small enough (dumpJSONKeep). Only before publication.
+func (s *dumpSnap) keep(js []byte) {
+	if len(js) <= dumpJSONKeep {
+		s.json = js
+	}
+}
+
 func (s *dumpSnap) response(hit bool) Response {
-	r := Response{Kind: RespTreeDump, JSON: s.encode(), LastEventID: s.last, NumEvents: s.events, CacheHit: hit,
+	js := s.json
+	if js == nil {
+		js = s.encode()
+	}
+	return s.responseWith(js, hit)
+}
+
+// responseWith answers with js, the snapshot's JSON.
+func (s *dumpSnap) responseWith(js []byte, hit bool) Response {
+	r := Response{Kind: RespTreeDump, JSON: js, LastEventID: s.last, NumEvents: s.events, CacheHit: hit,
 		Incomplete: s.incomplete}
 	if s.incomplete {
 		r.Lost = slices.Clone(s.lost)
