@@ -11,14 +11,14 @@ import (
 // the live data before collecting: right for a small daemon, but at millions of resident blocks the live data is
 // the index (~100 B a block, pointer-free arrays the collector does not scan) and doubling it doubles the daemon's
 // memory for garbage. So after every collection serve sets GOGC to keep the headroom at about headroom bytes,
-// never below 1/8 of the live heap (GOGC 12) nor above GOGC 100: a heap of live data L may grow to
-// L + max(headroom, L/8), capped at 2L. Collections stay rare (each one about every headroom bytes allocated) and
-// cheap (little to mark). An operator's GOGC (environment) wins: the policy is off when it is set, or when
+// never below 1/8 of the live heap (GOGC 12) nor above half of it (GOGC 50): a heap of live data L may grow to
+// L + min(max(headroom, L/8), L/2). Collections stay rare (each one about every headroom bytes allocated; below
+// 128 MiB of live data, every L/2) and cheap (little to mark; a small heap is small to mark). An operator's GOGC (environment) wins: the policy is off when it is set, or when
 // --gc-headroom is 0. --max-memory (the soft limit) still applies on top.
 
 const (
 	gcMinPercent = 12
-	gcMaxPercent = 100
+	gcMaxPercent = 50
 )
 
 // gcPercentFor returns the GOGC that gives a live heap of live bytes about headroom bytes of headroom, within
