@@ -387,7 +387,17 @@
 // container and the flag is where kvshmd's other bounds are documented. Neither refuses an allocation: near the
 // limit the GC runs harder instead of letting the heap grow to twice the live data (GOGC), so a daemon under a
 // cgroup limit is not OOM-killed for garbage; the live data itself is bounded by the bounds above. Set it a little
-// below the cgroup's limit. The rings are shared memory owned by their producers, outside the Go heap.
+// below the cgroup's limit. The rings are shared memory owned by their producers, outside the Go heap. Headroom:
+// serve sets GOGC after each collection so the heap may grow by about --gc-headroom (64 MiB) over its live data,
+// within GOGC 12..50 (cmd/kvshmd/gcpolicy.go; off with 0 or when GOGC is set): at millions of blocks the live data
+// is the indexes, pointer-free arrays the collector barely scans, and doubling them (GOGC=100) doubled the daemon.
+// An answer of 32 MiB or more (a TreeDump of ~400 k blocks) is followed, once written, by one debug.FreeOSMemory
+// (memory.go): the runtime's scavenger would return its pages only over seconds to minutes. Measured
+// (bench/recovery_bench.py --only scale, RssAnon growth per resident block, the reference's process in the same
+// run): 1 M blocks 648 B before, 118 B after (reference 270); 10 M 582 → 98 (221); 100 k 408 before, 434-543 after
+// over four runs (reference 536): at that size the daemon holds ~50 MB in all and the figure is mostly the
+// collector's cycle at the moment of sampling plus the log's and runtime's fixed costs. Per block: the index 96 B,
+// the cached dump 16 B (index/doc.go, "Memory"), the event log a few MB per stream whatever the tree's size.
 //
 // # Publishing on ZMQ (issue 12)
 //

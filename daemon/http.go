@@ -188,7 +188,9 @@ func (s *Server) serveRecover(w http.ResponseWriter, r *http.Request, worker *ui
 		h.Set(HeaderState, "incomplete")
 		h.Set(HeaderLostEvents, lostHeader(resp.Lost))
 	}
+	n := len(resp.JSON)
 	_, _ = w.Write(resp.JSON)
+	releaseAfterReply(n)
 }
 
 // httpFail answers err (a *replyError, else internal) as an error JSON with the code's HTTP status.

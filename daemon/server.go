@@ -532,7 +532,10 @@ func (s *Server) handleFrame(cc *conn, f sock.Frame) bool {
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {
 		s.log.Debug("request", "kind", f.Kind, "code", code, "bytes", len(body), "duration", time.Since(start))
 	}
-	return s.reply(cc, f.Kind, status, body)
+	ok := s.reply(cc, f.Kind, status, body)
+	n := len(body)
+	releaseAfterReply(n)
+	return ok
 }
 
 func (s *Server) reply(cc *conn, kind sock.Kind, status sock.Status, body []byte) bool {

@@ -174,7 +174,7 @@ func TestBatchDumpCache(t *testing.T) {
 		if msg != "" {
 			t.Fatal(msg)
 		}
-		_, v, err := decodeResponse(snap.json)
+		_, v, err := decodeResponse(snap.encode())
 		if err != nil {
 			t.Fatal(err)
 		}

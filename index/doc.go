@@ -22,11 +22,12 @@
 // Concurrency: an Indexer is safe for one writer goroutine (Apply, ApplyStoredTokens, MarkLost,
 // MarkUnknownHistory, SetPolicies) and any number of concurrent readers (Recover, RecoverRank, FindMatches,
 // MatchTokens, Stats). The writer holds a mutex for one event at a time; a dump copies the node arena under the
-// read lock (a memmove of 40 bytes per node) and encodes JSON after releasing it, so ingest continues during a
-// dump build; a chain dump of 16 Ki blocks or more is planned first (the events in order) and then encoded by up
-// to four goroutines (GOMAXPROCS) whose parts are joined, since formatting the u64s is most of its cost
-// (BenchmarkTreeDump at 100 k blocks: 7.9 → 5.5 ms here). Events replies capture immutable log chunks under the
-// lock and encode outside it.
+// read lock (a memmove of 40 bytes per node) and plans and encodes after releasing it, so ingest continues during
+// a dump build. A dump is planned into the event log's compact form (a header per event, two words per block) and
+// then encoded: sized exactly first (digit counts), then written in place, by up to four goroutines (GOMAXPROCS)
+// for 16 Ki blocks or more, since formatting the u64s is most of its cost (appendU64: 8-digit groups converted
+// inside one word, ~5x strconv.AppendUint). Events replies capture immutable log chunks under the lock and encode
+// outside it.
 //
 // # Token hashing (1.6.1 compute_block_hash_for_seq)
 //
@@ -134,7 +135,9 @@
 // the suffix from start (binary search, exact hit or insertion point) to the tail, end ignored, last_event_id from
 // the same snapshot. (1.6.1 starts the suffix at its last all-domain Cleared; every event here carries
 // residency_domain "worker", as 1.6.1's own events do, so no Cleared is all-domain and the whole suffix is sent.)
-// Dumps go through 1.6.1's cache: one build at a time (waiters share it), a cached dump is an exact hit when nothing
+// Dumps go through 1.6.1's cache (kept in the compact form, 16 B a block; a dump of at most 16 MiB of JSON also
+// keeps its JSON, shared by the answers; a larger one is encoded per answer, see Memory below): one build at a
+// time (waiters share it), a cached dump is an exact hit when nothing
 // was logged since (counted by position, see Batches), is extended with the log tail (real ids, Stored or Removed) while the tail is covered, holds no
 // Cleared and stays within max_buffer_size/2 events of the build, and is invalidated (generation bump) by Cleared,
 // a gap, a loss, an id reset or SetPolicies. A build invalidated while running is rebuilt (1.6.1 returns it
@@ -231,6 +234,15 @@
 // counts applied events per kind × status for metrics.
 //
 // # Caveats
+//
+// Memory per resident block (scale bench, root chains of 256 blocks, measured on kvshmd's heap): the index 96 B (a
+// 40-byte node, its flag byte, the children table and the per-rank lookup map: BenchmarkHeapPerBlock); the cached
+// dump 16 B (its JSON, ~85 B, is kept only up to 16 MiB, i.e. ~200 k blocks; before this the JSON was kept at
+// every size, in a buffer sized 100 B a block); the event log at most MaxBufferSize events of 16 B a block plus
+// a 32-byte header (10,000 events of 32 blocks: ~5 MB per stream, whatever the tree's size). Transient, per dump
+// answer: the node copy (41 B a block), the plan (20 B an event) and the answer's JSON (~85 B a block), garbage
+// once written. What a process holds on top (collector headroom, free pages not yet returned) is the daemon's
+// policy: cmd/kvshmd's --gc-headroom and daemon/memory.go.
 //
 // Slices passed to Apply and ApplyStoredTokens are only read during the call. Response.JSON must not be modified;
 // Response.Lost belongs to the caller. A TreeDump extended from the cache contains events with real, non-unique,

@@ -30,17 +30,17 @@ func (s DumpShape) legacy() bool { return s == DumpBlocks }
 
 func appendEventHead(dst []byte, shape DumpShape, worker, id uint64) []byte {
 	dst = append(dst, jsEventHead...)
-	dst = strconv.AppendUint(dst, worker, 10)
+	dst = appendU64(dst, worker)
 	if shape.legacy() {
 		dst = append(dst, jsEventTierV0...)
 	} else {
 		dst = append(dst, jsEventTier...)
 	}
-	return strconv.AppendUint(dst, id, 10)
+	return appendU64(dst, id)
 }
 
 func appendEventTail(dst []byte, dp uint32) []byte {
-	dst = strconv.AppendUint(dst, uint64(dp), 10)
+	dst = appendU64(dst, uint64(dp))
 	return append(dst, jsEventTail...)
 }
 
@@ -49,7 +49,7 @@ func appendStoredHead(dst []byte, shape DumpShape, worker, id uint64, hasParent 
 	dst = appendEventHead(dst, shape, worker, id)
 	dst = append(dst, jsStoredHead...)
 	if hasParent {
-		dst = strconv.AppendUint(dst, parent, 10)
+		dst = appendU64(dst, parent)
 	} else {
 		dst = append(dst, "null"...)
 	}
@@ -58,9 +58,9 @@ func appendStoredHead(dst []byte, shape DumpShape, worker, id uint64, hasParent 
 
 func appendBlock(dst []byte, bh, th uint64) []byte {
 	dst = append(dst, jsBlockHead...)
-	dst = strconv.AppendUint(dst, bh, 10)
+	dst = appendU64(dst, bh)
 	dst = append(dst, jsBlockTokens...)
-	dst = strconv.AppendUint(dst, th, 10)
+	dst = appendU64(dst, th)
 	return append(dst, jsBlockTail...)
 }
 
@@ -99,7 +99,7 @@ func AppendRemovedJSON(dst []byte, shape DumpShape, worker, id uint64, dp uint32
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = strconv.AppendUint(dst, h, 10)
+		dst = appendU64(dst, h)
 	}
 	dst = append(dst, jsRemovedTail...)
 	return appendEventTail(dst, dp)
@@ -124,7 +124,7 @@ const (
 // appendListTail closes an Events list: `],"last_event_id":N}}`.
 func appendListTail(dst []byte, last uint64) []byte {
 	dst = append(dst, jsListTail...)
-	dst = strconv.AppendUint(dst, last, 10)
+	dst = appendU64(dst, last)
 	return append(dst, jsRespTail...)
 }
 
@@ -132,7 +132,7 @@ func appendListTail(dst []byte, last uint64) []byte {
 // older wire).
 func appendDumpTail(dst []byte, shape DumpShape, last uint64) []byte {
 	dst = append(dst, jsListTail...)
-	dst = strconv.AppendUint(dst, last, 10)
+	dst = appendU64(dst, last)
 	if !shape.legacy() {
 		dst = append(dst, jsResetAll...)
 	}
@@ -151,20 +151,20 @@ func dumpTailLen(shape DumpShape, last uint64) int {
 // AppendTooNewJSON appends {"TooNew":{"requested_start":S,"requested_end":E,"newest_available":N}}.
 func AppendTooNewJSON(dst []byte, start, end, newest uint64) []byte {
 	dst = append(dst, `{"TooNew":{"requested_start":`...)
-	dst = strconv.AppendUint(dst, start, 10)
+	dst = appendU64(dst, start)
 	dst = append(dst, `,"requested_end":`...)
-	dst = strconv.AppendUint(dst, end, 10)
+	dst = appendU64(dst, end)
 	dst = append(dst, `,"newest_available":`...)
-	dst = strconv.AppendUint(dst, newest, 10)
+	dst = appendU64(dst, newest)
 	return append(dst, jsRespTail...)
 }
 
 // AppendInvalidRangeJSON appends {"InvalidRange":{"start_id":S,"end_id":E}}.
 func AppendInvalidRangeJSON(dst []byte, start, end uint64) []byte {
 	dst = append(dst, `{"InvalidRange":{"start_id":`...)
-	dst = strconv.AppendUint(dst, start, 10)
+	dst = appendU64(dst, start)
 	dst = append(dst, `,"end_id":`...)
-	dst = strconv.AppendUint(dst, end, 10)
+	dst = appendU64(dst, end)
 	return append(dst, jsRespTail...)
 }
 

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -354,12 +355,92 @@ func TestParallelDumpEqualsSequential(t *testing.T) {
 	ts := ix.snapshotTreeLocked(rankFilter{})
 	ix.mu.RUnlock()
 	evs := ts.planChains()
-	want := append([]byte(jsTreeDumpHead), ts.encodeChains(nil, 3, evs, 0)...)
+	misses := dumpSizeMisses.Load()
+	got := snap.encode()
+	want, _ := appendViewEvents([]byte(jsTreeDumpHead), DumpChains, 3, snap.parts, true, rankFilter{})
 	want = appendDumpTail(want, DumpChains, snap.last)
-	if !bytes.Equal(snap.json, want) {
-		t.Fatalf("parallel dump (%d bytes, %d events) differs from the sequential encoding (%d bytes)", len(snap.json), snap.events, len(want))
+	if !bytes.Equal(got, want) || dumpSizeMisses.Load() != misses {
+		t.Fatalf("parallel dump (%d bytes, %d events, size misses %d) differs from the sequential encoding (%d bytes)",
+			len(got), snap.events, dumpSizeMisses.Load()-misses, len(want))
 	}
-	if !json.Valid(snap.json) || snap.events != len(evs) {
-		t.Fatalf("dump: valid JSON %v, %d events, want %d", json.Valid(snap.json), snap.events, len(evs))
+	if !json.Valid(got) || snap.events != len(evs) {
+		t.Fatalf("dump: valid JSON %v, %d events, want %d", json.Valid(got), snap.events, len(evs))
+	}
+}
+
+// TestEventJSONLen: the size eventJSONLen computes is what appendViewEvents writes, for every kind, both wires,
+// with and without parent, numbers of every digit count.
+func TestEventJSONLen(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	num := func() uint64 { return rng.Uint64() >> (rng.Uint64() % 64) }
+	for i := range 3000 {
+		shape := DumpChains
+		if i%2 == 1 {
+			shape = DumpBlocks
+		}
+		h := logHdr{id: num(), parent: num(), dp: uint32(num()), kind: Kind(i % 3), hasParent: i%5 != 0,
+			n: uint32(rng.IntN(5))}
+		words := make([]uint64, 2*h.n+3)
+		for k := range words {
+			words[k] = num()
+		}
+		h.off = 3
+		worker := num()
+		out, _ := appendViewEvents(nil, shape, worker, []logPart{{hdrs: []logHdr{h}, words: words}}, true, rankFilter{})
+		if got := eventJSONLen(shape, worker, &h, words); got != len(out) {
+			t.Fatalf("%+v shape %v: eventJSONLen %d, written %d: %s", h, shape, got, len(out), out)
+		}
+	}
+}
+
+// TestDumpCacheCompact: a cached dump larger than dumpJSONKeep holds the blocks' words, not their JSON (~85 bytes a
+// block): its heap cost stays under 24 bytes a block. A smaller one keeps its JSON: answers share it.
+func TestDumpCacheCompact(t *testing.T) {
+	defer func(k int) { dumpJSONKeep = k }(dumpJSONKeep)
+	dumpJSONKeep = 1 << 20
+	ix, _ := New(Config{WorkerID: 1, BlockSize: 4, MaxBufferSize: 10})
+	const blocks = 50_000
+	h := uint64(1)
+	for id := uint64(1); ix.Stats().ResidentBlocks < blocks; id++ {
+		ev := &Event{ID: id, Kind: KindStored}
+		for range 256 {
+			ev.Blocks = append(ev.Blocks, Block{BlockHash: h<<20 | 1<<63, TokensHash: h * 0x9e3779b97f4a7c15})
+			h++
+		}
+		if _, err := ix.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	before := heap()
+	func() { // the answer is garbage once this returns
+		r, err := ix.Recover(context.Background(), nil, nil)
+		if err != nil || r.Kind != RespTreeDump || len(r.JSON) < 80*blocks {
+			t.Fatalf("%v %v %d bytes", err, r.Kind, len(r.JSON))
+		}
+	}()
+	cached := heap()
+	if ix.cache == nil {
+		t.Fatal("dump not cached")
+	}
+	if per := float64(int64(cached)-int64(before)) / blocks; per > 24 {
+		t.Fatalf("the cached dump holds %.1f heap bytes per block, want <= 24", per)
+	}
+}
+
+func TestDumpCacheKeepsSmallJSON(t *testing.T) {
+	ix, _ := New(Config{WorkerID: 1, BlockSize: 4, MaxBufferSize: 10})
+	if _, err := ix.Apply(&Event{ID: 1, Kind: KindStored, Blocks: []Block{{BlockHash: 5, TokensHash: 6}}}); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := ix.Recover(context.Background(), nil, nil)
+	b, _ := ix.Recover(context.Background(), nil, nil)
+	if !b.CacheHit || &a.JSON[0] != &b.JSON[0] {
+		t.Fatalf("a small cached dump is encoded per answer (hit %v), want its JSON kept and shared", b.CacheHit)
 	}
 }

@@ -620,7 +620,7 @@ func compareModel(t *testing.T, step int, ix *Indexer, m *model, rng *rand.Rand,
 	snap, msg := ix.buildDump(rankFilter{})
 	ix.dumpBuilds.Add(^uint64(0))
 	if msg == "" {
-		_, v, err := decodeResponse(snap.json)
+		_, v, err := decodeResponse(snap.encode())
 		if err != nil {
 			t.Fatalf("step %d: decode dump: %v", step, err)
 		}

@@ -3,9 +3,7 @@ package index
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"slices"
-	"sync"
 )
 
 // Recover answers a recovery query (Dynamo 1.6.1's get_events_in_id_range, then its dump path) with the
@@ -131,9 +129,9 @@ func (ix *Indexer) dump(ctx context.Context, f rankFilter) (Response, error) {
 	for {
 		ix.cmu.Lock()
 		if snap := ix.cache; snap != nil {
-			if resp, ok := ix.assessCacheLocked(snap); ok {
+			if hit, ok := ix.assessCacheLocked(snap); ok {
 				ix.cmu.Unlock()
-				return resp, nil
+				return hit.response(true), nil // encoded outside cmu: concurrent hits do not wait for each other
 			}
 		}
 		if ix.building {
@@ -155,6 +153,11 @@ func (ix *Indexer) dump(ctx context.Context, f rankFilter) (Response, error) {
 		ix.cmu.Unlock()
 
 		snap, errMsg := ix.buildDump(f)
+		var js []byte
+		if errMsg == "" {
+			js = snap.encode()
+			snap.keep(js)
+		}
 
 		ix.cmu.Lock()
 		ix.building = false
@@ -172,14 +175,14 @@ func (ix *Indexer) dump(ctx context.Context, f rankFilter) (Response, error) {
 		}
 		ix.cache = snap
 		ix.cmu.Unlock()
-		return snap.response(false), nil
+		return snap.responseWith(js, false), nil
 	}
 }
 
 // assessCacheLocked decides between an exact hit, an extension by the log tail and a rebuild, as 1.6.1's
-// snapshot_tail does. It returns the response and true on an exact hit or an extension; false when the cache
-// was invalidated. Called with cmu held.
-func (ix *Indexer) assessCacheLocked(snap *dumpSnap) (Response, bool) {
+// snapshot_tail does. It returns the snapshot to answer with and true on an exact hit or an extension (the
+// extension becomes the cache); false when the cache was invalidated. Called with cmu held.
+func (ix *Indexer) assessCacheLocked(snap *dumpSnap) (*dumpSnap, bool) {
 	ix.mu.RLock()
 	invalid := ix.gen.Load() != snap.gen
 	var parts []logPart
@@ -193,7 +196,7 @@ func (ix *Indexer) assessCacheLocked(snap *dumpSnap) (Response, bool) {
 			} else {
 				ix.mu.RUnlock()
 				ix.cacheHits.Add(1)
-				return snap.response(true), true
+				return snap, true
 			}
 		} else {
 			// Every applied event is logged once and bumps treeVersion, so the events logged since the snapshot
@@ -206,7 +209,7 @@ func (ix *Indexer) assessCacheLocked(snap *dumpSnap) (Response, bool) {
 			case added == 0:
 				ix.mu.RUnlock()
 				ix.cacheHits.Add(1)
-				return snap.response(true), true
+				return snap, true
 			case lastB < snap.last:
 				invalid = true
 			case lastB-snap.base > uint64(ix.cfg.MaxBufferSize/2):
@@ -226,25 +229,37 @@ func (ix *Indexer) assessCacheLocked(snap *dumpSnap) (Response, bool) {
 	ix.mu.RUnlock()
 	if invalid {
 		ix.cache = nil
-		return Response{}, false
+		return nil, false
 	}
-	// Extend: the cached events, then the tail with its real ids, then the new last_event_id.
-	body := snap.json[:len(snap.json)-dumpTailLen(snap.shape, snap.last)]
-	buf := make([]byte, 0, len(body)+viewSize(parts)+64)
-	buf = append(buf, body...)
-	buf, n := appendViewEvents(buf, snap.shape, ix.cfg.WorkerID, parts, snap.events == 0, rankFilter{})
-	buf = appendDumpTail(buf, snap.shape, lastB)
+	// Extend: the cached events, then the tail with its real ids (the log's immutable chunks, shared), then the
+	// new last_event_id.
 	ext := *snap
-	ext.json, ext.events, ext.last, ext.treeVersion = buf, snap.events+n, lastB, tv
+	ext.parts = slices.Concat(snap.parts, parts)
+	ext.events, ext.last, ext.treeVersion = snap.events+viewEvents(parts), lastB, tv
+	ext.json = nil
+	if snap.json != nil { // a kept answer is extended as JSON: the cached events, the tail, the new last_event_id
+		body := snap.json[:len(snap.json)-dumpTailLen(snap.shape, snap.last)]
+		buf := make([]byte, 0, len(body)+viewSize(parts)+64)
+		buf = append(buf, body...)
+		buf, _ = appendViewEvents(buf, snap.shape, snap.worker, parts, snap.events == 0, rankFilter{})
+		ext.keep(appendDumpTail(buf, snap.shape, lastB))
+	}
 	ix.cache = &ext
 	ix.cacheExtends.Add(1)
-	return ext.response(true), true
+	return &ext, true
 }
 
-// dumpSnap is a TreeDump: the full response JSON and what it stands for, immutable once published.
+// dumpSnap is a TreeDump, immutable once published. Its events are kept in the event log's compact form (a
+// header per event, two words per block: 16 bytes a block where the JSON takes ~85); a large dump is encoded anew
+// for every answer (the cache costs a fifth of the JSON it stands for, and formatting is cheap: appendU64,
+// encode), a small one also keeps its JSON (dumpJSONKeep).
 type dumpSnap struct {
+	// parts: the built dump (event ids = positions), then the log tails it was extended with (real ids).
+	parts []logPart
+	// json: the answer, kept when at most dumpJSONKeep bytes (then shared by every answer), else nil.
 	json        []byte
 	events      int
+	worker      uint64
 	base, last  uint64
 	gen         uint64
 	treeVersion uint64
@@ -254,8 +269,29 @@ type dumpSnap struct {
 	lost       []LostRange
 }
 
+// dumpJSONKeep: a cached dump whose JSON is at most this long also keeps the JSON (answers are then shared, not
+// encoded: ~200 k blocks and below, where the JSON costs little next to the daemon's other memory); larger ones keep
+// only the compact form.
+var dumpJSONKeep = 16 << 20 // a variable for tests
+
+// keep records js as the snapshot's answer when it is small enough (dumpJSONKeep). Only before publication.
+func (s *dumpSnap) keep(js []byte) {
+	if len(js) <= dumpJSONKeep {
+		s.json = js
+	}
+}
+
 func (s *dumpSnap) response(hit bool) Response {
-	r := Response{Kind: RespTreeDump, JSON: s.json, LastEventID: s.last, NumEvents: s.events, CacheHit: hit,
+	js := s.json
+	if js == nil {
+		js = s.encode()
+	}
+	return s.responseWith(js, hit)
+}
+
+// responseWith answers with js, the snapshot's JSON.
+func (s *dumpSnap) responseWith(js []byte, hit bool) Response {
+	r := Response{Kind: RespTreeDump, JSON: js, LastEventID: s.last, NumEvents: s.events, CacheHit: hit,
 		Incomplete: s.incomplete}
 	if s.incomplete {
 		r.Lost = slices.Clone(s.lost)
@@ -314,7 +350,7 @@ func (ix *Indexer) buildDump(f rankFilter) (*dumpSnap, string) {
 		ix.mu.RUnlock()
 		return nil, msg
 	}
-	snap := &dumpSnap{gen: ix.gen.Load(), treeVersion: ix.treeVersion, shape: ix.cfg.DumpShape}
+	snap := &dumpSnap{gen: ix.gen.Load(), treeVersion: ix.treeVersion, shape: ix.cfg.DumpShape, worker: ix.cfg.WorkerID}
 	if ix.tainted {
 		snap.incomplete = true
 		snap.lost = slices.Clone(ix.taintLost)
@@ -330,18 +366,13 @@ func (ix *Indexer) buildDump(f rankFilter) (*dumpSnap, string) {
 	if ix.testBuildHook != nil {
 		ix.testBuildHook()
 	}
-	perBlock := 100 // a chain's block; its event's head is amortized
+	var part logPart
 	if snap.shape == DumpBlocks {
-		perBlock = 260
-	}
-	buf := make([]byte, 0, len(jsTreeDumpHead)+ts.blocks*perBlock+64)
-	buf = append(buf, jsTreeDumpHead...)
-	if snap.shape == DumpBlocks {
-		buf, snap.events = ts.appendBFS(buf, ix.cfg.WorkerID)
+		part = ts.compactBFS()
 	} else {
-		buf, snap.events = ts.appendChains(buf, ix.cfg.WorkerID)
+		part = ts.compactChains()
 	}
-	snap.json = appendDumpTail(buf, snap.shape, snap.last)
+	snap.parts, snap.events = []logPart{part}, len(part.hdrs)
 	return snap, ""
 }
 
@@ -364,56 +395,39 @@ func (ts *treeSnapshot) sameHolders(a, b uint32) bool {
 	return true
 }
 
-// appendChains writes the dump as Dynamo 1.6.1's dump_tree_as_events does, over its compressed edges (the edge
-// flags of tree.go): breadth-first over chains. A chain starts at a live edge (its first block held by a dumped
-// dp_rank, or, in a whole-stream dump, with children) and takes in the edge below it while both edges are held to
-// their end by the same non-empty set of dp_ranks and by no dp_rank only partly, and that edge is its only live
-// child. A chain is written as one Stored event per dp_rank holding it to its end (the whole chain), then one per
-// dp_rank holding a prefix of its single edge (that prefix), dp_ranks ascending in each group; parent_hash = the
-// block hash above the chain (null under the root); event ids from 0. The live children of the chain's last block
-// follow in the queue. An edge ends early where a dp_rank holds a block without the one before it (possible after
-// removals inside an edge of a multi-rank stream), so every event is a prefix-closed run.
-func (ts *treeSnapshot) appendChains(dst []byte, worker uint64) ([]byte, int) {
+// compactChains returns the dump as Dynamo 1.6.1's dump_tree_as_events writes it, over its compressed edges (the
+// edge flags of tree.go), in the event log's compact form: breadth-first over chains. A chain starts at a live edge
+// (its first block held by a dumped dp_rank, or, in a whole-stream dump, with children) and takes in the edge below
+// it while both edges are held to their end by the same non-empty set of dp_ranks and by no dp_rank only partly,
+// and that edge is its only live child. A chain is one Stored event per dp_rank holding it to its end (the whole
+// chain), then one per dp_rank holding a prefix of its single edge (that prefix), dp_ranks ascending in each group;
+// parent_hash = the block hash above the chain (null under the root); event ids from 0. The live children of the
+// chain's last block follow in the queue. An edge ends early where a dp_rank holds a block without the one before
+// it (possible after removals inside an edge of a multi-rank stream), so every event is a prefix-closed run.
+func (ts *treeSnapshot) compactChains() logPart {
 	evs := ts.planChains()
-	parts := 1
-	if ts.blocks >= parallelDumpBlocks {
-		parts = min(runtime.GOMAXPROCS(0), maxDumpWorkers, len(evs))
-	}
-	if parts <= 1 {
-		return ts.encodeChains(dst, worker, evs, 0), len(evs)
-	}
-	// Formatting the numbers is most of a dump's cost: the parts are encoded concurrently (ids are positions in
-	// evs, so each part knows its own), the first straight into dst, the others into buffers appended after.
-	bufs := make([][]byte, parts)
-	per := (len(evs) + parts - 1) / parts
-	partCap := (cap(dst)-len(dst))/parts + 64 // read before the first part starts appending to dst
-	var wg sync.WaitGroup
-	for k := 1; k < parts; k++ {
-		lo, hi := k*per, min((k+1)*per, len(evs))
-		if lo >= hi {
-			continue
+	nodes := ts.nodes
+	out := logPart{hdrs: make([]logHdr, 0, len(evs)), words: make([]uint64, 0, 2*ts.blocks)}
+	for i, e := range evs {
+		off := len(out.words)
+		s := int(e.slot)
+		for n, first := e.start, true; ; first = false {
+			if !first {
+				n = ts.next(n)
+				if !e.full && !ts.has(n, s) {
+					break
+				}
+			}
+			out.words = append(out.words, nodes[n].blockHash, nodes[n].tokensHash)
+			if n == e.end {
+				break
+			}
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			b := make([]byte, 0, partCap)
-			bufs[k] = ts.encodeChains(append(b, ','), worker, evs[lo:hi], uint64(lo))
-		}()
+		out.hdrs = append(out.hdrs, logHdr{id: uint64(i), parent: nodes[e.parent].blockHash, off: uint32(off),
+			n: uint32((len(out.words) - off) / 2), dp: ts.dps[s], kind: KindStored, hasParent: e.parent != rootNode})
 	}
-	dst = ts.encodeChains(dst, worker, evs[:min(per, len(evs))], 0)
-	wg.Wait()
-	for _, b := range bufs[1:] {
-		dst = append(dst, b...)
-	}
-	return dst, len(evs)
+	return out
 }
-
-// Parallel dump encoding: dumps of at least parallelDumpBlocks blocks are encoded by up to maxDumpWorkers
-// goroutines.
-const (
-	parallelDumpBlocks = 16 << 10
-	maxDumpWorkers     = 4
-)
 
 // chainEvent is one Stored event of a chain dump: the blocks from start to end (full), or the prefix of them that
 // slot holds (!full), under the block parent.
@@ -459,34 +473,6 @@ func (ts *treeSnapshot) planChains() []chainEvent {
 		queue = append(queue, kids...)
 	}
 	return evs
-}
-
-// encodeChains appends the RouterEvent JSON of evs, comma-separated, the first with event id id.
-func (ts *treeSnapshot) encodeChains(dst []byte, worker uint64, evs []chainEvent, id uint64) []byte {
-	nodes := ts.nodes
-	for i, e := range evs {
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = appendStoredHead(dst, DumpChains, worker, id+uint64(i), e.parent != rootNode, nodes[e.parent].blockHash)
-		s := int(e.slot)
-		for n, first := e.start, true; ; first = false {
-			if !first {
-				dst = append(dst, ',')
-			}
-			dst = appendBlock(dst, nodes[n].blockHash, nodes[n].tokensHash)
-			if n == e.end {
-				break
-			}
-			n = ts.next(n)
-			if !e.full && !ts.has(n, s) {
-				break
-			}
-		}
-		dst = append(dst, jsStoredTail...)
-		dst = appendEventTail(dst, ts.dps[s])
-	}
-	return dst
 }
 
 // edgeNext returns the block after n in n's edge, or nilNode at the end of the edge. The edge ends early before a
@@ -567,13 +553,13 @@ func (ts *treeSnapshot) appendLiveEdges(dst []uint32, n uint32) []uint32 {
 	return dst
 }
 
-// appendBFS writes the older dump (upstream b2b7868): for every live node reachable from the root,
-// breadth-first, one single-block Stored event per holder (dp_rank ascending), parent_hash = the parent's block
-// hash (null under the root), ids from 0.
-func (ts *treeSnapshot) appendBFS(dst []byte, worker uint64) ([]byte, int) {
+// compactBFS returns the older dump (upstream b2b7868) in the event log's compact form: for every live node
+// reachable from the root, breadth-first, one single-block Stored event per holder (dp_rank ascending),
+// parent_hash = the parent's block hash (null under the root), ids from 0.
+func (ts *treeSnapshot) compactBFS() logPart {
 	nodes := ts.nodes
+	out := logPart{hdrs: make([]logHdr, 0, ts.blocks), words: make([]uint64, 0, 2*ts.blocks)}
 	queue := ts.appendLiveNodes(make([]uint32, 0, len(nodes)), rootNode)
-	id := uint64(0)
 	for qi := 0; qi < len(queue); qi++ {
 		n := queue[qi]
 		nd := &nodes[n]
@@ -582,18 +568,13 @@ func (ts *treeSnapshot) appendBFS(dst []byte, worker uint64) ([]byte, int) {
 			if !ts.has(n, s) {
 				continue
 			}
-			if id > 0 {
-				dst = append(dst, ',')
-			}
-			dst = appendStoredHead(dst, DumpBlocks, worker, id, p != rootNode, nodes[p].blockHash)
-			dst = appendBlock(dst, nd.blockHash, nd.tokensHash)
-			dst = append(dst, jsStoredTail...)
-			dst = appendEventTail(dst, ts.dps[s])
-			id++
+			out.hdrs = append(out.hdrs, logHdr{id: uint64(len(out.hdrs)), parent: nodes[p].blockHash,
+				off: uint32(len(out.words)), n: 1, dp: ts.dps[s], kind: KindStored, hasParent: p != rootNode})
+			out.words = append(out.words, nd.blockHash, nd.tokensHash)
 		}
 		queue = ts.appendLiveNodes(queue, n)
 	}
-	return dst, int(id)
+	return out
 }
 
 // appendLiveNodes appends n's children that a blocks-shape dump visits (held by a dumped slot, or, in a

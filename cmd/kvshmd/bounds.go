@@ -15,7 +15,11 @@ import (
 type boundsOpts struct {
 	steps, hwm, streams, conns     int
 	ringBytes, bufBytes, maxMemory string
+	gcHeadroom                     string
 }
+
+// defaultGCHeadroom is --gc-headroom's default (gcpolicy.go).
+const defaultGCHeadroom = 64 << 20
 
 func (o *boundsOpts) register(fs *flag.FlagSet, num func(string, int) int) {
 	d := daemon.DefaultBounds()
@@ -25,7 +29,20 @@ func (o *boundsOpts) register(fs *flag.FlagSet, num func(string, int) int) {
 	fs.IntVar(&o.streams, "max-streams-per-peer", num("KVSHMD_MAX_STREAMS_PER_PEER", d.MaxStreamsPerPeer), "streams one producer process (uid+pid) may have attached at once; beyond it the ATTACH is refused with limit (env KVSHMD_MAX_STREAMS_PER_PEER)")
 	fs.IntVar(&o.conns, "max-conns-per-peer", num("KVSHMD_MAX_CONNS_PER_PEER", d.MaxConnsPerPeer), "socket connections one process (uid+pid) may have open at once, within --max-conns; beyond it the connection gets limit and is closed (env KVSHMD_MAX_CONNS_PER_PEER)")
 	fs.StringVar(&o.bufBytes, "zmq-buffer-bytes", envOr(formatSize(uint64(d.ZmqBufferBytes)), "KVSHMD_ZMQ_BUFFER_BYTES"), "each publishing stream's replay buffer holds at most this many payload bytes (and at most buffer_steps batches); the oldest are evicted, and a replay from before them is counted incomplete (env KVSHMD_ZMQ_BUFFER_BYTES)")
+	fs.StringVar(&o.gcHeadroom, "gc-headroom", envOr(formatSize(defaultGCHeadroom), "KVSHMD_GC_HEADROOM"), "garbage the collector lets the heap grow by over its live data (bytes, or with KiB/MiB/GiB): GOGC is set after each collection to about this, within 12..50 (so between 1/8 and 1/2 of the live heap); 0 or a GOGC environment variable: Go's GOGC alone (env KVSHMD_GC_HEADROOM)")
 	fs.StringVar(&o.maxMemory, "max-memory", envOr("", "KVSHMD_MAX_MEMORY"), "the Go runtime's soft memory limit (debug.SetMemoryLimit): the GC works harder near it instead of letting the heap double; set it below the daemon's cgroup limit. Empty: GOMEMLIMIT if set, else none (env KVSHMD_MAX_MEMORY)")
+}
+
+// gcHeadroomBytes parses --gc-headroom ("0" turns the policy off).
+func (o *boundsOpts) gcHeadroomBytes() (uint64, error) {
+	if o.gcHeadroom == "0" {
+		return 0, nil
+	}
+	h, err := parseSize(o.gcHeadroom)
+	if err != nil {
+		return 0, fmt.Errorf("--gc-headroom %q: want a size such as 64MiB, or 0", o.gcHeadroom)
+	}
+	return h, nil
 }
 
 // bounds parses the options; mem is --max-memory in bytes (0: not given).

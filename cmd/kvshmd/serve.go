@@ -186,6 +186,11 @@ Flags:
 		fmt.Fprintf(stderr, "kvshmd serve: %v\n", err)
 		return exitUsage
 	}
+	headroom, err := bo.gcHeadroomBytes()
+	if err != nil {
+		fmt.Fprintf(stderr, "kvshmd serve: %v\n", err)
+		return exitUsage
+	}
 	applyMemoryLimit(mem)
 	if o.ckptInterval < 0 || (o.ckptInterval > 0 && o.stateDir == "") {
 		fmt.Fprintf(stderr, "kvshmd serve: --checkpoint-interval %v: want 0 (off) or a positive duration together with --state-dir\n", o.ckptInterval)
@@ -195,6 +200,7 @@ Flags:
 		fmt.Fprintf(stderr, "kvshmd serve: %v\n", err)
 		return exitFailure
 	}
+	startGCPolicy(headroom)
 	log := slog.New(h)
 	srv, err := daemon.New(daemon.Config{
 		SocketPath: o.socket, SocketMode: os.FileMode(mode), HTTPAddr: o.http, ParentPID: o.parentPID,
