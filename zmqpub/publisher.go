@@ -421,14 +421,11 @@ func (p *Publisher) serveSubscriber(c *conn) {
 			return
 		}
 		if flags&flagCommand != 0 {
-			name, data, err := parseCommand(body)
-			if err != nil {
+			name, data, ok := c.command(body)
+			if !ok {
 				return
 			}
-			switch name {
-			case "PING":
-				_ = c.put(net.Buffers{pong(data)}, true)
-			case "SUBSCRIBE", "CANCEL":
+			if name == "SUBSCRIBE" || name == "CANCEL" {
 				update(name == "SUBSCRIBE", data)
 			}
 			continue

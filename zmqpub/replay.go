@@ -28,15 +28,9 @@ func (p *Publisher) serveReplayClient(c *conn) {
 		if err != nil {
 			return
 		}
-		if flags&flagCommand != 0 {
-			// Commands are not requests: a libzmq peer with ZMQ_HEARTBEAT_IVL (Dynamo's replay DEALER: every 5 s)
-			// sends PING and drops the connection when no traffic comes back within its heartbeat timeout.
-			name, data, err := parseCommand(body)
-			if err != nil {
+		if flags&flagCommand != 0 { // commands (PING) are not requests
+			if _, _, ok := c.command(body); !ok {
 				return
-			}
-			if name == "PING" {
-				_ = c.put(net.Buffers{pong(data)}, true)
 			}
 			continue
 		}

@@ -100,6 +100,20 @@ func (c *conn) put(m net.Buffers, force bool) error {
 // putWait queues one message once the queue has room for it (a message larger than the bound waits for an empty
 // queue); it returns errClosed when the connection closes first (a peer that does not read is cut by its stall
 // timeout). Used for replies: a reply is paced by its own client and never cut for its size.
+// command parses a ZMTP command frame and answers a PING with PONG (libzmq's heartbeat: Dynamo's DEALER sends one
+// every 5 s and drops a connection that answers nothing within its timeout). It returns the command for the caller;
+// false for a malformed one, which ends the connection.
+func (c *conn) command(body []byte) (name string, data []byte, ok bool) {
+	name, data, err := parseCommand(body)
+	if err != nil {
+		return "", nil, false
+	}
+	if name == "PING" {
+		_ = c.put(net.Buffers{pong(data)}, true)
+	}
+	return name, data, true
+}
+
 func (c *conn) putWait(m net.Buffers) error {
 	n := 0
 	for _, b := range m {
