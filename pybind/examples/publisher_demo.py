@@ -176,15 +176,17 @@ def kvshmd_publishes_zmq(rng: random.Random) -> None:
                 seq, parent = seq + 1, hashes[-1]
                 time.sleep(0.02)
             assert watcher.stdout is not None
+            seen = []  # kvshmd's wire seqs (LIFECYCLE.md), not the engine's
             for line in watcher.stdout.read().splitlines():
                 b = json.loads(line)
+                seen.append(b["seq"])
                 kinds = ", ".join(f"{e['type']}({len(e['block_hashes'])})" for e in b["events"])
                 print(f"  kvshmd watch: topic {b['topic']!r} seq {b['seq']} dp_rank {b['data_parallel_rank']}: "
                       f"{kinds} [{b['payload_bytes']} B msgpack]")
             out = subprocess.run([find_kvshmd(), "watch", "--count", "2", "--timeout", "20s", "--replay", replay,
-                                  "--from", str(seq - 2), pub], capture_output=True, text=True, timeout=30)
+                                  "--from", str(seen[-2]), pub], capture_output=True, text=True, timeout=30)
             replayed = [json.loads(line)["seq"] for line in out.stdout.splitlines()]
-            print(f"  replay from seq {seq - 2}: {replayed} (the replay socket's buffer)")
+            print(f"  replay from seq {seen[-2]}: {replayed} (the replay socket's buffer)")
             z = ix.stats()["zmq"]
             print(f"  stats()['zmq']: published {z['published']}, dropped {z['dropped']}, replayed {z['replayed']}; "
                   f"recovery ids are the same seqs: last_event_id "
