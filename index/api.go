@@ -14,6 +14,9 @@ type Config struct {
 	OnLoss LossPolicy
 	// DumpShape is the event shape of a TreeDump (default DumpChains, Dynamo 1.6.1).
 	DumpShape DumpShape
+	// KeepTokens keeps every resident block's token window (and LoRA name) so that Snapshot can describe the
+	// tree as vLLM BlockStored events (tokens.go, snapshot.go): (block_size+2)*4 bytes per node.
+	KeepTokens bool
 }
 
 // LossPolicy says what a recovery answer is when kvshm itself lost events (a LOSS record, unknown history, a

@@ -27,3 +27,12 @@ var (
 	// truncated, of another format version or fails its checksum.
 	ErrCheckpoint = errors.New("kvshm/index: invalid checkpoint")
 )
+
+// Snapshot errors.
+var (
+	// ErrNoTokens is returned by Snapshot when the index does not keep tokens (Config.KeepTokens).
+	ErrNoTokens = errors.New("kvshm/index: the index keeps no tokens")
+	// ErrTokensUnknown is returned by TokenSnapshot.Events when a resident block's tokens are unknown (it was
+	// applied through Apply, without tokens, or restored from a checkpoint without them).
+	ErrTokensUnknown = errors.New("kvshm/index: a block's tokens are unknown")
+)

@@ -50,6 +50,9 @@ type Indexer struct {
 	// scratch is owned by the writer goroutine (only Apply* touch it).
 	scratch []Block
 	hashes  []uint64
+	// src is the token vector of the Stored event being applied (KeepTokens; nil otherwise and for Apply).
+	src *tokenSrc
+	srcBuf tokenSrc
 
 	// The dump cache (upstream local.rs get_cached_or_fresh_dump). Protected by cmu.
 	cmu       sync.Mutex
@@ -78,7 +81,11 @@ func New(cfg Config) (*Indexer, error) {
 	if cfg.MaxBufferSize < 0 {
 		cfg.MaxBufferSize = 0
 	}
-	return &Indexer{cfg: cfg, tree: newTree(), log: eventLog{max: cfg.MaxBufferSize}}, nil
+	ix := &Indexer{cfg: cfg, tree: newTree(), log: eventLog{max: cfg.MaxBufferSize}}
+	if cfg.KeepTokens {
+		ix.tree.tok = newTokenStore(cfg.BlockSize)
+	}
+	return ix, nil
 }
 
 // Config returns the configuration the index was created with (policies as last set by SetPolicies).
@@ -101,7 +108,12 @@ func (ix *Indexer) ApplyStoredTokens(id uint64, dp uint32, hasParent bool, paren
 		ix.reject(id, err)
 		return ApplyResult{}, fmt.Errorf("apply stored event %d: %w", id, err)
 	}
+	if ix.tree.tok != nil {
+		ix.srcBuf = tokenSrc{le: tokensLE, bs: int(ix.cfg.BlockSize), eagle: eagle, lora: lora}
+		ix.src = &ix.srcBuf
+	}
 	res, err := ix.apply(id, dp, KindStored, hasParent, parent, ix.scratch, nil, mismatch)
+	ix.src, ix.srcBuf = nil, tokenSrc{} // nothing of the event is retained
 	res.TokenMismatch = mismatch
 	return res, err
 }
@@ -166,7 +178,7 @@ func (ix *Indexer) applyLocked(id uint64, dp uint32, kind Kind, hasParent bool, 
 	s := ix.tree.slot(dp)
 	switch kind {
 	case KindStored:
-		res.Status = ix.tree.store(s, hasParent, parent, blocks)
+		res.Status = ix.tree.store(s, hasParent, parent, blocks, ix.src)
 	case KindRemoved:
 		res.Status = ix.tree.remove(s, hashes)
 	case KindCleared:

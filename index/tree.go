@@ -62,6 +62,8 @@ type tree struct {
 	// extra holds worker bits of slots >= 64: extra[n][i] covers slots 64*(i+1) .. 64*(i+1)+63.
 	extra map[uint32][]uint64
 	stack []uint32 // scratch for freeing subtrees
+	// tok holds every node's token window (Config.KeepTokens; tokens.go); nil when off.
+	tok *tokenStore
 }
 
 func newTree() *tree {
@@ -241,6 +243,9 @@ func (t *tree) free(x uint32) {
 		if t.extra != nil {
 			delete(t.extra, n)
 		}
+		if t.tok != nil {
+			t.tok.forget(n)
+		}
 		t.nodes[n] = node{parent: nilNode, firstChild: t.freeHead, nextSib: nilNode}
 		t.flags[n] = 0
 		t.freeHead = n
@@ -274,7 +279,7 @@ func (t *tree) setLookup(lk map[uint64]uint32, bh uint64, c uint32) {
 // apply_stored: a store under a block inside an edge splits the edge there unless it only re-covers or extends
 // that edge's own blocks; a new block extends the edge of its parent when the parent ends a leaf edge the worker
 // holds to its end, else it begins an edge.
-func (t *tree) store(s int, hasParent bool, parent uint64, blocks []Block) Status {
+func (t *tree) store(s int, hasParent bool, parent uint64, blocks []Block, src *tokenSrc) Status {
 	lk := t.slots[s].lookup
 	p := rootNode
 	if hasParent {
@@ -287,7 +292,7 @@ func (t *tree) store(s int, hasParent bool, parent uint64, blocks []Block) Statu
 			t.split(x, y)
 		}
 	}
-	for _, b := range blocks {
+	for i, b := range blocks {
 		c, ok := t.child(p, b.TokensHash)
 		stale := nilNode
 		if ok && t.noWorkers(c) {
@@ -324,6 +329,9 @@ func (t *tree) store(s int, hasParent bool, parent uint64, blocks []Block) Statu
 		}
 		t.setLookup(lk, b.BlockHash, c)
 		t.addWorker(c, s)
+		if t.tok != nil && src != nil {
+			t.tok.set(c, src, i)
+		}
 		p = c
 	}
 	return StatusOK
