@@ -51,7 +51,7 @@ type Indexer struct {
 	scratch []Block
 	hashes  []uint64
 	// src is the token vector of the Stored event being applied (KeepTokens; nil otherwise and for Apply).
-	src *tokenSrc
+	src    *tokenSrc
 	srcBuf tokenSrc
 
 	// The dump cache (upstream local.rs get_cached_or_fresh_dump). Protected by cmu.
