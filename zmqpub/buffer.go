@@ -11,6 +11,9 @@ type replayBuffer struct {
 	bytes           int
 	base            uint64 // the index of q[head] among every batch ever kept (a reply's cursor)
 	gen             uint64 // +1 per clear: a reply in progress stops at a reset
+	// begun: a reset batch came (the buffer holds the incarnation from its start, less what it lost); a buffer
+	// that never saw one began mid-incarnation (a restarted daemon, a replaced publisher).
+	begun bool
 	// lost: since the last reset batch (or since the buffer was made) a batch was evicted or was too large to keep.
 	// lostMax is the highest seq of those batches.
 	lost    bool
@@ -32,6 +35,7 @@ func (b *replayBuffer) clear() {
 	b.base += uint64(b.len())
 	b.gen++
 	b.q, b.head, b.bytes, b.lost, b.lostMax = b.q[:0], 0, 0, false, 0
+	b.begun = true
 }
 
 // add appends e, evicting the oldest batches past the step or byte cap.
@@ -73,12 +77,13 @@ func (b *replayBuffer) markLost(seq uint64) {
 // no copy of the buffer: [from, end) are the indices of the batches held when the request came.
 
 // replyRange returns the cursor range of a request from start, the buffer's generation, and whether the reply is
-// complete (as since).
+// complete: the oldest batch is a reset batch or not after start; empty, a reset came and nothing at or after
+// start was lost since (an empty buffer that never saw a reset began mid-incarnation: incomplete).
 func (b *replayBuffer) replyRange(start uint64) (from, end, gen uint64, complete bool) {
 	live := b.q[b.head:]
 	switch {
 	case len(live) == 0:
-		complete = !b.lost || b.lostMax < start
+		complete = b.begun && (!b.lost || b.lostMax < start)
 	default:
 		complete = live[0].reset || start >= live[0].seq
 	}

@@ -68,8 +68,10 @@ type Stats struct {
 	// oldest buffered batch and that batch is not a reset batch (the buffer rolled over, or the daemon restarted
 	// since the incarnation began).
 	ReplayIncomplete uint64
-	Endpoint         string // the PUB endpoint (as bound: a port 0 is resolved)
-	ReplayEndpoint   string // "" without replay socket
+	// Snapshots counts the replies that needed a snapshot, by SnapshotOutcomes (snapshot.go).
+	Snapshots      [numSnapshotOutcomes]uint64
+	Endpoint       string // the PUB endpoint (as bound: a port 0 is resolved)
+	ReplayEndpoint string // "" without replay socket
 }
 
 // AddCounts adds o's counters to s (the endpoints are left as they are): a stream's totals over its publishers.
@@ -84,6 +86,9 @@ func (s *Stats) AddCounts(o Stats) {
 	s.Cut += o.Cut
 	s.ReplayCut += o.ReplayCut
 	s.ReplayIncomplete += o.ReplayIncomplete
+	for i := range s.Snapshots {
+		s.Snapshots[i] += o.Snapshots[i]
+	}
 }
 
 // DroppedTotal sums the drops of every reason.
@@ -147,10 +152,12 @@ type Publisher struct {
 	// Counters. Updated atomically.
 	published, replayReqs, badReqs, replayed, incomplete, cut, replayCut atomic.Uint64
 	dropped                                                              [numDrops]atomic.Uint64
-	incompleteLog, badReqLog                                             rateLog
+	incompleteLog, badReqLog, snapLog                                    rateLog
 
 	bufMu sync.Mutex // protects buf
 	buf   replayBuffer
+
+	snap snapState // snapshot.go
 }
 
 // isBind is vLLM's rule (ZmqEventPublisher._is_bind_endpoint) without inproc, which New refuses.
@@ -448,6 +455,9 @@ func (p *Publisher) Stats() Stats {
 		ReplayCut: p.replayCut.Load(), Endpoint: p.endpoint, ReplayEndpoint: p.replayEP}
 	for i := range s.Dropped {
 		s.Dropped[i] = p.dropped[i].Load()
+	}
+	for i := range s.Snapshots {
+		s.Snapshots[i] = p.snap.outcomes[i].Load()
 	}
 	return s
 }

@@ -80,6 +80,25 @@ func (p *Publisher) replyLoop(c *conn, reqs <-chan uint64) {
 		}
 		p.bufMu.Unlock()
 		if !complete {
+			// The buffer does not reach back to start: the state as of a snapshot's seq L, then the batches
+			// after L (SNAPSHOT.md). A consumer already past L (start > L) needs no snapshot.
+			if sn := p.snapshot(c.done); sn != nil {
+				if sn.Seq >= start {
+					for _, b := range sn.Batches {
+						if c.putWait(p.replyMessage(entry{seq: sn.Seq, payload: b})) != nil {
+							return
+						}
+						p.replayed.Add(1)
+					}
+					start = sn.Seq + 1
+				}
+				p.bufMu.Lock()
+				cursor, end, gen, _ = p.buf.replyRange(start)
+				complete = !p.buf.lost || p.buf.lostMax < start
+				p.bufMu.Unlock()
+			}
+		}
+		if !complete {
 			p.countIncomplete(start, oldest)
 		}
 		for cursor < end {

@@ -1,0 +1,147 @@
+package zmqpub
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// Snapshot is the compacted state of a stream as of the batch with wire seq Seq: batches that, applied by a
+// consumer in order, leave it holding exactly the producer's state after that batch (kvshmd: per dp_rank
+// [AllBlocksCleared, BlockStored...], SNAPSHOT.md). Every batch goes out with seq Seq. Its payloads are shared by
+// every reply that uses it and must not be modified.
+type Snapshot struct {
+	Seq     uint64
+	Batches [][]byte
+}
+
+// Snapshotter builds a Snapshot of the stream's current state. It runs in a replay client's reply goroutine,
+// never on the publishing path; an error means no snapshot (the reply is the buffer's, counted incomplete).
+type Snapshotter func() (Snapshot, error)
+
+// SnapshotLimit bounds how many snapshot builds run at once across the publishers that share it (the daemon: one
+// for all its streams).
+type SnapshotLimit struct{ slots chan struct{} }
+
+// NewSnapshotLimit returns a limit of n concurrent builds (at least 1).
+func NewSnapshotLimit(n int) *SnapshotLimit {
+	return &SnapshotLimit{slots: make(chan struct{}, max(n, 1))}
+}
+
+// Snapshot outcomes (the label values of kvshm_zmq_snapshots_total), one per reply that needed a snapshot.
+const (
+	SnapshotBuilt       = "built"       // this reply built it
+	SnapshotShared      = "shared"      // an earlier or concurrent build served it (cached while the buffer covers its tail)
+	SnapshotWaited      = "waited"      // the build found every daemon-wide slot busy and waited for one (also built)
+	SnapshotUnavailable = "unavailable" // no snapshot (build error, or the client left while waiting): buffer only
+	numSnapshotOutcomes = 4
+)
+
+// SnapshotOutcomes lists the outcomes in a fixed order (metrics export).
+var SnapshotOutcomes = [numSnapshotOutcomes]string{SnapshotBuilt, SnapshotShared, SnapshotWaited, SnapshotUnavailable}
+
+// snapState is a publisher's snapshot source, its cached snapshot and its single-flight build.
+type snapState struct {
+	src      atomic.Pointer[snapSource]
+	mu       sync.Mutex
+	cached   *Snapshot
+	building chan struct{} // closed when the build in flight ends; nil when none
+	outcomes [numSnapshotOutcomes]atomic.Uint64
+	waiting  atomic.Int32 // builds waiting for a slot of the limit
+}
+
+type snapSource struct {
+	build Snapshotter
+	limit *SnapshotLimit
+}
+
+// SetSnapshotter gives the publisher a snapshot source for replay requests its buffer cannot answer completely
+// (nil: none, vLLM's replies), with the limit shared by the publishers it should be bounded with (nil: a limit of
+// 1 of its own). A cached snapshot is dropped.
+func (p *Publisher) SetSnapshotter(f Snapshotter, lim *SnapshotLimit) {
+	if f == nil {
+		p.snap.src.Store(nil)
+	} else {
+		if lim == nil {
+			lim = NewSnapshotLimit(1)
+		}
+		p.snap.src.Store(&snapSource{build: f, limit: lim})
+	}
+	p.snap.mu.Lock()
+	p.snap.cached = nil
+	p.snap.mu.Unlock()
+}
+
+// covers reports whether the buffer holds every batch after seq that this publisher kept (nothing after seq was
+// evicted or too large since the last reset): a snapshot as of seq plus the buffer's tail is the whole state.
+func (p *Publisher) covers(seq uint64) bool {
+	p.bufMu.Lock()
+	defer p.bufMu.Unlock()
+	return !p.buf.lost || p.buf.lostMax <= seq
+}
+
+// snapshot returns a snapshot for a reply: the cached one while the buffer covers its tail, else the one a build
+// in flight returns, else one it builds (waiting for a slot of the shared limit). It gives up (nil) when the
+// build fails or done is closed while it waits.
+func (p *Publisher) snapshot(done <-chan struct{}) *Snapshot {
+	s := &p.snap
+	src := s.src.Load()
+	if src == nil {
+		return nil
+	}
+	for {
+		s.mu.Lock()
+		if c := s.cached; c != nil && p.covers(c.Seq) {
+			s.mu.Unlock()
+			s.outcomes[1].Add(1)
+			return c
+		}
+		if ch := s.building; ch != nil {
+			s.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-done:
+				s.outcomes[3].Add(1)
+				return nil
+			}
+		}
+		ch := make(chan struct{})
+		s.building, s.cached = ch, nil
+		s.mu.Unlock()
+		sn, outcome := p.build(src, done)
+		s.mu.Lock()
+		s.building = nil
+		if sn != nil {
+			s.cached = sn
+		}
+		close(ch)
+		s.mu.Unlock()
+		s.outcomes[outcome].Add(1)
+		return sn
+	}
+}
+
+// build runs src.build in a slot of src.limit and returns the snapshot and its outcome index.
+func (p *Publisher) build(src *snapSource, done <-chan struct{}) (*Snapshot, int) {
+	outcome := 0
+	select {
+	case src.limit.slots <- struct{}{}:
+	default:
+		outcome = 2
+		p.snap.waiting.Add(1)
+		select {
+		case src.limit.slots <- struct{}{}:
+			p.snap.waiting.Add(-1)
+		case <-done:
+			p.snap.waiting.Add(-1)
+			return nil, 3
+		}
+	}
+	sn, err := src.build()
+	<-src.limit.slots
+	if err != nil {
+		p.snapLog.warn(p.log, "zmq replay snapshot unavailable: the reply holds the replay buffer only", "err", err)
+		return nil, 3
+	}
+	return &sn, outcome
+}
