@@ -15,7 +15,9 @@ import (
 // checkpointVersion.
 const (
 	checkpointMagic   = "KVSHMIX\x00"
-	checkpointVersion = uint32(2)
+	checkpointVersion = uint32(3)
+	// checkpointV2 is still read: it has no tokens section (the restored index keeps no tokens).
+	checkpointV2 = uint32(2)
 	// checkpointV1 is the previous version, still read: it lacks token_mismatches and the losses since the last
 	// Cleared (restored as the taint's first cause).
 	checkpointV1 = uint32(1)
@@ -68,6 +70,9 @@ func (ix *Indexer) writeCheckpoint(w io.Writer, meta []byte, version uint32) err
 	ix.encodeIDs(e, version)
 	ix.tree.encode(e, version)
 	ix.log.encode(e)
+	if version >= checkpointVersion {
+		ix.tree.encodeTokens(e)
+	}
 	return e.finish()
 }
 
@@ -416,9 +421,9 @@ func (d *ckDec) decode() (*Indexer, []byte) {
 	d.off = len(checkpointMagic)
 	version := d.u32()
 	d.version = version
-	if version != checkpointVersion && version != checkpointV1 {
+	if version != checkpointVersion && version != checkpointV2 && version != checkpointV1 {
 		d.off -= 4
-		d.fail("unsupported format version %d (this build reads %d and %d)", version, checkpointV1, checkpointVersion)
+		d.fail("unsupported format version %d (this build reads %d to %d)", version, checkpointV1, checkpointVersion)
 		return nil, nil
 	}
 	body := len(d.b) - trailer
@@ -444,6 +449,9 @@ func (d *ckDec) decode() (*Indexer, []byte) {
 		return nil, nil
 	}
 	if !d.decodeLog(ix) {
+		return nil, nil
+	}
+	if version >= checkpointVersion && !d.decodeTokens(ix) {
 		return nil, nil
 	}
 	if d.off != len(d.b) {
@@ -835,4 +843,101 @@ func (d *ckDec) decodeLog(ix *Indexer) bool {
 		return false
 	}
 	return true
+}
+
+// encodeTokens writes the tokens section (version 3): keep u8; when 1, the known windows (nodes ascending) and the
+// LoRA names (nodes ascending).
+func (t *tree) encodeTokens(e *ckEnc) {
+	e.bool(t.tok != nil)
+	if t.tok == nil {
+		return
+	}
+	ts := t.tok
+	var known []uint32
+	for n := range t.nodes {
+		if windowOf(ts.words, ts.stride, uint32(n)) != nil {
+			known = append(known, uint32(n))
+		}
+	}
+	e.u32(uint32(len(known)))
+	for _, n := range known {
+		w := windowOf(ts.words, ts.stride, n)
+		e.u32(n)
+		e.u32(uint32(len(w)))
+		for _, x := range w {
+			e.u32(x)
+		}
+	}
+	keys := make([]uint32, 0, len(ts.lora))
+	for n := range ts.lora {
+		keys = append(keys, n)
+	}
+	slices.Sort(keys)
+	e.u32(uint32(len(keys)))
+	for _, n := range keys {
+		e.u32(n)
+		e.str(ts.lora[n])
+	}
+}
+
+// decodeTokens reads the tokens section: windows of block_size or block_size+1 tokens of live non-root nodes,
+// nodes strictly ascending; LoRA names, non-empty, of nodes with a window, ascending.
+func (d *ckDec) decodeTokens(ix *Indexer) bool {
+	if !d.bool() {
+		return d.err == nil
+	}
+	t := ix.tree
+	ts := newTokenStore(ix.cfg.BlockSize)
+	t.tok, ix.cfg.KeepTokens = ts, true
+	bs := int(ix.cfg.BlockSize)
+	n := d.count(8+4*bs, "token window")
+	free := map[uint32]bool{} // the free list was validated (decodeTree): a chain of distinct nodes
+	if n > 0 {
+		for x := t.freeHead; x != nilNode; x = t.nodes[x].firstChild {
+			free[x] = true
+		}
+	}
+	prev := int64(-1)
+	for range n {
+		node, cnt := d.u32(), int(d.u32())
+		if d.err != nil {
+			return false
+		}
+		if int64(node) <= prev || node == rootNode || int(node) >= len(t.nodes) || free[node] {
+			d.fail("token window of node %d: not a live node after %d", node, prev)
+			return false
+		}
+		if cnt != bs && cnt != bs+1 {
+			d.fail("token window of node %d: %d tokens, want %d or %d", node, cnt, bs, bs+1)
+			return false
+		}
+		prev = int64(node)
+		off := int(node) * ts.stride
+		if need := off + ts.stride; need > len(ts.words) {
+			ts.words = append(ts.words, make([]uint32, need-len(ts.words))...)
+		}
+		ts.words[off] = uint32(cnt)
+		for j := range cnt {
+			ts.words[off+1+j] = d.u32()
+		}
+	}
+	n = d.count(8, "LoRA name")
+	prev = -1
+	for range n {
+		node := d.u32()
+		name := d.str()
+		if d.err != nil {
+			return false
+		}
+		if int64(node) <= prev || int(node) >= len(t.nodes) || windowOf(ts.words, ts.stride, node) == nil || name == "" {
+			d.fail("LoRA name of node %d: not a node with tokens after %d, or empty", node, prev)
+			return false
+		}
+		prev = int64(node)
+		if ts.lora == nil {
+			ts.lora = make(map[uint32]string)
+		}
+		ts.lora[node] = name
+	}
+	return d.err == nil
 }

@@ -9,6 +9,7 @@ import (
 	"hash/crc32"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 )
@@ -246,7 +247,7 @@ func TestCheckpointRejects(t *testing.T) {
 	}{
 		{"empty", nil},
 		{"magic", append([]byte("XXXXXXXX"), good[8:]...)},
-		{"version", resum(append(append(bytes.Clone(good[:8]), 3, 0, 0, 0), good[12:]...))},
+		{"version", resum(append(append(bytes.Clone(good[:8]), 4, 0, 0, 0), good[12:]...))},
 		{"truncated", good[:len(good)/2]},
 		{"flipped byte", func() []byte { b := bytes.Clone(good); b[len(b)/2] ^= 0x40; return b }()},
 		{"trailing byte, checksum fixed", resum(append(append(bytes.Clone(good[:len(good)-4]), 0), 0, 0, 0, 0))},
@@ -282,6 +283,7 @@ func FuzzReadCheckpoint(f *testing.F) {
 	}
 	empty, _ := New(Config{WorkerID: 1, BlockSize: 1})
 	f.Add(checkpointBytes(f, empty, nil))
+	f.Add(checkpointBytes(f, tokenIndex(f), nil))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if len(b) > 1<<16 {
 			return
@@ -298,6 +300,9 @@ func FuzzReadCheckpoint(f *testing.F) {
 				t.Fatalf("accepted checkpoint re-encodes differently")
 			}
 			checkTree(t, ix, "accepted checkpoint")
+			if sn, err := ix.Snapshot(); err == nil {
+				_ = sn.Events(func(*SnapshotEvent) {})
+			}
 			_, _ = ix.Recover(context.Background(), nil, nil)
 			_ = ix.FindMatches([]uint64{0, 1, 2}, false)
 			_, _ = ix.Apply(&Event{ID: 1 << 40, Kind: KindRemoved, Hashes: []uint64{0, 1, 2, 3}})
@@ -375,3 +380,72 @@ func TestReadCheckpointBounded(t *testing.T) {
 type lenOnly int
 
 func (l lenOnly) Len() int { return int(l) }
+
+// tokenIndex is a small KeepTokens index: chains, an Eagle chain, a LoRA chain, a removal (a freed node).
+func tokenIndex(tb testing.TB) *Indexer {
+	tb.Helper()
+	ix, _ := New(Config{WorkerID: 3, BlockSize: 2, MaxBufferSize: 8, KeepTokens: true})
+	for i, e := range []struct {
+		hasParent bool
+		parent    uint64
+		hs        []uint64
+		toks      []uint32
+		lora      string
+		eagle     bool
+	}{
+		{false, 0, []uint64{1, 2, 3}, []uint32{1, 2, 3, 4, 5, 6}, "", false},
+		{true, 2, []uint64{4}, []uint32{7, 8}, "", false},
+		{false, 0, []uint64{5, 6}, []uint32{9, 9, 8, 8, 7}, "", true},
+		{false, 0, []uint64{7}, []uint32{4, 4}, "ad", false},
+	} {
+		if _, err := ix.ApplyStoredTokens(uint64(i+1), uint32(i%2), e.hasParent, e.parent, hashesLE(e.hs...),
+			tokensToLE(nil, e.toks), []byte(e.lora), e.eagle); err != nil && i != 1 {
+			tb.Fatal(err)
+		}
+	}
+	if _, err := ix.Apply(&Event{ID: 9, Kind: KindRemoved, Hashes: []uint64{3}}); err != nil {
+		tb.Fatal(err)
+	}
+	return ix
+}
+
+func snapshotEvents(t *testing.T, ix *Indexer) []string {
+	t.Helper()
+	sn, err := ix.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	if err := sn.Events(func(e *SnapshotEvent) { out = append(out, fmt.Sprintf("%+v", *e)) }); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestCheckpointTokens: version 3 carries the token windows and LoRA names (a restored kvshmd answers the same
+// snapshot); a version 2 checkpoint restores an index without tokens.
+func TestCheckpointTokens(t *testing.T) {
+	ix := tokenIndex(t)
+	want := snapshotEvents(t, ix)
+	if len(want) < 3 {
+		t.Fatalf("snapshot of the test index: %q", want)
+	}
+	ix2, _, err := ReadCheckpoint(bytes.NewReader(checkpointBytes(t, ix, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := snapshotEvents(t, ix2); !slices.Equal(got, want) {
+		t.Fatalf("restored snapshot:\n%q\nwant\n%q", got, want)
+	}
+	var v2 bytes.Buffer
+	if err := ix.writeCheckpoint(&v2, nil, checkpointV2); err != nil {
+		t.Fatal(err)
+	}
+	ix3, _, err := ReadCheckpoint(&v2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ix3.Snapshot(); !errors.Is(err, ErrNoTokens) {
+		t.Fatalf("version 2 restore: Snapshot %v, want ErrNoTokens", err)
+	}
+}

@@ -166,6 +166,9 @@ func (t *tree) newNode(bh, th uint64) uint32 {
 		t.freeHead = t.nodes[n].firstChild
 		t.nodes[n] = nd
 		t.flags[n] = 0
+		if t.tok != nil {
+			t.tok.forget(n) // free forgot it too; a restored arena is not trusted to have
+		}
 		return n
 	}
 	t.nodes = append(t.nodes, nd)
