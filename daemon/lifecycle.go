@@ -158,7 +158,7 @@ func (s *Server) lookupCheckpoint(o *openRing) {
 	}
 	// Even at head 0: the first checkpoint of a ring may have been written just before a crash that kept its head
 	// from being released. A fresh ring with no checkpoint is not a "missing" restore.
-	l := s.ckpt.load(o.key, o.h.Epoch, o.r, s.indexConfig(o.req.WorkerID, o.req.KVBlockSize, o.h.MaxBufferSize))
+	l := s.ckpt.load(o.key, o.h.Epoch, o.r, s.indexConfig(o.req.WorkerID, o.req.KVBlockSize, o.h.MaxBufferSize, o.req.Publish))
 	if o.head > 0 || l.result != ckptMissing {
 		o.ck = &l
 	}
@@ -282,7 +282,7 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 	req, h, key, head := o.req, o.h, o.key, o.head
 	newIndex := func() (*index.Indexer, error) {
 		// The header's max_buffer_size is authoritative (the request's, when nonzero, was checked against it).
-		ix, err := index.New(s.indexConfig(req.WorkerID, req.KVBlockSize, h.MaxBufferSize))
+		ix, err := index.New(s.indexConfig(req.WorkerID, req.KVBlockSize, h.MaxBufferSize, req.Publish))
 		if err != nil {
 			return nil, errorf(sock.CodeBadRequest, "create index: %v", err)
 		}
@@ -322,6 +322,7 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 		}
 		st = &stream{key: key, ix: ix, streamEpoch: 1, groups: map[groupKey]bool{}}
 		st.pub.Store(firstPub)
+		st.armSnapshots(firstPub, req.Publish, s)
 		st.rank.Store(key.rank)
 		if p.outcome == attachRestore && firstPub != nil {
 			// A restored index speaks the previous daemon's wire seqs: never go below them (the clock may have).

@@ -128,6 +128,7 @@ func (st *stream) setPublisher(req *sock.Publish, s *Server) error {
 		return errorf(sock.CodeBadRequest, "publish: %v", err)
 	}
 	st.pub.Store(p)
+	st.armSnapshots(p, req, s)
 	ps := p.Stats()
 	s.log.Info("ZMQ publishing", append(st.key.logAttrs(), "endpoint", ps.Endpoint, "replay_endpoint", ps.ReplayEndpoint,
 		"topic", cfg.Topic, "hwm", cfg.HWM, "buffer_steps", cfg.BufferSteps)...)
@@ -218,7 +219,10 @@ func (a *attachment) applyBatch(rec shm.Record, c *batchCounts) {
 		}
 	}
 	seq, rank := a.bevs[0].view.Seq, a.bevs[0].view.DpRank // ParseBatch refuses a batch without events
-	// Pass 2: apply and encode, under the batch's wire seq on a publishing stream.
+	// Pass 2: apply and encode, under the batch's wire seq on a publishing stream; a replay snapshot's copy of the
+	// tree waits for the whole batch (snapGate).
+	a.st.snap.mu.Lock()
+	defer a.st.snap.mu.Unlock()
 	a.id = seq
 	if a.publishing {
 		a.id = a.st.nextWire()

@@ -20,6 +20,7 @@ import (
 	"github.com/kvshm/kvshm/index"
 	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
+	"github.com/kvshm/kvshm/zmqpub"
 )
 
 // Config configures a Server. A zero field selects its value in DefaultConfig (OnLoss, DumpShape: their zero values;
@@ -47,6 +48,12 @@ type Config struct {
 	// ZMQHeartbeat > 0: a publishing stream that published nothing for this long publishes an empty batch with the
 	// next wire seq (--zmq-heartbeat; LIFECYCLE.md, "Heartbeats"). 0 = off.
 	ZMQHeartbeat time.Duration
+	// ZMQNoSnapshots turns replay snapshots off (--zmq-snapshots=false): a publishing stream's index keeps no
+	// tokens and a replay older than the buffer gets the buffer only, as from vLLM's publisher (SNAPSHOT.md).
+	ZMQNoSnapshots bool
+	// ZMQSnapshotBuilds bounds the replay snapshots built at once, daemon-wide (--zmq-snapshot-builds); 0 =
+	// DefaultSnapshotBuilds. A build beyond it waits for a slot.
+	ZMQSnapshotBuilds int
 	// Clock is the wall clock wire seqs start from (unix µs; LIFECYCLE.md, "Wire seqs"). nil = time.Now; tests
 	// inject one.
 	Clock    func() time.Time
@@ -140,10 +147,11 @@ func (c *Config) fill() {
 // Server is a running kvshmd: the socket listener, the optional HTTP listener and the streams.
 // Its methods are safe for concurrent use.
 type Server struct {
-	cfg Config
-	log *slog.Logger
-	m   *metrics
-	uid int
+	snapLimit *zmqpub.SnapshotLimit // replay snapshot builds, daemon-wide (snapshot.go)
+	cfg       Config
+	log       *slog.Logger
+	m         *metrics
+	uid       int
 
 	ln        *net.UnixListener
 	httpLn    net.Listener
@@ -176,6 +184,10 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, uid: os.Getuid(), streams: map[streamKey]*stream{}, conns: map[*conn]struct{}{},
 		httpSem: make(chan struct{}, cfg.HTTPMaxConns)}
+	if cfg.ZMQSnapshotBuilds <= 0 {
+		cfg.ZMQSnapshotBuilds = DefaultSnapshotBuilds
+	}
+	s.snapLimit = zmqpub.NewSnapshotLimit(cfg.ZMQSnapshotBuilds)
 	s.rankPorts = rankPorts{s: s, ports: map[uint32]*rankPort{}}
 	if cfg.RankPortsBase != 0 {
 		if cfg.RankPortsBase < 0 || cfg.RankPortsBase > 65535 || cfg.HTTPAddr == "" {
@@ -553,8 +565,9 @@ func isTimeout(err error) bool {
 }
 
 // indexConfig is the index configuration of a new stream: the ring's geometry and the daemon's policies.
-func (s *Server) indexConfig(worker uint64, blockSize, maxBuffer uint32) index.Config {
-	return index.Config{WorkerID: worker, BlockSize: blockSize, MaxBufferSize: int(maxBuffer), OnLoss: s.cfg.OnLoss, DumpShape: s.cfg.DumpShape}
+func (s *Server) indexConfig(worker uint64, blockSize, maxBuffer uint32, publish *sock.Publish) index.Config {
+	return index.Config{WorkerID: worker, BlockSize: blockSize, MaxBufferSize: int(maxBuffer), OnLoss: s.cfg.OnLoss,
+		DumpShape: s.cfg.DumpShape, KeepTokens: s.keepTokens(publish)}
 }
 
 // streamList returns the streams sorted by key (worker, then ALL, then ranks).

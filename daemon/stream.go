@@ -54,6 +54,8 @@ type stream struct {
 	// atomically (readers: STATS, tests).
 	wire atomic.Uint64
 	rank atomic.Uint32
+	// snap keeps a replay snapshot's tree copy between two batches (snapshot.go).
+	snap snapGate
 
 	mu          sync.Mutex // protects every field below
 	ix          *index.Indexer

@@ -116,3 +116,15 @@ func (s *TokenSnapshot) Events(fn func(*SnapshotEvent)) error {
 	}
 	return nil
 }
+
+// EnableTokens makes an index that keeps no tokens keep them from now on (a stream that starts publishing): the
+// blocks already resident have unknown tokens, so a snapshot is ErrTokensUnknown until they are gone (a Cleared).
+// Only the writer goroutine, or its owner while none runs, calls it.
+func (ix *Indexer) EnableTokens() {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if ix.tree.tok == nil {
+		ix.tree.tok = newTokenStore(ix.cfg.BlockSize)
+		ix.cfg.KeepTokens = true
+	}
+}

@@ -1,0 +1,118 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/kvshm/kvshm/index"
+	"github.com/kvshm/kvshm/proto/sock"
+	"github.com/kvshm/kvshm/vllmwire"
+	"github.com/kvshm/kvshm/zmqpub"
+)
+
+// Replay snapshots (SNAPSHOT.md; issue 18): a replay request older than the publisher's buffer is answered with
+// the stream's state as of its last batch L, built from the index's tree and token windows (index.KeepTokens, on
+// for publishing streams unless --zmq-snapshots=false), one batch per dp_rank under seq L:
+// [ts, [AllBlocksCleared, BlockStored...], rank]. The build runs in the asking client's reply goroutine; the drain
+// goroutine waits only for the copy of the tree (snapGate).
+
+// DefaultSnapshotBuilds is Config.ZMQSnapshotBuilds' default: snapshot builds running at once, daemon-wide.
+const DefaultSnapshotBuilds = 2
+
+// errNoSnapshot: the index has seen no event, so there is no seq to label a snapshot with (nothing to replay).
+var errNoSnapshot = errors.New("the stream has no events yet")
+
+// snapGate makes a snapshot's copy of the tree fall between two batches: the drain goroutine holds it across the
+// apply of each BATCH record (a single EVENT record, a LOSS and a Cleared are applied under one index lock
+// already), the copy holds it too. So the snapshot's last id L is a whole batch's: the batches after L are
+// exactly what the state lacks.
+type snapGate struct{ mu sync.Mutex }
+
+// keepTokens reports whether a stream attached with this publish object keeps token windows in its index.
+func (s *Server) keepTokens(p *sock.Publish) bool { return p != nil && !s.cfg.ZMQNoSnapshots }
+
+// armSnapshots gives the stream's new publisher its snapshot source (when the daemon makes snapshots).
+func (st *stream) armSnapshots(p *zmqpub.Publisher, req *sock.Publish, s *Server) {
+	if p == nil || !s.keepTokens(req) {
+		return
+	}
+	st.mu.Lock()
+	if st.ix != nil {
+		st.ix.EnableTokens() // an index made for an ATTACH without publish (no drain goroutine runs here)
+	}
+	st.mu.Unlock()
+	p.SetSnapshotter(st.snapshotter(wireOf(req)), s.snapLimit)
+}
+
+// snapshotter returns the stream's Snapshotter: the current index's tree, encoded in the stream's wire layout.
+func (st *stream) snapshotter(w vllmwire.Wire) zmqpub.Snapshotter {
+	return func() (zmqpub.Snapshot, error) {
+		st.mu.Lock()
+		ix, bs := st.ix, st.blockSize
+		st.mu.Unlock()
+		if ix == nil {
+			return zmqpub.Snapshot{}, errNoSnapshot
+		}
+		st.snap.mu.Lock()
+		ts, err := ix.Snapshot()
+		st.snap.mu.Unlock()
+		if err != nil {
+			return zmqpub.Snapshot{}, err
+		}
+		if !ts.HasID {
+			return zmqpub.Snapshot{}, errNoSnapshot
+		}
+		if bs == 0 {
+			bs = ix.Config().BlockSize
+		}
+		b, err := snapshotBatches(ts, w, bs, st.rank.Load())
+		if err != nil {
+			return zmqpub.Snapshot{}, err
+		}
+		return zmqpub.Snapshot{Seq: ts.ID, Batches: b}, nil
+	}
+}
+
+// snapshotBatches encodes a snapshot as one batch per dp_rank (ascending; fallback when the stream has carried
+// none): [ts, [AllBlocksCleared, BlockStored (parents first)...], rank]. BlockStored events carry what live ones
+// carry for an indexed block without metadata: medium "GPU", block_size the stream's, the LoRA name and Eagle form
+// the blocks were stored with.
+func snapshotBatches(ts *index.TokenSnapshot, w vllmwire.Wire, bs, fallback uint32) ([][]byte, error) {
+	type rankBody struct {
+		n    int
+		body []byte
+	}
+	ranks := slices.Clone(ts.DpRanks)
+	if len(ranks) == 0 {
+		ranks = []uint32{fallback}
+	}
+	bodies := make(map[uint32]*rankBody, len(ranks))
+	for _, r := range ranks {
+		rb := &rankBody{n: 1}
+		rb.body = w.AppendEvent(rb.body, &vllmwire.Event{Kind: vllmwire.KindCleared})
+		bodies[r] = rb
+	}
+	var ev vllmwire.Event
+	err := ts.Events(func(e *index.SnapshotEvent) {
+		rb := bodies[e.DpRank]
+		ev = vllmwire.Event{Kind: vllmwire.KindStored, BlockHashes: e.BlockHashes, HasParent: e.HasParent,
+			ParentHash: e.Parent, TokenIDs: e.TokenIDs, IsEagle: e.IsEagle, BlockSize: bs, HasMedium: true,
+			Medium: "GPU", HasLoraName: e.LoraName != "", LoraName: e.LoraName}
+		rb.body = w.AppendEvent(rb.body, &ev)
+		rb.n++
+	})
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	ts0 := batchTS(0)
+	out := make([][]byte, 0, len(ranks))
+	for _, r := range ranks {
+		rb := bodies[r]
+		b := vllmwire.AppendBatchHeader(make([]byte, 0, len(rb.body)+32), ts0, rb.n)
+		b = append(b, rb.body...)
+		out = append(out, vllmwire.AppendBatchTrailer(b, int64(r)))
+	}
+	return out, nil
+}
