@@ -458,6 +458,19 @@
 // PublishHeartbeat (live only, not in the replay buffer, not in the index: an id gap there). It is checked on the
 // drain goroutine's idle wakeups (a publishing stream parks ≤ 10 ms), so it costs no extra wakeup.
 //
+// Replay snapshots (snapshot.go; SNAPSHOT.md; default on, --zmq-snapshots=false off): a publishing stream's index
+// keeps token windows (index.Config.KeepTokens; an index made for an ATTACH without publish gets EnableTokens when
+// publishing starts), and its publisher gets a Snapshotter: a replay the buffer cannot answer completely gets, per
+// dp_rank the stream has carried, [now, [AllBlocksCleared, BlockStored...], rank] under seq L = the index's last id
+// (the wire seq of the last whole batch: the drain goroutine holds stream.snap across each BATCH's apply and the
+// tree copy takes it too, so the copy never falls inside a batch; the drain waits at most for the copy, ~8 ms at
+// 100 k blocks), then the buffered batches after L. Builds run in the asking client's reply goroutine, at most
+// --zmq-snapshot-builds (default 2) at once daemon-wide (Server.snapLimit; more wait for a slot), one per stream at
+// a time, shared while the buffer covers their tail; kvshm_zmq_snapshots_total{outcome} counts them. Checkpoints
+// carry the token windows (index format 3), so a daemon restarted from its state dir answers the same snapshot. A
+// block whose tokens are unknown (restored from a version 2 checkpoint, or stored before publishing started)
+// makes the snapshot unavailable until a Cleared: the reply is the buffer's, counted incomplete.
+//
 // A restarted daemon replays only what it has published since it started (the replay buffer is in memory), and
 // batches in the ring that it drains again after an unclean stop (from the persisted head) are published again
 // under new seqs: re-applying a suffix of the log leaves a router's state unchanged. With a restored checkpoint the

@@ -141,6 +141,7 @@ var (
 	dZmqReplayed     = desc("kvshm_zmq_replayed_batches_total", "Batches sent in answer to replay requests.")
 	dZmqIncomplete   = desc("kvshm_zmq_replay_incomplete_total", "Replay replies that could not hold everything from the requested seq (the replay buffer rolled over, or kvshmd restarted since the engine incarnation began).")
 	dZmqCut          = desc("kvshm_zmq_subscribers_cut_total", "ZMQ subscribers disconnected for falling behind (16 MiB or hwm messages queued) or taking no write for the stall timeout.")
+	dZmqSnapshots    = desc("kvshm_zmq_snapshots_total", "Replay replies the buffer could not answer completely, by how their snapshot came (built; shared: a cached or concurrent build; waited: built after waiting for a --zmq-snapshot-builds slot; unavailable: none, the reply held the buffer only). SNAPSHOT.md.", "outcome")
 	dZmqReplayCut    = desc("kvshm_zmq_replay_clients_cut_total", "Replay clients disconnected for taking no write for the stall timeout.")
 )
 
@@ -223,6 +224,9 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 			emit(dZmqIncomplete, C, float64(zs.ReplayIncomplete))
 			emit(dZmqCut, C, float64(zs.Cut))
 			emit(dZmqReplayCut, C, float64(zs.ReplayCut))
+			for i, outcome := range zmqpub.SnapshotOutcomes {
+				emit(dZmqSnapshots, C, float64(zs.Snapshots[i]), outcome)
+			}
 		}
 	}
 }

@@ -44,11 +44,15 @@ func makeStored(rng *rand.Rand, n, nblocks, bs int) []storedInput {
 }
 
 func BenchmarkApplyStored(b *testing.B) {
-	for _, nb := range []int{1, 32} {
-		b.Run(fmt.Sprintf("blocks=%d/tokens=32", nb), func(b *testing.B) {
+	for _, c := range []struct {
+		nb   int
+		keep bool
+	}{{1, false}, {32, false}, {1, true}, {32, true}} {
+		nb := c.nb
+		b.Run(fmt.Sprintf("blocks=%d/tokens=32/keep_tokens=%v", nb, c.keep), func(b *testing.B) {
 			const batch = 4096
 			in := makeStored(rand.New(rand.NewPCG(1, 1)), batch, nb, 32)
-			ix, _ := New(Config{WorkerID: 1, BlockSize: 32, MaxBufferSize: 10000})
+			ix, _ := New(Config{WorkerID: 1, BlockSize: 32, MaxBufferSize: 10000, KeepTokens: c.keep})
 			b.SetBytes(int64(len(in[0].tokensLE)))
 			b.ReportAllocs()
 			var id uint64
@@ -222,5 +226,61 @@ func BenchmarkHeapPerBlock(b *testing.B) {
 			runtime.KeepAlive(ix)
 		}
 		b.ReportMetric(perBlock, "heap-B/block")
+	})
+}
+
+// BenchmarkSnapshot measures a replay snapshot of n resident blocks (chains of 32, block size 16, tokens kept):
+// the copy under the read lock (what ingest waits for), and the whole Snapshot+Events walk; and the heap the token
+// store adds per block. go test ./index -run '^$' -bench Snapshot -benchtime 3x
+func BenchmarkSnapshot(b *testing.B) {
+	const n, bs = 100_000, 16
+	fill := func(keep bool) *Indexer {
+		rng := rand.New(rand.NewPCG(5, 5))
+		ix, _ := New(Config{WorkerID: 1, BlockSize: bs, MaxBufferSize: 10000, KeepTokens: keep})
+		in := makeStored(rng, n/32, 32, bs)
+		for i, e := range in {
+			if _, err := ix.ApplyStoredTokens(uint64(i+1), 0, false, 0, e.hashesLE, e.tokensLE, nil, false); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return ix
+	}
+	b.Run(fmt.Sprintf("heap/blocks=%d", n), func(b *testing.B) {
+		var per float64
+		for b.Loop() {
+			var m0, m1, m2 runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&m0)
+			off := fill(false)
+			runtime.GC()
+			runtime.ReadMemStats(&m1)
+			on := fill(true)
+			runtime.GC()
+			runtime.ReadMemStats(&m2)
+			per = (float64(m2.HeapAlloc-m1.HeapAlloc) - float64(m1.HeapAlloc-m0.HeapAlloc)) / n
+			runtime.KeepAlive(off)
+			runtime.KeepAlive(on)
+		}
+		b.ReportMetric(per, "token-heap-B/block")
+	})
+	ix := fill(true)
+	b.Run(fmt.Sprintf("copy/blocks=%d", n), func(b *testing.B) {
+		for b.Loop() {
+			if _, err := ix.Snapshot(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run(fmt.Sprintf("copy+events/blocks=%d", n), func(b *testing.B) {
+		for b.Loop() {
+			s, err := ix.Snapshot()
+			if err != nil {
+				b.Fatal(err)
+			}
+			blocks := 0
+			if err := s.Events(func(e *SnapshotEvent) { blocks += len(e.BlockHashes) }); err != nil || blocks != n {
+				b.Fatalf("%d blocks, %v", blocks, err)
+			}
+		}
 	})
 }

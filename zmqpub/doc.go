@@ -45,6 +45,22 @@
 // A reply walks the buffer with a cursor, 64 batches per lock, over the batches held when the request came: a slow
 // client holds no copy of the buffer, only its place.
 //
+// A buffer that never saw a reset batch began mid-incarnation (a restarted daemon, a replaced publisher): empty, it
+// answers every request incomplete (it answered them complete and empty before, so a router restarted after kvshmd
+// restarted got nothing).
+//
+// # Snapshots (snapshot.go; SNAPSHOT.md)
+//
+// With a Snapshotter (SetSnapshotter), a request the buffer cannot answer completely is answered with the
+// Snapshot's batches, each under its seq L (the last batch the state includes), then the buffered batches with seq
+// > L, then the end marker; a request from after L needs no snapshot and gets the buffer. A snapshot is cached and
+// reused while the buffer holds every batch after L that it kept (nothing after L evicted since); at most one build
+// runs per publisher (other requests wait for it and share it), and builds run in a slot of a SnapshotLimit shared
+// by the publishers it bounds (a build finding none free waits, in its own reply goroutine, until one frees or its
+// client goes away). Each reply that needed one is counted by outcome (Stats.Snapshots: built, shared, waited,
+// unavailable); a build error (logged at most once per 10 s) leaves the reply the buffer's, counted incomplete.
+// The snapshot's batches are shared by every reply, never copied, and paced by each client's queue like any reply.
+//
 // # Replay framing
 //
 // Follows vLLM 0.33.0's _service_replay: a request is exactly 3 frames once a ROUTER adds the identity frame
