@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -311,11 +312,11 @@ func routerScenario(t *testing.T, bin string, snapshots bool) {
 	dir := t.TempDir()
 	socket, state := filepath.Join(dir, "kvshmd.sock"), filepath.Join(dir, "state")
 	args := []string{"--state-dir", state, "--checkpoint-interval", "100ms", "--zmq-heartbeat", "100ms",
-		fmt.Sprintf("--zmq-snapshots=%v", snapshots)}
+		fmt.Sprintf("--zmq-snapshots=%v", snapshots), "--http", "127.0.0.1:0"}
 	d := startDaemon(t, socket, args...)
 	p := newProducer(t, socket, worker, bs, 1<<22)
 	ep, rep := "ipc://"+filepath.Join(dir, "pub.sock"), "ipc://"+filepath.Join(dir, "replay.sock")
-	pub := &sock.Publish{Endpoint: ep, ReplayEndpoint: &rep, Topic: "", BufferSteps: 8}
+	pub := &sock.Publish{Endpoint: ep, ReplayEndpoint: &rep, Topic: "", BufferSteps: 8, HWM: 64}
 	attachPublishing(t, p, pub)
 	r := &router{t: t, bin: bin, port: freePort(t), log: &testenv.SyncBuffer{}}
 	r.start()
@@ -347,6 +348,30 @@ func routerScenario(t *testing.T, bin string, snapshots bool) {
 	converged(t, r, worker, tr, "(a) router down past the replay buffer")
 	logReplays(t, r, off, "(a)")
 
+	// (a') The router stays up but is cut off (SIGSTOP): kvshmd cuts its subscriber once the socket is full and 64
+	// messages are queued; the router resumes with a gap far behind the buffer and replays from watermark+1.
+	off = len(r.log.String())
+	if err := r.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	cut := func() bool { return metricSum(t, d, "kvshm_zmq_subscribers_cut_total") >= 1 }
+	for i := 0; !cut(); i++ {
+		for range 50 {
+			tr.step(t, p)
+		}
+		if i > 400 {
+			t.Fatal("kvshmd never cut the stopped router's subscriber")
+		}
+	}
+	for range 20 {
+		tr.step(t, p)
+	}
+	if err := r.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	converged(t, r, worker, tr, "(a') router cut off past the replay buffer")
+	logReplays(t, r, off, "(a')")
+
 	// (b) kvshmd is SIGKILLed (events go on into the ring meanwhile), restarted from its state dir; the router
 	// restarts after it (it gets the restarted daemon's snapshot, restored from the checkpoint plus the ring).
 	for range 20 {
@@ -374,6 +399,27 @@ func routerScenario(t *testing.T, bin string, snapshots bool) {
 		tr.step(t, p)
 	}
 	converged(t, r, worker, tr, "(b) live after the restarts")
+}
+
+// metricSum sums the samples of a metric on the daemon's /metrics.
+func metricSum(t *testing.T, d *daemonProc, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + d.http + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var sum float64
+	for _, l := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(l, name+" ") || strings.HasPrefix(l, name+"{") {
+			var v float64
+			if _, err := fmt.Sscan(l[strings.LastIndexByte(l, ' ')+1:], &v); err == nil {
+				sum += v
+			}
+		}
+	}
+	return sum
 }
 
 // logReplays logs the router's replay lines since offset (what it asked, what it got).

@@ -84,9 +84,23 @@ func TestSnapshotReply(t *testing.T) {
 	if want := [numSnapshotOutcomes]uint64{2, 2, 0, 0}; st.Snapshots != want || st.ReplayIncomplete != 0 {
 		t.Fatalf("snapshots %v incomplete %d, want %v and 0", st.Snapshots, st.ReplayIncomplete, want)
 	}
-	publish(18, 20) // 16, 17 evicted
+	// A new incarnation: the buffer is complete again from any older seq (its reset batch), and once it rolls over
+	// the cached snapshot (as of 17) cannot cover it (everything evicted since is after the reset, so after 17).
+	p.PublishReset(18, []byte("r18"))
+	waitFor(t, func() bool { return p.Stats().Published == 9 }, "reset published")
+	check(11, []string{"18:r18"}, 2)
+	p.Publish(19, []byte("b19"))
+	p.Publish(20, []byte("b20"))
+	p.Publish(21, []byte("b21")) // 18 evicted (steps 2)
+	waitFor(t, func() bool { return p.Stats().Published == 12 }, "published")
+	seq.Store(21)
+	check(11, []string{"21:A21", "21:B21"}, 3)
+	p.Publish(22, []byte("b22"))
+	p.Publish(23, []byte("b23"))
+	p.Publish(24, []byte("b24")) // 22 evicted: the snapshot as of 21 no longer covers
+	waitFor(t, func() bool { return p.Stats().Published == 15 }, "published")
 	fail.Store(true)
-	check(11, []string{"19:b19", "20:b20"}, 3)
+	check(11, []string{"23:b23", "24:b24"}, 4)
 	if st := p.Stats(); st.Snapshots[3] != 1 || st.ReplayIncomplete != 1 {
 		t.Fatalf("after a failed build: snapshots %v incomplete %d, want 1 unavailable, 1 incomplete", st.Snapshots, st.ReplayIncomplete)
 	}
