@@ -167,3 +167,58 @@ func BenchmarkSnapshotBatches(b *testing.B) {
 	}
 	b.ReportMetric(float64(size)/n, "wire-B/block")
 }
+
+// TestSnapshotBatchesPerRank: a stream carrying several dp_ranks gets one batch per rank (ascending), each
+// starting with its Cleared (Dynamo clears the batch's (worker, dp_rank)); a rank that holds nothing now gets the
+// Cleared alone; a stream that has carried no rank gets one Cleared batch with the fallback rank.
+func TestSnapshotBatchesPerRank(t *testing.T) {
+	ix, _ := index.New(index.Config{WorkerID: 1, BlockSize: 2, KeepTokens: true})
+	for _, e := range []struct {
+		id   uint64
+		dp   uint32
+		hs   []uint64
+		toks []uint32
+	}{{1, 1, []uint64{11}, []uint32{1, 2}}, {2, 0, []uint64{21, 22}, []uint32{3, 4, 5, 6}}, {3, 2, []uint64{31}, []uint32{7, 8}}} {
+		if _, err := ix.ApplyStoredTokens(e.id, e.dp, false, 0, le64(e.hs), le32(e.toks), nil, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := ix.Apply(&index.Event{ID: 4, DpRank: 2, Kind: index.KindRemoved, Hashes: []uint64{31}}); err != nil {
+		t.Fatal(err)
+	}
+	ts, err := ix.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := snapshotBatches(ts, vllmwire.Wire033, 2, 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][]string{
+		{"AllBlocksCleared", `BlockStored [21 22] parent false/0 tokens [3 4 5 6] bs 2 medium "GPU"`},
+		{"AllBlocksCleared", `BlockStored [11] parent false/0 tokens [1 2] bs 2 medium "GPU"`},
+		{"AllBlocksCleared"},
+	}
+	if len(out) != len(want) {
+		t.Fatalf("%d batches, want %d", len(out), len(want))
+	}
+	for i, p := range out {
+		b, err := vllmwire.Decode(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := describe(b); !slices.Equal(got, want[i]) || b.DpRank != int64(i) {
+			t.Fatalf("batch %d: %q rank %d, want %q rank %d", i, got, b.DpRank, want[i], i)
+		}
+	}
+	empty, _ := index.New(index.Config{WorkerID: 1, BlockSize: 2, KeepTokens: true})
+	empty.MarkLost(5, 5, "test")
+	ts, _ = empty.Snapshot()
+	out, err = snapshotBatches(ts, vllmwire.Wire033, 2, 9)
+	if err != nil || len(out) != 1 {
+		t.Fatalf("no ranks: %d batches, %v", len(out), err)
+	}
+	if b, _ := vllmwire.Decode(out[0]); !slices.Equal(describe(b), []string{"AllBlocksCleared"}) || b.DpRank != 9 {
+		t.Fatalf("no ranks: %q rank %d, want the Cleared alone, rank 9", describe(b), b.DpRank)
+	}
+}
