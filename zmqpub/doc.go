@@ -54,8 +54,9 @@
 // With a Snapshotter (SetSnapshotter), a request the buffer cannot answer completely is answered with the
 // Snapshot's batches, each under its seq L (the last batch the state includes), then the buffered batches with seq
 // > L, then the end marker; a request from after L needs no snapshot and gets the buffer. A snapshot is cached and
-// reused while the buffer holds every batch after L that it kept (nothing after L evicted since); at most one build
-// runs per publisher (other requests wait for it and share it), and builds run in a slot of a SnapshotLimit shared
+// reused while the buffer holds every batch after L that it kept (nothing after L evicted since), if it is at most
+// 16 MiB (larger: dropped once no reply uses it); at most one build runs per publisher (other requests wait for it
+// and share it, or give up with it when it fails), and builds run in a slot of a SnapshotLimit shared
 // by the publishers it bounds (a build finding none free waits, in its own reply goroutine, until one frees or its
 // client goes away). Each reply that needed one is counted by outcome (Stats.Snapshots: built, shared, waited,
 // unavailable); a build error (logged at most once per 10 s) leaves the reply the buffer's, counted incomplete.

@@ -86,12 +86,14 @@ func (p *Publisher) replyLoop(c *conn, reqs <-chan uint64) {
 				if sn.Seq >= start {
 					for _, b := range sn.Batches {
 						if c.putWait(p.replyMessage(entry{seq: sn.Seq, payload: b})) != nil {
+							p.release(sn)
 							return
 						}
 						p.replayed.Add(1)
 					}
 					start = sn.Seq + 1
 				}
+				p.release(sn)
 				p.bufMu.Lock()
 				cursor, end, gen, _ = p.buf.replyRange(start)
 				complete = !p.buf.lost || p.buf.lostMax < start

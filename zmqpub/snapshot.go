@@ -39,14 +39,29 @@ const (
 // SnapshotOutcomes lists the outcomes in a fixed order (metrics export).
 var SnapshotOutcomes = [numSnapshotOutcomes]string{SnapshotBuilt, SnapshotShared, SnapshotWaited, SnapshotUnavailable}
 
+// snapCacheMax is the largest snapshot (payload bytes) kept once no reply uses it, as the index keeps a dump's
+// JSON up to 16 MiB: a larger one is shared only by the replies that overlap its use (N routers asking at once),
+// so an idle stream never holds more than this on top of its index.
+const snapCacheMax = 16 << 20
+
 // snapState is a publisher's snapshot source, its cached snapshot and its single-flight build.
 type snapState struct {
 	src      atomic.Pointer[snapSource]
 	mu       sync.Mutex
 	cached   *Snapshot
-	building chan struct{} // closed when the build in flight ends; nil when none
+	size     int // cached's payload bytes
+	users    int // replies sending cached now
+	cacheMax int // snapCacheMax when 0 (tests lower it)
+	building *flight // the build in flight; nil when none
 	outcomes [numSnapshotOutcomes]atomic.Uint64
 	waiting  atomic.Int32 // builds waiting for a slot of the limit
+	joined   atomic.Int32 // replies waiting for the build in flight
+}
+
+// flight is one build: done is closed when it ends, sn is then its snapshot (nil: none).
+type flight struct {
+	done chan struct{}
+	sn   *Snapshot
 }
 
 type snapSource struct {
@@ -67,7 +82,7 @@ func (p *Publisher) SetSnapshotter(f Snapshotter, lim *SnapshotLimit) {
 		p.snap.src.Store(&snapSource{build: f, limit: lim})
 	}
 	p.snap.mu.Lock()
-	p.snap.cached = nil
+	p.snap.cached, p.snap.users = nil, 0
 	p.snap.mu.Unlock()
 }
 
@@ -91,33 +106,68 @@ func (p *Publisher) snapshot(done <-chan struct{}) *Snapshot {
 	for {
 		s.mu.Lock()
 		if c := s.cached; c != nil && p.covers(c.Seq) {
+			s.users++
 			s.mu.Unlock()
 			s.outcomes[1].Add(1)
 			return c
 		}
-		if ch := s.building; ch != nil {
+		if f := s.building; f != nil {
 			s.mu.Unlock()
+			s.joined.Add(1)
 			select {
-			case <-ch:
-				continue
+			case <-f.done:
+				s.joined.Add(-1)
+				if f.sn == nil { // it failed: so would ours (no tokens, say); the next request tries again
+					s.outcomes[3].Add(1)
+					return nil
+				}
+				s.mu.Lock()
+				if s.cached == f.sn {
+					s.users++
+				}
+				s.mu.Unlock()
+				s.outcomes[1].Add(1)
+				return f.sn // shared even if it was dropped from the cache meanwhile (release ignores it then)
 			case <-done:
+				s.joined.Add(-1)
 				s.outcomes[3].Add(1)
 				return nil
 			}
 		}
-		ch := make(chan struct{})
-		s.building, s.cached = ch, nil
+		f := &flight{done: make(chan struct{})}
+		s.building, s.cached = f, nil
 		s.mu.Unlock()
 		sn, outcome := p.build(src, done)
 		s.mu.Lock()
-		s.building = nil
+		s.building, f.sn = nil, sn
 		if sn != nil {
-			s.cached = sn
+			s.cached, s.size, s.users = sn, 0, 1
+			for _, b := range sn.Batches {
+				s.size += len(b)
+			}
 		}
-		close(ch)
+		close(f.done)
 		s.mu.Unlock()
 		s.outcomes[outcome].Add(1)
 		return sn
+	}
+}
+
+// release ends a reply's use of sn (returned by snapshot): a snapshot past snapCacheMax is dropped once no reply
+// uses it.
+func (p *Publisher) release(sn *Snapshot) {
+	s := &p.snap
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cached != sn {
+		return // replaced meanwhile
+	}
+	limit := s.cacheMax
+	if limit == 0 {
+		limit = snapCacheMax
+	}
+	if s.users--; s.users == 0 && s.size > limit {
+		s.cached = nil
 	}
 }
 

@@ -128,8 +128,9 @@ func TestSnapshotMidIncarnation(t *testing.T) {
 }
 
 // TestSnapshotThrottle: N routers asking one stream at once cost one build (the others wait for it and share
-// it); a build on another stream sharing the daemon-wide limit of 1 waits for the slot, and is counted; every
-// reply is whole once the slot frees.
+// it), even for a snapshot too large to stay cached; a build on another stream sharing the daemon-wide limit of 1
+// waits for the slot, and is counted; every reply is whole once the slot frees. Once no reply uses it, the large
+// snapshot is dropped: the next request builds again.
 func TestSnapshotThrottle(t *testing.T) {
 	lim := NewSnapshotLimit(1)
 	type side struct {
@@ -150,6 +151,9 @@ func TestSnapshotThrottle(t *testing.T) {
 			}
 			return Snapshot{Seq: 7, Batches: [][]byte{bytes.Repeat([]byte(name), 3)}}, nil
 		}, lim)
+		s.p.snap.mu.Lock()
+		s.p.snap.cacheMax = 2 // bytes: every snapshot here is larger
+		s.p.snap.mu.Unlock()
 		return s
 	}
 	a, b := mk("a", true), mk("b", false)
@@ -165,6 +169,7 @@ func TestSnapshotThrottle(t *testing.T) {
 		ask(i, a)
 	}
 	ask(4, b)
+	waitFor(t, func() bool { return a.p.snap.joined.Load() == 3 }, "3 replies waiting for a's build")
 	waitFor(t, func() bool { return b.p.snap.waiting.Load() == 1 }, "b waiting for a build slot")
 	close(release)
 	wg.Wait()
@@ -180,8 +185,17 @@ func TestSnapshotThrottle(t *testing.T) {
 	if a.builds.Load() != 1 || b.builds.Load() != 1 {
 		t.Fatalf("builds a %d b %d, want 1 and 1", a.builds.Load(), b.builds.Load())
 	}
+	b.p.snap.mu.Lock()
+	kept := b.p.snap.cached
+	b.p.snap.mu.Unlock()
+	if kept != nil {
+		t.Fatal("a snapshot past snapCacheMax is still cached after its reply")
+	}
+	if got := replayPairs(t, b.rep, 0); !equalStrings(got, []string{"7:bbb"}) || b.builds.Load() != 2 {
+		t.Fatalf("after the cap: %q, %d builds; want [7:bbb], 2", got, b.builds.Load())
+	}
 	if sa, sb := a.p.Stats().Snapshots, b.p.Stats().Snapshots; sa != [numSnapshotOutcomes]uint64{1, 3, 0, 0} ||
-		sb != [numSnapshotOutcomes]uint64{0, 0, 1, 0} {
-		t.Fatalf("outcomes a %v b %v, want [1 3 0 0] and [0 0 1 0]", sa, sb)
+		sb != [numSnapshotOutcomes]uint64{1, 0, 1, 0} {
+		t.Fatalf("outcomes a %v b %v, want [1 3 0 0] and [1 0 1 0]", sa, sb)
 	}
 }
