@@ -49,9 +49,9 @@ type snapState struct {
 	src      atomic.Pointer[snapSource]
 	mu       sync.Mutex
 	cached   *Snapshot
-	size     int // cached's payload bytes
-	users    int // replies sending cached now
-	cacheMax int // snapCacheMax when 0 (tests lower it)
+	size     int     // cached's payload bytes
+	users    int     // replies sending cached now
+	cacheMax int     // snapCacheMax when 0 (tests lower it)
 	building *flight // the build in flight; nil when none
 	outcomes [numSnapshotOutcomes]atomic.Uint64
 	waiting  atomic.Int32 // builds waiting for a slot of the limit
@@ -103,54 +103,52 @@ func (p *Publisher) snapshot(done <-chan struct{}) *Snapshot {
 	if src == nil {
 		return nil
 	}
-	for {
-		s.mu.Lock()
-		if c := s.cached; c != nil && p.covers(c.Seq) {
-			s.users++
-			s.mu.Unlock()
-			s.outcomes[1].Add(1)
-			return c
-		}
-		if f := s.building; f != nil {
-			s.mu.Unlock()
-			s.joined.Add(1)
-			select {
-			case <-f.done:
-				s.joined.Add(-1)
-				if f.sn == nil { // it failed: so would ours (no tokens, say); the next request tries again
-					s.outcomes[3].Add(1)
-					return nil
-				}
-				s.mu.Lock()
-				if s.cached == f.sn {
-					s.users++
-				}
-				s.mu.Unlock()
-				s.outcomes[1].Add(1)
-				return f.sn // shared even if it was dropped from the cache meanwhile (release ignores it then)
-			case <-done:
-				s.joined.Add(-1)
+	s.mu.Lock()
+	if c := s.cached; c != nil && p.covers(c.Seq) {
+		s.users++
+		s.mu.Unlock()
+		s.outcomes[1].Add(1)
+		return c
+	}
+	if f := s.building; f != nil {
+		s.mu.Unlock()
+		s.joined.Add(1)
+		select {
+		case <-f.done:
+			s.joined.Add(-1)
+			if f.sn == nil { // it failed: so would ours (no tokens, say); the next request tries again
 				s.outcomes[3].Add(1)
 				return nil
 			}
-		}
-		f := &flight{done: make(chan struct{})}
-		s.building, s.cached = f, nil
-		s.mu.Unlock()
-		sn, outcome := p.build(src, done)
-		s.mu.Lock()
-		s.building, f.sn = nil, sn
-		if sn != nil {
-			s.cached, s.size, s.users = sn, 0, 1
-			for _, b := range sn.Batches {
-				s.size += len(b)
+			s.mu.Lock()
+			if s.cached == f.sn {
+				s.users++
 			}
+			s.mu.Unlock()
+			s.outcomes[1].Add(1)
+			return f.sn // shared even if it was dropped from the cache meanwhile (release ignores it then)
+		case <-done:
+			s.joined.Add(-1)
+			s.outcomes[3].Add(1)
+			return nil
 		}
-		close(f.done)
-		s.mu.Unlock()
-		s.outcomes[outcome].Add(1)
-		return sn
 	}
+	f := &flight{done: make(chan struct{})}
+	s.building, s.cached = f, nil
+	s.mu.Unlock()
+	sn, outcome := p.build(src, done)
+	s.mu.Lock()
+	s.building, f.sn = nil, sn
+	if sn != nil {
+		s.cached, s.size, s.users = sn, 0, 1
+		for _, b := range sn.Batches {
+			s.size += len(b)
+		}
+	}
+	close(f.done)
+	s.mu.Unlock()
+	s.outcomes[outcome].Add(1)
+	return sn
 }
 
 // release ends a reply's use of sn (returned by snapshot): a snapshot past snapCacheMax is dropped once no reply
