@@ -430,3 +430,52 @@ func logReplays(t *testing.T, r *router, offset int, what string) {
 		}
 	}
 }
+
+// TestRouterSnapshotScale (KVSHM_SNAPSHOT_SCALE=1; a measurement for issue 18's restart figures, not a gate): a
+// stream of 100 k resident blocks (block size 16, chains of 32), the router restarted: how long until its state is
+// exact through one snapshot reply.
+func TestRouterSnapshotScale(t *testing.T) {
+	if os.Getenv("KVSHM_SNAPSHOT_SCALE") == "" {
+		t.Skip("set KVSHM_SNAPSHOT_SCALE=1 to measure")
+	}
+	bin := standaloneBin(t)
+	const worker, bs, n = 42, 16, 100_000
+	dir := t.TempDir()
+	socket := filepath.Join(dir, "kvshmd.sock")
+	d := startDaemon(t, socket, "--state-dir", "", "--zmq-heartbeat", "100ms", "--http", "127.0.0.1:0")
+	p := newProducer(t, socket, worker, bs, 1<<27)
+	ep, rep := "ipc://"+filepath.Join(dir, "pub.sock"), "ipc://"+filepath.Join(dir, "replay.sock")
+	attachPublishing(t, p, &sock.Publish{Endpoint: ep, ReplayEndpoint: &rep, BufferSteps: 8})
+	rng := rand.New(rand.NewPCG(1, 2))
+	want := map[string]bool{}
+	for id := range n / 32 {
+		hs := make([]uint64, 32)
+		toks := make([]uint32, 32*bs)
+		for i := range toks {
+			toks[i] = uint32(rng.IntN(128000))
+		}
+		ths, err := index.HashTokens(toks, bs, "", false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range hs {
+			hs[i] = rng.Uint64() >> 1
+			want[fmt.Sprintf("%d/%d", hs[i], ths[i])] = true
+		}
+		p.mustPublish(stored(uint64(id+1), 0, nil, hs, toks))
+	}
+	r := &router{t: t, bin: bin, port: freePort(t), log: &testenv.SyncBuffer{}}
+	start := time.Now()
+	r.start()
+	up := time.Since(start)
+	r.register(worker, ep, rep, bs)
+	deadline := time.Now().Add(120 * time.Second)
+	for !equalSets(r.state(worker), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not converged: %s", tail(r.log.String(), 2000))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("router start to exact state of %d blocks: %v (of which the router's own start %v; /dump polled every "+
+		"100 ms; snapshots %v)", n, time.Since(start), up, metricSum(t, d, "kvshm_zmq_snapshots_total"))
+}
