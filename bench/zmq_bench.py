@@ -27,7 +27,9 @@ Measurements:
   sends and applies the indexer (a fork calling the indexer on the scheduler thread moves the inline "indexer
   apply" column there); for (c) ``publish`` is ``apply_batch`` on the scheduler thread. Paced at ``--rate`` batches/s;
   the engine process's CPU (all threads, libzmq's I/O thread included) and the scheduler and publisher threads'
-  CPU (pthread CPU clocks) per batch, minus an idle engine running the same pacing loop; kvshmd's CPU for (b)/(c).
+  CPU (pthread CPU clocks) per batch, minus an idle engine running the same pacing loop; kvshmd's CPU for (b)/(c)
+  (its threads' schedstat, ns). Again for (a) and (c) at ``--zmq-node-rates`` (default 100 batches/s), the
+  headline workload only: issue 17's node figure, engine + kvshmd against (a), at both rates.
 * latency: during the threaded runs a pyzmq SUB in another process (``zmq_bench.py sub``) stamps each message's
   arrival with time.time() and subtracts the batch's ts from its payload (the engine's time.time() when it built the
   batch: the same clock across processes).
