@@ -322,12 +322,12 @@ func (p *Publisher) publish(e entry, kind itemKind) bool {
 			_ = c.put(msg, false) // a cut is counted by the connection
 		}
 	}
-	p.published.Add(1)
 	if kind != itemHeartbeat {
 		p.bufMu.Lock()
 		p.buf.add(e)
 		p.bufMu.Unlock()
 	}
+	p.published.Add(1) // after the buffer: Stats().Published == n means every batch of the n can be replayed
 	return true
 }
 
