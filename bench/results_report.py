@@ -502,10 +502,13 @@ def first_limit(d: dict[str, Any]) -> list[str]:
     out = []
     for pt in w:
         out.append(f"{pt['workers']} workers at {pt.get('rate', rate):.0f} events/s: kvshmd "
-                   f"{pt['daemon_cpu_pct']:.0f}% of a core ({pt['daemon_cpu_us_per_event']:.0f} µs per event), "
-                   f"publishers {pt['publisher_cpu_pct']:.0f}%, machine {pt.get('machine_busy_pct', float('nan')):.0f}%"
-                   f" of {cores} cores busy, query p50 {us(pt['query']['median_us'])} p99 {us(pt['query']['p99_us'])},"
-                   f" dropped {pt['dropped']}, kvshmd RssAnon {pt['rss_end'] / 2**20:.0f} MiB")
+                   f"{pt['daemon_cpu_pct']:.0f}% of a core "
+                   + (f"({pt['daemon_cpu_us_per_event']:.0f} µs per event), " if pt.get("rate", rate) else "(idle), ")
+                   + f"publishers {pt['publisher_cpu_pct']:.0f}%, machine "
+                   f"{pt.get('machine_busy_pct', float('nan')):.0f}% of {cores} cores busy, "
+                   + (f"query p50 {us(pt['query']['median_us'])} p99 {us(pt['query']['p99_us'])},"
+                      if pt.get("queries", True) else "no queries,")
+                   + f" dropped {pt['dropped']}, kvshmd RssAnon {pt['rss_end'] / 2**20:.0f} MiB")
     top = max(main_pts, key=lambda pt: pt["workers"])
     one = min(main_pts, key=lambda pt: pt["workers"])
     growth = top["query"]["median_us"] / one["query"]["median_us"] if one["query"]["median_us"] else float("nan")
@@ -719,7 +722,8 @@ def main() -> None:
         for pt in w["points"]:
             rows.append([str(pt["workers"]), f"{pt.get('rate', w['rate']):.0f}", f"{pt['events_per_s_per_worker']:.0f}",
                          f"{pt['applied']:,} / {pt['events']:,}", str(pt["dropped"]),
-                         f"{pt['daemon_cpu_pct']:.0f}%", f"{pt['daemon_cpu_us_per_event']:.1f}",
+                         f"{pt['daemon_cpu_pct']:.0f}%",
+                         f"{pt['daemon_cpu_us_per_event']:.1f}" if pt.get("rate", w["rate"]) else "—",
                          f"{pt['rss_start'] / 2**20:.0f} → {pt['rss_end'] / 2**20:.0f} MiB "
                          f"({pt.get('vmrss_end', 0) / 2**20:.0f} MiB)",
                          us(pt["query"]["median_us"]), us(pt["query"]["p99_us"]), str(pt["query"]["n"]),
