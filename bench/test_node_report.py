@@ -118,3 +118,25 @@ def test_section_lists_every_miss_with_its_figures() -> None:
     assert "## Node (issue 17)" in text
     assert text.count("**MISS**") == 1 and "* `get_events_json`, 10 recent events: kvshm is 11.00 µs slower" in text
     assert nr.node_section({}) == []
+
+
+def test_proc_cpu_counts_every_thread_finer_than_a_clock_tick() -> None:
+    """kvshmd's CPU comes from its live threads' schedstat (ns): never more than getrusage (every thread, exited
+    ones included) and not a multiple of /proc/PID/stat's 10 ms tick."""
+    import os
+    import threading
+
+    import _common
+
+    def burn() -> None:
+        x = 0
+        for i in range(300_000):
+            x += i
+
+    t = threading.Thread(target=burn)
+    t.start()
+    burn()
+    t.join()  # the thread exited: its time is in getrusage, not in the live threads' schedstat
+    live = _common.proc_cpu_s(os.getpid())
+    assert 0 < live <= _common.cpu_self() + 0.01
+    assert round(live * 1e9) % 10_000_000 != 0
