@@ -69,8 +69,9 @@
 //
 // # Connections (every bound, and what exceeding it does)
 //
-// Every connection has a queue and a writer goroutine of its own; every write waits at most Config.StallTimeout
-// (default 2 s). So one peer that stops reading costs only its own queue and never delays another peer.
+// Every connection has a queue and a writer goroutine of its own; a write by Publish never waits (non-blocking,
+// only when the queue is empty), the writer's waits at most Config.StallTimeout (default 2 s). So one peer that
+// stops reading costs only its own queue and never delays another peer.
 //
 //   - A subscriber is cut (its connection closed, counted in Stats.Cut) when its queue would exceed
 //     Config.SubscriberBacklog bytes (default 16 MiB) or Config.HWM messages (0: no message bound; libzmq drops
