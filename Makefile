@@ -92,7 +92,8 @@ BENCH_DIR  := build/bench
 BENCH_ENV  := PYTHONPATH=$(CURDIR)/pybind/src KVSHMD_BIN=$(CURDIR)/build/kvshmd
 bench: venv build
 	@start=$$(date +%s); mkdir -p $(BENCH_DIR); \
-	$(BENCH_ENV) $(VPY) -m pytest -q -p no:cacheprovider bench/test_results_report.py bench/test_zmq_bench.py; \
+	$(BENCH_ENV) $(VPY) -m pytest -q -p no:cacheprovider bench/test_results_report.py bench/test_node_report.py \
+	  bench/test_zmq_bench.py; \
 	$(MAKE) --no-print-directory bench-ref; \
 	$(MAKE) --no-print-directory bench-go 2>&1 | tee $(BENCH_DIR)/go.txt; \
 	$(VPY) bench/publish_bench.py | tee $(BENCH_DIR)/publish_bench.txt; \
@@ -112,6 +113,7 @@ bench-go:
 	$(GO) test -run '^$$' -bench 'DaemonIdleCPU' -benchtime 10x $(BENCH_GO) ./bench/
 	$(GO) test -run '^$$' -bench 'DaemonReach/gap=(0s|200µs|2ms)$$' -benchtime 2000x $(BENCH_GO) ./bench/
 	$(GO) test -run '^$$' -bench 'DaemonColdReach' -benchtime 20x $(BENCH_GO) ./bench/
+	$(GO) test -run '^$$' -bench 'PublishCPU' -benchmem -benchtime 2000x $(BENCH_GO) ./zmqpub/
 
 # The reference module for make bench, installed into the dev venv (maturin from the conformance venv); without
 # cargo it is removed from the venv so a stale build is never compared against.

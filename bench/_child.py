@@ -194,8 +194,14 @@ def publisher(args: argparse.Namespace) -> None:
         if cmd["op"] == "quit":
             break
         seconds, rate = float(cmd["seconds"]), float(cmd["rate"])
-        period = 2.0 / (rate * len(ixs))  # one pair per period, round robin over the workers
         counts = [0] * len(ixs)
+        if rate <= 0:  # attached and idle: the daemon's cost of streams that publish nothing
+            c0, w0 = cpu_self(), time.perf_counter()
+            time.sleep(seconds)
+            reply({"events": counts, "last": [s - 1 for s in seq], "cpu_s": cpu_self() - c0,
+                   "wall_s": time.perf_counter() - w0, "dropped": 0, "max_behind_s": 0.0})
+            continue
+        period = 2.0 / (rate * len(ixs))  # one pair per period, round robin over the workers
         c0, w0 = cpu_self(), time.perf_counter()
         deadline2 = w0 + seconds
         nxt = w0

@@ -589,16 +589,29 @@ class WorkerQueries(threading.Thread):
 
 
 def workers(cfg: argparse.Namespace) -> dict[str, Any]:
+    """One shared kvshmd per run: ``workers`` attached streams publishing at ``rate`` events/s each while a consumer
+    queries; then, without queries (issue 17: what the streams themselves cost kvshmd), the most workers at the low
+    rate and attached idle (rate 0), each after kvshmd's own CPU with nothing attached, measured in the same daemon
+    for ``--worker-empty-seconds`` (the baseline)."""
     counts = [int(s) for s in cfg.worker_counts.split(",")]
     log(f"workers: one shared kvshmd, {counts} attached workers at {cfg.worker_rate:.0f} events/s each")
     points = []
     runs = [(w, cfg.worker_rate) for w in counts]
     if cfg.worker_low_rate > 0:  # many streams that publish rarely: the daemon's idle strategy per stream
         runs.append((max(counts), cfg.worker_low_rate))
+    if cfg.worker_idle:  # many streams attached that publish nothing
+        runs.append((max(counts), 0.0))
     for w, rate in runs:
         d = Daemon(cfg.kvshmd)
         pubs: list[Child] = []
+        queries = rate == cfg.worker_rate
         try:
+            empty_pct = None
+            if not queries:
+                time.sleep(0.3)
+                c0, t0 = proc_cpu_s(d.proc.pid), time.perf_counter()
+                time.sleep(cfg.worker_empty_seconds)
+                empty_pct = 100 * (proc_cpu_s(d.proc.pid) - c0) / (time.perf_counter() - t0)
             procs = min(w, cfg.worker_procs)
             wids = list(range(100, 100 + w))
             for i in range(procs):
@@ -614,11 +627,13 @@ def workers(cfg: argparse.Namespace) -> dict[str, Any]:
             t0 = time.perf_counter()
             for pb in pubs:
                 pb.send({"op": "publish", "seconds": cfg.worker_seconds, "rate": rate})
-            q.start()
+            if queries:
+                q.start()
             outs = [pb.recv() for pb in pubs]
             busy = busy_pct(m0, machine_ticks())
             stop.set()
-            q.join()
+            if queries:
+                q.join()
             # every published event applied? (a query's barrier waits for the drain)
             from kvshm._client import Client
 
@@ -637,7 +652,8 @@ def workers(cfg: argparse.Namespace) -> dict[str, Any]:
                 "daemon_cpu_pct": 100 * cpu / wall, "daemon_cpu_us_per_event": 1e6 * cpu / max(1, applied),
                 "rss_start": rss0, "rss_end": proc_rss(d.proc.pid), "ring_bytes": cfg.worker_ring_bytes,
                 "vmrss_end": proc_rss(d.proc.pid, "VmRSS"),
-                "query": summary(q.lat), "query_other": q.other, "machine_busy_pct": busy,
+                "query": summary(q.lat), "query_other": q.other, "machine_busy_pct": busy, "queries": queries,
+                "empty_daemon_cpu_pct": empty_pct,
             })
             log(f"workers: {w} at {rate:.0f} events/s done")
         finally:
@@ -677,6 +693,10 @@ def main() -> None:
     p.add_argument("--worker-rate", type=float, default=float(env("WORKER_RATE", "400")))
     p.add_argument("--worker-low-rate", type=float, default=float(env("WORKER_LOW_RATE", "10")))
     p.add_argument("--worker-seconds", type=float, default=float(env("WORKER_SECONDS", "6")))
+    p.add_argument("--worker-idle", type=int, default=int(env("WORKER_IDLE", "1")),
+                   help="1: also measure the most workers attached and idle (rate 0), without queries")
+    p.add_argument("--worker-empty-seconds", type=float, default=float(env("WORKER_EMPTY_SECONDS", "3")),
+                   help="kvshmd's CPU with nothing attached, before the low-rate and idle runs (their baseline)")
     p.add_argument("--worker-qps", type=float, default=float(env("WORKER_QPS", "50")))
     p.add_argument("--worker-procs", type=int, default=int(env("WORKER_PROCS", "2")))
     p.add_argument("--worker-ring-bytes", type=int, default=int(env("WORKER_RING_BYTES", str(8 << 20))))

@@ -13,10 +13,15 @@ import argparse
 import json
 import math
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import node_report  # noqa: E402
+from _report import Goal, mb, ratio_s, table, us, verdict  # noqa: E402
 
 GOAL_ROWS_DOC = "issue 9, Goals and The deployment that matters"
 
@@ -33,17 +38,6 @@ ZMQ_LATENCY_P99_US = 1000.0
 ZMQ_WORKLOADS = {"headline": "32×32 Stored", "mix": "mix of 1–4 events"}
 ZMQ_SIDES = {"a": "(a) msgspec + pyzmq + reference indexer", "b": "(b) msgspec + pyzmq + kvshm `apply_*`",
              "c": "(c) kvshm `apply_batch`, kvshmd publishes"}
-
-
-@dataclass
-class Goal:
-    name: str
-    target: str
-    kvshm: str
-    baseline: str
-    ratio: float | None
-    ok: bool | None  # None: not measured (skipped)
-    note: str = ""
 
 
 @dataclass
@@ -73,28 +67,6 @@ def parse_go(text: str) -> list[GoBench]:
         if metrics:
             out.append(GoBench(m.group(1), int(m.group(2)), metrics))
     return out
-
-
-def us(x: float) -> str:
-    if x != x:  # NaN
-        return "n/a"
-    if x >= 10_000:
-        return f"{x / 1000:,.1f} ms"
-    if x >= 100:
-        return f"{x:,.0f} µs"
-    return f"{x:.2f} µs"
-
-
-def mb(x: float) -> str:
-    return f"{x / 1e6:,.1f} MB"
-
-
-def verdict(ok: bool | None) -> str:
-    return "skipped" if ok is None else ("**PASS**" if ok else "**MISS**")
-
-
-def ratio_s(r: float | None) -> str:
-    return "—" if r is None or r != r else f"{r:.2f}×"
 
 
 def goals(d: dict[str, Any]) -> list[Goal]:
@@ -481,12 +453,6 @@ def plots(d: dict[str, Any], outdir: Path) -> list[str]:
     return made
 
 
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out
-
-
 def node_sizing(d: dict[str, Any]) -> list[str]:
     w = d.get("workers", {}).get("points", [])
     s = d.get("scale", {}).get("points", [])
@@ -536,10 +502,13 @@ def first_limit(d: dict[str, Any]) -> list[str]:
     out = []
     for pt in w:
         out.append(f"{pt['workers']} workers at {pt.get('rate', rate):.0f} events/s: kvshmd "
-                   f"{pt['daemon_cpu_pct']:.0f}% of a core ({pt['daemon_cpu_us_per_event']:.0f} µs per event), "
-                   f"publishers {pt['publisher_cpu_pct']:.0f}%, machine {pt.get('machine_busy_pct', float('nan')):.0f}%"
-                   f" of {cores} cores busy, query p50 {us(pt['query']['median_us'])} p99 {us(pt['query']['p99_us'])},"
-                   f" dropped {pt['dropped']}, kvshmd RssAnon {pt['rss_end'] / 2**20:.0f} MiB")
+                   f"{pt['daemon_cpu_pct']:.0f}% of a core "
+                   + (f"({pt['daemon_cpu_us_per_event']:.0f} µs per event), " if pt.get("rate", rate) else "(idle), ")
+                   + f"publishers {pt['publisher_cpu_pct']:.0f}%, machine "
+                   f"{pt.get('machine_busy_pct', float('nan')):.0f}% of {cores} cores busy, "
+                   + (f"query p50 {us(pt['query']['median_us'])} p99 {us(pt['query']['p99_us'])},"
+                      if pt.get("queries", True) else "no queries,")
+                   + f" dropped {pt['dropped']}, kvshmd RssAnon {pt['rss_end'] / 2**20:.0f} MiB")
     top = max(main_pts, key=lambda pt: pt["workers"])
     one = min(main_pts, key=lambda pt: pt["workers"])
     growth = top["query"]["median_us"] / one["query"]["median_us"] if one["query"]["median_us"] else float("nan")
@@ -616,6 +585,13 @@ def main() -> None:
                                        zmq_rows)))  # make bench prints the goals with their ratios
     L += goal_table
     L += [""]
+    heap = None
+    if args.go and Path(args.go).exists():
+        heap = next((b.metrics.get("heap-B/block") for b in parse_go(Path(args.go).read_text())
+                     if b.name.startswith("BenchmarkHeapPerBlock/impl=arena")), None)
+    node = node_report.node_section(d, heap)
+    print("\n".join(node))  # make bench prints issue 17's goals too
+    L += node
     p = d.get("publish")
     if p:
         L += ["## Publish cost", "",
@@ -739,12 +715,15 @@ def main() -> None:
               f"Workers spread over {w['points'][0]['publisher_procs'] if w['points'] else 0}–2 publisher processes, "
               f"each worker publishing Stored/Removed pairs of 32×32 at {w['rate']:.0f} events/s for "
               f"{w['seconds']:.0f} s; meanwhile a consumer asks a random worker's "
-              f"/workers/{{w}}/kv_recover for its newest events ({w['qps']:.0f}/s target, one at a time).", ""]
+              f"/workers/{{w}}/kv_recover for its newest events ({w['qps']:.0f}/s target, one at a time). The "
+              "low-rate and idle (rate 0) runs have no queries (issue 17: what the streams cost kvshmd), and begin "
+              "with the same kvshmd's CPU with nothing attached.", ""]
         rows = []
         for pt in w["points"]:
             rows.append([str(pt["workers"]), f"{pt.get('rate', w['rate']):.0f}", f"{pt['events_per_s_per_worker']:.0f}",
                          f"{pt['applied']:,} / {pt['events']:,}", str(pt["dropped"]),
-                         f"{pt['daemon_cpu_pct']:.0f}%", f"{pt['daemon_cpu_us_per_event']:.1f}",
+                         f"{pt['daemon_cpu_pct']:.0f}%",
+                         f"{pt['daemon_cpu_us_per_event']:.1f}" if pt.get("rate", w["rate"]) else "—",
                          f"{pt['rss_start'] / 2**20:.0f} → {pt['rss_end'] / 2**20:.0f} MiB "
                          f"({pt.get('vmrss_end', 0) / 2**20:.0f} MiB)",
                          us(pt["query"]["median_us"]), us(pt["query"]["p99_us"]), str(pt["query"]["n"]),

@@ -27,7 +27,9 @@ Measurements:
   sends and applies the indexer (a fork calling the indexer on the scheduler thread moves the inline "indexer
   apply" column there); for (c) ``publish`` is ``apply_batch`` on the scheduler thread. Paced at ``--rate`` batches/s;
   the engine process's CPU (all threads, libzmq's I/O thread included) and the scheduler and publisher threads'
-  CPU (pthread CPU clocks) per batch, minus an idle engine running the same pacing loop; kvshmd's CPU for (b)/(c).
+  CPU (pthread CPU clocks) per batch, minus an idle engine running the same pacing loop; kvshmd's CPU for (b)/(c)
+  (its threads' schedstat, ns). Again for (a) and (c) at ``--zmq-node-rates`` (default 100 batches/s), the
+  headline workload only: issue 17's node figure, engine + kvshmd against (a), at both rates.
 * latency: during the threaded runs a pyzmq SUB in another process (``zmq_bench.py sub``) stamps each message's
   arrival with time.time() and subtracts the batch's ts from its payload (the engine's time.time() when it built the
   batch: the same clock across processes).
@@ -59,7 +61,7 @@ import msgspec
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "pybind" / "src"))
-from _common import JsonChild, commands, cpu_self, reply, summary  # noqa: E402
+from _common import JsonChild, commands, cpu_self, proc_cpu_s, reply, summary  # noqa: E402
 from _vllm import (  # noqa: E402
     AllBlocksCleared,
     BlockRemoved,
@@ -273,14 +275,13 @@ def thread_cpu(ident: int | None) -> float:
 
 
 def proc_cpu(pid: int | None) -> float:
+    """kvshmd's CPU seconds (every thread, from /proc: _common.proc_cpu_s); 0 without a daemon."""
     if pid is None:
         return 0.0
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        return proc_cpu_s(pid)
     except OSError:
         return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def engine(args: argparse.Namespace) -> None:
@@ -474,9 +475,13 @@ def inline(cfg: argparse.Namespace, sides: list[str], skipped: list[str]) -> dic
             "payload_bytes": {w: sorted(v)[len(v) // 2] for w, v in nbytes.items()}}
 
 
-def threaded(cfg: argparse.Namespace, sides: list[str]) -> dict[str, Any]:
-    n = int(cfg.zmq_rate * cfg.zmq_seconds)
-    log(f"threaded: sides {sides} + idle, {cfg.zmq_threaded_rounds} rounds x {n} batches at {cfg.zmq_rate:.0f}/s")
+def threaded(cfg: argparse.Namespace, sides: list[str], rate: float, seconds: float,
+             workloads: tuple[str, ...] = WORKLOADS) -> dict[str, Any]:
+    """Each side (and the idle engine) in its own engine process, ``rate`` batches/s for ``seconds`` per round and
+    workload, sides rotated; per side and workload the CPU figures (engine process, its threads, kvshmd) per
+    batch."""
+    n = int(rate * seconds)
+    log(f"threaded: sides {sides} + idle, {cfg.zmq_threaded_rounds} rounds x {n} batches at {rate:.0f}/s")
     ports = {s: free_port() for s in sides}
     kids: dict[str, Child] = {}
     subc: Child | None = None
@@ -491,12 +496,12 @@ def threaded(cfg: argparse.Namespace, sides: list[str]) -> dict[str, Any]:
         if never:
             raise RuntimeError(f"the subscriber never received from {sorted(never)} in the threaded phase")
         subc.call({"op": "take"})
-        for w in WORKLOADS:
+        for w in workloads:
             for rnd in range(cfg.zmq_threaded_rounds):
                 names = [*sides, "idle"]
                 order = names[rnd % len(names):] + names[: rnd % len(names)]
                 for s in order:
-                    out = kids[s].call({"op": "run", "workload": w, "n": n, "rate": cfg.zmq_rate})
+                    out = kids[s].call({"op": "run", "workload": w, "n": n, "rate": rate})
                     time.sleep(0.05)  # the last batches reach the subscriber
                     got = subc.call({"op": "take"})["got"].get(s, {"seqs": [], "lat_ns": [], "bytes": [0]})
                     r = res.setdefault(f"{w}/{s}", {"runs": [], "calls": [], "lat": [], "received": 0, "bytes": 0})
@@ -511,7 +516,7 @@ def threaded(cfg: argparse.Namespace, sides: list[str]) -> dict[str, Any]:
         if subc is not None:
             subc.close()
     outp: dict[str, Any] = {}
-    for w in WORKLOADS:
+    for w in workloads:
         idle = res[f"{w}/idle"]["runs"]
         idle_batches = sum(x["batches"] for x in idle)
         base_proc = sum(x["proc_cpu_s"] for x in idle) / idle_batches
@@ -546,7 +551,15 @@ def run(cfg: argparse.Namespace) -> dict[str, Any]:
                            "threaded_rounds": cfg.zmq_threaded_rounds}
     out["inline"] = inline(cfg, sides, skipped)
     out["inline_s"] = time.perf_counter() - t0
-    out["threaded"] = threaded(cfg, sides)
+    out["threaded"] = threaded(cfg, sides, cfg.zmq_rate, cfg.zmq_seconds)
+    # Issue 17's node figure at the other rates: (a) and (c) only, the headline workload (the rate above is
+    # measured already); the same engine processes' figures, kvshmd's CPU included.
+    node_sides = [s for s in sides if s in ("a", "c")]
+    out["node"] = {}
+    for r in (float(x) for x in cfg.zmq_node_rates.split(",") if x):
+        if r != cfg.zmq_rate and node_sides:
+            out["node"][f"{r:g}"] = threaded(cfg, node_sides, r, cfg.zmq_node_seconds, ("headline",))
+    out["node_seconds"] = cfg.zmq_node_seconds
     out["elapsed_s"] = time.perf_counter() - t0
     return out
 
@@ -560,6 +573,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--zmq-rate", type=float, default=float(env("ZMQ_RATE", "1000")))
     p.add_argument("--zmq-seconds", type=float, default=float(env("ZMQ_SECONDS", "2")))
     p.add_argument("--zmq-threaded-rounds", type=int, default=int(env("ZMQ_THREADED_ROUNDS", "3")))
+    p.add_argument("--zmq-node-rates", default=env("ZMQ_NODE_RATES", "100"),
+                   help="other rates (batches/s) at which (a) and (c) are measured for issue 17's node figure")
+    p.add_argument("--zmq-node-seconds", type=float, default=float(env("ZMQ_NODE_SECONDS", "3")))
 
 
 def main() -> None:

@@ -6,27 +6,33 @@
 //
 // # Design
 //
-//	drain goroutine ──Publish (non-blocking, bounded queue; full = drop counted)──► sender goroutine
-//	                                                                                 │ each subscriber's queue
-//	                                                                                 │ replay buffer (mutex)
+//	drain goroutine ──Publish (inline, never waits)──► each subscriber: non-blocking writev when its queue is empty,
+//	                                                   │                else (and for what that write left) its queue
+//	                                                   │                ──► its writer goroutine (stall timeout)
+//	                                                   └► replay buffer (mutex)
 //	replay client connection ── ["", start_seq] ──► its reader ──► its reply goroutine
 //	                         ◄── ["", topic, seq, payload] per buffered batch with seq >= start,
 //	                             then ["", "", 0xFFFFFFFFFFFFFFFF, ""]
 //
-// Publish never waits: it tries the queue and counts a drop (queue_full) when it is full. The sender goroutine
-// encodes each batch once and appends it (shared, not copied) to the queue of every subscriber whose subscriptions
-// match the topic; each connection has a writer goroutine of its own. The replay buffer is in memory: a restarted
-// daemon replays only what it published since.
+// Publish never waits: it builds the message once ([topic, seq, payload], the payload shared, not copied) and hands
+// it to every subscriber whose subscriptions match the topic, in the caller's goroutine. A subscriber with nothing
+// queued gets it written at once by one non-blocking writev (its socket is O_NONBLOCK; the write never parks); what
+// that write leaves (a partial write, EAGAIN: the peer's window or the socket buffer is full) is queued as the
+// subscriber's first message, and while anything is queued a message is only queued: the connection's writer
+// goroutine writes the queue in order, under the stall timeout. So the bytes go out in call order, and at 1,000
+// batches/s to a subscriber that keeps up no goroutine is woken per batch (before, Publish queued to a sender
+// goroutine that queued to each connection's writer goroutine: two wake-ups, each a futex wake of an OS thread).
+// The replay buffer is in memory: a restarted daemon replays only what it published since.
 //
 // # Heartbeats, resets, flush (LIFECYCLE.md)
 //
-// One queue carries, in call order, four kinds of item to the sender goroutine: batches (Publish: published, kept
-// for replay), heartbeats (PublishHeartbeat: published, never kept), resets (PublishReset: the replay buffer is
-// emptied, then the batch is published and kept as the buffer's first batch: the start or the end of an engine
-// incarnation) and flush markers (Flush). Batches and heartbeats share the queue's DefaultQueueSize places and are
-// dropped (queue_full) past them; resets and flush markers take no place, so a full queue never drops them
-// (PublishReset returns false only after Close). Flush returns true once every subscriber connected when the sender
-// reached its marker has had every message queued before it written to its socket (a subscriber cut meanwhile no
+// Batches (Publish: published, kept for replay), heartbeats (PublishHeartbeat: published, never kept) and resets
+// (PublishReset: the replay buffer is emptied, then the batch is published and kept as the buffer's first batch: the
+// start or the end of an engine incarnation) are handed out in call order by the calls themselves, under one lock
+// that Flush and Close also take. None is ever dropped before Close (there is no queue to be full: a subscriber
+// that falls behind is cut instead, see Connections; DropQueueFull is no longer produced, a stable metric label);
+// after Close each returns false (counted DropClosed). Flush returns true once every subscriber connected at the
+// call has had every message handed out before the call written to its socket (a subscriber cut meanwhile no
 // longer counts); false at its timeout or after Close.
 //
 // # The replay buffer
@@ -80,8 +86,9 @@
 //
 // # Connections (every bound, and what exceeding it does)
 //
-// Every connection has a queue and a writer goroutine of its own; every write waits at most Config.StallTimeout
-// (default 2 s). So one peer that stops reading costs only its own queue and never delays another peer.
+// Every connection has a queue and a writer goroutine of its own; a write by Publish never waits (non-blocking,
+// only when the queue is empty), the writer's waits at most Config.StallTimeout (default 2 s). So one peer that
+// stops reading costs only its own queue and never delays another peer.
 //
 //   - A subscriber is cut (its connection closed, counted in Stats.Cut) when its queue would exceed
 //     Config.SubscriberBacklog bytes (default 16 MiB) or Config.HWM messages (0: no message bound; libzmq drops
@@ -117,6 +124,7 @@
 // # Concurrency
 //
 // Publish, PublishHeartbeat and PublishReset are called by one goroutine at a time (the stream's drain goroutine or
-// the daemon's lifecycle code, ordered by the stream); Flush, Stats, Config and Close are safe from any goroutine.
+// the daemon's lifecycle code, ordered by the stream), and pay the writes to the subscribers that keep up (a writev
+// of a few KiB each); Flush, Stats, Config and Close are safe from any goroutine.
 // The payload handed to Publish is owned by the publisher from then on.
 package zmqpub

@@ -37,16 +37,12 @@ type Config struct {
 	SubscriberBacklog int
 }
 
-// DefaultQueueSize is the capacity of the queue between the drain goroutine and the sender goroutine for
-// Publish and PublishHeartbeat (PublishReset and Flush have capacity of their own: they are never dropped).
-const DefaultQueueSize = 8192
-
 // DefaultBufferBytes is the default Config.BufferBytes.
 const DefaultBufferBytes = 64 << 20
 
 // Drop reasons (the label values of kvshm_zmq_dropped_batches_total).
 const (
-	DropQueueFull = "queue_full" // the sender goroutine is behind: Publish found the queue full
+	DropQueueFull = "queue_full" // no longer produced (Publish hands out inline: there is no queue); a stable label
 	DropSendError = "send_error" // no longer produced (kvshm's own sockets never refuse a message); a stable label
 	DropClosed    = "closed"     // Publish after Close
 	numDrops      = 3
@@ -100,21 +96,14 @@ func (s Stats) DroppedTotal() uint64 {
 	return n
 }
 
-// itemKind says what the sender goroutine does with a queued item.
+// itemKind says what publish does with a batch besides sending it.
 type itemKind uint8
 
 const (
 	itemBatch     itemKind = iota // publish, keep for replay
 	itemHeartbeat                 // publish only
 	itemReset                     // empty the replay buffer, publish, keep as its first batch
-	itemFlush                     // close done: everything queued before was handed to the socket
 )
-
-type item struct {
-	entry
-	kind itemKind
-	done chan []flushTarget // itemFlush: the subscribers and how many messages each had queued at the marker
-}
 
 type flushTarget struct {
 	c *conn
@@ -138,16 +127,11 @@ type Publisher struct {
 	pubs   peerSet  // the PUB's subscribers
 	router *peerSet // the replay socket's clients; nil without replay endpoint
 
-	// The queue to the sender goroutine: Publish, PublishHeartbeat, PublishReset and Flush append under qmu, in
-	// call order; the sender takes everything at once. qBatches counts the items that Publish and PublishHeartbeat
-	// put there (bounded by DefaultQueueSize); resets and flushes are not counted, so they are never dropped.
-	qmu       sync.Mutex
-	q         []item
-	qBatches  int
-	closed    bool          // set by Close; nothing is queued after it
-	wake      chan struct{} // capacity 1: the queue is not empty, or closed
+	// pmu orders Publish, PublishHeartbeat and PublishReset (each hands its message to every subscriber inline)
+	// with Flush's snapshot and Close: held for one call's fan-out, which never waits (conn.put).
+	pmu       sync.Mutex
+	closed    bool // set by Close; nothing is published after it
 	closeOnce sync.Once
-	sendDone  sync.WaitGroup // the sender goroutine
 
 	// Counters. Updated atomically.
 	published, replayReqs, badReqs, replayed, incomplete, cut, replayCut atomic.Uint64
@@ -181,7 +165,7 @@ func checkEndpoint(ep string) error {
 }
 
 // New makes the sockets (binding or starting the connection at once, so that a bind failure is the caller's
-// error) and starts the sender goroutine.
+// error).
 func New(cfg Config, log *slog.Logger) (*Publisher, error) {
 	if cfg.HWM < 0 || cfg.BufferSteps < 0 || cfg.BufferBytes < 0 || cfg.StallTimeout < 0 || cfg.SubscriberBacklog < 0 {
 		return nil, fmt.Errorf("%w: hwm %d, buffer_steps %d, buffer bytes %d, stall timeout %v, subscriber backlog %d",
@@ -205,7 +189,7 @@ func New(cfg Config, log *slog.Logger) (*Publisher, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Publisher{cfg: cfg, topic: []byte(cfg.Topic), log: log, ctx: ctx, cancel: cancel,
 		timeout: cfg.StallTimeout, backlog: cfg.SubscriberBacklog,
-		wake: make(chan struct{}, 1), buf: replayBuffer{steps: cfg.BufferSteps, maxBytes: maxBytes}}
+		buf: replayBuffer{steps: cfg.BufferSteps, maxBytes: maxBytes}}
 	if p.timeout == 0 {
 		p.timeout = DefaultStallTimeout
 	}
@@ -236,8 +220,6 @@ func New(cfg Config, log *slog.Logger) (*Publisher, error) {
 			return nil, err
 		}
 	}
-	p.sendDone.Add(1)
-	go p.send()
 	return p, nil
 }
 
@@ -276,44 +258,43 @@ func errnoName(err error) string {
 // Config returns the configuration the publisher was made with.
 func (p *Publisher) Config() Config { return p.cfg }
 
-// Publish hands one batch (its seq and vLLM payload) to the sender goroutine. It never blocks: a full queue drops
-// the batch (counted DropQueueFull) and returns false. The publisher keeps payload (for replay): the caller must not
+// Publish hands one batch (its seq and vLLM payload) to every subscriber and keeps it for replay. It never blocks:
+// a subscriber whose socket takes the message at once gets it written by this call (no goroutine is woken); the
+// rest of it waits in the subscriber's queue for its writer goroutine; a subscriber past its bounds is cut. It
+// returns false (counted DropClosed) only after Close. The publisher keeps payload (for replay): the caller must not
 // modify it afterwards.
 func (p *Publisher) Publish(seq uint64, payload []byte) bool {
-	return p.enqueue(item{entry: entry{seq: seq, payload: payload}, kind: itemBatch})
+	return p.publish(entry{seq: seq, payload: payload}, itemBatch)
 }
 
-// PublishHeartbeat hands an empty batch (vllmwire's heartbeat payload) to the sender goroutine, ordered with
-// Publish: published live, never kept for replay. It never blocks: a full queue drops it (counted DropQueueFull).
+// PublishHeartbeat publishes an empty batch (vllmwire's heartbeat payload) as Publish does, in order with it, and
+// never keeps it for replay. false only after Close.
 func (p *Publisher) PublishHeartbeat(seq uint64, payload []byte) bool {
-	return p.enqueue(item{entry: entry{seq: seq, payload: payload}, kind: itemHeartbeat})
+	return p.publish(entry{seq: seq, payload: payload}, itemHeartbeat)
 }
 
-// PublishReset hands a reset batch to the sender goroutine, ordered with Publish: the sender empties the replay
-// buffer, then publishes (seq, payload) live and keeps it as the buffer's first batch (the start or the end of an
-// engine incarnation, LIFECYCLE.md). It never blocks and is never dropped for a full queue (it does not count
-// against the queue's capacity); it returns false only after Close.
+// PublishReset empties the replay buffer, then publishes (seq, payload) as Publish does and keeps it as the buffer's
+// first batch (the start or the end of an engine incarnation, LIFECYCLE.md). It never blocks; it returns false only
+// after Close.
 func (p *Publisher) PublishReset(seq uint64, payload []byte) bool {
-	return p.enqueue(item{entry: entry{seq: seq, payload: payload, reset: true}, kind: itemReset})
+	return p.publish(entry{seq: seq, payload: payload, reset: true}, itemReset)
 }
 
-// Flush waits until every batch handed over before the call was written to every connected subscriber (their
-// outboxes drained) or timeout passed, and reports whether it completed. A subscriber that is cut meanwhile no
+// Flush waits until every batch published before the call was written to every connected subscriber (their
+// queues drained) or timeout passed, and reports whether it completed. A subscriber that is cut meanwhile no
 // longer counts. Used before a private daemon exits. false after Close.
 func (p *Publisher) Flush(timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)
-	done := make(chan []flushTarget, 1)
-	if !p.enqueue(item{kind: itemFlush, done: done}) {
+	p.pmu.Lock()
+	if p.closed {
+		p.pmu.Unlock()
 		return false
 	}
-	t := time.NewTimer(timeout)
-	defer t.Stop()
 	var targets []flushTarget
-	select {
-	case targets = <-done:
-	case <-t.C:
-		return false
+	for _, c := range p.pubs.snapshot() {
+		targets = append(targets, flushTarget{c, c.queued()})
 	}
+	p.pmu.Unlock()
 	for _, ft := range targets {
 		if !ft.c.waitWritten(ft.n, deadline) {
 			return false
@@ -322,87 +303,39 @@ func (p *Publisher) Flush(timeout time.Duration) bool {
 	return true
 }
 
-// enqueue appends it to the sender's queue; batches and heartbeats are dropped when DefaultQueueSize of them wait.
-func (p *Publisher) enqueue(it item) bool {
-	p.qmu.Lock()
-	switch {
-	case p.closed:
-		p.qmu.Unlock()
-		if it.kind != itemFlush {
-			p.dropped[2].Add(1)
-		}
-		return false
-	case (it.kind == itemBatch || it.kind == itemHeartbeat) && p.qBatches >= DefaultQueueSize:
-		p.qmu.Unlock()
-		p.dropped[0].Add(1)
+// publish sends e to every subscribed connection ([topic, seq, payload]: one message shared by every subscriber's
+// queue, the payload not copied) and updates the replay buffer as kind says, in the caller's goroutine.
+func (p *Publisher) publish(e entry, kind itemKind) bool {
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
+	if p.closed {
+		p.dropped[2].Add(1)
 		return false
 	}
-	if it.kind == itemBatch || it.kind == itemHeartbeat {
-		p.qBatches++
-	}
-	p.q = append(p.q, it)
-	p.qmu.Unlock()
-	select {
-	case p.wake <- struct{}{}:
-	default:
-	}
-	return true
-}
-
-// send is the sender goroutine: it takes the whole queue at once and handles it in order; after Close it handles
-// what was queued and returns.
-func (p *Publisher) send() {
-	defer p.sendDone.Done()
-	var spare []item
-	for {
-		<-p.wake
-		p.qmu.Lock()
-		q, closed := p.q, p.closed
-		p.q, p.qBatches = spare[:0], 0
-		p.qmu.Unlock()
-		for i := range q {
-			p.handle(q[i])
-			q[i] = item{} // drop the payload reference
-		}
-		spare = q
-		if closed {
-			return
-		}
-	}
-}
-
-func (p *Publisher) handle(it item) {
-	switch it.kind {
-	case itemFlush:
-		var targets []flushTarget
-		for _, c := range p.pubs.snapshot() {
-			targets = append(targets, flushTarget{c, c.queued()})
-		}
-		it.done <- targets
-		return
-	case itemReset:
+	if kind == itemReset {
 		p.bufMu.Lock()
 		p.buf.clear()
 		p.bufMu.Unlock()
 	}
-	// [topic, seq, payload]: one message shared by every subscriber's queue (the payload is not copied).
 	var seq [8]byte
-	binary.BigEndian.PutUint64(seq[:], it.seq)
-	hdr := appendFrame(nil, flagMore, p.topic)
+	binary.BigEndian.PutUint64(seq[:], e.seq)
+	hdr := make([]byte, 0, 9+len(p.topic)+2+8+9) // one allocation: it may stay queued after this call
+	hdr = appendFrame(hdr, flagMore, p.topic)
 	hdr = appendFrame(hdr, flagMore, seq[:])
-	hdr = append(hdr, frameHeader(0, len(it.payload))...)
-	msg := net.Buffers{hdr, it.payload}
+	hdr = appendFrameHeader(hdr, 0, len(e.payload))
+	msg := net.Buffers{hdr, e.payload}
 	for _, c := range p.pubs.snapshot() {
 		if c.subscribed.Load() {
 			_ = c.put(msg, false) // a cut is counted by the connection
 		}
 	}
-	p.published.Add(1)
-	if it.kind != itemHeartbeat {
+	if kind != itemHeartbeat {
 		p.bufMu.Lock()
-		p.buf.add(it.entry)
+		p.buf.add(e)
 		p.bufMu.Unlock()
 	}
+	p.published.Add(1) // after the buffer: Stats().Published == n means every batch of the n can be replayed
+	return true
 }
 
 // serveSubscriber reads a subscriber's subscriptions (messages [0x01 topic] and [0x00 topic], as ZMTP 3.0 peers send
@@ -466,19 +399,13 @@ func (p *Publisher) Stats() Stats {
 // shorter); Flush waits as long as its caller says.
 const closeLinger = time.Second
 
-// Close stops the goroutines and closes the sockets (an ipc socket file is removed). Batches still queued are
-// handed to the subscribers' queues, which get at most closeLinger (or the stall timeout) to be written; it is
-// idempotent.
+// Close stops the goroutines and closes the sockets (an ipc socket file is removed). What the subscribers' queues
+// hold gets at most closeLinger (or the stall timeout) to be written; it is idempotent.
 func (p *Publisher) Close() error {
 	p.closeOnce.Do(func() {
-		p.qmu.Lock()
+		p.pmu.Lock()
 		p.closed = true
-		p.qmu.Unlock()
-		select {
-		case p.wake <- struct{}{}:
-		default:
-		}
-		p.sendDone.Wait()
+		p.pmu.Unlock()
 		p.closeSockets()
 	})
 	return nil

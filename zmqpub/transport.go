@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -47,8 +48,15 @@ var errClosed = errors.New("kvshm/zmqpub: connection closed")
 // conn is one peer's connection: a queue of messages (each a list of byte slices written with one writev) drained by
 // a writer goroutine of its own, with every write under the stall timeout. Past maxBytes queued bytes or maxMsgs
 // queued messages (0: no message bound) the peer is cut: the connection is closed.
+//
+// put writes a message itself, without waking the writer, when nothing is queued or being written: one
+// non-blocking writev under c.mu (the socket is non-blocking; rawWrite never waits for it to become writable).
+// What that write leaves (a partial write, EAGAIN: the peer's window or the socket buffer is full) is queued as the
+// first message, so the writer goroutine, which writes only what is queued, continues where it stopped and the
+// order of the bytes on the wire is the order of put. While anything is queued, put only queues.
 type conn struct {
 	nc                net.Conn
+	raw               rawWriter // nil: every message goes through the queue
 	r                 *bufio.Reader
 	timeout           time.Duration
 	maxBytes, maxMsgs int
@@ -71,13 +79,19 @@ type conn struct {
 func newConn(nc net.Conn, r *bufio.Reader, timeout time.Duration, maxBytes, maxMsgs int) *conn {
 	c := &conn{nc: nc, r: r, timeout: timeout, maxBytes: maxBytes, maxMsgs: maxMsgs, wake: make(chan struct{}, 1),
 		done: make(chan struct{})}
+	if sc, ok := nc.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			c.raw = writevNonblock(rc)
+		}
+	}
 	c.drained = sync.NewCond(&c.mu)
 	go c.writeLoop()
 	return c
 }
 
-// put queues one message. It never waits: a message past the bounds cuts the connection (errBacklog), unless
-// force (a PONG: a few bytes, one per PING read).
+// put writes or queues one message. It never waits: with nothing queued it writes what the socket takes at once
+// and queues the rest; a message past the bounds cuts the connection (errBacklog), unless force (a PONG: a few
+// bytes, one per PING read). m's slices are not modified (they are shared with other subscribers' queues).
 func (c *conn) put(m net.Buffers, force bool) error {
 	n := 0
 	for _, b := range m {
@@ -92,6 +106,25 @@ func (c *conn) put(m net.Buffers, force bool) error {
 		c.closeLocked(errBacklog)
 		c.mu.Unlock()
 		return errBacklog
+	}
+	if c.qMsgs == 0 && c.raw != nil {
+		rest, err := c.raw(m, n)
+		if err != nil {
+			c.closeLocked(err)
+			c.mu.Unlock()
+			return err
+		}
+		if len(rest) == 0 {
+			c.enq++
+			c.written++
+			c.drained.Broadcast()
+			c.mu.Unlock()
+			return nil
+		}
+		m, n = rest, 0
+		for _, b := range rest {
+			n += len(b)
+		}
 	}
 	c.enqueueLocked(m, n)
 	return nil
@@ -200,7 +233,8 @@ func (c *conn) writeLoop() {
 	}
 }
 
-// write writes m, waiting at most the stall timeout.
+// write writes m, waiting at most the stall timeout. The deadline is cleared afterwards: put's non-blocking write
+// would fail on a deadline left in the past.
 func (c *conn) write(m net.Buffers) error {
 	if err := c.nc.SetWriteDeadline(time.Now().Add(c.timeout)); err != nil {
 		return err
@@ -213,7 +247,7 @@ func (c *conn) write(m net.Buffers) error {
 		}
 		return err
 	}
-	return nil
+	return c.nc.SetWriteDeadline(time.Time{})
 }
 
 // waitWritten waits until the first n messages ever queued are written, the connection is closed, or deadline; it
@@ -277,7 +311,7 @@ type peerSet struct {
 	newConn func(net.Conn, *bufio.Reader) *conn
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
-	list    atomic.Pointer[[]*conn] // conns as a slice, replaced on every change (the sender reads it per message)
+	list    atomic.Pointer[[]*conn] // conns as a slice, replaced on every change (Publish reads it per message)
 	pending chan struct{}
 	ln      net.Listener
 	wg      sync.WaitGroup

@@ -47,11 +47,14 @@ func appendFrame(b []byte, flags byte, body []byte) []byte {
 }
 
 // frameHeader returns a frame's header alone (the body is written from its own slice, not copied).
-func frameHeader(flags byte, size int) []byte {
+func frameHeader(flags byte, size int) []byte { return appendFrameHeader(nil, flags, size) }
+
+// appendFrameHeader appends a frame's header alone.
+func appendFrameHeader(b []byte, flags byte, size int) []byte {
 	if size > 255 {
-		return binary.BigEndian.AppendUint64([]byte{flags | flagLong}, uint64(size))
+		return binary.BigEndian.AppendUint64(append(b, flags|flagLong), uint64(size))
 	}
-	return []byte{flags, byte(size)}
+	return append(b, flags, byte(size))
 }
 
 // command returns a command frame: name (short string) then data.

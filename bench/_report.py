@@ -1,0 +1,45 @@
+"""What results_report.py and node_report.py share: a goal row and the formatting of figures and tables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Goal:
+    name: str
+    target: str
+    kvshm: str
+    baseline: str
+    ratio: float | None
+    ok: bool | None  # None: not measured (skipped)
+    note: str = ""
+    limit: str = ""  # a MISS's measured limit, where one is known (node_report.py prints it under the table)
+
+
+def us(x: float) -> str:
+    if x != x:  # NaN
+        return "n/a"
+    if x >= 10_000:
+        return f"{x / 1000:,.1f} ms"
+    if x >= 100:
+        return f"{x:,.0f} µs"
+    return f"{x:.2f} µs"
+
+
+def mb(x: float) -> str:
+    return f"{x / 1e6:,.1f} MB"
+
+
+def verdict(ok: bool | None) -> str:
+    return "skipped" if ok is None else ("**PASS**" if ok else "**MISS**")
+
+
+def ratio_s(r: float | None) -> str:
+    return "—" if r is None or r != r else f"{r:.2f}×"
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
