@@ -432,6 +432,7 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 	}
 	// Handed to a drain worker before any other goroutine can see it (finish and sync use a.h). The worker's
 	// first call into it (a pass or Housekeep, which take st.mu) waits until this install releases st.mu.
+	lastRing := o.r.Stats() // the last use of the Reader here: the worker owns it from Add on
 	hd, err := s.sched.Add(a)
 	if err != nil {
 		st.mu.Unlock()
@@ -440,7 +441,7 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 	a.h = hd
 	st.att, st.alive = a, true
 	st.blockSize, st.maxBuffer, st.ringPath, st.epoch = req.KVBlockSize, h.MaxBufferSize, req.RingPath, h.Epoch
-	st.lastHeader, st.lastRing = h, o.r.Stats()
+	st.lastHeader, st.lastRing = h, lastRing
 	rep := sock.AttachReply{WorkerID: req.WorkerID, Epoch: h.Epoch, StreamEpoch: st.streamEpoch, Resumed: p.resumed, Head: head,
 		Restored: p.outcome == attachRestore, Batches: true, Publishing: publishing}
 	st.mu.Unlock()

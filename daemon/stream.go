@@ -145,6 +145,7 @@ type attachment struct {
 	pubbed   bool      // a batch was handed to the publisher in this pass
 	lastSnap time.Time // the last idle ring snapshot and truncation check (Housekeep)
 	lastPID  time.Time // the last producer pid check (Housekeep)
+	burst    bool      // the last pass applied records (the next empty one snapshots the ring)
 	// Scratch of BATCH records and ZMQ encoding, owned by the drain goroutine.
 	batch   shm.Batch
 	bevs    []batchEvent // the decoded events of the BATCH record being applied
@@ -256,6 +257,12 @@ func (a *attachment) Ready() bool {
 func (a *attachment) Pass(now time.Time) int {
 	a.corruptPass = false
 	n := a.drainBatch()
+	if n == 0 && a.burst {
+		// The end of a burst: the header's producer-side words (loss_pending, drop counters) may have changed
+		// right after the last record (the producer clears loss_pending after publishing its LOSS record).
+		a.snapshot()
+	}
+	a.burst = n > 0
 	a.completeSyncs() // after an empty poll every barrier received so far is satisfied
 	if a.ckptEvery > 0 {
 		a.periodicCheckpoint(now)

@@ -382,12 +382,18 @@ func (w *worker) timeout(now time.Time) time.Duration {
 
 // wait sleeps until a doorbell, a Wake or the timeout.
 func (w *worker) wait(timeout time.Duration) {
-	if w.db == nil { // the fallback: the one ring's Park (armed) or Nap
-		if w.solo.Armed() {
-			w.solo.Park(timeout)
-		} else {
+	if w.db == nil { // the fallback: the one ring's Park (armed) or Nap; Park touches the mapping
+		if len(w.entries) == 0 {
 			w.solo.Nap(timeout)
+			return
 		}
+		w.step(func(e *entry) {
+			if e.r.Armed() {
+				e.r.Park(timeout)
+			} else {
+				e.r.Nap(timeout)
+			}
+		})
 		return
 	}
 	w.armed = w.armed[:0]
