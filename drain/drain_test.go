@@ -322,7 +322,7 @@ func TestLostDoorbellBounded(t *testing.T) {
 			if _, err := file.WriteAt(make([]byte, 4), offParked); err != nil { // the doorbell is lost
 				t.Fatal(err)
 			}
-			waitAsleep(t) // else the publish can race the worker's own last look at the ring
+			waitAsleep(t)                             // else the publish can race the worker's own last look at the ring
 			deadline := f.deadline.Load().(time.Time) // the worker sleeps until it (or a doorbell, or a Wake)
 			f.publish(1)
 			waitFor(t, fmt.Sprintf("record %d with its doorbell lost", i), func() bool { return f.records.Load() == int64(i+1) })
