@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -110,8 +111,6 @@ func (s *Scheduler) Add(st Stream) (*Handle, error) {
 			w.db = shm.NewDoorbells()
 		}
 		s.workers = append(s.workers, w)
-		s.wg.Add(1)
-		go w.run()
 	}
 	w.load++
 	e := &entry{st: st, r: st.Ring()}
@@ -119,7 +118,14 @@ func (s *Scheduler) Add(st Stream) (*Handle, error) {
 	w.inMu.Lock()
 	w.inbox = append(w.inbox, e)
 	w.inMu.Unlock()
-	w.wake()
+	if w.load == 1 && !w.started {
+		// Started after its first stream is in the inbox: a fallback worker exits when it has none.
+		w.started = true
+		s.wg.Add(1)
+		go w.run()
+	} else {
+		w.wake()
+	}
 	return h, nil
 }
 
@@ -127,7 +133,7 @@ func (s *Scheduler) Add(st Stream) (*Handle, error) {
 func (s *Scheduler) Close() {
 	s.mu.Lock()
 	s.closed = true
-	ws := s.workers
+	ws := slices.Clone(s.workers) // exiting workers remove themselves from s.workers
 	s.mu.Unlock()
 	for _, w := range ws {
 		w.closing.Store(true)
@@ -172,10 +178,11 @@ type entry struct {
 
 // worker drains a set of streams on one goroutine.
 type worker struct {
-	s    *Scheduler
-	db   *shm.Doorbells // nil in the fallback
-	solo *shm.Reader    // the fallback worker's one ring
-	load int            // streams assigned (Add) and not yet dropped; protected by s.mu
+	s       *Scheduler
+	db      *shm.Doorbells // nil in the fallback
+	solo    *shm.Reader    // the fallback worker's one ring
+	load    int            // streams assigned (Add) and not yet dropped; protected by s.mu
+	started bool           // run was started; protected by s.mu
 
 	inMu    sync.Mutex // protects inbox
 	inbox   []*entry
@@ -214,6 +221,7 @@ func (w *worker) run() {
 			empty := len(w.inbox) == 0
 			w.inMu.Unlock()
 			if empty {
+				w.exit()
 				return // a fallback worker serves one stream; a closing one has stopped all of its own
 			}
 		}
@@ -228,6 +236,18 @@ func (w *worker) run() {
 			continue // records arrived while arming
 		}
 		w.wait(w.timeout(time.Now()))
+	}
+}
+
+// exit forgets the worker (its goroutine returns).
+func (w *worker) exit() {
+	w.s.mu.Lock()
+	defer w.s.mu.Unlock()
+	for i, x := range w.s.workers {
+		if x == w {
+			w.s.workers = append(w.s.workers[:i], w.s.workers[i+1:]...)
+			break
+		}
 	}
 }
 

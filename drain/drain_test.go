@@ -221,7 +221,7 @@ func TestWakeRunsPass(t *testing.T) {
 			h.Wake()
 			waitFor(t, fmt.Sprintf("pass after Wake %d", i), func() bool { return f.passes.Load() > before })
 			if i%2 == 0 {
-				waitFor(t, "worker asleep", func() bool { return f.r.Armed() || cfg.NoWaitv })
+				waitAsleep(t) // every other Wake finds the worker asleep in the kernel
 			}
 		}
 		h.Stop()
@@ -314,22 +314,27 @@ func TestLostDoorbellBounded(t *testing.T) {
 		defer file.Close()
 		const offParked = 0x208 // shm/FORMAT.md
 		var word [4]byte
-		for i := range 3 {
+		// A round is conclusive when the record is reached at or after the deadline the worker slept until: before
+		// it only a doorbell (lost here) or a spurious wakeup (a signal) can wake the worker, so an early reach is
+		// retried, and 3 conclusive rounds are required. Without the deadline the record is never reached.
+		conclusive := 0
+		for i := 0; conclusive < 3; i++ {
+			if i == 50 {
+				t.Fatalf("only %d of 50 rounds reached the record at the deadline: the lost doorbell rings", conclusive)
+			}
 			waitFor(t, "ring armed", func() bool {
 				_, _ = file.ReadAt(word[:], offParked)
 				return binary.LittleEndian.Uint32(word[:]) == 1
 			})
+			waitAsleep(t)                                                       // the worker's last look at the ring (and Park's own store of the flag) is done
 			if _, err := file.WriteAt(make([]byte, 4), offParked); err != nil { // the doorbell is lost
 				t.Fatal(err)
 			}
-			waitAsleep(t)                             // else the publish can race the worker's own last look at the ring
 			deadline := f.deadline.Load().(time.Time) // the worker sleeps until it (or a doorbell, or a Wake)
 			f.publish(1)
 			waitFor(t, fmt.Sprintf("record %d with its doorbell lost", i), func() bool { return f.records.Load() == int64(i+1) })
-			// Not a timing threshold: before the deadline only a doorbell could have woken the worker, and
-			// this one was lost.
-			if at := f.reachedAt.Load().(time.Time); at.Before(deadline) {
-				t.Fatalf("record %d reached %v before the housekeeping deadline: the lost doorbell rang after all", i, deadline.Sub(at))
+			if at := f.reachedAt.Load().(time.Time); !at.Before(deadline) {
+				conclusive++
 			}
 		}
 	})
