@@ -8,12 +8,15 @@ import "time"
 // The period is also the lost-doorbell bound: the Python producer cannot fence between its tail store and its load
 // of consumer_parked, so (rarely) its wakeup is lost exactly when the worker arms the ring, and the record then
 // waits for the worker's next wakeup, which comes at the latest at this deadline (shm/FORMAT.md, "Doorbell"). A
-// publishing stream's subscribers see that delay, so it is short (and heartbeats are checked at that pace); a
-// stream nobody subscribes to is read only by queries, whose barriers wake the worker at once, so its period only
-// paces the ring snapshot, truncation check and CLOSED check (and the pid backstop runs every
-// max(period, --pid-check-interval)). The worker coalesces the deadlines of its streams (drain/doc.go), so 64
-// idle streams cost about 4 wakeups a second in all.
+// publishing stream's subscribers see that delay, so it is short (10 ms, as before the drain scheduler; heartbeats
+// are checked at that pace). A stream nobody subscribes to is read only by queries, whose barriers wake the worker
+// at once, so its period paces only the ring snapshot, the truncation and CLOSED checks and the pid backstop
+// (every max(period, --pid-check-interval)): 1 s, the backstop's default. Each wakeup after a sleep of more than
+// 10 ms also costs the Go runtime's sysmon ~60 short sleeps (it retakes the P the worker's futex_waitv held, then
+// polls at 20 µs for a millisecond), so idle wakeups are what an idle daemon pays: measured with 64 idle streams,
+// 250 ms cost 1.6-2.1% of a core with the /proc pid check, 1 s with a pidfd (pidwatch.go) see bench/. The worker
+// coalesces the deadlines of its streams (drain/doc.go): one wakeup per worker per period.
 const (
-	idleEvery        = 250 * time.Millisecond
+	idleEvery        = time.Second
 	publishIdleEvery = 10 * time.Millisecond
 )

@@ -432,6 +432,11 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 	}
 	// Handed to a drain worker before any other goroutine can see it (finish and sync use a.h). The worker's
 	// first call into it (a pass or Housekeep, which take st.mu) waits until this install releases st.mu.
+	if a.checkPID {
+		a.pidw = openPIDWatch(int(h.ProducerPID), h.ProducerStartTime)
+	} else {
+		a.pidw = pidWatch{fd: -1}
+	}
 	lastRing := o.r.Stats() // the last use of the Reader here: the worker owns it from Add on
 	hd, err := s.sched.Add(a)
 	if err != nil {

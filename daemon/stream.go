@@ -105,6 +105,7 @@ type attachment struct {
 	// goroutine write-locks it to close the Reader, sync's fast path read-locks it.
 	applied   atomic.Uint64
 	syncWaits atomic.Uint64 // syncs that needed the drain goroutine (tests read it)
+	snapLoss  atomic.Bool   // the last ring snapshot showed loss_pending (sync's fast path). Updated atomically.
 	mapMu     sync.RWMutex
 	mapGone   bool // protected by mapMu: the Reader is closed
 
@@ -146,6 +147,7 @@ type attachment struct {
 	lastSnap time.Time // the last idle ring snapshot and truncation check (Housekeep)
 	lastPID  time.Time // the last producer pid check (Housekeep)
 	burst    bool      // the last pass applied records (the next empty one snapshots the ring)
+	pidw     pidWatch  // the producer's pid (when checkPID), owned by the drain goroutine
 	// Scratch of BATCH records and ZMQ encoding, owned by the drain goroutine.
 	batch   shm.Batch
 	bevs    []batchEvent // the decoded events of the BATCH record being applied
@@ -222,7 +224,8 @@ func (a *attachment) appliedAll() (all bool) {
 		}
 	}()
 	tail, lossPending := a.r.Published()
-	return !lossPending && tail == a.applied.Load()
+	// snapLoss: the last snapshot (STATS' source) still shows a loss the header no longer does; a pass refreshes it.
+	return !lossPending && tail == a.applied.Load() && !a.snapLoss.Load()
 }
 
 // closeRing closes the Reader (drain goroutine only), once no appliedAll is reading its mapping.
@@ -241,10 +244,11 @@ func (a *attachment) closeRing() {
 // Ring is the attachment's ring (drain.Stream).
 func (a *attachment) Ring() *shm.Reader { return a.r }
 
-// Ready reports whether a pass has work: records published, or a pending loss in the ring header that the index
-// has not marked yet (drainBatch marks it once the ring is found empty).
+// Ready reports whether a pass has work: records published, a pending loss in the ring header that the index
+// has not marked yet (drainBatch marks it once the ring is found empty), or the end of a burst (the empty pass
+// after one that applied records snapshots the ring header once more).
 func (a *attachment) Ready() bool {
-	if a.r.Pending() {
+	if a.burst || a.r.Pending() {
 		return true
 	}
 	pending, first, last := a.r.PendingLoss()
@@ -257,9 +261,11 @@ func (a *attachment) Ready() bool {
 func (a *attachment) Pass(now time.Time) int {
 	a.corruptPass = false
 	n := a.drainBatch()
-	if n == 0 && a.burst {
-		// The end of a burst: the header's producer-side words (loss_pending, drop counters) may have changed
-		// right after the last record (the producer clears loss_pending after publishing its LOSS record).
+	a.takeSyncs()
+	if n == 0 && (a.burst || len(a.pending) > 0) {
+		// The end of a burst, or a query waiting: the header's producer-side words (loss_pending, drop counters)
+		// may have changed since the last snapshot (the producer clears loss_pending just after publishing its
+		// LOSS record), and a query answers STATS from the snapshot.
 		a.snapshot()
 	}
 	a.burst = n > 0
@@ -311,7 +317,7 @@ func (a *attachment) Housekeep(now time.Time) (time.Time, error) {
 	if a.checkPID {
 		if now.Sub(a.lastPID) >= a.pidEvery {
 			a.lastPID = now
-			if !processAlive(int(a.hdr.ProducerPID), a.hdr.ProducerStartTime) {
+			if !a.pidw.alive() {
 				a.finish(causePIDGone, fmt.Sprintf("producer pid %d is gone", a.hdr.ProducerPID))
 			}
 		}
@@ -345,7 +351,12 @@ func (a *attachment) Fault(cause any) {
 	a.ringFault(cause)
 }
 
-func (a *attachment) closeDone() { a.doneOnce.Do(func() { close(a.done) }) }
+func (a *attachment) closeDone() {
+	a.doneOnce.Do(func() {
+		a.pidw.close()
+		close(a.done)
+	})
+}
 
 // drainBatch applies up to maxBatch records and releases them with one head store. It returns the number of
 // records consumed.
@@ -803,6 +814,7 @@ func (a *attachment) checkpoint(trigger string) {
 func (a *attachment) snapshot() {
 	a.r.Heartbeat(time.Now().UnixNano())
 	rs := a.r.Stats()
+	a.snapLoss.Store(rs.LossPending)
 	a.st.mu.Lock()
 	a.st.lastRing = rs
 	a.st.mu.Unlock()
