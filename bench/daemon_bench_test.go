@@ -6,8 +6,10 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -56,8 +58,12 @@ type benchDaemon struct {
 func startBenchDaemon(tb testing.TB, capacity uint64) *benchDaemon {
 	tb.Helper()
 	dir := tb.TempDir()
-	srv, err := daemon.New(daemon.Config{SocketPath: filepath.Join(dir, "run", "kvshmd.sock"),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	cfg := daemon.Config{SocketPath: filepath.Join(dir, "run", "kvshmd.sock"),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	// KVSHM_BENCH_RINGS_PER_WORKER and KVSHM_BENCH_DRAIN_FALLBACK=1 compare drain scheduler settings.
+	cfg.Drain.RingsPerWorker, _ = strconv.Atoi(os.Getenv("KVSHM_BENCH_RINGS_PER_WORKER"))
+	cfg.Drain.NoWaitv = os.Getenv("KVSHM_BENCH_DRAIN_FALLBACK") == "1"
+	srv, err := daemon.New(cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}

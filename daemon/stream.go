@@ -298,7 +298,7 @@ func (a *attachment) Housekeep(now time.Time) (time.Time, error) {
 		}
 		a.lastPub = now
 	}
-	if now.Sub(a.lastSnap) >= snapshotPeriod {
+	if now.Sub(a.lastSnap) >= min(snapshotPeriod, a.every-a.every/4) {
 		a.lastSnap = now
 		if cut, size := a.r.Truncated(); cut {
 			// An idle stream touches only the header page, which may outlive the truncation: without this
@@ -313,15 +313,20 @@ func (a *attachment) Housekeep(now time.Time) (time.Time, error) {
 			a.log.Warn("ring state is CLOSED while the producer's connection is open: ignored, still draining")
 		}
 	}
+	// The worker runs a deadline up to a quarter period early to coalesce it with its other streams' (drain/doc.go):
+	// a check due within that slack runs now, so the stream's checks follow the worker's ticks instead of keeping
+	// the phase of its attach.
 	next := now.Add(a.every)
 	if a.checkPID {
-		if now.Sub(a.lastPID) >= a.pidEvery {
+		if now.Sub(a.lastPID) >= a.pidEvery-a.every/4 {
 			a.lastPID = now
 			if !a.pidw.alive() {
 				a.finish(causePIDGone, fmt.Sprintf("producer pid %d is gone", a.hdr.ProducerPID))
 			}
 		}
-		next = minTime(next, a.lastPID.Add(a.pidEvery))
+		if a.pidEvery < a.every {
+			next = minTime(next, a.lastPID.Add(a.pidEvery))
+		}
 	}
 	if a.ckptEvery > 0 {
 		a.periodicCheckpoint(now)
