@@ -32,13 +32,15 @@
 //
 // Housekeeping by deadline. Each stream's Housekeep returns when it next needs the worker without records
 // (heartbeats of a publishing stream, the lost-doorbell bound, ring statistics and the truncation check, the pid
-// backstop, continuous checkpoints). The worker keeps the deadlines in a min-heap and sleeps until the earliest
-// one; when it wakes it also runs every deadline within a quarter of its period, so the deadlines of many idle
-// streams coalesce into one wakeup. An idle stream needs no wakeup for anything else.
+// backstop, continuous checkpoints). The worker sleeps until the earliest deadline of its streams; when it wakes it
+// also runs every deadline within a quarter of its period, so the deadlines of many idle streams coalesce into one
+// wakeup (a stream's Housekeep then runs its checks due within that slack too, so they follow the worker's ticks).
+// The deadlines are found by a linear walk, not a heap: every wakeup already visits every stream of the worker
+// (at most shm.MaxDoorbells) to poll its ring. An idle stream needs no wakeup for anything else.
 //
 // Lost doorbells. The Python producer cannot fence between its tail store and its load of consumer_parked, so a
 // doorbell can be lost exactly when a ring is armed. Every wakeup of a worker polls every ring it holds, and each
-// stream's deadline (its Housekeep's answer: 10 ms for a publishing stream, 250 ms otherwise in kvshmd) bounds how
+// stream's deadline (its Housekeep's answer: 10 ms for a publishing stream, 1 s otherwise in kvshmd) bounds how
 // long a lost doorbell can delay a record; the bound is TestLostDoorbellBounded's.
 //
 // Fallback. When futex_waitv is missing (ENOSYS, kernels before 5.16) or Config.NoWaitv is set, every stream gets
@@ -75,4 +77,15 @@
 // Streams of one worker share its goroutine: a slow call (a continuous checkpoint of a large index, ~0.2 s per
 // million blocks) delays the other streams of that worker by as long, where one goroutine per ring delayed only its
 // own. Query barriers wait for it as before.
+//
+// A worker sleeps in a system call, so the Go runtime counts its P as busy until sysmon retakes it (after 10 ms when
+// other Ps are idle); sysmon cannot sleep deeply meanwhile and polls at 20 µs for a millisecond after each retake.
+// That polling, not the drain work, is most of what an idle or slowly publishing daemon costs (perf: ~25% of the
+// daemon's CPU at 64 streams × 10 events/s). Sleeping in the netpoller instead (io_uring's FUTEX_WAITV completing
+// into an eventfd) would avoid it; not done.
+//
+// Worker size: each sleep re-queues every armed ring of the worker in the kernel (~0.27 µs each), and every wakeup
+// polls all of them, so DefaultRingsPerWorker (16) trades batching across streams for a cheaper wakeup: with 64
+// streams at 10 events/s, 16 per worker cost 5.8% of a core and 64 per worker 9.5% (BenchmarkDaemonStreamsCPU,
+// KVSHM_BENCH_RINGS_PER_WORKER); idle, both cost the same.
 package drain
