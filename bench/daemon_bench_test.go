@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -33,6 +34,7 @@ import (
 //	go test -run '^$' -bench 'DaemonColdReach' -benchtime 10x ./bench/     (one event per second: parked stream)
 //	go test -run '^$' -bench 'DaemonStreamsCPU' -benchtime 4x ./bench/     (64 streams at 10 events/s, 4 windows of 1 s)
 //	go test -run '^$' -bench 'DaemonQueryUnderLoad' -benchtime 2000x ./bench/
+//	go test -run '^$' -bench 'DaemonProcCPU' -benchtime 4x ./bench/        (kvshmd as a process: its CPU alone)
 //
 // Goals (issue 4): ingest under load ≥ 50% of unloaded (ratio_vs_unloaded), idle CPU ≤ 1% of a core
 // (pct_core), busy reach ~100 µs (p50_us/p99_us at gap=0 and gap=200us). Issue 17: 64 idle streams ≤ 0.2% of a
@@ -44,6 +46,7 @@ const benchBlockSize = 16
 // benchDaemon is an in-process kvshmd with one attached producer.
 type benchDaemon struct {
 	srv    *daemon.Server
+	socket string // a kvshmd process's socket (startProcDaemon), when srv is nil
 	cancel context.CancelFunc
 	done   chan error
 	w      *shm.Writer
@@ -98,7 +101,11 @@ func (d *benchDaemon) attach(tb testing.TB, worker uint64, capacity uint64) (*sh
 	if err != nil {
 		tb.Fatal(err)
 	}
-	c, err := sock.Dial(context.Background(), d.srv.SocketPath())
+	socket := d.socket
+	if d.srv != nil {
+		socket = d.srv.SocketPath()
+	}
+	c, err := sock.Dial(context.Background(), socket)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -467,6 +474,97 @@ func BenchmarkDaemonQueryUnderLoad(b *testing.B) {
 			} else if base := idleQueryP50.Load(); base != 0 {
 				b.ReportMetric(p50/math.Float64frombits(base), "p50_vs_idle")
 			}
+		})
+	}
+}
+
+var (
+	kvshmdOnce sync.Once
+	kvshmdBin  string
+	kvshmdErr  error
+)
+
+// startProcDaemon runs `kvshmd serve` as a process of its own (built once per run) and returns it with its pid, so
+// a benchmark can read the daemon's CPU alone (procCPU) without the in-process publishers' scheduler activity.
+func startProcDaemon(b *testing.B) (*benchDaemon, int) {
+	kvshmdOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "kvshmd-bench-")
+		if err != nil {
+			kvshmdErr = err
+			return
+		}
+		kvshmdBin = filepath.Join(dir, "kvshmd")
+		if out, err := exec.Command("go", "build", "-o", kvshmdBin, "../cmd/kvshmd").CombinedOutput(); err != nil {
+			kvshmdErr = fmt.Errorf("build kvshmd: %v\n%s", err, out)
+		}
+	})
+	if kvshmdErr != nil {
+		b.Fatal(kvshmdErr)
+	}
+	socket := filepath.Join(b.TempDir(), "run", "kvshmd.sock")
+	cmd := exec.Command(kvshmdBin, "serve", "--socket", socket)
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() })
+	for i := 0; ; i++ {
+		c, err := sock.Dial(context.Background(), socket)
+		if err == nil {
+			_, err = c.Health(context.Background())
+			c.Close()
+			if err == nil {
+				break
+			}
+		}
+		if i == 1000 {
+			b.Fatalf("kvshmd did not answer: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return &benchDaemon{socket: socket, b: flatbuffers.NewBuilder(4096), next: 1}, cmd.Process.Pid
+}
+
+// procCPU is the CPU time of every live thread of process pid (/proc/pid/task/*/schedstat, ns on CPU).
+func procCPU(b *testing.B, pid int) time.Duration {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	if err != nil || len(tasks) == 0 {
+		b.Skip("no /proc/PID/task/*/schedstat")
+	}
+	var sum time.Duration
+	for _, f := range tasks {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var ns int64
+		if _, err := fmt.Sscan(string(data), &ns); err == nil {
+			sum += time.Duration(ns)
+		}
+	}
+	return sum
+}
+
+// BenchmarkDaemonProcCPU measures the CPU of a kvshmd process alone (its threads' schedstat), with 64 streams
+// attached by this process: idle, and publishing 10 events/s each. One op is a 1 s window; kvshmd_pct_core is
+// its CPU / wall time × 100. It is what issue 17's "kvshmd CPU" rows mean; BenchmarkDaemonIdleCPU and
+// BenchmarkDaemonStreamsCPU measure the same in-process, where the publishers' own scheduling interferes.
+func BenchmarkDaemonProcCPU(b *testing.B) {
+	for _, c := range []struct {
+		name   string
+		period time.Duration
+	}{{"streams=64/idle", time.Hour}, {"streams=64/rate=10", 100 * time.Millisecond}} {
+		b.Run(c.name, func(b *testing.B) {
+			d, pid := startProcDaemon(b)
+			_, stop := startStreams(b, d, 64, c.period)
+			defer stop()
+			time.Sleep(500 * time.Millisecond)
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu0, t0 := procCPU(b, pid), time.Now()
+			for b.Loop() {
+				time.Sleep(time.Second)
+			}
+			b.ReportMetric(100*float64(procCPU(b, pid)-cpu0)/float64(time.Since(t0)), "kvshmd_pct_core")
 		})
 	}
 }
