@@ -37,11 +37,15 @@ type Stream interface {
 // Tuning of the idle strategy (doc.go, "Park first, poll only when it is cheaper").
 const (
 	// hotGap: a stream whose bursts come closer than this is polled instead of parked: about what one wakeup
-	// costs the daemon in CPU on a virtual machine (measured 10-40 µs; BenchmarkDaemonReachLatency).
-	hotGap = 40 * time.Microsecond
+	// costs on a 2-vCPU virtual machine, the producer's FUTEX_WAKE of a sleeping worker (~10 µs of the engine's
+	// time, 0.24 µs when nobody sleeps) plus the worker's own wakeup and the Go runtime's around it (~100 µs of
+	// daemon CPU per event at 64 streams × 10 events/s, BenchmarkDaemonProcCPU). At 40 µs a kvshm LocalIndexer
+	// applying a 32-block Stored every ~100 µs paid the FUTEX_WAKE each time: apply_stored's median 36 → 80 µs
+	// (bench/zmq_bench.py inline, side b).
+	hotGap = 150 * time.Microsecond
 	// spinMin, spinMax bound how long after its last burst a hot stream keeps the worker polling (twice its gap).
 	spinMin = 20 * time.Microsecond
-	spinMax = 200 * time.Microsecond
+	spinMax = 300 * time.Microsecond
 	// maxWait caps a sleep without any deadline (a worker with no stream).
 	maxWait = time.Minute
 	// faultNap is how long a worker sleeps after a futex_waitv EFAULT that no ring explains, so it cannot spin.
