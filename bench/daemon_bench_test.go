@@ -545,17 +545,18 @@ func procCPU(b *testing.B, pid int) time.Duration {
 }
 
 // BenchmarkDaemonProcCPU measures the CPU of a kvshmd process alone (its threads' schedstat), with 64 streams
-// attached by this process: idle, and publishing 10 events/s each. One op is a 1 s window; kvshmd_pct_core is
+// attached by this process: idle, and publishing 10 events/s each (streams=0: the same daemon with none). One op is a 1 s window; kvshmd_pct_core is
 // its CPU / wall time × 100. It is what issue 17's "kvshmd CPU" rows mean; BenchmarkDaemonIdleCPU and
 // BenchmarkDaemonStreamsCPU measure the same in-process, where the publishers' own scheduling interferes.
 func BenchmarkDaemonProcCPU(b *testing.B) {
 	for _, c := range []struct {
-		name   string
-		period time.Duration
-	}{{"streams=64/idle", time.Hour}, {"streams=64/rate=10", 100 * time.Millisecond}} {
+		name    string
+		streams int
+		period  time.Duration
+	}{{"streams=0/idle", 0, time.Hour}, {"streams=64/idle", 64, time.Hour}, {"streams=64/rate=10", 64, 100 * time.Millisecond}} {
 		b.Run(c.name, func(b *testing.B) {
 			d, pid := startProcDaemon(b)
-			_, stop := startStreams(b, d, 64, c.period)
+			_, stop := startStreams(b, d, c.streams, c.period)
 			defer stop()
 			time.Sleep(500 * time.Millisecond)
 			b.ReportAllocs()
