@@ -17,9 +17,11 @@
 // goroutine, which may be asleep: ~25 µs instead of ~60 µs for a TooNew through LocalIndexer); otherwise it hands
 // the drain goroutine a barrier and wakes it.
 //
-// Concurrency: one goroutine per connection, one drain goroutine per attached ring (the only goroutine that
-// touches its shm.Reader, except for the two header words a query's fast path loads under the attachment's mapMu,
-// and the only writer of its index), any number of concurrent readers of an index. Server methods are safe for
+// Concurrency: one goroutine per connection; every attached ring is owned by one drain worker of the drain
+// scheduler (package drain: a small pool of workers serving all rings; "the drain goroutine" below is the worker
+// that owns the attachment, one at a time, from its install until its end). It is the only goroutine that touches
+// the ring's shm.Reader, except for the two header words a query's fast path loads under the attachment's mapMu,
+// and the only writer of its index; any number of concurrent readers of an index. Server methods are safe for
 // concurrent use.
 //
 // # Streams and their lifecycle
@@ -167,18 +169,21 @@
 // record (a bug in fbs or index) is recovered (one deferred recover per pass, not per record: BenchmarkDrainBatch
 // measured no difference): the record is skipped, counted as malformed, logged with its stack, the index is marked
 // unknown-history, and the pass continues with the next record.
-// Idle strategy (idle.go, with its figures): spin, Gosched, then naps of growing length that a query barrier cuts
-// short, and after coldAfter without records (publishColdAfter, 150 µs, for a stream kvshmd publishes on ZMQ, so that
-// a record after a pause costs one wakeup, not the rest of a nap) the stream parks on the ring's futex doorbell
-// (shm.Reader.Park, up to 250 ms per park; 10 ms when publishing): the
-// producer's next publish wakes it (FUTEX_WAKE, only while the consumer is parked), a query barrier or a stop
-// wakes it with Reader.Wake, and the timeout bounds a wakeup the Python producer can lose (it cannot fence; see
-// shm/FORMAT.md, "Doorbell") and paces the idle housekeeping (heartbeat, ring stats, CLOSED check, pid check).
-// Measured on a 2-vCPU VM: a daemon with 8 idle streams uses ~0.45% of a core (~0.2% with one, ~0.1% with none);
-// busy reach is ~1 µs back-to-back and ~60 µs with 200 µs between records, and the first record after a long idle
-// period is reached in ~0.2-0.3 ms, one wakeup (BenchmarkDaemonIdleCPU, BenchmarkDaemonReachLatency,
-// BenchmarkDaemonColdReach in bench/).
-//
+// Idle strategy (package drain, drain/doc.go; the periods in idle.go): a worker sleeps in one futex_waitv on the
+// doorbells of all its rings (shm.Doorbells: each ring armed as Reader.Park arms it, so producers are unchanged)
+// plus a private wake word; the producer's next publish, a query barrier (attachment.sync wakes the worker at
+// once), a stop or the earliest housekeeping deadline wakes it, and it then drains every ring of its set that has
+// records. It polls instead of sleeping only while some ring's records come faster than a wakeup costs. The
+// housekeeping (attachment.Housekeep: heartbeat, ring snapshot, truncation and CLOSED checks, the pid backstop
+// through a pidfd, a continuous checkpoint whose interval passed without records) is due every 10 ms on a
+// publishing stream and every second otherwise; the worker coalesces the deadlines of its streams into one
+// wakeup. The period also bounds a doorbell the Python producer loses (it cannot fence; see shm/FORMAT.md,
+// "Doorbell"): such a record waits at most until the next deadline. Without futex_waitv (Linux < 5.16, or
+// Config.Drain.NoWaitv) each ring gets a worker of its own that waits with Reader.Park. Measured on a 2-vCPU VM
+// (bench/, same run, before → after): 64 idle streams 2.6 → 0.21% of a core; 64 streams at 10 events/s 36 → 5.8%
+// of a core above the publishers' own CPU; a recovery query under 64 streams at 400 events/s p50 20 ms → 64 µs,
+// p99 51 → 1.7 ms (BenchmarkDaemonIdleCPU, BenchmarkDaemonStreamsCPU, BenchmarkDaemonQueryUnderLoad).
+
 // # Losses
 //
 // A loss inside kvshm (a LOSS record: the producer found the ring full; a corrupt ring record or malformed event;
@@ -273,8 +278,9 @@
 //	corrupt tail word more than a ring ahead          SkipToTail stays; the producer's next publish rewrites it
 //	corrupt tail word within a ring ahead             the reader skips there; the producer re-bases at that head
 //	                                                  (one event dropped, reported by a LOSS record): no wedge
-//	ring file truncated under the daemon (SIGBUS;     a memory fault on the drain goroutine (SetPanicOnFault), or
-//	an idle stream checks the size every 100 ms)      the idle size check (shm.Reader.Truncated): only
+//	ring file truncated under the daemon (SIGBUS;     a memory fault on the drain worker (SetPanicOnFault, recovered
+//	an idle stream checks the size at each            per ring: drain.Stream.Fault), a futex_waitv EFAULT, or the
+//	housekeeping, ≤ 1 s, 10 ms publishing)            idle size check (shm.Reader.Truncated): only
 //	                                                  that attachment ends (unknown history, counted, logged, the
 //	                                                  producer's connection closed); the daemon goes on
 //	ring state word reads CLOSED, producer connected  ignored (logged once): only the producer ends its stream
@@ -456,7 +462,7 @@
 // Heartbeats (--zmq-heartbeat, Config.ZMQHeartbeat, kvshmd serve's default 1 s): a publishing stream that handed
 // nothing to its publisher for that long publishes [now, [], dp_rank] with the next wire seq through
 // PublishHeartbeat (live only, not in the replay buffer, not in the index: an id gap there). It is checked on the
-// drain goroutine's idle wakeups (a publishing stream parks ≤ 10 ms), so it costs no extra wakeup.
+// stream's housekeeping (due every 10 ms on a publishing stream, coalesced with the other streams of its worker).
 //
 // Replay snapshots (snapshot.go; SNAPSHOT.md; default on, --zmq-snapshots=false off): a publishing stream's index
 // keeps token windows (index.Config.KeepTokens; an index made for an ATTACH without publish gets EnableTokens when
@@ -496,7 +502,11 @@
 // # Caveats
 //
 // Record payloads alias the ring mapping and are valid only until the drain goroutine's next Release: nothing
-// in this package keeps them (the index copies what it stores). Each attached stream holds one locked OS thread.
+// in this package keeps them (the index copies what it stores). The streams of one drain worker share its
+// goroutine: a continuous checkpoint of a large index (~0.2 s per million blocks) delays the worker's other
+// streams too (drain/doc.go, "Caveats"). An idle worker's wakeup costs the Go runtime's sysmon some polling (it
+// retakes the P a worker's futex_waitv held): that, not the drain work, is most of the idle and the 10 events/s
+// figures (perf).
 // With --checkpoint-interval a ring holds up to half its capacity of applied-but-unreleased records (see
 // "Continuous checkpoints"), and applying pauses while a checkpoint is written.
 // Checkpoints: use one --state-dir per daemon (files are named by worker id, scope and ring epoch only, and a
@@ -505,9 +515,9 @@
 // daemon knows). A restored index has no dump cache, so its first dump is built from the tree: equivalent to, but
 // not always byte-equal with, a cached dump the old daemon had extended with the log tail (the same difference any
 // cache invalidation makes).
-// An idle stream wakes once per park (250 ms, see "Drain loop"), so idle CPU grows slowly with the number of idle
-// streams (README, "Performance", has the measured figures). The pid backstop is only armed when the
-// attaching process is the ring's producer_pid (same pid namespace); otherwise socket EOF is the only death
+// An idle stream costs one housekeeping call per second (coalesced per worker: one wakeup per worker per second),
+// so idle CPU grows slowly with the number of idle streams (README, "Performance", has the measured figures). The
+// pid backstop is only armed when the attaching process is the ring's producer_pid (same pid namespace); otherwise socket EOF is the only death
 // signal, so its end is seen only at DETACH or CLOSED (and a broken connection looks like an end never). A
 // stream's index is kept while the daemon runs until an operator sends FORGET (`kvshmd forget`); a
 // recovery query that selected the stream just before FORGET may re-create its recovery_* series once. Panic

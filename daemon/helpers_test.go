@@ -29,6 +29,10 @@ var verbose = flag.Bool("daemon.log", false, "show daemon logs in tests")
 // otherUserBin plays another local user in the tests that run a process as another uid (testdata/otheruser).
 var otherUserBin string
 
+// drainFallback runs every in-process server's drain workers in the fallback (one worker per ring on
+// Reader.Park), as on a kernel without futex_waitv: go test ./daemon/ -args -drain-fallback.
+var drainFallback = flag.Bool("drain-fallback", false, "drain with one worker per ring on Reader.Park (no futex_waitv)")
+
 // kvshmdBin is the kvshmd binary built by TestMain for tests that need a real process.
 var kvshmdBin string
 
@@ -70,6 +74,7 @@ type testServer struct {
 func startServer(t testing.TB, mod func(*Config)) *testServer {
 	t.Helper()
 	cfg := Config{SocketPath: filepath.Join(t.TempDir(), "s", "kvshmd.sock"), Logger: testLogger(t)}
+	cfg.Drain.NoWaitv = *drainFallback
 	if mod != nil {
 		mod(&cfg)
 	}

@@ -101,7 +101,7 @@ func (st *stream) endIncarnationLocked(why string, log func(msg string, args ...
 // the pid lives: the producer may reattach the same ring epoch, or die later). Runs on the drain goroutine.
 func (a *attachment) incarnationEnds() (ends, watch bool) {
 	gone := func() bool {
-		return a.checkPID && !processAlive(int(a.hdr.ProducerPID), a.hdr.ProducerStartTime)
+		return a.checkPID && !a.pidw.alive()
 	}
 	switch endCause(a.cause.Load()) {
 	case causeDetach, causePIDGone:

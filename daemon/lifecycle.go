@@ -417,22 +417,37 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 			seqSeen, lastSeq = st.engSeen, st.engLast
 		}
 	}
-	cold, park := coldAfter, parkFor
+	every := idleEvery
 	if publishing {
-		cold, park = publishColdAfter, publishParkFor
+		every = publishIdleEvery
 	}
+	now := time.Now()
 	a := &attachment{
-		st: st, r: o.r, hdr: h, ix: st.ix, log: log, idl: idler{r: o.r, cold: cold, park: park}, lease: cc, srv: s,
-		publishing: publishing, lastPub: time.Now(),
+		st: st, r: o.r, hdr: h, ix: st.ix, log: log, every: every, lease: cc, srv: s,
+		publishing: publishing, lastPub: now, lastSnap: now, lastPID: now,
 		ckpt: s.ckpt, rankPorts: &s.rankPorts, pidEvery: s.cfg.PIDCheckInterval,
 		checkPID: h.ProducerPID != 0 && int32(h.ProducerPID) == cc.pid,
 		stop:     make(chan struct{}), done: make(chan struct{}), syncs: make(chan syncReq, 64),
 		ckptEvery: s.cfg.CheckpointInterval, lastCkpt: time.Now(), ckptHead: head, wireFmt: wireOf(req.Publish),
 		seqSeen: seqSeen, lastSeq: lastSeq, ranks: rankSet{on: s.rankPorts.base != 0 && !key.perRank},
 	}
+	// Handed to a drain worker before any other goroutine can see it (finish and sync use a.h). The worker's
+	// first call into it (a pass or Housekeep, which take st.mu) waits until this install releases st.mu.
+	if a.checkPID {
+		a.pidw = openPIDWatch(int(h.ProducerPID), h.ProducerStartTime)
+	} else {
+		a.pidw = pidWatch{fd: -1}
+	}
+	lastRing := o.r.Stats() // the last use of the Reader here: the worker owns it from Add on
+	hd, err := s.sched.Add(a)
+	if err != nil {
+		st.mu.Unlock()
+		return sock.AttachReply{}, errorf(sock.CodeBusy, "daemon is shutting down")
+	}
+	a.h = hd
 	st.att, st.alive = a, true
 	st.blockSize, st.maxBuffer, st.ringPath, st.epoch = req.KVBlockSize, h.MaxBufferSize, req.RingPath, h.Epoch
-	st.lastHeader, st.lastRing = h, o.r.Stats()
+	st.lastHeader, st.lastRing = h, lastRing
 	rep := sock.AttachReply{WorkerID: req.WorkerID, Epoch: h.Epoch, StreamEpoch: st.streamEpoch, Resumed: p.resumed, Head: head,
 		Restored: p.outcome == attachRestore, Batches: true, Publishing: publishing}
 	st.mu.Unlock()
@@ -441,7 +456,6 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 		log.Info("producer pid check disabled: the attaching process is not the ring's producer_pid (or another pid namespace)", "peer_pid", cc.pid, "producer_pid", h.ProducerPID)
 	}
 	log.Info("producer attached", "ring", req.RingPath, "epoch", h.Epoch, "stream_epoch", rep.StreamEpoch, "resumed", p.resumed, "restored", rep.Restored, "head", head, "producer_pid", h.ProducerPID)
-	go a.run()
 	return rep, nil
 }
 

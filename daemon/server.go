@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvshm/kvshm/drain"
 	"github.com/kvshm/kvshm/index"
 	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
@@ -69,10 +70,13 @@ type Config struct {
 	// RankPortsBase > 0 (requires HTTPAddr): port RankPortsBase+r on the HTTP host answers /kv_recover for rank r
 	// of the only worker, opened when the daemon first holds a stream covering r (--rank-ports). 0 = off.
 	RankPortsBase int
-	Bounds        Bounds       // per-producer bounds (bounds.go); zero fields: DefaultBounds
-	Version       string       // reported by HEALTH and kvshm_build_info
-	Logger        *slog.Logger //
-	Registry      *prometheus.Registry
+	Bounds        Bounds // per-producer bounds (bounds.go); zero fields: DefaultBounds
+	// Drain configures the drain scheduler (package drain): rings per worker, and NoWaitv to force the fallback
+	// of one worker per ring on Reader.Park (as on a kernel without futex_waitv). The zero value is the default.
+	Drain    drain.Config
+	Version  string       // reported by HEALTH and kvshm_build_info
+	Logger   *slog.Logger //
+	Registry *prometheus.Registry
 }
 
 // DefaultConfig returns the defaults every zero field of a Config stands for (New fills them in); kvshmd serve shows
@@ -159,8 +163,9 @@ type Server struct {
 	httpSem   chan struct{} // one token per open HTTP connection, shared by --http and the rank ports
 	rankPorts rankPorts
 	ckpt      *ckptStore
-	nconns    atomic.Int64 // open connections. Updated atomically.
-	peers     peerConns    // open connections per peer (bounds.go)
+	sched     *drain.Scheduler // the drain workers of every attachment
+	nconns    atomic.Int64     // open connections. Updated atomically.
+	peers     peerConns        // open connections per peer (bounds.go)
 
 	// parentGone is set when the --parent-pid process is gone (before the shutdown it causes): the streams'
 	// incarnations end with the daemon (a private daemon's engine is its parent). Updated atomically.
@@ -189,6 +194,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.snapLimit = zmqpub.NewSnapshotLimit(cfg.ZMQSnapshotBuilds)
 	s.rankPorts = rankPorts{s: s, ports: map[uint32]*rankPort{}}
+	s.sched = drain.New(cfg.Drain)
 	if cfg.RankPortsBase != 0 {
 		if cfg.RankPortsBase < 0 || cfg.RankPortsBase > 65535 || cfg.HTTPAddr == "" {
 			return nil, fmt.Errorf("rank ports base %d with http address %q: %w", cfg.RankPortsBase, cfg.HTTPAddr, ErrRankPorts)
@@ -365,6 +371,7 @@ func (s *Server) shutdown() {
 			_ = s.ckpt.save(l.st.key, l.a.hdr.Epoch, l.a.ix, l.a.finalHead, "shutdown") // after the final drain and head release: the index matches the ring head
 		}
 	}
+	s.sched.Close() // every attachment has ended: the workers exit
 	s.log.Info("kvshmd stopped: rings drained")
 }
 

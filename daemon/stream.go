@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvshm/kvshm/drain"
 	"github.com/kvshm/kvshm/index"
 	"github.com/kvshm/kvshm/proto/fbs"
 	"github.com/kvshm/kvshm/shm"
@@ -79,7 +80,9 @@ type stream struct {
 	gone    bool // forgotten (FORGET): a pid watcher stops
 }
 
-// attachment is one producer's ring, followed by one drain goroutine.
+// attachment is one producer's ring, followed by a drain worker (package drain: it is a drain.Stream). "The drain
+// goroutine" below is the worker that owns the attachment: one at a time, from drain.Scheduler.Add until Final or
+// Fault returns.
 type attachment struct {
 	st       *stream
 	r        *shm.Reader // owned by the drain goroutine
@@ -104,6 +107,7 @@ type attachment struct {
 	// goroutine write-locks it to close the Reader, sync's fast path read-locks it.
 	applied   atomic.Uint64
 	syncWaits atomic.Uint64 // syncs that needed the drain goroutine (tests read it)
+	snapLoss  atomic.Bool   // the last ring snapshot showed loss_pending (sync's fast path). Updated atomically.
 	mapMu     sync.RWMutex
 	mapGone   bool // protected by mapMu: the Reader is closed
 
@@ -112,7 +116,11 @@ type attachment struct {
 	done     chan struct{} // closed when the drain goroutine has closed the ring
 	syncs    chan syncReq  // read-your-writes barriers, served by the drain goroutine
 	why      atomic.Pointer[string]
-	idl      idler // owned by the drain goroutine; wake is called by others
+	h        *drain.Handle // set by install before any other goroutine sees the attachment; Wake and Stop only
+	doneOnce sync.Once     // closes done (Final, or Fault, which may follow a Final that faulted)
+	// every is how often the attachment needs its worker without records (Housekeep): the lost-doorbell bound and
+	// the pace of the idle housekeeping (idle.go). Constant.
+	every time.Duration
 
 	// Owned by the drain goroutine.
 	lastCorrupt uint64        // position of the last corruption reported
@@ -129,15 +137,19 @@ type attachment struct {
 	covFirst, covLast uint64
 	// seqSeen, lastSeq: the last event id applied (or highest id marked lost) on the index, as the index's
 	// LastSeenID (seeded from it at attach).
-	seqSeen bool
-	lastSeq uint64
-	ranks   rankSet // dp_ranks seen on an ALL stream (for --rank-ports)
-	view    fbs.EventView
-	hashes  []uint64
-	pending []syncReq
-	id      uint64    // the index id of the record being applied: its wire seq on a publishing stream, else its seq
-	lastPub time.Time // the last batch handed to the publisher (or the attach): heartbeats after --zmq-heartbeat
-	pubbed  bool      // a batch was handed to the publisher in this pass
+	seqSeen  bool
+	lastSeq  uint64
+	ranks    rankSet // dp_ranks seen on an ALL stream (for --rank-ports)
+	view     fbs.EventView
+	hashes   []uint64
+	pending  []syncReq
+	id       uint64    // the index id of the record being applied: its wire seq on a publishing stream, else its seq
+	lastPub  time.Time // the last batch handed to the publisher (or the attach): heartbeats after --zmq-heartbeat
+	pubbed   bool      // a batch was handed to the publisher in this pass
+	lastSnap time.Time // the last idle ring snapshot and truncation check (Housekeep)
+	lastPID  time.Time // the last producer pid check (Housekeep)
+	burst    bool      // the last pass applied records (the next empty one snapshots the ring)
+	pidw     pidWatch  // the producer's pid (when checkPID), owned by the drain goroutine
 	// Scratch of BATCH records and ZMQ encoding, owned by the drain goroutine.
 	batch   shm.Batch
 	bevs    []batchEvent // the decoded events of the BATCH record being applied
@@ -166,7 +178,7 @@ func (a *attachment) finish(cause endCause, reason string) {
 		a.cause.Store(int32(cause))
 		a.why.Store(&reason)
 		close(a.stop)
-		a.idl.wake()
+		a.h.Stop()
 	})
 }
 
@@ -179,7 +191,7 @@ func (a *attachment) sync(ctx context.Context) error {
 	req := syncReq{done: make(chan struct{})}
 	select {
 	case a.syncs <- req:
-		a.idl.wake()
+		a.h.Wake() // the worker serves it at once, asleep or not
 	case <-a.done:
 		return nil
 	case <-ctx.Done():
@@ -214,7 +226,8 @@ func (a *attachment) appliedAll() (all bool) {
 		}
 	}()
 	tail, lossPending := a.r.Published()
-	return !lossPending && tail == a.applied.Load()
+	// snapLoss: the last snapshot (STATS' source) still shows a loss the header no longer does; a pass refreshes it.
+	return !lossPending && tail == a.applied.Load() && !a.snapLoss.Load()
 }
 
 // closeRing closes the Reader (drain goroutine only), once no appliedAll is reading its mapping.
@@ -228,87 +241,128 @@ func (a *attachment) closeRing() {
 	}
 }
 
-// run is the drain goroutine.
-func (a *attachment) run() {
-	defer close(a.done)
-	// A ring file cut short by another process makes any access to the mapping a SIGBUS, which would kill the
-	// whole daemon (every worker). On this goroutine, the only one that touches the mapping after ATTACH, it is a
-	// panic instead, and ringFault ends just this attachment.
-	debug.SetPanicOnFault(true)
-	defer func() {
-		if r := recover(); r != nil {
-			if !isMemoryFault(r) {
-				panic(r)
-			}
-			a.ringFault(r)
+// Ring, Ready, Pass, Housekeep, Final and Fault make the attachment a drain.Stream; they run on its worker.
+
+// Ring is the attachment's ring (drain.Stream).
+func (a *attachment) Ring() *shm.Reader { return a.r }
+
+// Ready reports whether a pass has work: records published, a pending loss in the ring header that the index
+// has not marked yet (drainBatch marks it once the ring is found empty), or the end of a burst (the empty pass
+// after one that applied records snapshots the ring header once more).
+func (a *attachment) Ready() bool {
+	if a.burst || a.r.Pending() {
+		return true
+	}
+	pending, first, last := a.r.PendingLoss()
+	return pending && first <= last && !(a.cov && a.covFirst == first && a.covLast >= last) &&
+		!(a.seqSeen && first <= a.lastSeq)
+}
+
+// Pass is one drain pass (drain.Stream): up to maxBatch records applied and released, the barriers received so
+// far served, a continuous checkpoint written when due.
+func (a *attachment) Pass(now time.Time) int {
+	a.corruptPass = false
+	n := a.drainBatch()
+	a.takeSyncs()
+	if n == 0 && (a.burst || len(a.pending) > 0) {
+		// The end of a burst, or a query waiting: the header's producer-side words (loss_pending, drop counters)
+		// may have changed since the last snapshot (the producer clears loss_pending just after publishing its
+		// LOSS record), and a query answers STATS from the snapshot.
+		a.snapshot()
+	}
+	a.burst = n > 0
+	a.completeSyncs() // after an empty poll every barrier received so far is satisfied
+	if a.ckptEvery > 0 {
+		a.periodicCheckpoint(now)
+	}
+	if a.pubbed {
+		a.lastPub, a.pubbed = now, false
+	}
+	if n == 0 && a.corruptPass && len(a.pending) > 0 {
+		// The ring is corrupt and nothing is readable (an unrepairable tail word): waiting cannot help the
+		// barriers, so answer them with what has been applied.
+		for _, p := range a.pending {
+			close(p.done)
 		}
-	}()
-	a.idl.lockThread()
-	a.idl.worked(time.Now())
-	lastSnap := time.Now()
-	lastPID := lastSnap
-	pidEvery := a.pidEvery
-	for {
-		a.corruptPass = false
-		n := a.drainBatch()
-		a.completeSyncs() // after an empty poll every barrier received so far is satisfied
-		select {
-		case <-a.stop:
-			a.finalDrain()
-			return
-		default:
+		a.pending = a.pending[:0]
+	}
+	return n
+}
+
+// Housekeep is the attachment's periodic work (drain.Stream), due every a.every (idle.go): the heartbeat of a
+// publishing stream silent for --zmq-heartbeat, the ring snapshot and truncation check (at most every
+// snapshotPeriod), the CLOSED-state warning, the producer pid backstop, and a continuous checkpoint whose interval
+// passed without records. A ring file found truncated is an error: the worker calls Fault with it.
+func (a *attachment) Housekeep(now time.Time) (time.Time, error) {
+	if hb := a.srv.cfg.ZMQHeartbeat; a.publishing && hb > 0 && now.Sub(a.lastPub) >= hb {
+		if pub := a.st.pub.Load(); pub != nil {
+			a.heartbeat(pub)
 		}
-		now := time.Now()
-		if a.ckptEvery > 0 {
-			a.periodicCheckpoint(now)
+		a.lastPub = now
+	}
+	if now.Sub(a.lastSnap) >= min(snapshotPeriod, a.every-a.every/4) {
+		a.lastSnap = now
+		if cut, size := a.r.Truncated(); cut {
+			// An idle stream touches only the header page, which may outlive the truncation: without this
+			// check the producer's drops (which it can no longer count in the header) would go unreported.
+			return time.Time{}, ringTruncated{size}
 		}
-		if a.pubbed {
-			a.lastPub, a.pubbed = now, false
+		a.snapshot()
+		if a.hdrClosed() && !a.closedLogged {
+			// The producer says goodbye by closing its connection (or DETACH on it); a state word that reads
+			// CLOSED while that connection is open is corruption (or a goodbye about to come): keep reading.
+			a.closedLogged = true
+			a.log.Warn("ring state is CLOSED while the producer's connection is open: ignored, still draining")
 		}
-		if n > 0 {
-			a.idl.worked(now)
-			continue
-		}
-		if a.corruptPass && len(a.pending) > 0 {
-			// The ring is corrupt and nothing is readable (an unrepairable tail word): waiting cannot help the
-			// barriers, so answer them with what has been applied.
-			for _, p := range a.pending {
-				close(p.done)
-			}
-			a.pending = a.pending[:0]
-		}
-		if !a.idl.idle(now) {
-			continue
-		}
-		if hb := a.srv.cfg.ZMQHeartbeat; a.publishing && hb > 0 && now.Sub(a.lastPub) >= hb {
-			if pub := a.st.pub.Load(); pub != nil {
-				a.heartbeat(pub)
-			}
-			a.lastPub = now
-		}
-		if now.Sub(lastSnap) >= snapshotPeriod {
-			lastSnap = now
-			if cut, size := a.r.Truncated(); cut {
-				// An idle stream touches only the header page, which may outlive the truncation: without this
-				// check the producer's drops (which it can no longer count in the header) would go unreported.
-				a.ringFault(ringTruncated{size})
-				return
-			}
-			a.snapshot()
-			if a.hdrClosed() && !a.closedLogged {
-				// The producer says goodbye by closing its connection (or DETACH on it); a state word that reads
-				// CLOSED while that connection is open is corruption (or a goodbye about to come): keep reading.
-				a.closedLogged = true
-				a.log.Warn("ring state is CLOSED while the producer's connection is open: ignored, still draining")
-			}
-		}
-		if a.checkPID && now.Sub(lastPID) >= pidEvery {
-			lastPID = now
-			if !processAlive(int(a.hdr.ProducerPID), a.hdr.ProducerStartTime) {
+	}
+	// The worker runs a deadline up to a quarter period early to coalesce it with its other streams' (drain/doc.go):
+	// a check due within that slack runs now, so the stream's checks follow the worker's ticks instead of keeping
+	// the phase of its attach.
+	next := now.Add(a.every)
+	if a.checkPID {
+		if now.Sub(a.lastPID) >= a.pidEvery-a.every/4 {
+			a.lastPID = now
+			if !a.pidw.alive() {
 				a.finish(causePIDGone, fmt.Sprintf("producer pid %d is gone", a.hdr.ProducerPID))
 			}
 		}
+		if a.pidEvery < a.every {
+			next = minTime(next, a.lastPID.Add(a.pidEvery))
+		}
 	}
+	if a.ckptEvery > 0 {
+		a.periodicCheckpoint(now)
+		if rs := a.r.Stats(); rs.ReadPos != rs.Head {
+			next = minTime(next, a.lastCkpt.Add(a.ckptEvery))
+		}
+	}
+	return next, nil
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// Final is the attachment's end (drain.Stream): the final drain, the ring closed, done closed.
+func (a *attachment) Final() {
+	defer a.closeDone()
+	a.finalDrain()
+}
+
+// Fault ends an attachment whose ring faulted (drain.Stream): see ringFault.
+func (a *attachment) Fault(cause any) {
+	defer a.closeDone()
+	a.ringFault(cause)
+}
+
+func (a *attachment) closeDone() {
+	a.doneOnce.Do(func() {
+		a.pidw.close()
+		close(a.done)
+	})
 }
 
 // drainBatch applies up to maxBatch records and releases them with one head store. It returns the number of
@@ -452,7 +506,7 @@ func (a *attachment) drainRecords(n *int, c *batchCounts, empty *bool) (retry bo
 	defer func() {
 		if r := recover(); r != nil {
 			if isMemoryFault(r) {
-				panic(r) // the mapping itself is gone: run's handler ends the attachment
+				panic(r) // the mapping itself is gone: the worker hands it to Fault, which ends the attachment
 			}
 			a.recordPanic(pos, inRecord, r)
 			retry = inRecord
@@ -487,7 +541,8 @@ func (a *attachment) drainRecords(n *int, c *batchCounts, empty *bool) (retry bo
 
 // recordPanic handles a panic recovered in the drain path: inRecord, while applying the record at pos.
 // isMemoryFault reports whether a recovered panic is a memory fault (SetPanicOnFault): the runtime's error for
-// it carries the faulting address.
+// it carries the faulting address. Such a panic in the drain path is left to the worker (package drain), which
+// hands it to the attachment's Fault.
 func isMemoryFault(r any) bool {
 	_, ok := r.(interface{ Addr() uintptr })
 	return ok
@@ -496,7 +551,7 @@ func isMemoryFault(r any) bool {
 // ringTruncated is the cause ringFault reports when the idle check finds the ring file shorter than its mapping.
 type ringTruncated struct{ size int64 }
 
-func (e ringTruncated) String() string {
+func (e ringTruncated) Error() string {
 	return fmt.Sprintf("the ring file was truncated to %d bytes", e.size)
 }
 
@@ -504,7 +559,7 @@ func (e ringTruncated) String() string {
 // more can be read, so the
 // history after the last applied record is unknown (kept queryable, marked, counted), the mapping is released without
 // touching it again (no final drain, no head store), and the producer's connection is closed so that it learns of
-// it. Runs on the drain goroutine, in run's deferred handler.
+// it. Runs on the drain goroutine (Fault), possibly after a Final that faulted midway.
 func (a *attachment) ringFault(r any) {
 	a.st.corrupt.Add(1)
 	a.log.Error("ring unusable (its file was truncated): attachment ended, state after the last applied event is "+
@@ -766,6 +821,7 @@ func (a *attachment) checkpoint(trigger string) {
 func (a *attachment) snapshot() {
 	a.r.Heartbeat(time.Now().UnixNano())
 	rs := a.r.Stats()
+	a.snapLoss.Store(rs.LossPending)
 	a.st.mu.Lock()
 	a.st.lastRing = rs
 	a.st.mu.Unlock()

@@ -525,7 +525,7 @@ func TestZmqPublisherLifecycle(t *testing.T) {
 	next := joinProbes(t, p, 1, got)
 	st := ts.streams[keyOf(3, nil)]
 	first := st.pub.Load()
-	checkIdle := func(cold, park time.Duration) {
+	checkIdle := func(every time.Duration) {
 		t.Helper()
 		st.mu.Lock()
 		a := st.att
@@ -533,12 +533,12 @@ func TestZmqPublisherLifecycle(t *testing.T) {
 		if a == nil {
 			t.Fatal("no attachment")
 		}
-		if a.idl.cold != cold || a.idl.park != park { // set at construction, never changed
-			t.Fatalf("attachment idles cold after %v, parks %v; want %v, %v", a.idl.cold, a.idl.park, cold, park)
+		if a.every != every { // set at construction, never changed
+			t.Fatalf("attachment's idle housekeeping (lost-doorbell bound) every %v, want %v", a.every, every)
 		}
 	}
-	// A publishing stream parks early: the producer's doorbell, not a nap, decides its latency.
-	checkIdle(publishColdAfter, publishParkFor)
+	// A publishing stream's lost doorbell costs its subscribers at most publishIdleEvery.
+	checkIdle(publishIdleEvery)
 	attachPublishing(t, p, cfg) // same config: same publisher, the subscriber keeps receiving
 	if st.pub.Load() != first {
 		t.Fatal("re-attach with the same publish config replaced the publisher")
@@ -559,7 +559,7 @@ func TestZmqPublisherLifecycle(t *testing.T) {
 	if st.pub.Load() != nil {
 		t.Fatal("re-attach without publish kept a publisher")
 	}
-	checkIdle(coldAfter, parkFor)
+	checkIdle(idleEvery)
 	if _, err := os.Stat(filepath.Join(dir, "a.sock")); !os.IsNotExist(err) {
 		t.Fatalf("ipc socket file after the publisher closed: %v", err)
 	}

@@ -54,6 +54,10 @@
 // word (Writer.Publish; the Python writer likewise through ctypes). Between Go peers no wakeup is lost (Go's atomic
 // stores are full fences on amd64); the Python writer cannot fence between its tail store and its load of the flag,
 // so its wakeup can be lost, and the Park timeout bounds that delay. FORMAT.md, "Doorbell", has the argument.
+// A consumer of many rings arms each (Reader.Arm: Park's first half, the flag then the tail reload) and sleeps on
+// all of them at once with Doorbells.Wait (futex_waitv, Linux >= 5.16: up to MaxDoorbells rings plus a private
+// wake word that Doorbells.Wake rings); producers cannot tell the difference. Without futex_waitv Wait returns
+// ErrNoWaitv and the consumer falls back to Park per ring.
 //
 // Identity: the header names the producer by pid and start time (field 22 of /proc/<pid>/stat), so a recycled pid is
 // not taken for the producer. ReadProcStat is the one parser of that file in Go (the daemon uses it for its pid

@@ -55,3 +55,48 @@ func futexWakePrivate(addr *uint32) int {
 	}
 	return int(n)
 }
+
+// futex_waitv(2) (Linux >= 5.16): one wait on up to 128 futex words. Its number is the same on every
+// architecture (a syscall added after the table unification). sysFutexWaitv is a variable so a test can point it
+// at a number no kernel has, to exercise the ENOSYS fallback.
+var sysFutexWaitv uintptr = 449
+
+const (
+	futexWaitvMax = 128  // FUTEX_WAITV_MAX
+	futex2SizeU32 = 0x02 // FUTEX2_SIZE_U32: the words are 32 bits
+	futex2Private = 128  // FUTEX2_PRIVATE: a word of this process (the same value as FUTEX_PRIVATE_FLAG)
+)
+
+// futexWaitv is struct futex_waitv of <linux/futex.h>: the expected value, the word's address and flags. Its
+// layout is the kernel's ABI: 24 bytes, no implicit padding.
+type futexWaitv struct {
+	val      uint64
+	uaddr    uint64
+	flags    uint32
+	reserved uint32
+}
+
+// waitvEntry fills e with the word at addr expected to hold val. private: a word of this process (Go memory);
+// otherwise a word of a MAP_SHARED ring, matched by the shared key the producer's FUTEX_WAKE uses (never the
+// private flag there, as for futexWaitTimeout). The caller keeps the word's memory alive until the wait returns.
+func waitvEntry(e *futexWaitv, addr *uint32, val uint32, private bool) {
+	e.val, e.uaddr, e.flags = uint64(val), uint64(uintptr(unsafe.Pointer(addr))), futex2SizeU32
+	if private {
+		e.flags |= futex2Private
+	}
+}
+
+// futexWaitvTimeout sleeps while every word of vec holds its val, at most d (futex_waitv takes an absolute
+// CLOCK_MONOTONIC deadline). It returns the errno: 0 (woken: the syscall returns the woken entry's index),
+// EAGAIN (a word differed already), EINTR, ETIMEDOUT, EFAULT (a word is not mapped: a ring file truncated under
+// its mapping), ENOSYS (a kernel before 5.16).
+func futexWaitvTimeout(vec []futexWaitv, d time.Duration) unix.Errno {
+	var now unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &now); err != nil {
+		return err.(unix.Errno)
+	}
+	deadline := unix.NsecToTimespec(unix.TimespecToNsec(now) + int64(max(d, time.Microsecond)))
+	_, _, errno := unix.Syscall6(sysFutexWaitv, uintptr(unsafe.Pointer(unsafe.SliceData(vec))), uintptr(len(vec)), 0,
+		uintptr(unsafe.Pointer(&deadline)), uintptr(unix.CLOCK_MONOTONIC), 0)
+	return errno
+}

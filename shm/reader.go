@@ -58,6 +58,10 @@ type Reader struct {
 	wakeReq atomic.Bool // a Wake that Park or Nap has not consumed yet. Updated atomically.
 	napping atomic.Bool // Nap is between its wake check and its return. Updated atomically.
 	napWord uint32      // Nap's process-private futex word (never written: only its address matters)
+
+	// Arm state (Arm, Disarm, Doorbells.Wait). Owned by the reader.
+	armed     bool   // consumer_parked = 1 was stored by Arm and not cleared since
+	armedTail uint32 // low half of the tail word Arm loaded after storing consumer_parked
 }
 
 // Open maps an existing ring for its consumer. It validates the magic (ErrMagic), the version (ErrVersion), the
@@ -353,11 +357,77 @@ func (r *Reader) park(timeout time.Duration) (woken, timedOut bool) {
 		t = loadTail(r.m)
 	}
 	storeParked(r.m, 0)
+	r.armed = false
 	return r.wakeReq.Swap(false) || r.tailMoved(t), timedOut
 }
 
 // tailMoved reports whether t, a tail word loaded at the read position r.pos == r.tail, publishes new records.
 func (r *Reader) tailMoved(t uint64) bool { return t != r.tail && r.checkTail(t) == nil }
+
+// Arm is Park's first half for a consumer that waits on many rings at once (Doorbells.Wait): it stores
+// consumer_parked = 1 (seq-cst) and loads the tail again. It returns false, with consumer_parked cleared again,
+// when there is something to read (records past the read position, published before or after the store): drain
+// first. Otherwise the ring stays armed (its producer's next publish rings the doorbell) until Disarm, Park or a
+// Doorbells.Wait that finds it moved; arming an armed ring only re-checks the tail. Call it after Next returned
+// ErrEmpty, and Release first, as for Park. The ordering argument is Park's (FORMAT.md, "Doorbell"): the store of
+// consumer_parked is a full fence before the tail load, so a Go producer that stores the tail after that load sees
+// the flag and rings, and one that stored it before is seen by the load; an invalid tail word is not new records.
+func (r *Reader) Arm() bool {
+	if r.m == nil {
+		return false
+	}
+	if r.pos != r.tail {
+		r.Disarm()
+		return false
+	}
+	if !r.armed {
+		storeParked(r.m, 1) // seq-cst: visible before the tail load below (consumer half of the Dekker pair)
+		r.armed = true
+	}
+	t := loadTail(r.m)
+	if r.tailMoved(t) {
+		r.Disarm()
+		return false
+	}
+	r.armedTail = uint32(t)
+	return true
+}
+
+// Disarm clears consumer_parked if Arm set it (the producer stops ringing). A consumer disarms a ring before it
+// drains it, so a producer publishing to a ring whose consumer is awake makes no system call.
+func (r *Reader) Disarm() {
+	if !r.armed {
+		return
+	}
+	r.armed = false
+	if r.m != nil {
+		storeParked(r.m, 0)
+	}
+}
+
+// Armed reports whether the ring is armed (Arm returned true and nothing disarmed it since).
+func (r *Reader) Armed() bool { return r.armed }
+
+// Pending reports whether Next may return a record: a tail word past the read position that is a valid tail
+// (one load; an invalid tail word is not records, as for Park). It does not touch consumer_parked.
+func (r *Reader) Pending() bool {
+	if r.m == nil {
+		return false
+	}
+	return r.pos != r.tail || r.tailMoved(loadTail(r.m))
+}
+
+// PendingLoss returns the producer's pending drop episode from the ring header (loss_pending and the seq range:
+// three gauges loaded one by one, so a read may be torn across two episodes; see Stats).
+func (r *Reader) PendingLoss() (pending bool, first, last uint64) {
+	if r.m == nil {
+		return false, 0, 0
+	}
+	if loadCounter(r.m, offLossPending) == 0 { // acquire: the range below was stored before it
+		return false, 0, 0
+	}
+	return true, loadCounter(r.m, offLossFirstSeq), loadCounter(r.m, offLossLastSeq)
+}
 
 // Nap sleeps up to d unless Wake is called (before or during it), and reports whether it was woken. Unlike Park
 // it does not set consumer_parked, so a producer publishing meanwhile makes no system call and is reached only
@@ -413,13 +483,15 @@ func (r *Reader) Stats() RingStats {
 }
 
 // Close unmaps the ring. The head is not released implicitly: call Release first for the records you are done
-// with. Payloads returned by Next must not be used after Close (the memory is gone: a fault, not an error).
+// with. Close does not touch the mapping (a truncated ring's may fault): Disarm first an armed ring whose mapping
+// is sound, or its producer keeps ringing until the ring is opened again. Payloads returned by Next must not be used after Close (the memory is gone: a fault, not an error).
 func (r *Reader) Close() error {
 	if r.m == nil {
 		return ErrClosed
 	}
 	r.wakeMu.Lock() // no Wake may ring an address that is about to be unmapped
 	r.futex = nil
+	r.armed = false
 	r.wakeMu.Unlock()
 	var err error
 	if r.unmap != nil {
