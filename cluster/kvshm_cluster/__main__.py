@@ -1,0 +1,124 @@
+"""``python -m kvshm_cluster``: the fault table for each publisher (and, with ``--scale``, the restart figures)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from . import faults, net, procs
+from .cluster import Cluster, Config
+
+
+def _term(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def cleanup(n: net.Net | None) -> None:
+    for p in list(procs.LIVE.values()):
+        p.kill()
+    if n is not None:
+        n.down()
+
+
+def run_faults(cfg: Config, only: list[str]) -> list[faults.Row]:
+    n = net.Net()
+    rows: list[faults.Row] = []
+    try:
+        n.up(cfg.nodes, cfg.routers)
+        c = Cluster(cfg, n)
+        print(f"cluster {cfg.publisher}: {cfg.nodes} nodes x {cfg.workers} workers x {cfg.ranks} ranks, "
+              f"{cfg.routers} routers, replay window {cfg.buffer_steps} batches at {cfg.hz:g} batches/s",
+              flush=True)
+        c.start()
+        c.run()
+        for name, fn in faults.FAULTS:
+            if only and name not in only:
+                continue
+            rows += fn(c)
+        c.stop()
+    finally:
+        cleanup(n)
+    return rows
+
+
+def table(rows: list[faults.Row]) -> str:
+    head = "| fault | router | publisher | extra | missing | converged | seconds |\n|---|---|---|---|---|---|---|\n"
+    lines = []
+    for r in sorted(rows, key=lambda r: ([f for f, _ in faults.FAULTS].index(_key(r.fault)), r.router,
+                                         r.publisher)):
+        if r.note == "n/a":
+            lines.append(f"| {r.fault} | {r.router} | {r.publisher} | n/a | n/a | n/a | |")
+            continue
+        secs = f"{r.seconds:.1f}" if r.seconds is not None else "-"
+        lines.append(f"| {r.fault} | {r.router} | {r.publisher} | {r.extra} | {r.missing} | "
+                     f"{'yes' if r.converged else 'NO'} | {secs} |")
+    return head + "\n".join(lines)
+
+
+def _key(fault: str) -> str:
+    names = {"router restart (in window)": "router-restart-early", "steady": "steady",
+             "partition > window": "partition", "router restart (late)": "router-restart-late",
+             "slow router (SIGSTOP)": "slow-router", "kvshmd SIGKILL+restart": "kvshmd-restart",
+             "engine SIGKILL+restart": "engine-restart"}
+    return names.get(fault, fault)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="kvshm_cluster")
+    ap.add_argument("--kvshmd", type=Path, required=True)
+    ap.add_argument("--router", type=Path, required=True, help="the conformance crate's standalone binary")
+    ap.add_argument("--out", type=Path, default=Path("build/cluster"))
+    ap.add_argument("--short", action="store_true", help="the small fast form (< 2 min)")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--publishers", default="kvshm,vllm")
+    ap.add_argument("--faults", default="", help="comma-separated subset of " +
+                    ",".join(f for f, _ in faults.FAULTS))
+    ap.add_argument("--scale", default="", help="node counts for the restart figures, e.g. 8,32,64")
+    ap.add_argument("--scale-blocks", type=int, default=100_000)
+    a = ap.parse_args()
+    signal.signal(signal.SIGTERM, _term)
+    signal.signal(signal.SIGHUP, _term)
+    gone = net.clean_stale()
+    if gone:
+        print(f"removed what a crashed run left: {' '.join(gone)}")
+    seed = a.seed if a.seed is not None else int(time.time()) % 100_000
+    a.out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    results: dict[str, Any] = {"seed": seed, "short": a.short}
+    if a.short:
+        shape = dict(nodes=2, workers=1, ranks=2, routers=2, buffer_steps=60, hz=30.0, capacity=500)
+    else:
+        shape = dict(nodes=4, workers=2, ranks=2, routers=2, buffer_steps=300, hz=25.0, capacity=2000)
+    rows: list[faults.Row] = []
+    only = [f for f in a.faults.split(",") if f]
+    for pub in a.publishers.split(","):
+        cfg = Config(publisher=pub, seed=seed, kvshmd=a.kvshmd.resolve(), router_bin=a.router.resolve(),
+                     out=(a.out / pub).resolve(), converge_s=10.0 if a.short else 20.0, **shape)  # type: ignore[arg-type]
+        rows += run_faults(cfg, only)
+    results["faults"] = {"shape": shape, "rows": [asdict(r) for r in rows]}
+    if a.scale:
+        from . import scale
+
+        results["scale"] = scale.run([int(x) for x in a.scale.split(",")], a.scale_blocks, a, seed)
+    (a.out / "results.json").write_text(json.dumps(results, indent=1))
+    print()
+    print(f"seed {seed}; {shape}")
+    print(table(rows))
+    if "scale" in results:
+        print(scale.table(results["scale"]))
+    print(f"make cluster: {time.monotonic() - started:.0f} s; figures in {a.out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    finally:
+        cleanup(None)
