@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import sys
 import time
@@ -99,6 +100,7 @@ def main() -> int:
     rows: list[faults.Row] = []
     only = [f for f in a.faults.split(",") if f]
     for pub in a.publishers.split(","):
+        shutil.rmtree(a.out / pub, ignore_errors=True)
         cfg = Config(publisher=pub, seed=seed, kvshmd=a.kvshmd.resolve(), router_bin=a.router.resolve(),
                      out=(a.out / pub).resolve(), converge_s=10.0 if a.short else 20.0, **shape)  # type: ignore[arg-type]
         rows += run_faults(cfg, only)

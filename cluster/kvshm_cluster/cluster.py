@@ -165,6 +165,12 @@ class Cluster:
         for p in self.producers():
             p.proc.ask({"op": "run", "hz": hz or self.cfg.hz}, 30.0)
 
+    def rebase(self) -> None:
+        """Every producer publishes an AllBlocksCleared: a router that receives live state is exact again whatever
+        a previous fault left it (so each fault is judged from a clean start)."""
+        for p in self.producers():
+            p.proc.ask({"op": "clear"}, 30.0)
+
     def idle(self) -> None:
         """Stops the steps; the truth is each producer's cache from now until the next :meth:`run`."""
         for n in self.nodes:
@@ -172,28 +178,33 @@ class Cluster:
                 self.truth[key] = frozenset(p.proc.ask({"op": "idle"}, 60.0)["truth"])
 
     def judge(self, since: float, routers: list[Router] | None = None) -> list[Verdict]:
-        """Polls every router's /dump until it matches the truth or ``converge_s`` after ``since``."""
-        out: list[Verdict] = []
-        for rt in routers or self.routers:
-            extra = missing = -1
-            note = ""
-            while True:
+        """Polls every router's /dump in turn until each matches the truth, or ``converge_s`` after ``since``;
+        a router's time is when its first matching dump was asked for."""
+        left = list(routers or self.routers)
+        done: dict[int, Verdict] = {}
+        last: dict[int, tuple[int, int, str]] = {rt.index: (-1, -1, "") for rt in left}
+        while left:
+            for rt in list(left):
+                asked = time.monotonic()
                 state, _, _ = rt.state()
-                now = time.monotonic()
                 if state is None:
-                    note = "/dump failed"
-                else:
-                    extra = sum(len(state.get(k, set()) - t) for k, t in self.truth.items())
-                    extra += sum(len(v) for k, v in state.items() if k not in self.truth)
-                    missing = sum(len(t - state.get(k, set())) for k, t in self.truth.items())
-                    if extra == 0 and missing == 0:
-                        out.append(Verdict(rt.index, 0, 0, True, now - since))
-                        break
-                if now - since >= self.cfg.converge_s:
-                    out.append(Verdict(rt.index, extra, missing, False, None, note))
-                    break
-                time.sleep(0.25)
-        return out
+                    last[rt.index] = (-1, -1, "/dump failed")
+                    continue
+                extra = sum(len(state.get(k, set()) - t) for k, t in self.truth.items())
+                extra += sum(len(v) for k, v in state.items() if k not in self.truth)
+                missing = sum(len(t - state.get(k, set())) for k, t in self.truth.items())
+                last[rt.index] = (extra, missing, "")
+                if extra == 0 and missing == 0:
+                    done[rt.index] = Verdict(rt.index, 0, 0, True, max(0.0, asked - since))
+                    left.remove(rt)
+            if left and time.monotonic() - since >= self.cfg.converge_s:
+                for rt in left:
+                    e, m, note = last[rt.index]
+                    done[rt.index] = Verdict(rt.index, e, m, False, None, note)
+                break
+            if left:
+                time.sleep(0.2)
+        return [done[i] for i in sorted(done)]
 
     def kvshmd_cpu(self) -> float:
         return sum(cpu_seconds(n.kvshmd.pid) for n in self.nodes if n.kvshmd is not None)

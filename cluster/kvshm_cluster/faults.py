@@ -35,7 +35,9 @@ def _judge(c: Cluster, fault: str, healed: float, note: str = "") -> list[Row]:
         secs = f"{r.seconds:.1f} s" if r.seconds is not None else "no"
         print(f"  {fault:<24} {c.cfg.publisher:<6} router {r.router}: extra {r.extra}, missing {r.missing}, "
               f"converged {secs} (truth {r.truth_blocks}) {r.note}", flush=True)
+    c.rebase()
     c.run()
+    time.sleep(min(3.0, window_s(c, 0.5)))  # caches refill before the next fault
     return rows
 
 

@@ -2,10 +2,11 @@
 
 Names carry the harness's pid (``kvc-<pid>-n3``, links ``kvc<pid>n3``), so a run removes what a crashed run left
 (its pid is gone) and never what a live one uses. Addresses: ``10.S.0.1/16`` on the bridge, ``10.S.1.i`` node i,
-``10.S.2.j`` router j, ``S = 100 + pid % 100``. A partition is iptables in the router's namespace: REJECT with a
-TCP reset for the node's address, both ways. That is a partition long enough that TCP gave up: the connections
-die, what the publishers send meanwhile is lost, and both ends reconnect after the heal. (A DROP shorter than
-TCP's retransmission window loses nothing: ZMQ's queues and TCP carry it through, as the slow router shows.)
+``10.S.2.j`` router j, ``S = 100 + pid % 100``. A partition is iptables in the router's namespace (REJECT with a
+TCP reset for the node's address, both ways) plus ``ss -K`` of the established connections on both sides: a
+partition long enough that TCP gave up. What the publishers send meanwhile is lost, and the router reconnects
+after the heal. Without the ``ss -K`` nothing is lost (measured): the packets are dropped, TCP retransmits into
+the heal and ZMQ's queues carry the rest, as for the slow router.
 """
 
 from __future__ import annotations
@@ -108,6 +109,10 @@ class Net:
         for chain, flag in (("INPUT", "-s"), ("OUTPUT", "-d")):
             sh(*self.exec(ns), "iptables", "-I", chain, flag, ip, "-p", "tcp", "-j", "REJECT", "--reject-with",
                "tcp-reset")
+        # Established connections would survive (TCP retransmits into the heal): end them both sides, as a
+        # partition past TCP's patience does.
+        sh(*self.exec(ns), "ss", "-K", "dst", ip, check=False)
+        sh(*self.exec(self.node_ns(node)), "ss", "-K", "dst", self.router_ip(router), check=False)
         self.blocked.add((node, router))
 
     def heal(self, node: int, router: int) -> None:

@@ -9,6 +9,7 @@ Commands are JSON lines on stdin, replies JSON lines on stdout:
   :data:`PROBE_S`, as a serving engine keeps publishing; reply ``{"truth": [...], "batches": N}``;
 * ``{"op": "quiet"}``: publish nothing; reply the truth;
 * ``{"op": "prefill", "blocks": N}``: publish N new blocks in large batches, reply ``{"batches": K, "s": T}``;
+* ``{"op": "clear"}``: publish an AllBlocksCleared (the cache empties), reply the truth;
 * ``{"op": "truth"}``; ``{"op": "quit"}`` (shutdown the publisher, exit).
 
 Bounded: the process exits when stdin closes (its driver is gone) or after ``--max-seconds``.
@@ -149,6 +150,10 @@ def main() -> int:
                 reply({"ok": True})
             elif op in ("idle", "quiet"):
                 state["mode"] = op
+                reply(truth())
+            elif op == "clear":
+                pub.send([cache.clear()])
+                state["batches"] += 1
                 reply(truth())
             elif op == "truth":
                 reply(truth())
