@@ -79,7 +79,7 @@ def main() -> int:
     ap.add_argument("--short", action="store_true", help="the small fast form (< 2 min)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--publishers", default="kvshm,vllm")
-    ap.add_argument("--faults", default="", help="comma-separated subset of " +
+    ap.add_argument("--faults", default="", help="none, or a comma-separated subset of " +
                     ",".join(f for f, _ in faults.FAULTS))
     ap.add_argument("--scale", default="", help="node counts for the restart figures, e.g. 8,32,64")
     ap.add_argument("--scale-blocks", type=int, default=100_000)
@@ -99,7 +99,7 @@ def main() -> int:
         shape = dict(nodes=4, workers=2, ranks=2, routers=2, buffer_steps=300, hz=25.0, capacity=2000)
     rows: list[faults.Row] = []
     only = [f for f in a.faults.split(",") if f]
-    for pub in a.publishers.split(","):
+    for pub in a.publishers.split(",") if a.faults != "none" else []:
         shutil.rmtree(a.out / pub, ignore_errors=True)
         cfg = Config(publisher=pub, seed=seed, kvshmd=a.kvshmd.resolve(), router_bin=a.router.resolve(),
                      out=(a.out / pub).resolve(), converge_s=10.0 if a.short else 20.0, **shape)  # type: ignore[arg-type]
@@ -112,7 +112,8 @@ def main() -> int:
     (a.out / "results.json").write_text(json.dumps(results, indent=1))
     print()
     print(f"seed {seed}; {shape}")
-    print(table(rows))
+    if rows:
+        print(table(rows))
     if "scale" in results:
         print(scale.table(results["scale"]))
     print(f"make cluster: {time.monotonic() - started:.0f} s; figures in {a.out / 'results.json'}")

@@ -8,7 +8,8 @@ Commands are JSON lines on stdin, replies JSON lines on stdout:
 * ``{"op": "idle"}``: stop the steps; from now on publish a probe (a batch that leaves the cache as it was) every
   :data:`PROBE_S`, as a serving engine keeps publishing; reply ``{"truth": [...], "batches": N}``;
 * ``{"op": "quiet"}``: publish nothing; reply the truth;
-* ``{"op": "prefill", "blocks": N}``: publish N new blocks in large batches, reply ``{"batches": K, "s": T}``;
+* ``{"op": "prefill", "blocks": N}``: publish N new blocks in large batches, reply ``{"batches": K, "s": T,
+  "last_tokens": [...]}`` (the tokens of the last segment: a router that matches them holds the whole prefill);
 * ``{"op": "clear"}``: publish an AllBlocksCleared (the cache empties), reply the truth;
 * ``{"op": "truth"}``; ``{"op": "quit"}`` (shutdown the publisher, exit).
 
@@ -163,7 +164,9 @@ def main() -> int:
                 for b in batches:
                     pub.send(b)
                     state["batches"] += 1
-                reply({"batches": len(batches), "s": time.monotonic() - t0})
+                last = batches[-1][-1] if batches else None
+                reply({"batches": len(batches), "s": time.monotonic() - t0,
+                       "last_tokens": list(last.tokens) if isinstance(last, Stored) else []})
             elif op == "quit":
                 stop.set()
                 pub.close()

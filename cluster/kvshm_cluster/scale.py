@@ -1,0 +1,113 @@
+"""The restart figures: N nodes x one worker x B blocks, one router SIGKILLed and restarted, the time until it holds
+every worker's whole cache again, per publisher; bytes into the router's namespace, kvshmd CPU meanwhile; and the
+same state fetched from every node's kvshmd ``/kv_recover`` (Dynamo's JSON) for comparison.
+
+Full state is probed with the router's own ``POST /query``: the tokens of each worker's last prefilled segment score
+all their blocks only once the batch carrying them is applied, and a replay applies in order. The prefill is
+published in large batches (64 segments of 16 blocks), so the replay window (10,000 batches, vLLM's default)
+holds it whole for both publishers: this measures recovery speed, not the window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from . import net, procs
+from .cluster import KVSHMD_HTTP_PORT, Cluster, Config
+from .gen import BLOCK_SIZE
+from .procs import http_get, http_post
+from .router import MODEL, Router
+
+TIMEOUT = 300.0
+
+
+def _full(rt: Router, probes: dict[int, list[int]]) -> bool:
+    """Whether the router scores every worker's last segment whole."""
+    # One query per worker: the segments differ, and a worker's score is its own.
+    for w, tokens in probes.items():
+        status, body = http_post(rt.url + "/query", json.dumps({"token_ids": tokens, "model_name": MODEL}).encode(),
+                                 10.0)
+        if status != 200:
+            return False
+        got = json.loads(body).get("scores", {}).get(str(w), {}).get("0", 0)
+        if got < len(tokens):
+            return False
+    return True
+
+
+def one(nodes: int, blocks: int, publisher: str, a: argparse.Namespace, seed: int) -> dict[str, Any]:
+    n = net.Net()
+    out: dict[str, Any] = {"nodes": nodes, "blocks_per_worker": blocks, "publisher": publisher}
+    try:
+        n.up(nodes, 1)
+        cfg = Config(publisher=publisher, nodes=nodes, workers=1, ranks=1, routers=1, buffer_steps=10_000, hz=1.0,
+                     capacity=blocks, seed=seed, kvshmd=a.kvshmd.resolve(), router_bin=a.router.resolve(),
+                     out=(a.out / f"scale-{publisher}-{nodes}").resolve())
+        c = Cluster(cfg, n)
+        c.start()
+        t0 = time.monotonic()
+        probes: dict[int, list[int]] = {}
+        for p in c.producers():
+            probes[p.worker] = p.proc.ask({"op": "prefill", "blocks": blocks}, TIMEOUT)["last_tokens"]
+        out["prefill_s"] = round(time.monotonic() - t0, 2)
+        for p in c.producers():
+            p.proc.ask({"op": "idle"}, TIMEOUT)  # probes every 0.5 s: a restarted router sees each stream
+        rt = c.routers[0]
+        procs.wait_until("first router holds every cache", lambda: _full(rt, probes), TIMEOUT, 0.5)
+        rns = n.router_ns(1)
+        rx0, cpu0 = n.rx_bytes(rns), c.kvshmd_cpu()
+        t0 = time.monotonic()
+        rt.kill()
+        c.start_router(rt)
+        procs.wait_until("restarted router holds every cache", lambda: _full(rt, probes), TIMEOUT, 0.1)
+        out["restart_s"] = round(time.monotonic() - t0, 2)
+        out["wire_bytes"] = n.rx_bytes(rns) - rx0
+        out["kvshmd_cpu_s"] = round(c.kvshmd_cpu() - cpu0, 2) if publisher == "kvshm" else None
+        if nodes * blocks <= 1_000_000:
+            state, size, _ = rt.state(120.0)
+            c.idle()
+            out["exact"] = state is not None and all(state.get(k, set()) == t for k, t in c.truth.items())
+        if publisher == "kvshm":
+            t0 = time.monotonic()
+            got = 0
+            for node in c.nodes:
+                for p in node.producers.values():
+                    status, body = http_get(
+                        f"http://{node.ip}:{KVSHMD_HTTP_PORT}/workers/{p.worker}/kv_recover?start=0", 120.0)
+                    if status == 200:
+                        got += len(body)
+                        json.loads(body)
+            out["kv_recover_s"] = round(time.monotonic() - t0, 2)
+            out["kv_recover_bytes"] = got
+        c.stop()
+    except procs.Timeout as e:
+        out["error"] = str(e)
+    finally:
+        for p in list(procs.LIVE.values()):
+            p.kill()
+        n.down()
+    print(f"  scale {publisher:<6} {nodes:>3} nodes x {blocks} blocks: {out}", flush=True)
+    return out
+
+
+def run(sizes: list[int], blocks: int, a: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for nodes in sizes:
+        for pub in a.publishers.split(","):
+            rows.append(one(nodes, blocks, pub, a, seed))
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ("| nodes | blocks/worker | publisher | router restart to full state (s) | bytes into the router | "
+            "kvshmd CPU (s) | /kv_recover of every node (s, bytes) |\n|---|---|---|---|---|---|---|\n")
+    lines = []
+    for r in rows:
+        kv = f"{r['kv_recover_s']}, {r['kv_recover_bytes']:,}" if "kv_recover_s" in r else ""
+        lines.append(f"| {r['nodes']} | {r['blocks_per_worker']:,} | {r['publisher']} | "
+                     f"{r.get('restart_s', r.get('error', '-'))} | {r.get('wire_bytes', 0):,} | "
+                     f"{r.get('kvshmd_cpu_s') if r.get('kvshmd_cpu_s') is not None else ''} | {kv} |")
+    return head + "\n".join(lines) + f"\n(block size {BLOCK_SIZE} tokens)"
