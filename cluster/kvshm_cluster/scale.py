@@ -86,8 +86,8 @@ def one(nodes: int, blocks: int, publisher: str, a: argparse.Namespace, seed: in
     except procs.Timeout as e:
         out["error"] = str(e)
     finally:
-        for p in list(procs.LIVE.values()):
-            p.kill()
+        for child in list(procs.LIVE.values()):
+            child.kill()
         n.down()
     print(f"  scale {publisher:<6} {nodes:>3} nodes x {blocks} blocks: {out}", flush=True)
     return out
