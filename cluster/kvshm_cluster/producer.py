@@ -44,7 +44,8 @@ class Publisher:
 
             self.ke: Any = ke
             # Both publishers offset the ports by the rank themselves: hand them rank 0's endpoints.
-            pub = kvshm.ZmqPublish(endpoint=_unoffset(a.pub, a.rank), replay_endpoint=_unoffset(a.replay, a.rank), buffer_steps=a.buffer_steps,
+            pub = kvshm.ZmqPublish(endpoint=_unoffset(a.pub, a.rank),
+                                   replay_endpoint=_unoffset(a.replay, a.rank), buffer_steps=a.buffer_steps,
                                    wire="0.32")
             self.ix: Any = kvshm.LocalIndexer(a.worker, BLOCK_SIZE, socket_path=a.socket,
                                               dp_rank=a.rank, publish=pub, ring_bytes=a.ring_bytes)
