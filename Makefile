@@ -325,14 +325,18 @@ soak-short: soakenv soakcheck
 # worker); `make cluster-short` the table of a small cluster (< 2 min). KVSHMD=path judges another kvshmd binary
 # (the daemon the nodes run); the producers' Python side is the wheel of this checkout. Figures as JSON:
 # build/cluster/results.json. CLUSTER_ARGS: more flags (--seed N, --faults partition,..., --publishers kvshm).
+# The engine-served /kv_recover figures (Dynamo's LocalKvIndexer in the engine) need the conformance wheel
+# (CONFWHEEL, built by make conformance); without it they are skipped and said so.
 CLUSTERENV     ?= $(E2EENV)
 CLUSTERPY      := $(abspath $(CLUSTERENV))/bin/python
 CLUSTERSITE    := $(CURDIR)/build/cluster-site
+CLUSTERREF     := $(CURDIR)/build/cluster-ref
+CLUSTER_REFWHEEL ?= $(wildcard $(CONFWHEEL)/kvshm_conformance-*.whl)
 KVSHMD         ?= $(CURDIR)/build/kvshmd
 CLUSTER_SCALE  ?= 8,32,64
 CLUSTER_BLOCKS ?= 100000
 CLUSTER_ARGS   ?=
-CLUSTER_RUN     = cd cluster && PYTHONPATH=$(CLUSTERSITE):$(CURDIR)/cluster $(CLUSTERPY) -m kvshm_cluster \
+CLUSTER_RUN     = cd cluster && PYTHONPATH=$(CLUSTERSITE):$(CLUSTERREF):$(CURDIR)/cluster $(CLUSTERPY) -m kvshm_cluster \
 	--kvshmd $(abspath $(KVSHMD)) --router $(CARGO_TARGET_DIR)/release/standalone --out $(CURDIR)/build/cluster
 cluster-tools:
 	@if ! command -v iptables >/dev/null 2>&1 || ! command -v ss >/dev/null 2>&1; then \
@@ -344,6 +348,10 @@ cluster-tools:
 cluster-prep: build wheel e2e-router cluster-tools | $(CLUSTERENV)/.stamp
 	rm -rf $(CLUSTERSITE)
 	$(CLUSTERPY) -m pip install -q --no-deps --target $(CLUSTERSITE) $(WHEEL_GLOB)
+	rm -rf $(CLUSTERREF)
+	@if [ -n "$(CLUSTER_REFWHEEL)" ]; then $(CLUSTERPY) -m pip install -q --no-deps --target $(CLUSTERREF) $(CLUSTER_REFWHEEL); \
+	else echo "make cluster: no kvshm_conformance wheel in $(CONFWHEEL) (make conformance builds it): the engine-served" \
+	  "/kv_recover figures are skipped"; fi
 	cd cluster && ../$(VPY) -m mypy --config-file mypy.ini --python-executable $(CLUSTERPY) kvshm_cluster tests
 	cd cluster && PYTHONPATH=$(CLUSTERSITE) $(CLUSTERPY) -m pytest -p no:cacheprovider -q tests
 

@@ -24,6 +24,7 @@ from .router import Key, Router
 PUB_BASE = 5600
 ROUTER_PORT = 8100
 KVSHMD_HTTP_PORT = 9400
+REF_HTTP_PORT = 9500  # + 20 w + r
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class Config:
     router_bin: Path
     out: Path
     converge_s: float = 20.0
+    ref_http: bool = False  # producers also serve the engine-side /kv_recover (REF_HTTP_PORT)
 
 
 @dataclass
@@ -132,6 +134,8 @@ class Cluster:
                 str(self.cfg.buffer_steps), "--capacity", str(self.cfg.capacity), "--max-seconds", "3600"]
         if self.cfg.publisher == "kvshm":
             argv += ["--socket", str(n.socket)]
+        if self.cfg.ref_http:
+            argv += ["--ref-http", f"{n.ip}:{REF_HTTP_PORT + 20 * w + r}"]
         p = Producer(n.index, wid, r, life, Proc(f"producer {wid}/{r}", argv, n.dir / f"producer-{wid}-{r}.log",
                                                    pipes=True))
         n.producers[(wid, r)] = p
@@ -208,6 +212,9 @@ class Cluster:
 
     def kvshmd_cpu(self) -> float:
         return sum(cpu_seconds(n.kvshmd.pid) for n in self.nodes if n.kvshmd is not None)
+
+    def producers_cpu(self) -> float:
+        return sum(cpu_seconds(p.proc.pid) for p in self.producers())
 
     def truth_blocks(self) -> int:
         return sum(len(t) for t in self.truth.values())

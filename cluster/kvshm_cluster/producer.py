@@ -56,7 +56,30 @@ class Publisher:
             self.vp: Any = self.vm.ZmqEventPublisher(a.rank, _unoffset(a.pub, a.rank), _unoffset(a.replay, a.rank),
                                                      buffer_steps=a.buffer_steps)
 
+        # The engine-served /kv_recover of vLLM's deepinfra fork: Dynamo's LocalKvIndexer in the engine process
+        # (the conformance crate's module), fed the same events, served over HTTP (bench/_child.py's serve_ref).
+        self.ref: Any = None
+        self.ref_seq = 0
+        if a.ref_http:
+            import kvshm_conformance
+
+            self.ref = kvshm_conformance.LocalIndexer(a.worker, BLOCK_SIZE)
+            host, port = a.ref_http.rsplit(":", 1)
+            _serve_ref(self.ref, host, int(port))
+
+    def _feed_ref(self, events: list[Event]) -> None:
+        for e in events:
+            self.ref_seq += 1
+            if isinstance(e, Stored):
+                self.ref.apply_stored(self.ref_seq, list(e.tokens), list(e.hashes), e.parent, self.rank)
+            elif isinstance(e, Removed):
+                self.ref.apply_removed(self.ref_seq, list(e.hashes), self.rank)
+            else:
+                self.ref.apply_cleared(self.ref_seq, self.rank)
+
     def send(self, events: list[Event]) -> None:
+        if self.ref is not None:
+            self._feed_ref(events)
         if self.mode == "kvshm":
             ke = self.ke
             out: list[Any] = []
@@ -90,6 +113,34 @@ class Publisher:
             self.vp.shutdown()
 
 
+def _serve_ref(ix: Any, host: str, port: int) -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import parse_qs, urlparse
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            url = urlparse(self.path)
+            if url.path != "/kv_recover":
+                self.send_error(404)
+                return
+            q = parse_qs(url.query)
+            start = int(q["start"][0]) if "start" in q else None
+            end = int(q["end"][0]) if "end" in q else None
+            body = ix.get_events_json(start, end).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+            pass
+
+    srv = ThreadingHTTPServer((host, port), Handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+
+
 def _unoffset(endpoint: str, rank: int) -> str:
     host, port = endpoint.rsplit(":", 1)
     return f"{host}:{int(port) - rank}"
@@ -109,6 +160,7 @@ def main() -> int:
     ap.add_argument("--ring-bytes", type=int, default=4 << 20)
     ap.add_argument("--capacity", type=int, default=2000)
     ap.add_argument("--vllm-site", default=None)
+    ap.add_argument("--ref-http", default=None, help="also serve /kv_recover from Dynamo's LocalKvIndexer on IP:PORT")
     ap.add_argument("--max-seconds", type=float, default=1800.0)
     a = ap.parse_args()
 

@@ -16,12 +16,13 @@ import time
 from typing import Any
 
 from . import net, procs
-from .cluster import KVSHMD_HTTP_PORT, Cluster, Config
+from .cluster import KVSHMD_HTTP_PORT, REF_HTTP_PORT, Cluster, Config
 from .gen import BLOCK_SIZE
 from .procs import http_get, http_post
 from .router import MODEL, Router
 
 TIMEOUT = 300.0
+IDLE_S = 5.0
 
 
 def _full(rt: Router, probes: dict[int, list[int]]) -> bool:
@@ -38,6 +39,26 @@ def _full(rt: Router, probes: dict[int, list[int]]) -> bool:
     return True
 
 
+def have_ref() -> bool:
+    """Whether Dynamo's LocalKvIndexer (the conformance crate's Python module) is importable for the producers."""
+    import importlib.util
+
+    return importlib.util.find_spec("kvshm_conformance") is not None
+
+
+def _fetch_all(urls: list[str]) -> tuple[float, int]:
+    """GETs every URL in turn, parsing each answer: (seconds, bytes)."""
+    t0 = time.monotonic()
+    got = 0
+    for url in urls:
+        status, body = http_get(url, 120.0)
+        if status != 200:
+            raise procs.Timeout(f"{url}: HTTP {status}")
+        got += len(body)
+        json.loads(body)
+    return round(time.monotonic() - t0, 2), got
+
+
 def one(nodes: int, blocks: int, publisher: str, a: argparse.Namespace, seed: int) -> dict[str, Any]:
     n = net.Net()
     out: dict[str, Any] = {"nodes": nodes, "blocks_per_worker": blocks, "publisher": publisher}
@@ -45,7 +66,8 @@ def one(nodes: int, blocks: int, publisher: str, a: argparse.Namespace, seed: in
         n.up(nodes, 1)
         cfg = Config(publisher=publisher, nodes=nodes, workers=1, ranks=1, routers=1, buffer_steps=10_000, hz=1.0,
                      capacity=blocks, seed=seed, kvshmd=a.kvshmd.resolve(), router_bin=a.router.resolve(),
-                     out=(a.out / f"scale-{publisher}-{nodes}").resolve())
+                     out=(a.out / f"scale-{publisher}-{nodes}").resolve(),
+                     ref_http=publisher == "vllm" and have_ref())
         c = Cluster(cfg, n)
         c.start()
         t0 = time.monotonic()
@@ -58,30 +80,35 @@ def one(nodes: int, blocks: int, publisher: str, a: argparse.Namespace, seed: in
         rt = c.routers[0]
         procs.wait_until("first router holds every cache", lambda: _full(rt, probes), TIMEOUT, 0.5)
         rns = n.router_ns(1)
+        # kvshmd's CPU while nothing but probes flows (heartbeats, probes, checkpoints): the storm's baseline.
+        cpu0, t0 = c.kvshmd_cpu(), time.monotonic()
+        time.sleep(IDLE_S)
+        if publisher == "kvshm":
+            out["kvshmd_idle_cpu_per_s"] = round((c.kvshmd_cpu() - cpu0) / (time.monotonic() - t0), 3)
         rx0, cpu0 = n.rx_bytes(rns), c.kvshmd_cpu()
         t0 = time.monotonic()
         rt.kill()
         c.start_router(rt)
         procs.wait_until("restarted router holds every cache", lambda: _full(rt, probes), TIMEOUT, 0.1)
         out["restart_s"] = round(time.monotonic() - t0, 2)
+        assert rt.proc is not None
+        out["router_cpu_s"] = round(procs.cpu_seconds(rt.proc.pid), 2)
         out["wire_bytes"] = n.rx_bytes(rns) - rx0
         out["kvshmd_cpu_s"] = round(c.kvshmd_cpu() - cpu0, 2) if publisher == "kvshm" else None
         if nodes * blocks <= 1_000_000:
             state, size, _ = rt.state(120.0)
             c.idle()
             out["exact"] = state is not None and all(state.get(k, set()) == t for k, t in c.truth.items())
-        if publisher == "kvshm":
-            t0 = time.monotonic()
-            got = 0
-            for node in c.nodes:
-                for p in node.producers.values():
-                    status, body = http_get(
-                        f"http://{node.ip}:{KVSHMD_HTTP_PORT}/workers/{p.worker}/kv_recover?start=0", 120.0)
-                    if status == 200:
-                        got += len(body)
-                        json.loads(body)
-            out["kv_recover_s"] = round(time.monotonic() - t0, 2)
-            out["kv_recover_bytes"] = got
+        # The same state as one /kv_recover answer per worker (Dynamo's JSON), fetched in turn: from each node's
+        # kvshmd, or (vLLM) from each engine's own LocalKvIndexer; the serving side's CPU meanwhile.
+        urls = [f"http://{node.ip}:{KVSHMD_HTTP_PORT}/workers/{p.worker}/kv_recover?start=0" if publisher == "kvshm"
+                else f"http://{node.ip}:{REF_HTTP_PORT}/kv_recover?start=0"
+                for node in c.nodes for p in node.producers.values()]
+        if publisher == "kvshm" or cfg.ref_http:
+            cpu0 = c.kvshmd_cpu() if publisher == "kvshm" else c.producers_cpu()
+            out["kv_recover_s"], out["kv_recover_bytes"] = _fetch_all(urls)
+            cpu1 = c.kvshmd_cpu() if publisher == "kvshm" else c.producers_cpu()
+            out["kv_recover_server_cpu_s"] = round(cpu1 - cpu0, 2)
         c.stop()
     except procs.Timeout as e:
         out["error"] = str(e)
@@ -101,13 +128,21 @@ def run(sizes: list[int], blocks: int, a: argparse.Namespace, seed: int) -> list
     return rows
 
 
+def _cpu(r: dict[str, Any]) -> str:
+    if r.get("kvshmd_cpu_s") is None:
+        return ""
+    return f"{r['kvshmd_cpu_s']}; {r.get('kvshmd_idle_cpu_per_s', '')}"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| nodes | blocks/worker | publisher | router restart to full state (s) | bytes into the router | "
-            "kvshmd CPU (s) | /kv_recover of every node (s, bytes) |\n|---|---|---|---|---|---|---|\n")
+            "kvshmd CPU (s; idle CPU/s) | router CPU (s) | /kv_recover of every worker (s, bytes, server CPU s) |\n"
+            "|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in rows:
-        kv = f"{r['kv_recover_s']}, {r['kv_recover_bytes']:,}" if "kv_recover_s" in r else ""
+        kv = (f"{r['kv_recover_s']}, {r['kv_recover_bytes']:,}, {r['kv_recover_server_cpu_s']}"
+              if "kv_recover_s" in r else "")
         lines.append(f"| {r['nodes']} | {r['blocks_per_worker']:,} | {r['publisher']} | "
                      f"{r.get('restart_s', r.get('error', '-'))} | {r.get('wire_bytes', 0):,} | "
-                     f"{r.get('kvshmd_cpu_s') if r.get('kvshmd_cpu_s') is not None else ''} | {kv} |")
+                     f"{_cpu(r)} | {r.get('router_cpu_s', '')} | {kv} |")
     return head + "\n".join(lines) + f"\n(block size {BLOCK_SIZE} tokens)"
