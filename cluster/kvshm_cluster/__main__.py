@@ -81,6 +81,7 @@ def main() -> int:
     ap.add_argument("--publishers", default="kvshm,vllm")
     ap.add_argument("--faults", default="", help="none, or a comma-separated subset of " +
                     ",".join(f for f, _ in faults.FAULTS))
+    ap.add_argument("--strict", action="store_true", help="exit 1 when a kvshm row did not converge")
     ap.add_argument("--scale", default="", help="node counts for the restart figures, e.g. 8,32,64")
     ap.add_argument("--scale-blocks", type=int, default=100_000)
     a = ap.parse_args()
@@ -116,8 +117,12 @@ def main() -> int:
         print(table(rows))
     if "scale" in results:
         print(scale.table(results["scale"]))
-    print(f"make cluster: {time.monotonic() - started:.0f} s; figures in {a.out / 'results.json'}")
-    return 0
+    print(f"kvshm_cluster: {time.monotonic() - started:.0f} s; figures in {a.out / 'results.json'}")
+    missed = sorted({f"{r.fault} (router {r.router})" for r in rows
+                     if r.publisher == "kvshm" and r.note != "n/a" and not r.converged})
+    if missed:
+        print(f"kvshm did not converge after: {', '.join(missed)}")
+    return 1 if a.strict and missed else 0
 
 
 if __name__ == "__main__":
