@@ -50,16 +50,21 @@ def run_faults(cfg: Config, only: list[str]) -> list[faults.Row]:
 
 
 def table(rows: list[faults.Row]) -> str:
-    head = "| fault | router | publisher | extra | missing | converged | seconds |\n|---|---|---|---|---|---|---|\n"
-    lines = []
-    for r in sorted(rows, key=lambda r: ([f for f, _ in faults.FAULTS].index(_key(r.fault)), r.router,
-                                         r.publisher)):
+    """One line per (fault, router), the publishers side by side: extra / missing blocks, converged in s or NO."""
+    pubs = sorted({r.publisher for r in rows}, key=lambda p: (p != "kvshm", p))
+    order = [f for f, _ in faults.FAULTS]
+    cells: dict[tuple[str, int], dict[str, str]] = {}
+    for r in rows:
         if r.note == "n/a":
-            lines.append(f"| {r.fault} | {r.router} | {r.publisher} | n/a | n/a | n/a | |")
-            continue
-        secs = f"{r.seconds:.1f}" if r.seconds is not None else "-"
-        lines.append(f"| {r.fault} | {r.router} | {r.publisher} | {r.extra} | {r.missing} | "
-                     f"{'yes' if r.converged else 'NO'} | {secs} |")
+            cell = "n/a"
+        else:
+            conv = f"yes, {r.seconds:.1f} s" if r.converged and r.seconds is not None else "NO"
+            cell = f"{r.extra} / {r.missing}, {conv}"
+        cells.setdefault((r.fault, r.router), {})[r.publisher] = cell
+    head = "| fault | router | " + " | ".join(f"{p}: extra / missing, converged" for p in pubs) + " |\n"
+    head += "|---|---|" + "---|" * len(pubs) + "\n"
+    lines = [f"| {f} | {rt} | " + " | ".join(cells[(f, rt)].get(p, "") for p in pubs) + " |"
+             for f, rt in sorted(cells, key=lambda k: (order.index(_key(k[0])) if _key(k[0]) in order else 99, k[1]))]
     return head + "\n".join(lines)
 
 
@@ -71,10 +76,22 @@ def _key(fault: str) -> str:
     return names.get(fault, fault)
 
 
+def render(results: dict[str, Any]) -> int:
+    from . import scale
+
+    if results.get("faults", {}).get("rows"):
+        print(f"seed {results['seed']}; {results['faults']['shape']}")
+        print(table([faults.Row(**r) for r in results["faults"]["rows"]]))
+    if "scale" in results:
+        print(scale.table(results["scale"]))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="kvshm_cluster")
-    ap.add_argument("--kvshmd", type=Path, required=True)
-    ap.add_argument("--router", type=Path, required=True, help="the conformance crate's standalone binary")
+    ap.add_argument("--kvshmd", type=Path)
+    ap.add_argument("--router", type=Path, help="the conformance crate's standalone binary")
+    ap.add_argument("--render", type=Path, help="print the tables of a results.json and exit")
     ap.add_argument("--out", type=Path, default=Path("build/cluster"))
     ap.add_argument("--short", action="store_true", help="the small fast form (< 2 min)")
     ap.add_argument("--seed", type=int, default=None)
@@ -85,6 +102,10 @@ def main() -> int:
     ap.add_argument("--scale", default="", help="node counts for the restart figures, e.g. 8,32,64")
     ap.add_argument("--scale-blocks", type=int, default=100_000)
     a = ap.parse_args()
+    if a.render:
+        return render(json.loads(a.render.read_text()))
+    if a.kvshmd is None or a.router is None:
+        ap.error("--kvshmd and --router are required")
     signal.signal(signal.SIGTERM, _term)
     signal.signal(signal.SIGHUP, _term)
     gone = net.clean_stale()

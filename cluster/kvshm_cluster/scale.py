@@ -23,6 +23,7 @@ from .router import MODEL, Router
 
 TIMEOUT = 300.0
 IDLE_S = 5.0
+ROUNDS = 3  # router restarts per size and publisher; the median is the row
 
 
 def _full(rt: Router, probes: dict[int, list[int]]) -> bool:
@@ -85,16 +86,24 @@ def one(nodes: int, blocks: int, publisher: str, a: argparse.Namespace, seed: in
         time.sleep(IDLE_S)
         if publisher == "kvshm":
             out["kvshmd_idle_cpu_per_s"] = round((c.kvshmd_cpu() - cpu0) / (time.monotonic() - t0), 3)
-        rx0, cpu0 = n.rx_bytes(rns), c.kvshmd_cpu()
-        t0 = time.monotonic()
-        rt.kill()
-        c.start_router(rt)
-        procs.wait_until("restarted router holds every cache", lambda: _full(rt, probes), TIMEOUT, 0.1)
-        out["restart_s"] = round(time.monotonic() - t0, 2)
-        assert rt.proc is not None
-        out["router_cpu_s"] = round(procs.cpu_seconds(rt.proc.pid), 2)
-        out["wire_bytes"] = n.rx_bytes(rns) - rx0
-        out["kvshmd_cpu_s"] = round(c.kvshmd_cpu() - cpu0, 2) if publisher == "kvshm" else None
+        runs: list[dict[str, Any]] = []
+        for _ in range(ROUNDS):
+            rx0, cpu0 = n.rx_bytes(rns), c.kvshmd_cpu()
+            t0 = time.monotonic()
+            rt.kill()
+            c.start_router(rt)
+            procs.wait_until("restarted router holds every cache", lambda: _full(rt, probes), TIMEOUT, 0.1)
+            run = {"restart_s": round(time.monotonic() - t0, 2)}
+            assert rt.proc is not None
+            run["router_cpu_s"] = round(procs.cpu_seconds(rt.proc.pid), 2)
+            run["wire_bytes"] = n.rx_bytes(rns) - rx0
+            if publisher == "kvshm":
+                run["kvshmd_cpu_s"] = round(c.kvshmd_cpu() - cpu0, 2)
+            runs.append(run)
+        out["rounds"] = runs
+        # The median round (by restart time) is the row; every round is kept.
+        out.update(sorted(runs, key=lambda r: r["restart_s"])[len(runs) // 2])
+        out.setdefault("kvshmd_cpu_s", None)
         if nodes * blocks <= 1_000_000:
             state, size, _ = rt.state(120.0)
             c.idle()
@@ -128,6 +137,13 @@ def run(sizes: list[int], blocks: int, a: argparse.Namespace, seed: int) -> list
     return rows
 
 
+def _restart(r: dict[str, Any]) -> str:
+    if "restart_s" not in r:
+        return str(r.get("error", "-"))
+    every = ", ".join(str(x["restart_s"]) for x in r.get("rounds", []))
+    return f"{r['restart_s']} ({every})" if every else str(r["restart_s"])
+
+
 def _cpu(r: dict[str, Any]) -> str:
     if r.get("kvshmd_cpu_s") is None:
         return ""
@@ -135,14 +151,15 @@ def _cpu(r: dict[str, Any]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| nodes | blocks/worker | publisher | router restart to full state (s) | bytes into the router | "
+    head = ("| nodes | blocks/worker | publisher | router restart to full state (s; median of 3, all) | "
+            "bytes into the router | "
             "kvshmd CPU (s; idle CPU/s) | router CPU (s) | /kv_recover of every worker (s, bytes, server CPU s) |\n"
             "|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in rows:
-        kv = (f"{r['kv_recover_s']}, {r['kv_recover_bytes']:,}, {r['kv_recover_server_cpu_s']}"
+        kv = (f"{r['kv_recover_s']}, {r['kv_recover_bytes']:,}, {r.get('kv_recover_server_cpu_s', '')}"
               if "kv_recover_s" in r else "")
         lines.append(f"| {r['nodes']} | {r['blocks_per_worker']:,} | {r['publisher']} | "
-                     f"{r.get('restart_s', r.get('error', '-'))} | {r.get('wire_bytes', 0):,} | "
+                     f"{_restart(r)} | {r.get('wire_bytes', 0):,} | "
                      f"{_cpu(r)} | {r.get('router_cpu_s', '')} | {kv} |")
     return head + "\n".join(lines) + f"\n(block size {BLOCK_SIZE} tokens)"
