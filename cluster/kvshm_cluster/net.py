@@ -124,7 +124,13 @@ class Net:
 
     def rx_bytes(self, ns: str) -> int:
         """Bytes received on ``ns``'s eth0 (the wire into a router)."""
-        return int(sh(*self.exec(ns), "cat", "/sys/class/net/eth0/statistics/rx_bytes").strip())
+        return self.rx(ns)[0]
+
+    def rx(self, ns: str) -> tuple[int, int]:
+        """(bytes, packets) received on ``ns``'s eth0."""
+        out = sh(*self.exec(ns), "cat", "/sys/class/net/eth0/statistics/rx_bytes",
+                 "/sys/class/net/eth0/statistics/rx_packets").split()
+        return int(out[0]), int(out[1])
 
     def down(self) -> None:
         """Every namespace (killing what still runs in it), then the bridge (which takes the veths along)."""

@@ -88,7 +88,7 @@ def one(nodes: int, blocks: int, publisher: str, a: argparse.Namespace, seed: in
             out["kvshmd_idle_cpu_per_s"] = round((c.kvshmd_cpu() - cpu0) / (time.monotonic() - t0), 3)
         runs: list[dict[str, Any]] = []
         for _ in range(ROUNDS):
-            rx0, cpu0 = n.rx_bytes(rns), c.kvshmd_cpu()
+            (rx0, pk0), cpu0 = n.rx(rns), c.kvshmd_cpu()
             t0 = time.monotonic()
             rt.kill()
             c.start_router(rt)
@@ -96,7 +96,8 @@ def one(nodes: int, blocks: int, publisher: str, a: argparse.Namespace, seed: in
             run = {"restart_s": round(time.monotonic() - t0, 2)}
             assert rt.proc is not None
             run["router_cpu_s"] = round(procs.cpu_seconds(rt.proc.pid), 2)
-            run["wire_bytes"] = n.rx_bytes(rns) - rx0
+            rx1, pk1 = n.rx(rns)
+            run["wire_bytes"], run["wire_packets"] = rx1 - rx0, pk1 - pk0
             if publisher == "kvshm":
                 run["kvshmd_cpu_s"] = round(c.kvshmd_cpu() - cpu0, 2)
             runs.append(run)
