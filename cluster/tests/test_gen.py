@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from kvshm_cluster.gen import Cache, Cleared, Removed, Stored
 from kvshm_cluster.router import dump_state
 

@@ -6,7 +6,6 @@ import os
 import subprocess
 
 import pytest
-
 from kvshm_cluster import net
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
