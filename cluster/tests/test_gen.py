@@ -33,7 +33,7 @@ def test_truth_is_what_the_stream_leaves(seed: int) -> None:
     c = Cache(seed, 100, 0, 0, capacity=200)
     events: list[object] = []
     for i in range(2000):
-        events += c.probe() if i % 7 == 0 else c.step()
+        events += [c.clear()] if i % 500 == 250 else c.probe() if i % 7 == 0 else c.step()
         if i % 100 == 0:
             assert replay(events) == set(c.blocks)
     assert replay(events) == set(c.blocks)
