@@ -13,7 +13,8 @@ GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' -not -path './buil
 .PHONY: venv generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
 	vllm-plugin-test e2e e2e-run e2e-router \
 	conformance conformance-run conformance-cxx conformance-traces \
-	soak soak-short soakenv soakcheck
+	soak soak-short soakenv soakcheck \
+	cluster cluster-short cluster-prep cluster-tools
 
 # --- tools -------------------------------------------------------------------------------------------------
 $(VENV)/.stamp: pybind/requirements-dev.txt
@@ -50,7 +51,7 @@ vet:
 # Lint: staticcheck (pinned; fetched through the Go module proxy on first use), the rule that only shm/ imports
 # unsafe (it owns every unsafe and shared-memory atomic), and ruff over the Python (ruff.toml).
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
-PYLINT_DIRS := pybind bench conformance e2e $(wildcard soak) testdata daemon/testdata
+PYLINT_DIRS := pybind bench conformance e2e cluster $(wildcard soak) testdata daemon/testdata
 lint: venv
 	$(GO) run $(STATICCHECK) ./...
 	@bad=$$($(GO) list -f '{{.ImportPath}} {{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}' ./... \
@@ -317,6 +318,51 @@ soak: soakenv soakcheck
 soak-short: soakenv soakcheck
 	mkdir -p build
 	$(SOAKENV)/bin/python soak/soak.py --short --time 120s $(SOAK_ARGS) --report build/soak-short.md
+
+# --- the cluster (issue 18; CLUSTER.md): nodes in network namespaces, each a kvshmd serve and seeded producers
+# (kvshm's LocalIndexer + ZmqPublish, or vLLM's own ZmqEventPublisher side by side), Dynamo 1.6.1's standalone
+# indexer as the routers over TCP, faults judged by every router's /dump against every producer's truth. Root only
+# (ip netns, veth, iptables: installed with apt-get when missing). Not in `make test`. `make cluster` prints the
+# fault x router x publisher table and the router-restart curve (CLUSTER_SCALE nodes x CLUSTER_BLOCKS blocks per
+# worker); `make cluster-short` the table of a small cluster (< 2 min). KVSHMD=path judges another kvshmd binary
+# (the daemon the nodes run); the producers' Python side is the wheel of this checkout. Figures as JSON:
+# build/cluster/results.json. CLUSTER_ARGS: more flags (--seed N, --faults partition,..., --publishers kvshm).
+# The engine-served /kv_recover figures (Dynamo's LocalKvIndexer in the engine) need the conformance wheel
+# (CONFWHEEL, built by make conformance); without it they are skipped and said so.
+CLUSTERENV     ?= $(E2EENV)
+CLUSTERPY      := $(abspath $(CLUSTERENV))/bin/python
+CLUSTERSITE    := $(CURDIR)/build/cluster-site
+CLUSTERREF     := $(CURDIR)/build/cluster-ref
+CLUSTER_REFWHEEL ?= $(wildcard $(CONFWHEEL)/kvshm_conformance-*.whl)
+KVSHMD         ?= $(CURDIR)/build/kvshmd
+CLUSTER_SCALE  ?= 8,32,64
+CLUSTER_BLOCKS ?= 100000
+CLUSTER_ARGS   ?=
+CLUSTER_RUN     = cd cluster && PYTHONPATH=$(CLUSTERSITE):$(CLUSTERREF):$(CURDIR)/cluster $(CLUSTERPY) -m kvshm_cluster \
+	--kvshmd $(abspath $(KVSHMD)) --router $(CARGO_TARGET_DIR)/release/standalone --out $(CURDIR)/build/cluster
+cluster-tools:
+	@if ! command -v iptables >/dev/null 2>&1 || ! command -v ss >/dev/null 2>&1; then \
+	  echo "make cluster: installing iptables and iproute2 with apt-get"; \
+	  export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && \
+	  apt-get install -y -qq --no-install-recommends iptables iproute2 >/dev/null; \
+	fi
+
+cluster-prep: build wheel e2e-router cluster-tools | $(CLUSTERENV)/.stamp
+	rm -rf $(CLUSTERSITE)
+	$(CLUSTERPY) -m pip install -q --no-deps --target $(CLUSTERSITE) $(WHEEL_GLOB)
+	rm -rf $(CLUSTERREF)
+	@if [ -n "$(CLUSTER_REFWHEEL)" ]; then $(CLUSTERPY) -m pip install -q --no-deps --target $(CLUSTERREF) $(CLUSTER_REFWHEEL); \
+	else echo "make cluster: no kvshm_conformance wheel in $(CONFWHEEL) (make conformance builds it): the engine-served" \
+	  "/kv_recover figures are skipped"; fi
+	cd cluster && ../$(VPY) -m mypy --config-file mypy.ini --python-executable $(CLUSTERPY) kvshm_cluster tests
+	cd cluster && PYTHONPATH=$(CLUSTERSITE) $(CLUSTERPY) -m pytest -p no:cacheprovider -q tests
+
+cluster: cluster-prep
+	@start=$$(date +%s); $(CLUSTER_RUN) --scale $(CLUSTER_SCALE) --scale-blocks $(CLUSTER_BLOCKS) $(CLUSTER_ARGS); \
+	echo "make cluster: $$(( $$(date +%s) - start )) s"
+
+cluster-short: cluster-prep
+	@start=$$(date +%s); $(CLUSTER_RUN) --short $(CLUSTER_ARGS); echo "make cluster-short: $$(( $$(date +%s) - start )) s"
 
 # --- the whole suite ---------------------------------------------------------------------------------------
 test: venv check-generate fmt vet lint gotest pytest soak-short
