@@ -291,10 +291,11 @@
 //	FlatBuffer or Meta, seqs or dp_ranks differ)      batch skipped (nothing applied, nothing published)
 //	ATTACH publish endpoint refused or not bindable   bad_request naming the endpoint and errno; nothing attached (a
 //	                                                  stream's previous publisher with another config is closed)
-//	ZMQ subscriber slow, stuck or gone                ingest never waits: queue full → dropped, counted
-//	                                                  kvshm_zmq_dropped_batches_total{reason=queue_full}; a
-//	                                                  subscriber that takes no write for 2 s is disconnected (it
-//	                                                  reconnects and replays the gap), the others go on
+//	ZMQ subscriber slow, stuck or gone                ingest never waits: Publish writes to a subscriber that keeps
+//	                                                  up with one non-blocking writev and queues only the rest;
+//	                                                  one too far behind (16 MiB or hwm messages), or that takes no
+//	                                                  write for 2 s, is disconnected (it reconnects and replays the
+//	                                                  gap), the others go on; nothing is dropped
 //	engine dies (pid gone, DETACH, CLOSED) or         its incarnation ends: Cleared applied to the index and, when
 //	restarts (new ring epoch)                         publishing, published with the next wire seq as a replay
 //	                                                  reset (LIFECYCLE.md); a restart then begins with another
@@ -439,9 +440,10 @@
 // they are published as msgpack bin, as vLLM does, while the index applies the EVENT's keys (vllmwire.HashKey); a
 // Meta whose bytes are not those keys (checkHashBytes) makes its batch malformed (skipped whole, counted).
 //
-// Publishing never slows ingest: the drain goroutine encodes the payload into a reused buffer, copies it once, and
-// hands it to the publisher's queue without blocking (full queue: dropped, counted queue_full); zmqpub/doc.go says
-// what a slow subscriber or replay client costs (only itself).
+// Publishing never slows ingest: the drain worker encodes the payload into a reused buffer, copies it once, and
+// hands it to the publisher, which never blocks (a non-blocking write to each subscriber that keeps up, the rest
+// queued for that subscriber's writer); zmqpub/doc.go says what a slow subscriber or replay client costs (only
+// itself). Publish fails only after the publisher is closed (counted closed).
 //
 // Wire seqs are kvshmd's, not the engine's (LIFECYCLE.md, "Wire seqs"): one counter per publishing stream
 // (stream.wire), +1 per published batch, continued at max(last + 1, Config.Clock in µs) when this daemon starts

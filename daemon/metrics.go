@@ -135,7 +135,7 @@ var (
 	dDrainBatches    = desc("kvshm_drain_batches_total", "Drain batches (one head store each).")
 	dNotIndexed      = desc("kvshm_events_not_indexed_total", "Events published on ZMQ but not applied to the index (not device-tier main attention), by reason (medium, kv_cache_spec_kind, group_idx, block_size).", "reason")
 	dZmqPublished    = desc("kvshm_zmq_published_batches_total", "Batches handed to the stream's ZMQ PUB socket.")
-	dZmqDropped      = desc("kvshm_zmq_dropped_batches_total", "Batches not published on ZMQ, by reason (queue_full: the publisher goroutine was behind; send_error; closed).", "reason")
+	dZmqDropped      = desc("kvshm_zmq_dropped_batches_total", "Batches not published on ZMQ, by reason (closed: published after the stream's publisher closed; queue_full and send_error are no longer produced, kept as stable labels).", "reason")
 	dZmqReplayReqs   = desc("kvshm_zmq_replay_requests_total", "Replay requests served on the stream's ZMQ ROUTER socket.")
 	dZmqBadReplay    = desc("kvshm_zmq_bad_replay_requests_total", "Replay requests that were not [identity, \"\", start seq]: ignored, unanswered, logged at most every 10 s.")
 	dZmqReplayed     = desc("kvshm_zmq_replayed_batches_total", "Batches sent in answer to replay requests.")

@@ -260,8 +260,8 @@ func (a *attachment) applyBatch(rec shm.Record, c *batchCounts) {
 	}
 }
 
-// handOver gives the encoded batch (of dp_rank rank) to the publisher; a drop (its queue is full) is logged,
-// rate-limited.
+// handOver gives the encoded batch (of dp_rank rank) to the publisher; a drop (the publisher is closed: FORGET or
+// shutdown raced the drain) is logged, rate-limited.
 func (a *attachment) handOver(pub *zmqpub.Publisher, seq uint64, rank uint32) {
 	a.pubbed = true
 	a.st.rank.Store(rank) // read by heartbeats and Cleared batches (same owner)
@@ -269,7 +269,7 @@ func (a *attachment) handOver(pub *zmqpub.Publisher, seq uint64, rank uint32) {
 		return
 	}
 	if n, ok := a.st.zmqDropLog.allow(time.Now()); ok {
-		a.log.Warn("ZMQ batch dropped: the publisher is behind (subscribers see a gap; replay cannot fill it)",
+		a.log.Warn("ZMQ batch dropped: the stream's publisher is closed",
 			"seq", seq, "suppressed", n)
 	}
 }
