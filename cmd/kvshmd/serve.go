@@ -206,6 +206,9 @@ Flags:
 	}
 	startGCPolicy(headroom)
 	log := slog.New(h)
+	if stopTrace := startTrace(os.Getenv("KVSHMD_TRACE"), log); stopTrace != nil {
+		defer stopTrace()
+	}
 	srv, err := daemon.New(daemon.Config{
 		SocketPath: o.socket, SocketMode: os.FileMode(mode), HTTPAddr: o.http, ParentPID: o.parentPID,
 		MaxRequestBytes: uint32(o.maxRequest), MaxConns: o.maxConns, HTTPMaxConns: o.httpMaxConns, IdleTimeout: o.idle, FrameTimeout: o.frame,
