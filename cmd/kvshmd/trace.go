@@ -1,8 +1,8 @@
 package main
 
 import (
-	"log/slog"
 	"io"
+	"log/slog"
 	"os"
 	"runtime/pprof"
 	"runtime/trace"
