@@ -855,13 +855,13 @@ func (t *tree) encodeTokens(e *ckEnc) {
 	ts := t.tok
 	var known []uint32
 	for n := range t.nodes {
-		if windowOf(ts.words, ts.stride, uint32(n)) != nil {
+		if ts.window(uint32(n)) != nil {
 			known = append(known, uint32(n))
 		}
 	}
 	e.u32(uint32(len(known)))
 	for _, n := range known {
-		w := windowOf(ts.words, ts.stride, n)
+		w := ts.window(n)
 		e.u32(n)
 		e.u32(uint32(len(w)))
 		for _, x := range w {
@@ -912,13 +912,10 @@ func (d *ckDec) decodeTokens(ix *Indexer) bool {
 			return false
 		}
 		prev = int64(node)
-		off := int(node) * ts.stride
-		if need := off + ts.stride; need > len(ts.words) {
-			ts.words = append(ts.words, make([]uint32, need-len(ts.words))...)
-		}
-		ts.words[off] = uint32(cnt)
+		w := ts.words.slot(node)
+		w[0] = uint32(cnt)
 		for j := range cnt {
-			ts.words[off+1+j] = d.u32()
+			w[1+j] = d.u32()
 		}
 	}
 	n = d.count(8, "LoRA name")
@@ -929,7 +926,7 @@ func (d *ckDec) decodeTokens(ix *Indexer) bool {
 		if d.err != nil {
 			return false
 		}
-		if int64(node) <= prev || int(node) >= len(t.nodes) || windowOf(ts.words, ts.stride, node) == nil || name == "" {
+		if int64(node) <= prev || int(node) >= len(t.nodes) || ts.window(node) == nil || name == "" {
 			d.fail("LoRA name of node %d: not a node with tokens after %d, or empty", node, prev)
 			return false
 		}

@@ -209,7 +209,9 @@
 //
 // With Config.KeepTokens (kvshmd: publishing streams) the index keeps every node's token window (block_size or,
 // Eagle, block_size+1 tokens) and LoRA name, set by every store of the block: (block_size+2)*4 bytes per node in
-// a flat arena (72 B at block size 16; BenchmarkSnapshot), ~+45% on a 32-block ApplyStoredTokens
+// an arena of 1024-slot chunks allocated as nodes reach them, so it grows without copying what it holds (a flat
+// slice regrown by append copied it all inside an apply: publish stalls of 25-50 ms at 100k-200k blocks) (72 B at
+// block size 16; BenchmarkSnapshot), ~+45% on a 32-block ApplyStoredTokens
 // (BenchmarkApplyStored keep_tokens). Snapshot copies the tree and the token arena under the read lock (8 ms at
 // 100 k blocks) with the last id; TokenSnapshot.Events walks the copy outside every lock as BlockStored events in
 // 1.6.1's dump chains (parents first per dp_rank), split where the LoRA name or Eagle form changes or two Eagle

@@ -2,7 +2,6 @@ package index
 
 import (
 	"fmt"
-	"slices"
 )
 
 // Snapshots (Config.KeepTokens): the tree as vLLM BlockStored events, for a replay reply that the publisher's
@@ -21,10 +20,9 @@ type TokenSnapshot struct {
 	// Blocks is the number of resident (dp_rank, block) pairs.
 	Blocks int
 
-	ts     treeSnapshot
-	words  []uint32
-	stride int
-	lora   map[uint32]string
+	ts    treeSnapshot
+	words tokenArena
+	lora  map[uint32]string
 }
 
 // SnapshotEvent is one BlockStored event of a snapshot: blocks parent-first, TokenIDs their windows concatenated
@@ -47,7 +45,7 @@ func (ix *Indexer) Snapshot() (*TokenSnapshot, error) {
 	}
 	ix.mu.RLock()
 	s := &TokenSnapshot{HasID: ix.seenAny, ID: ix.lastSeen, ts: ix.snapshotTreeLocked(rankFilter{}),
-		words: slices.Clone(ix.tree.tok.words), stride: ix.tree.tok.stride}
+		words: ix.tree.tok.words.clone()}
 	if len(ix.tree.tok.lora) > 0 {
 		s.lora = make(map[uint32]string, len(ix.tree.tok.lora))
 		for k, v := range ix.tree.tok.lora {
@@ -74,7 +72,7 @@ func (s *TokenSnapshot) Events(fn func(*SnapshotEvent)) error {
 			return
 		}
 		if ev.IsEagle { // the last window's extra token
-			w := windowOf(s.words, s.stride, last)
+			w := s.words.window(last)
 			ev.TokenIDs = append(ev.TokenIDs, w[len(w)-1])
 		}
 		fn(&ev)
@@ -90,23 +88,23 @@ func (s *TokenSnapshot) Events(fn func(*SnapshotEvent)) error {
 					break
 				}
 			}
-			w := windowOf(s.words, s.stride, n)
+			w := s.words.window(n)
 			if w == nil {
 				return fmt.Errorf("snapshot: block %d of dp_rank %d: %w", ts.nodes[n].blockHash, ts.dps[sl], ErrTokensUnknown)
 			}
-			eagle := len(w) > int(s.stride-2)
+			eagle := len(w) > int(s.words.stride-2)
 			lora := s.lora[n]
 			// Eagle windows overlap by one token: blocks join an event only where the previous window's extra
 			// token is this window's first (an engine's contiguous stream), else the event would change a hash.
 			if len(ev.BlockHashes) > 0 && (eagle != ev.IsEagle || lora != ev.LoraName ||
-				eagle && windowOf(s.words, s.stride, last)[s.stride-2] != w[0]) {
+				eagle && s.words.window(last)[s.words.stride-2] != w[0]) {
 				flush()
 				ev.BlockHashes, ev.TokenIDs = ev.BlockHashes[:0], ev.TokenIDs[:0]
 				ev.HasParent, ev.Parent = true, ts.nodes[last].blockHash
 			}
 			ev.IsEagle, ev.LoraName = eagle, lora
 			ev.BlockHashes = append(ev.BlockHashes, ts.nodes[n].blockHash)
-			ev.TokenIDs = append(ev.TokenIDs, w[:s.stride-2]...)
+			ev.TokenIDs = append(ev.TokenIDs, w[:s.words.stride-2]...)
 			last = n
 			if n == e.end {
 				break

@@ -124,6 +124,9 @@ before the producer drops events. A checkpoint that is corrupt or does not match
 (kvshm_checkpoint_restores_total) and ignored; a failed write is counted (kvshm_checkpoint_writes_total) and the head
 is released anyway, so a crash before the next good checkpoint reports unknown history.
 
+Diagnostics: KVSHMD_TRACE=FILE writes Go's execution trace, with CPU profile samples, of the whole serve to FILE
+(go tool trace FILE): which goroutine waited on what, and what a long-running one was doing.
+
 Flags:
 `)
 		fs.PrintDefaults()
@@ -206,6 +209,9 @@ Flags:
 	}
 	startGCPolicy(headroom)
 	log := slog.New(h)
+	if stopTrace := startTrace(os.Getenv("KVSHMD_TRACE"), log); stopTrace != nil {
+		defer stopTrace()
+	}
 	srv, err := daemon.New(daemon.Config{
 		SocketPath: o.socket, SocketMode: os.FileMode(mode), HTTPAddr: o.http, ParentPID: o.parentPID,
 		MaxRequestBytes: uint32(o.maxRequest), MaxConns: o.maxConns, HTTPMaxConns: o.httpMaxConns, IdleTimeout: o.idle, FrameTimeout: o.frame,
