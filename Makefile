@@ -112,6 +112,8 @@ bench-go:
 	$(GO) test -run '^$$' -bench 'Ring' -benchmem -benchtime 1s $(BENCH_GO) ./bench/
 	$(GO) test -run '^$$' -bench 'DaemonIngest' -benchtime 200000x $(BENCH_GO) ./bench/
 	$(GO) test -run '^$$' -bench 'DaemonIdleCPU' -benchtime 10x $(BENCH_GO) ./bench/
+	$(GO) test -run '^$$' -bench 'DaemonProcCPU' -benchtime 4x $(BENCH_GO) ./bench/
+	$(GO) test -run '^$$' -bench 'DaemonQueryUnderLoad' -benchtime 2000x $(BENCH_GO) ./bench/
 	$(GO) test -run '^$$' -bench 'DaemonReach/gap=(0s|200µs|2ms)$$' -benchtime 2000x $(BENCH_GO) ./bench/
 	$(GO) test -run '^$$' -bench 'DaemonColdReach' -benchtime 20x $(BENCH_GO) ./bench/
 	$(GO) test -run '^$$' -bench 'PublishCPU' -benchmem -benchtime 2000x $(BENCH_GO) ./zmqpub/
