@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -98,12 +99,38 @@ type ckptStore struct {
 // exactly the records before head) and logs and counts the outcome. Holding the index's read lock only while the
 // bytes are serialized (WriteCheckpoint), it lets queries run meanwhile; fsync and rename happen after.
 func (c *ckptStore) save(k streamKey, epoch uint64, ix *index.Indexer, head uint64, trigger string) error {
+	return c.write(k, epoch, head, trigger, func(w *bufio.Writer) error {
+		return ix.WriteCheckpoint(w, encodeCkptMeta(k.worker, epoch, head))
+	})
+}
+
+// encode serializes ix as the checkpoint of ring position head into memory (the first half of an asynchronous
+// continuous checkpoint: it runs where the index state corresponds to head; saveEncoded writes the bytes later).
+func (c *ckptStore) encode(k streamKey, epoch uint64, ix *index.Indexer, head uint64) ([]byte, error) {
+	var b bytes.Buffer
+	if err := ix.WriteCheckpoint(&b, encodeCkptMeta(k.worker, epoch, head)); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// saveEncoded writes a checkpoint encode produced (err: encode's error, counted and logged like a write failure).
+func (c *ckptStore) saveEncoded(k streamKey, epoch, head uint64, trigger string, data []byte, err error) error {
+	return c.write(k, epoch, head, trigger, func(w *bufio.Writer) error {
+		if err != nil {
+			return err
+		}
+		_, werr := w.Write(data)
+		return werr
+	})
+}
+
+// write writes a checkpoint file with fill (writeFileAtomic) and logs and counts the outcome.
+func (c *ckptStore) write(k streamKey, epoch, head uint64, trigger string, fill func(*bufio.Writer) error) error {
 	dir := c.dir
 	name := ckptName(k, epoch)
 	log := c.log.With(k.logAttrs()...).With("checkpoint", filepath.Join(dir, name))
-	size, err := writeFileAtomic(dir, name, func(w *bufio.Writer) error {
-		return ix.WriteCheckpoint(w, encodeCkptMeta(k.worker, epoch, head))
-	})
+	size, err := writeFileAtomic(dir, name, fill)
 	if err != nil {
 		c.writes.WithLabelValues("failed").Inc()
 		log.Error("cannot write checkpoint: the next daemon will report unknown history for this worker", "err", err, "trigger", trigger)

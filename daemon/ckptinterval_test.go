@@ -52,6 +52,10 @@ func publishPastHalf(t *testing.T, p *producer, id, head uint64) uint64 {
 func wantUnreleased(t *testing.T, p *producer) shm.RingStats {
 	t.Helper()
 	rs := ringPositions(t, p)
+	// The checkpoint is written asynchronously: the head moves once its write completes.
+	for deadline := time.Now().Add(20 * time.Second); rs.Head == 0 && time.Now().Before(deadline); rs = ringPositions(t, p) {
+		time.Sleep(5 * time.Millisecond)
+	}
 	if rs.Head == 0 || rs.Head >= rs.Tail {
 		t.Fatalf("ring head %d tail %d: want applied-but-unreleased records after a checkpoint (0 < head < tail)", rs.Head, rs.Tail)
 	}
