@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -104,24 +103,11 @@ func (c *ckptStore) save(k streamKey, epoch uint64, ix *index.Indexer, head uint
 	})
 }
 
-// encode serializes ix as the checkpoint of ring position head into memory (the first half of an asynchronous
-// continuous checkpoint: it runs where the index state corresponds to head; saveEncoded writes the bytes later).
-func (c *ckptStore) encode(k streamKey, epoch uint64, ix *index.Indexer, head uint64) ([]byte, error) {
-	var b bytes.Buffer
-	if err := ix.WriteCheckpoint(&b, encodeCkptMeta(k.worker, epoch, head)); err != nil {
-		return nil, err
-	}
-	return b.Bytes(), nil
-}
-
-// saveEncoded writes a checkpoint encode produced (err: encode's error, counted and logged like a write failure).
-func (c *ckptStore) saveEncoded(k streamKey, epoch, head uint64, trigger string, data []byte, err error) error {
+// saveCopy writes cp (an index.CheckpointCopy taken where the index held exactly the records before head) like save
+// writes an index: the second half of an asynchronous continuous checkpoint, on its writer goroutine.
+func (c *ckptStore) saveCopy(k streamKey, epoch uint64, cp *index.CheckpointCopy, head uint64, trigger string) error {
 	return c.write(k, epoch, head, trigger, func(w *bufio.Writer) error {
-		if err != nil {
-			return err
-		}
-		_, werr := w.Write(data)
-		return werr
+		return cp.WriteCheckpoint(w, encodeCkptMeta(k.worker, epoch, head))
 	})
 }
 
