@@ -813,8 +813,8 @@ func (a *attachment) periodicCheckpoint(now time.Time) {
 
 // checkpoint writes the index as the checkpoint of the read position (every record before it is applied and none
 // after) and then releases the head to exactly that position, so the persisted head always equals the head of the
-// newest checkpoint on disk. It runs on the drain goroutine between two passes: shm.Reader.Release can only publish
-// the read position, so no record may be read between the snapshot and the release. If the write fails the head is
+// newest checkpoint on disk. It is the synchronous form (final, corruption; the caller waited for the asynchronous
+// one in flight, ckptasync.go) and runs on the drain goroutine between two passes. If the write fails the head is
 // released anyway (the producer must not stall on a full disk) and the worker's checkpoints are deleted first: a
 // crash before the next good checkpoint then reports unknown history instead of restoring an index that lacks the
 // released records (the head check at restore would refuse it too).
