@@ -98,12 +98,25 @@ type ckptStore struct {
 // exactly the records before head) and logs and counts the outcome. Holding the index's read lock only while the
 // bytes are serialized (WriteCheckpoint), it lets queries run meanwhile; fsync and rename happen after.
 func (c *ckptStore) save(k streamKey, epoch uint64, ix *index.Indexer, head uint64, trigger string) error {
+	return c.write(k, epoch, head, trigger, func(w *bufio.Writer) error {
+		return ix.WriteCheckpoint(w, encodeCkptMeta(k.worker, epoch, head))
+	})
+}
+
+// saveCopy writes cp (an index.CheckpointCopy taken where the index held exactly the records before head) like save
+// writes an index: the second half of an asynchronous continuous checkpoint, on its writer goroutine.
+func (c *ckptStore) saveCopy(k streamKey, epoch uint64, cp *index.CheckpointCopy, head uint64, trigger string) error {
+	return c.write(k, epoch, head, trigger, func(w *bufio.Writer) error {
+		return cp.WriteCheckpoint(w, encodeCkptMeta(k.worker, epoch, head))
+	})
+}
+
+// write writes a checkpoint file with fill (writeFileAtomic) and logs and counts the outcome.
+func (c *ckptStore) write(k streamKey, epoch, head uint64, trigger string, fill func(*bufio.Writer) error) error {
 	dir := c.dir
 	name := ckptName(k, epoch)
 	log := c.log.With(k.logAttrs()...).With("checkpoint", filepath.Join(dir, name))
-	size, err := writeFileAtomic(dir, name, func(w *bufio.Writer) error {
-		return ix.WriteCheckpoint(w, encodeCkptMeta(k.worker, epoch, head))
-	})
+	size, err := writeFileAtomic(dir, name, fill)
 	if err != nil {
 		c.writes.WithLabelValues("failed").Inc()
 		log.Error("cannot write checkpoint: the next daemon will report unknown history for this worker", "err", err, "trigger", trigger)

@@ -48,10 +48,21 @@ func publishPastHalf(t *testing.T, p *producer, id, head uint64) uint64 {
 	return id
 }
 
+// waitHeadMoved waits until the ring head left 0: the first checkpoint's write (asynchronous) completed, failed or
+// not, and the head was released to it.
+func waitHeadMoved(t *testing.T, p *producer) shm.RingStats {
+	t.Helper()
+	rs := ringPositions(t, p)
+	for deadline := time.Now().Add(20 * time.Second); rs.Head == 0 && time.Now().Before(deadline); rs = ringPositions(t, p) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	return rs
+}
+
 // wantUnreleased asserts that records are applied but not released: 0 < head < tail, and head is the checkpoint's.
 func wantUnreleased(t *testing.T, p *producer) shm.RingStats {
 	t.Helper()
-	rs := ringPositions(t, p)
+	rs := waitHeadMoved(t, p) // the checkpoint is written asynchronously: the head moves once its write completes
 	if rs.Head == 0 || rs.Head >= rs.Tail {
 		t.Fatalf("ring head %d tail %d: want applied-but-unreleased records after a checkpoint (0 < head < tail)", rs.Head, rs.Tail)
 	}
@@ -69,6 +80,7 @@ func TestCheckpointIntervalCrash(t *testing.T) {
 	d1 := startDaemon(t, socket, args...)
 	p := newProducer(t, socket, 21, 4, ckptRing)
 	next := publishPastHalf(t, p, 0, 0)
+	waitHeadMoved(t, p)
 	wantMetric(t, d1, `kvshm_checkpoint_writes_total{result="ok"} 1`)
 	publishAll(p, ckptEvents(next, next+10))
 	next += 10
@@ -223,6 +235,7 @@ func TestCheckpointIntervalWriteFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	next := publishPastHalf(t, p, 0, 0)
+	waitHeadMoved(t, p)
 	wantMetric(t, d1, `kvshm_checkpoint_writes_total{result="failed"} 1`)
 	if rs := ringPositions(t, p); rs.Head == 0 {
 		t.Fatalf("head not released after a failed checkpoint: %+v", rs)

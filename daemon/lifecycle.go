@@ -428,7 +428,7 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 		ckpt: s.ckpt, rankPorts: &s.rankPorts, pidEvery: s.cfg.PIDCheckInterval,
 		checkPID: h.ProducerPID != 0 && int32(h.ProducerPID) == cc.pid,
 		stop:     make(chan struct{}), done: make(chan struct{}), syncs: make(chan syncReq, 64),
-		ckptEvery: s.cfg.CheckpointInterval, lastCkpt: time.Now(), ckptHead: head, wireFmt: wireOf(req.Publish),
+		ckptEvery: s.cfg.CheckpointInterval, lastCkpt: time.Now(), ckptHead: head, ckptDone: make(chan ckptResult, 1), wireFmt: wireOf(req.Publish),
 		seqSeen: seqSeen, lastSeq: lastSeq, ranks: rankSet{on: s.rankPorts.base != 0 && !key.perRank},
 	}
 	// Handed to a drain worker before any other goroutine can see it (finish and sync use a.h). The worker's

@@ -123,14 +123,16 @@ type attachment struct {
 	every time.Duration
 
 	// Owned by the drain goroutine.
-	lastCorrupt uint64        // position of the last corruption reported
-	corruptSeen bool          // lastCorrupt is valid
-	corruptPass bool          // the current drain pass hit corruption
-	finalHead   uint64        // ring head released by the final drain; read by others after done is closed
-	ckptEvery   time.Duration // --checkpoint-interval; 0: release after every batch (no continuous checkpoints)
-	lastCkpt    time.Time     // last continuous checkpoint (or the attach)
-	ckptHead    uint64        // head of the last continuous checkpoint (or the attach head)
-	ckptForce   bool          // the head moved without a checkpoint (corruption skip): write one at once
+	lastCorrupt uint64          // position of the last corruption reported
+	corruptSeen bool            // lastCorrupt is valid
+	corruptPass bool            // the current drain pass hit corruption
+	finalHead   uint64          // ring head released by the final drain; read by others after done is closed
+	ckptEvery   time.Duration   // --checkpoint-interval; 0: release after every batch (no continuous checkpoints)
+	lastCkpt    time.Time       // last continuous checkpoint (or the attach)
+	ckptHead    uint64          // head of the last continuous checkpoint (or the attach head)
+	ckptForce   bool            // the head moved without a checkpoint (corruption skip): write one at once
+	ckptBusy    bool            // an asynchronous checkpoint is in flight (ckptasync.go)
+	ckptDone    chan ckptResult // its outcome, posted by its writer goroutine (buffer 1)
 	// The producer's pending loss (ring header) already marked on the index, by a LOSS record or by the header
 	// itself: the drop episode starting at seq covFirst, known up to covLast. Valid when cov.
 	cov               bool
@@ -250,7 +252,7 @@ func (a *attachment) Ring() *shm.Reader { return a.r }
 // has not marked yet (drainBatch marks it once the ring is found empty), or the end of a burst (the empty pass
 // after one that applied records snapshots the ring header once more).
 func (a *attachment) Ready() bool {
-	if a.burst || a.r.Pending() {
+	if a.burst || a.r.Pending() || a.ckptPending() {
 		return true
 	}
 	pending, first, last := a.r.PendingLoss()
@@ -262,6 +264,7 @@ func (a *attachment) Ready() bool {
 // far served, a continuous checkpoint written when due.
 func (a *attachment) Pass(now time.Time) int {
 	a.corruptPass = false
+	a.pollCheckpoint(false)
 	n := a.drainBatch()
 	a.takeSyncs()
 	if n == 0 && (a.burst || len(a.pending) > 0) {
@@ -331,6 +334,7 @@ func (a *attachment) Housekeep(now time.Time) (time.Time, error) {
 		}
 	}
 	if a.ckptEvery > 0 {
+		a.pollCheckpoint(false)
 		a.periodicCheckpoint(now)
 		if rs := a.r.Stats(); rs.ReadPos != rs.Head {
 			next = minTime(next, a.lastCkpt.Add(a.ckptEvery))
@@ -392,8 +396,10 @@ func (a *attachment) drainBatch() int {
 	}
 	if a.ckptEvery == 0 {
 		a.r.Release()
-	} else if rs := a.r.Stats(); rs.ReadPos-rs.Head > rs.Capacity/2 {
-		a.checkpoint("half-ring")
+	} else if rs := a.r.Stats(); rs.ReadPos-rs.Head > rs.Capacity/2 && !a.ckptBusy {
+		// One in flight: this one waits until it finishes; if the ring fills meanwhile the producer's drops are
+		// counted as always.
+		a.startCheckpoint("half-ring")
 	}
 	for k := range c.evs {
 		if c.evs[k] != 0 {
@@ -566,6 +572,7 @@ func (a *attachment) ringFault(r any) {
 		"unknown", "cause", fmt.Sprint(r))
 	a.ix.MarkUnknownHistory(fmt.Sprintf("ring unusable: %v", r))
 	a.finish(causeFault, "ring unusable") // barriers waiting on it are released by run closing done
+	a.pollCheckpoint(true)                // no write outlives the attachment
 	a.closeRing()
 	st := a.st
 	st.mu.Lock()
@@ -685,6 +692,7 @@ func (a *attachment) corruption(err error) {
 		pos = ce.Pos
 	}
 	a.corruptPass = true
+	a.pollCheckpoint(true) // its file must not be renamed over the forced checkpoint that follows
 	if !a.corruptSeen || pos != a.lastCorrupt {
 		a.corruptSeen, a.lastCorrupt = true, pos
 		a.st.corrupt.Add(1)
@@ -759,6 +767,7 @@ func (a *attachment) finalDrain() {
 		st.mu.Unlock()
 	}
 	if a.ckptEvery > 0 {
+		a.pollCheckpoint(true)
 		a.checkpoint("final") // even with nothing unreleased: the shutdown's checkpoint (Shutdown writes none then)
 	}
 	a.snapshot()
@@ -788,23 +797,24 @@ func (a *attachment) finalDrain() {
 // were applied since, or when one is forced.
 func (a *attachment) periodicCheckpoint(now time.Time) {
 	if a.ckptForce {
+		a.pollCheckpoint(true)
 		a.checkpoint("corruption")
 		return
 	}
-	if now.Sub(a.lastCkpt) < a.ckptEvery {
+	if a.ckptBusy || now.Sub(a.lastCkpt) < a.ckptEvery {
 		return
 	}
 	if rs := a.r.Stats(); rs.ReadPos == rs.Head {
 		a.lastCkpt = now // nothing to cover: the checkpoint on disk (if any) still matches the head
 		return
 	}
-	a.checkpoint("interval")
+	a.startCheckpoint("interval")
 }
 
 // checkpoint writes the index as the checkpoint of the read position (every record before it is applied and none
 // after) and then releases the head to exactly that position, so the persisted head always equals the head of the
-// newest checkpoint on disk. It runs on the drain goroutine between two passes: shm.Reader.Release can only publish
-// the read position, so no record may be read between the snapshot and the release. If the write fails the head is
+// newest checkpoint on disk. It is the synchronous form (final, corruption; the caller waited for the asynchronous
+// one in flight, ckptasync.go) and runs on the drain goroutine between two passes. If the write fails the head is
 // released anyway (the producer must not stall on a full disk) and the worker's checkpoints are deleted first: a
 // crash before the next good checkpoint then reports unknown history instead of restoring an index that lacks the
 // released records (the head check at restore would refuse it too).

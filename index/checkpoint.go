@@ -56,11 +56,18 @@ func (ix *Indexer) WriteCheckpoint(w io.Writer, meta []byte) error {
 
 // writeCheckpoint writes format version (checkpointVersion, or checkpointV1 for compatibility tests).
 func (ix *Indexer) writeCheckpoint(w io.Writer, meta []byte, version uint32) error {
-	if len(meta) > MaxCheckpointMeta {
-		return fmt.Errorf("write checkpoint: meta of %d bytes exceeds %d", len(meta), MaxCheckpointMeta)
+	if err := checkMeta(meta); err != nil {
+		return err
 	}
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
+	n, parts := ix.log.checkpointParts()
+	return ix.encodeCheckpoint(w, meta, version, n, parts)
+}
+
+// encodeCheckpoint writes ix with the log section's events (n in parts): under the read lock, or on a
+// CheckpointCopy's private index.
+func (ix *Indexer) encodeCheckpoint(w io.Writer, meta []byte, version uint32, n int, parts []logPart) error {
 	e := &ckEnc{w: w, buf: make([]byte, 0, ckChunk+64)}
 	e.bytes([]byte(checkpointMagic))
 	e.u32(version)
@@ -69,11 +76,18 @@ func (ix *Indexer) writeCheckpoint(w io.Writer, meta []byte, version uint32) err
 	ix.encodeConfig(e)
 	ix.encodeIDs(e, version)
 	ix.tree.encode(e, version)
-	ix.log.encode(e)
+	encodeLog(e, n, parts)
 	if version >= checkpointVersion {
 		ix.tree.encodeTokens(e)
 	}
 	return e.finish()
+}
+
+func checkMeta(meta []byte) error {
+	if len(meta) > MaxCheckpointMeta {
+		return fmt.Errorf("write checkpoint: meta of %d bytes exceeds %d", len(meta), MaxCheckpointMeta)
+	}
+	return nil
 }
 
 // encodeConfig writes the config section (CHECKPOINT.md).
@@ -169,8 +183,8 @@ func (t *tree) encode(e *ckEnc, version uint32) {
 	}
 }
 
-// encode writes the log section: the event log, oldest first.
-func (l *eventLog) encode(e *ckEnc) {
+// checkpointParts captures the events the log section holds (n of them) for encoding outside the lock (view).
+func (l *eventLog) checkpointParts() (int, []logPart) {
 	// A cut front batch (eventLog.frontCut) is not saved: the restored log starts at the next batch, and a query
 	// from the cut id is answered with a dump, as before the restore.
 	start := 0
@@ -179,8 +193,13 @@ func (l *eventLog) encode(e *ckEnc) {
 			start++
 		}
 	}
-	e.u32(uint32(l.count - start))
-	for _, p := range l.view(start, nil) {
+	return l.count - start, l.view(start, nil)
+}
+
+// encodeLog writes the log section: the n events of parts, oldest first.
+func encodeLog(e *ckEnc, n int, parts []logPart) {
+	e.u32(uint32(n))
+	for _, p := range parts {
 		for k := range p.hdrs {
 			h := &p.hdrs[k]
 			e.u64(h.id)

@@ -103,6 +103,8 @@ var (
 	ErrFull = errors.New("kvshm/shm: ring full")
 	// ErrTooLarge is returned by Writer.WriteEvent when the record exceeds max_record; the drop has been counted.
 	ErrTooLarge = errors.New("kvshm/shm: record too large")
+	// ErrReleasePos is returned by Reader.ReleaseTo for a position outside [head, read position] or unaligned.
+	ErrReleasePos = errors.New("kvshm/shm: release position outside [head, read position]")
 	// ErrCorrupt is wrapped by every *CorruptionError.
 	ErrCorrupt = errors.New("kvshm/shm: corrupt ring")
 	// ErrMagic is returned by Open and Inspect when the file does not start with Magic.

@@ -238,6 +238,31 @@ func (r *Reader) Release() {
 	r.head = r.pos
 }
 
+// ReleaseTo publishes the head up to pos, which must be a record boundary at or after the current head and at or
+// before the read position: the records before pos are handed back to the producer, the ones read after it stay
+// reserved (their payloads stay valid) until a later release. A consumer uses it to release exactly the position
+// it durably recorded (a checkpoint taken at pos) while it went on reading. The ordering is Release's: the store
+// is a release, so our reads of [old head, pos) happen before the producer may reuse them.
+//
+// A pos behind the head or past the read position, or one not a multiple of RecordAlign, is a programmer error:
+// ReleaseTo returns an error wrapping ErrReleasePos and leaves the head where it was. An aligned pos inside a
+// record cannot be detected without walking the records (it is not): the producer would merely get back part of
+// a record already read, but a consumer that resumes at that head (Open) would report corruption there.
+func (r *Reader) ReleaseTo(pos uint64) error {
+	if r.m == nil {
+		return ErrClosed
+	}
+	if pos < r.head || pos > r.pos || pos%RecordAlign != 0 {
+		return fmt.Errorf("release to %d (head %d, read position %d): %w", pos, r.head, r.pos, ErrReleasePos)
+	}
+	if pos == r.head {
+		return nil
+	}
+	storeHead(r.m, pos) // release: our reads of [old head, pos) happen before the producer may reuse them
+	r.head = pos
+	return nil
+}
+
 // SkipToTail abandons every unread byte: head and the read position jump to the published tail. Use it after a
 // *CorruptionError; the records in between are lost (account for them as unknown history). When the tail word
 // itself is invalid (unaligned or behind head) nothing can be repaired and Next keeps failing until the producer

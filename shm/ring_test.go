@@ -765,3 +765,48 @@ func TestSkipTo(t *testing.T) {
 		t.Fatalf("Next after SkipTo = %v, want record 3", err)
 	}
 }
+
+func TestReleaseTo(t *testing.T) {
+	w, r, _ := newTestRing(t, Options{Capacity: MinCapacity})
+	var ends []uint64 // end position of each record
+	for i := range 4 {
+		if err := w.WriteEvent(uint64(i), payloadOf(i, 40+i)); err != nil {
+			t.Fatal(err)
+		}
+		ends = append(ends, w.Stats().Tail)
+	}
+	for range 3 { // read records 0..2: read position ends[2]
+		if _, err := r.Next(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.ReleaseTo(ends[0]); err != nil { // head ends[0]
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		pos  uint64
+		err  error
+		head uint64 // head after the call
+	}{
+		{"below head", 0, ErrReleasePos, ends[0]},
+		{"beyond read position", ends[3], ErrReleasePos, ends[0]},
+		{"unaligned", ends[1] + 1, ErrReleasePos, ends[0]},
+		{"at head", ends[0], nil, ends[0]},
+		{"boundary", ends[1], nil, ends[1]},
+		{"read position", ends[2], nil, ends[2]},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := r.ReleaseTo(tc.pos); !errors.Is(err, tc.err) || (tc.err == nil) != (err == nil) {
+				t.Fatalf("ReleaseTo(%d) = %v, want %v", tc.pos, err, tc.err)
+			}
+			st := r.Stats()
+			if st.Head != tc.head || st.ReadPos != ends[2] {
+				t.Fatalf("after ReleaseTo(%d): head %d read %d, want head %d read %d", tc.pos, st.Head, st.ReadPos, tc.head, ends[2])
+			}
+			if got := w.Stats().Head; got != tc.head {
+				t.Fatalf("producer sees head %d, want %d", got, tc.head)
+			}
+		})
+	}
+}
