@@ -17,7 +17,15 @@ import "time"
 // 250 ms cost 1.6-2.1% of a core with the /proc pid check; 1 s with a pidfd (pidwatch.go) 0.12% for the kvshmd
 // process alone (BenchmarkDaemonProcCPU). The worker coalesces the deadlines of its streams (drain/doc.go): one
 // wakeup per worker per period.
+//
+// A publishing stream keeps the 10 ms period only while it is warm: records came within publishWarmFor. A doorbell
+// can be lost only at the instant the worker arms the ring, so a stream that has been silent for a second and is
+// re-armed once a second (its heartbeat's pace) would need a publish within those few instructions of its one arm
+// per second; the first record after such a silence is reached within idleEvery even then. Without this an idle
+// publishing stream (every vLLM rank between requests) woke its worker 100 times a second: 2.5-2.9% of a core per
+// stream, 64 idle ranks more than a core (TestIdlePublishingStreamSleeps).
 const (
 	idleEvery        = time.Second
 	publishIdleEvery = 10 * time.Millisecond
+	publishWarmFor   = time.Second
 )

@@ -424,7 +424,7 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 	now := time.Now()
 	a := &attachment{
 		st: st, r: o.r, hdr: h, ix: st.ix, log: log, every: every, lease: cc, srv: s,
-		publishing: publishing, lastPub: now, lastSnap: now, lastPID: now,
+		publishing: publishing, lastPub: now, lastRec: now, lastSnap: now, lastPID: now,
 		ckpt: s.ckpt, rankPorts: &s.rankPorts, pidEvery: s.cfg.PIDCheckInterval,
 		checkPID: h.ProducerPID != 0 && int32(h.ProducerPID) == cc.pid,
 		stop:     make(chan struct{}), done: make(chan struct{}), syncs: make(chan syncReq, 64),

@@ -147,6 +147,7 @@ type attachment struct {
 	pending  []syncReq
 	id       uint64    // the index id of the record being applied: its wire seq on a publishing stream, else its seq
 	lastPub  time.Time // the last batch handed to the publisher (or the attach): heartbeats after --zmq-heartbeat
+	lastRec  time.Time // the last pass that applied records (or the attach): a publishing stream is warm after it (idle.go)
 	pubbed   bool      // a batch was handed to the publisher in this pass
 	lastSnap time.Time // the last idle ring snapshot and truncation check (Housekeep)
 	lastPID  time.Time // the last producer pid check (Housekeep)
@@ -274,6 +275,9 @@ func (a *attachment) Pass(now time.Time) int {
 		a.snapshot()
 	}
 	a.burst = n > 0
+	if n > 0 {
+		a.lastRec = now
+	}
 	a.completeSyncs() // after an empty poll every barrier received so far is satisfied
 	if a.ckptEvery > 0 {
 		a.periodicCheckpoint(now)
@@ -292,18 +296,29 @@ func (a *attachment) Pass(now time.Time) int {
 	return n
 }
 
+// housekeepEvery is the stream's housekeeping period at now: a.every, except for a publishing stream silent for
+// publishWarmFor, which needs its worker only at idleEvery and for its heartbeats (idle.go).
+func (a *attachment) housekeepEvery(now time.Time) time.Duration {
+	if a.publishing && now.Sub(a.lastRec) >= publishWarmFor {
+		return max(a.every, idleEvery)
+	}
+	return a.every
+}
+
 // Housekeep is the attachment's periodic work (drain.Stream), due every a.every (idle.go): the heartbeat of a
 // publishing stream silent for --zmq-heartbeat, the ring snapshot and truncation check (at most every
 // snapshotPeriod), the CLOSED-state warning, the producer pid backstop, and a continuous checkpoint whose interval
 // passed without records. A ring file found truncated is an error: the worker calls Fault with it.
 func (a *attachment) Housekeep(now time.Time) (time.Time, error) {
-	if hb := a.srv.cfg.ZMQHeartbeat; a.publishing && hb > 0 && now.Sub(a.lastPub) >= hb {
+	every := a.housekeepEvery(now)
+	hb := a.srv.cfg.ZMQHeartbeat
+	if a.publishing && hb > 0 && now.Sub(a.lastPub) >= hb-every/4 {
 		if pub := a.st.pub.Load(); pub != nil {
 			a.heartbeat(pub)
 		}
 		a.lastPub = now
 	}
-	if now.Sub(a.lastSnap) >= min(snapshotPeriod, a.every-a.every/4) {
+	if now.Sub(a.lastSnap) >= min(snapshotPeriod, every-every/4) {
 		a.lastSnap = now
 		if cut, size := a.r.Truncated(); cut {
 			// An idle stream touches only the header page, which may outlive the truncation: without this
@@ -321,15 +336,18 @@ func (a *attachment) Housekeep(now time.Time) (time.Time, error) {
 	// The worker runs a deadline up to a quarter period early to coalesce it with its other streams' (drain/doc.go):
 	// a check due within that slack runs now, so the stream's checks follow the worker's ticks instead of keeping
 	// the phase of its attach.
-	next := now.Add(a.every)
+	next := now.Add(every)
+	if a.publishing && hb > 0 {
+		next = minTime(next, a.lastPub.Add(hb))
+	}
 	if a.checkPID {
-		if now.Sub(a.lastPID) >= a.pidEvery-a.every/4 {
+		if now.Sub(a.lastPID) >= a.pidEvery-every/4 {
 			a.lastPID = now
 			if !a.pidw.alive() {
 				a.finish(causePIDGone, fmt.Sprintf("producer pid %d is gone", a.hdr.ProducerPID))
 			}
 		}
-		if a.pidEvery < a.every {
+		if a.pidEvery < every {
 			next = minTime(next, a.lastPID.Add(a.pidEvery))
 		}
 	}
