@@ -19,13 +19,14 @@ import "time"
 // wakeup per worker per period.
 //
 // A publishing stream keeps the 10 ms period only while it is warm: records came within publishWarmFor. A doorbell
-// can be lost only at the instant the worker arms the ring, so a stream that has been silent for a second and is
-// re-armed once a second (its heartbeat's pace) would need a publish within those few instructions of its one arm
-// per second; the first record after such a silence is reached within idleEvery even then. Without this an idle
-// publishing stream (every vLLM rank between requests) woke its worker 100 times a second: 2.5-2.9% of a core per
-// stream, 64 idle ranks more than a core (TestIdlePublishingStreamSleeps).
+// can be lost only when the producer publishes within the few instructions of the worker arming the ring. The arms
+// that follow a pass (the worker sleeps right after draining, while the engine is likely to publish again) are
+// covered by the short period; later the worker re-arms the ring about once a second (its heartbeat's pace), and a
+// publish would have to hit one of those instants to be reached late, within idleEvery even then. Without this an
+// idle or slow publishing stream (every vLLM rank between requests) woke its worker 100 times a second: 1.5-2.9% of a
+// core per stream, 64 idle ranks more than a core (TestIdlePublishingStreamSleeps).
 const (
 	idleEvery        = time.Second
 	publishIdleEvery = 10 * time.Millisecond
-	publishWarmFor   = time.Second
+	publishWarmFor   = 25 * time.Millisecond // two short periods after the last record's arm, with the worker's slack
 )
