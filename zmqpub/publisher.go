@@ -324,15 +324,18 @@ func (p *Publisher) publish(e entry, kind itemKind) bool {
 	hdr = appendFrame(hdr, flagMore, seq[:])
 	hdr = appendFrameHeader(hdr, 0, len(e.payload))
 	msg := net.Buffers{hdr, e.payload}
-	for _, c := range p.pubs.snapshot() {
-		if c.subscribed.Load() {
-			_ = c.put(msg, false) // a cut is counted by the connection
-		}
-	}
+	// Into the replay buffer before any subscriber can read it: the direct write below may reach a subscriber at
+	// once, and a replay it asks for next must hold the batch it just received (TestEngineDeathAndRestart saw the
+	// newest batch missing from such a replay when the buffer was updated after the write).
 	if kind != itemHeartbeat {
 		p.bufMu.Lock()
 		p.buf.add(e)
 		p.bufMu.Unlock()
+	}
+	for _, c := range p.pubs.snapshot() {
+		if c.subscribed.Load() {
+			_ = c.put(msg, false) // a cut is counted by the connection
+		}
 	}
 	p.published.Add(1) // after the buffer: Stats().Published == n means every batch of the n can be replayed
 	return true
