@@ -3,9 +3,6 @@ package shm
 import (
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 )
@@ -31,28 +28,7 @@ func waitInWaitv(t *testing.T, d *Doorbells) {
 	for !d.sleeping.Load() {
 		time.Sleep(100 * time.Microsecond)
 	}
-	want := fmt.Sprintf("%d ", sysFutexWaitv)
-	for {
-		tasks, err := filepath.Glob("/proc/self/task/*/syscall")
-		if err != nil || len(tasks) == 0 {
-			return
-		}
-		readable := false
-		for _, f := range tasks {
-			b, err := os.ReadFile(f)
-			if err != nil {
-				continue
-			}
-			readable = true
-			if strings.HasPrefix(string(b), want) {
-				return
-			}
-		}
-		if !readable {
-			return
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
+	waitInSyscall(fmt.Sprintf("%d ", sysFutexWaitv))
 }
 
 func requireWaitv(t *testing.T) {

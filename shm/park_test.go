@@ -41,7 +41,12 @@ func waitParked(t *testing.T, m []byte, futexAddr *uint32) {
 	for loadParked(m) == 0 {
 		time.Sleep(100 * time.Microsecond)
 	}
-	want := fmt.Sprintf("202 %#x 0x0 ", uintptrOf(futexAddr)) // SYS_futex (x86-64), addr, FUTEX_WAIT
+	waitInSyscall(fmt.Sprintf("202 %#x 0x0 ", uintptrOf(futexAddr))) // SYS_futex (x86-64), addr, FUTEX_WAIT
+}
+
+// waitInSyscall waits until a thread of this process is blocked in the system call /proc/self/task/*/syscall shows
+// with the prefix want (its number and first arguments); it returns at once where that file is unavailable.
+func waitInSyscall(want string) {
 	for {
 		tasks, err := filepath.Glob("/proc/self/task/*/syscall")
 		if err != nil || len(tasks) == 0 {
