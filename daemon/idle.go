@@ -30,3 +30,22 @@ const (
 	publishIdleEvery = 10 * time.Millisecond
 	publishWarmFor   = 25 * time.Millisecond // two short periods after the last record's arm, with the worker's slack
 )
+
+// A stream that is not published (its index is read only by queries, whose barriers wake the worker) is drained
+// lazily: its producer rings the doorbell only when lazyLevel bytes are unread (shm.Reader.SetDoorbellLevel, FORMAT.md
+// "Doorbell"), and below that its records wait for the worker's next wakeup, whatever its cause: a query, another
+// stream's doorbell, or this stream's own deadline (idleEvery). A wakeup on this machine costs the daemon ~100 µs of
+// CPU whatever it does (the Go runtime's and the virtual CPU's own idle exit), far more than applying one event, so
+// 64 such streams at 10 events/s cost 640 wakeups a second when rung per record, and ~4 (one per worker per
+// deadline) lazily. The level bounds the backlog a query's barrier may have to apply first (64 KiB: ~400 events of
+// 32 blocks, ~1 ms) and keeps a busy stream far from a full ring (a quarter of a small ring).
+//
+// What lags: the ring statistics and metrics of such a stream (up to idleEvery, as when idle), and --rank-ports,
+// which opens a rank's port on its first event (so a stream with rank ports is not lazy).
+const lazyLevelMax = 64 << 10
+
+// lazyLevel is the doorbell level of a lazy stream whose ring holds capacity bytes.
+func lazyLevel(capacity uint64) uint32 { return uint32(min(capacity/4, lazyLevelMax)) }
+
+// lazy reports whether the attachment is drained lazily (see lazyLevelMax).
+func (a *attachment) lazy() bool { return !a.publishing && !a.ranks.on }

@@ -438,6 +438,9 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 	} else {
 		a.pidw = pidWatch{fd: -1}
 	}
+	if a.lazy() {
+		o.r.SetDoorbellLevel(lazyLevel(h.Capacity))
+	}
 	lastRing := o.r.Stats() // the last use of the Reader here: the worker owns it from Add on
 	hd, err := s.sched.Add(a)
 	if err != nil {

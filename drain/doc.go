@@ -38,6 +38,11 @@
 // The deadlines are found by a linear walk, not a heap: every wakeup already visits every stream of the worker
 // (at most shm.MaxDoorbells) to poll its ring. An idle stream needs no wakeup for anything else.
 //
+// Doorbell levels. A stream may set its ring's doorbell level (shm.Reader.SetDoorbellLevel) above one record:
+// Arm then leaves the ring armed with unread records below the level, and its producer rings only at the level.
+// The worker needs no rule for it: every wakeup polls every ring, so such records are drained at the worker's next
+// wakeup for any reason (another ring, a Wake, a deadline), and the stream's deadline bounds their wait.
+//
 // Lost doorbells. The Python producer cannot fence between its tail store and its load of consumer_parked, so a
 // doorbell can be lost exactly when a ring is armed. Every wakeup of a worker polls every ring it holds, and each
 // stream's deadline (its Housekeep's answer: 10 ms for a publishing stream, 1 s otherwise in kvshmd) bounds how

@@ -204,3 +204,60 @@ func BenchmarkDoorbellsWait(b *testing.B) {
 		})
 	}
 }
+
+// TestDoorbellLevel: a lazy reader (SetDoorbellLevel) stays armed with unread records below its level, stores the
+// level relative to the head (so records read but not released still count for the producer, who sees only the
+// head), and its producer rings only when a publication reaches the level: a Doorbells.Wait sleeps through the
+// publications below it and is woken by the one that reaches it.
+func TestDoorbellLevel(t *testing.T) {
+	requireWaitv(t)
+	const level = 512
+	w, r, _ := newTestRing(t, Options{Capacity: MinCapacity})
+	r.SetDoorbellLevel(level)
+	publish := func(seq int) {
+		t.Helper()
+		if err := w.WriteEvent(uint64(seq), payloadOf(seq, 40)); err != nil { // a 48-byte record
+			t.Fatal(err)
+		}
+	}
+
+	// Held back: one record read, not released (pos - head = 48), one unread.
+	publish(0)
+	if _, err := r.Next(); err != nil {
+		t.Fatal(err)
+	}
+	publish(1)
+	if !r.Arm() {
+		t.Fatal("Arm with one unread record below the level = false, want armed")
+	}
+	if got, want := loadParked(w.m), uint32(48+level); got != want {
+		t.Fatalf("consumer_parked = %d, want (pos - head) + level = %d", got, want)
+	}
+
+	// Below the level the producer does not ring: the wait runs into its timeout.
+	d := NewDoorbells()
+	res := waitvAsync(d, []*Reader{r}, 200*time.Millisecond)
+	waitInWaitv(t, d)
+	publish(2)
+	if got := <-res; !got.timedOut {
+		t.Fatalf("wait after a publication below the level = %+v, want the timeout (no doorbell)", got)
+	}
+
+	// The publication that reaches the level rings.
+	seq := 3
+	for ; w.published-r.pos+48 < level; seq++ {
+		publish(seq)
+	}
+	if !r.Arm() {
+		t.Fatal("Arm just below the level = false")
+	}
+	res = waitvAsync(d, []*Reader{r}, parkTimeout)
+	waitInWaitv(t, d)
+	publish(seq)
+	if got := <-res; got.timedOut {
+		t.Fatalf("wait after the publication reaching the level = %+v, want woken by its doorbell", got)
+	}
+	if r.Arm() || loadParked(w.m) != 0 {
+		t.Fatalf("Arm at the level: armed %v, consumer_parked %d; want false, 0 (drain first)", r.Armed(), loadParked(w.m))
+	}
+}

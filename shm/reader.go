@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"sync"
@@ -60,8 +61,10 @@ type Reader struct {
 	napWord uint32      // Nap's process-private futex word (never written: only its address matters)
 
 	// Arm state (Arm, Disarm, Doorbells.Wait). Owned by the reader.
-	armed     bool   // consumer_parked = 1 was stored by Arm and not cleared since
+	armed     bool   // consumer_parked was stored by Arm and not cleared since
+	armedWord uint32 // the consumer_parked value Arm stored (see parkedWord)
 	armedTail uint32 // low half of the tail word Arm loaded after storing consumer_parked
+	level     uint32 // SetDoorbellLevel's unread bytes (1: every publication). Owned by the reader.
 }
 
 // Open maps an existing ring for its consumer. It validates the magic (ErrMagic), the version (ErrVersion), the
@@ -116,7 +119,7 @@ func newReader(m []byte, release func([]byte) error) (*Reader, error) {
 	return &Reader{
 		m: m, data: m[HeaderSize:], unmap: release, hdr: h,
 		capacity: h.Capacity, mask: h.Capacity - 1, maxRecord: uint64(h.MaxRecord),
-		pos: head, head: head, tail: head, futex: tailFutex(m),
+		pos: head, head: head, tail: head, futex: tailFutex(m), level: 1,
 	}, nil
 }
 
@@ -344,7 +347,8 @@ func (r *Reader) Heartbeat(unixNano int64) {
 
 // Park blocks until the producer publishes past the read position, Wake is called, or timeout passes, and reports
 // whether there may be something to do: true when records are published past the read position or a Wake arrived
-// (before or during the call), false on timeout. It may return false early (a signal, a spurious futex wakeup):
+// (before or during the call), false on timeout. With a doorbell level above 1 (SetDoorbellLevel) it sleeps while
+// fewer unread bytes than the level are published, and only a publication reaching it rings. It may return false early (a signal, a spurious futex wakeup):
 // the caller polls Next and parks again. Call it only after Next returned ErrEmpty (with unread records it returns
 // true at once), and Release first: the producer cannot reuse unreleased bytes while the consumer sleeps.
 //
@@ -365,7 +369,7 @@ func (r *Reader) park(timeout time.Duration) (woken, timedOut bool) {
 	if r.m == nil {
 		return false, false
 	}
-	if r.pos != r.tail {
+	if r.tail-r.pos >= uint64(r.level) {
 		return true, false
 	}
 	r.parking.Store(true) // from here on a Wake keeps ringing until park returns (see Wake)
@@ -373,9 +377,9 @@ func (r *Reader) park(timeout time.Duration) (woken, timedOut bool) {
 	if r.wakeReq.Swap(false) {
 		return true, false
 	}
-	storeParked(r.m, 1) // seq-cst: visible before the tail load below (consumer half of the Dekker pair)
+	storeParked(r.m, r.parkedWord()) // seq-cst: visible before the tail load below (consumer half of the Dekker pair)
 	t := loadTail(r.m)
-	if !r.tailMoved(t) && !r.wakeReq.Load() {
+	if !r.due(t) && !r.wakeReq.Load() {
 		// EAGAIN at once if the tail's low half changed since the load. (A change by exactly a multiple of 2^32
 		// bytes in between would go unnoticed until a wake or the timeout: impossible in practice.)
 		timedOut = futexWaitTimeout(r.futex, uint32(t), timeout) == unix.ETIMEDOUT
@@ -386,13 +390,42 @@ func (r *Reader) park(timeout time.Duration) (woken, timedOut bool) {
 	return r.wakeReq.Swap(false) || r.tailMoved(t), timedOut
 }
 
+// SetDoorbellLevel sets how many unread bytes past the read position make the producer ring the doorbell of an
+// armed or parked ring (FORMAT.md, "Doorbell"): 0 or 1, every publication (the default); more, a lazy consumer
+// that is content to find smaller backlogs when it wakes for something else (its own deadline, another ring, a
+// Wake). It takes effect at the next Arm or Park. A producer that predates levels rings at every publication.
+func (r *Reader) SetDoorbellLevel(bytes uint32) { r.level = max(bytes, 1) }
+
+// DoorbellLevel returns the level SetDoorbellLevel set (1: every publication).
+func (r *Reader) DoorbellLevel() uint32 { return r.level }
+
+// parkedWord is the consumer_parked value for the current level: 1 rings at every publication; a level L rings
+// when the producer's tail is L bytes past the read position, i.e. tail - head >= (pos - head) + L, since the
+// producer sees only the head (which lags the read position while a checkpoint holds records back: ReleaseTo).
+func (r *Reader) parkedWord() uint32 {
+	if r.level <= 1 {
+		return 1
+	}
+	return uint32(min(r.pos-r.head+uint64(r.level), math.MaxUint32))
+}
+
+// due reports whether the tail word t (just loaded, with the read position at the cached tail or behind it) holds
+// at least a doorbell level of unread bytes: with level 1, any new record. An invalid tail word is not records.
+func (r *Reader) due(t uint64) bool {
+	if t != r.tail && r.checkTail(t) != nil {
+		t = r.tail
+	}
+	return t-r.pos >= uint64(r.level)
+}
+
 // tailMoved reports whether t, a tail word loaded at the read position r.pos == r.tail, publishes new records.
 func (r *Reader) tailMoved(t uint64) bool { return t != r.tail && r.checkTail(t) == nil }
 
 // Arm is Park's first half for a consumer that waits on many rings at once (Doorbells.Wait): it stores
-// consumer_parked = 1 (seq-cst) and loads the tail again. It returns false, with consumer_parked cleared again,
-// when there is something to read (records past the read position, published before or after the store): drain
-// first. Otherwise the ring stays armed (its producer's next publish rings the doorbell) until Disarm, Park or a
+// consumer_parked (1, or the doorbell level's word: SetDoorbellLevel) seq-cst and loads the tail again. It returns
+// false, with consumer_parked cleared again, when the level is reached (with level 1: records past the read
+// position, published before or after the store): drain first. Below a level, unread records stay unread until
+// the consumer drains for another reason. Otherwise the ring stays armed (its producer's next publish rings the doorbell) until Disarm, Park or a
 // Doorbells.Wait that finds it moved; arming an armed ring only re-checks the tail. Call it after Next returned
 // ErrEmpty, and Release first, as for Park. The ordering argument is Park's (FORMAT.md, "Doorbell"): the store of
 // consumer_parked is a full fence before the tail load, so a Go producer that stores the tail after that load sees
@@ -401,16 +434,16 @@ func (r *Reader) Arm() bool {
 	if r.m == nil {
 		return false
 	}
-	if r.pos != r.tail {
+	if r.tail-r.pos >= uint64(r.level) {
 		r.Disarm()
 		return false
 	}
-	if !r.armed {
-		storeParked(r.m, 1) // seq-cst: visible before the tail load below (consumer half of the Dekker pair)
-		r.armed = true
+	if w := r.parkedWord(); !r.armed || r.armedWord != w {
+		storeParked(r.m, w) // seq-cst: visible before the tail load below (consumer half of the Dekker pair)
+		r.armed, r.armedWord = true, w
 	}
 	t := loadTail(r.m)
-	if r.tailMoved(t) {
+	if r.due(t) {
 		r.Disarm()
 		return false
 	}

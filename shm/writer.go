@@ -161,9 +161,20 @@ func (w *Writer) Publish() {
 	}
 	storeTail(w.m, w.tail) // release: publishes every record byte staged since the last Publish
 	w.published = w.tail
-	if loadParked(w.m) != 0 { // after the tail store (a full fence on amd64): producer half of the Dekker pair
+	// After the tail store (a full fence on amd64): the producer half of the Dekker pair.
+	if p := loadParked(w.m); p != 0 && (p == 1 || w.backlogReaches(p)) {
 		futexWakeAll(tailFutex(w.m))
 	}
+}
+
+// backlogReaches reports whether the published bytes past the consumer's head reach a doorbell level (FORMAT.md,
+// "Doorbell"). The cached head is older than the header's, so a backlog below the level by it is below the level
+// for sure; otherwise the head is loaded once (not cached: the cache is the free-space check's).
+func (w *Writer) backlogReaches(level uint32) bool {
+	if w.published-w.headCache < uint64(level) {
+		return false
+	}
+	return w.published-loadHead(w.m) >= uint64(level)
 }
 
 // WriteBatch writes one BATCH record of (ts, subs) (layout: AppendBatch), preceded by a LOSS record if a loss is

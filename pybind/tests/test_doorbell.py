@@ -128,3 +128,32 @@ def test_no_doorbell_while_the_consumer_polls(ring: tuple[RingWriter, Consumer])
     assert w.publish_cleared(1, 0)
     th.join()
     assert c.result == [errno.ETIMEDOUT], "FUTEX_WAKE was called although consumer_parked is 0"
+
+
+@pytest.mark.parametrize("after_loss", [False, True], ids=["publish", "publish-after-loss"])
+def test_doorbell_level(ring: tuple[RingWriter, Consumer], after_loss: bool) -> None:
+    """A lazy consumer's level (FORMAT.md, "Doorbell", Levels): consumer_parked = P > 1 rings only once the bytes
+    published past the head reach P; a publication below it leaves the consumer asleep."""
+    w, c = ring
+    if after_loss:
+        _fill_until_drop(w)
+        c.drain()
+    head = c.q[OFF_HEAD >> 3]
+    level = 1024
+    c.words[OFF_PARKED >> 2] = level
+    th = c.park_in_thread(0.3)
+    assert w.publish_cleared(1, 0)  # a record of a few dozen bytes: below the level
+    th.join()
+    assert c.result == [errno.ETIMEDOUT], "FUTEX_WAKE was called below the consumer's doorbell level"
+    assert c.q[OFF_TAIL >> 3] - head < level
+    seq = 2
+    while c.q[OFF_TAIL >> 3] + 200 - head < level:  # publish until the next record (< 200 B) may reach it
+        assert w.publish_cleared(seq, 0)
+        seq += 1
+    c.result.clear()
+    th = c.park_in_thread(WAIT_TIMEOUT)
+    while c.q[OFF_TAIL >> 3] - head < level:
+        assert w.publish_cleared(seq, 0)
+        seq += 1
+    th.join()
+    assert c.result == [0], f"waiter returned errno {c.result}: the doorbell did not ring at the level"

@@ -39,17 +39,20 @@ Usage contract (stable; kvshm's LocalIndexer is the caller)::
 
 Hot path of a publish: the encoder converts the lists (``array('I')``/``array('Q')``), one ``pack_into`` writes the
 record header and every non-vector byte, slice copies write the vectors, one 8-byte store publishes, one 8-byte load
-checks the doorbell. The head word (the consumer's) is read only when the cached head says the ring is full.
+checks the doorbell. The head word (the consumer's) is read only when the cached head says the ring is full, or
+when a lazy consumer's doorbell level may be reached (below).
 
 Doorbell (FORMAT.md, "Doorbell"): a consumer with nothing to read for a while stores ``consumer_parked = 1`` (u32 at
 0x208), re-checks the tail and sleeps in ``FUTEX_WAIT`` on the low 32 bits of the tail word, with a timeout. After
 each tail store the writer loads ``consumer_parked`` (one memoryview item read) and, only when it is set, calls
 ``FUTEX_WAKE`` on the tail word through ``ctypes`` (``syscall(SYS_futex=202, addr, FUTEX_WAKE=1, ...)``, ~1-2 µs;
-shared, not FUTEX_PRIVATE: the consumer is another process). That is the classic Dekker pair: store(tail) then
+shared, not FUTEX_PRIVATE: the consumer is another process). A value above 1 is a doorbell level: ring only when
+the bytes published past the consumer's head reach it (a consumer that drains on its own deadline and on queries,
+and needs the doorbell only before its ring fills). That is the classic Dekker pair: store(tail) then
 load(parked) here against store(parked) then load(tail) in the consumer. x86-TSO may reorder a store with a later
 load (the store waits in the store buffer) and Python cannot issue a fence, so both sides can miss each other: the
 consumer sleeps although the record is published. The consumer therefore always parks with a timeout (kvshmd:
-250 ms), which bounds that rare delay; no record is ever lost, only reached late. Where ``ctypes`` or ``syscall``
+10 ms for a stream it publishes, 1 s otherwise), which bounds that rare delay; no record is ever lost, only reached late. Where ``ctypes`` or ``syscall``
 is unavailable the writer never rings and the timeout is the only wakeup.
 """
 
@@ -468,7 +471,8 @@ class RingWriter:
         p[1](mm, HEADER_SIZE + idx, p)  # payload and record header
         q = self._q
         q[16] = end  # OFF_TAIL / 8. Release (x86-TSO): publishes the bytes written above.
-        if q[65]:  # OFF_PARKED / 8: the consumer sleeps on the doorbell (see the module docstring)
+        parked = q[65]  # OFF_PARKED / 8: the consumer sleeps on the doorbell (see the module docstring)
+        if parked and (parked == 1 or self._backlog_reaches(end, parked)):
             self._ring_doorbell()
         self._tail = end
         self._published += 1
@@ -479,6 +483,14 @@ class RingWriter:
         is the fallback)."""
         if _SYSCALL is not None:
             _SYSCALL(_C_SYS_FUTEX, self._tail_addr, _C_FUTEX_WAKE, _C_WAKE_ALL, _C_ZERO, _C_ZERO, _C_ZERO)
+
+    def _backlog_reaches(self, end: int, level: int) -> bool:
+        """Whether the bytes published past the consumer's head reach its doorbell level (a lazy consumer: FORMAT.md,
+        "Doorbell"). The cached head is older than the header's, so a backlog below the level by it is below for
+        sure; otherwise the head is loaded once (not cached: the cache belongs to the free-space check)."""
+        if end - self._head_cache < level:
+            return False
+        return end - self._q[32] >= level  # OFF_HEAD / 8
 
     def _refresh_head(self, end: int) -> bool:
         """Loads the consumer's head (acquire on x86) and says whether ``end`` fits. A head ahead of the tail by at
@@ -532,7 +544,8 @@ class RingWriter:
         p[1](self._mm, HEADER_SIZE + idx, p)
         q = self._q
         q[16] = end  # Release: publishes the LOSS record and the event.
-        if q[OFF_PARKED >> 3]:
+        parked = q[OFF_PARKED >> 3]
+        if parked and (parked == 1 or self._backlog_reaches(end, parked)):
             self._ring_doorbell()
         self._tail = end
         self._published += 1
