@@ -113,6 +113,7 @@ bench-go:
 	$(GO) test -run '^$$' -bench 'DaemonIngest' -benchtime 200000x $(BENCH_GO) ./bench/
 	$(GO) test -run '^$$' -bench 'DaemonIdleCPU' -benchtime 10x $(BENCH_GO) ./bench/
 	$(GO) test -run '^$$' -bench 'DaemonProcCPU' -benchtime 4x $(BENCH_GO) ./bench/
+	KVSHM_BENCH_PYTHON=$(abspath $(VPY)) $(GO) test -run '^$$' -bench 'WakeFloor' -benchtime 3x $(BENCH_GO) ./bench/
 	$(GO) test -run '^$$' -bench 'DaemonQueryUnderLoad' -benchtime 2000x $(BENCH_GO) ./bench/
 	$(GO) test -run '^$$' -bench 'DaemonReach/gap=(0s|200µs|2ms)$$' -benchtime 2000x $(BENCH_GO) ./bench/
 	$(GO) test -run '^$$' -bench 'DaemonColdReach' -benchtime 20x $(BENCH_GO) ./bench/

@@ -31,7 +31,7 @@ TODAY_STORED_VS_FLOOR = 6.94 / 6.13  # apply_stored 32x32 p50 / floor p50
 TODAY_BATCH_VS_A = 9.49 / 30.93  # apply_batch 32x32 Stored p50 / (a) p50
 
 
-def _node_cpu(d: dict[str, Any]) -> list[Goal]:
+def _node_cpu(d: dict[str, Any], wake_floor_us: dict[float, float] | None = None) -> list[Goal]:
     z = d.get("zmq") or {}
     runs: list[tuple[float, dict[str, Any]]] = []
     if z.get("threaded"):
@@ -55,6 +55,13 @@ def _node_cpu(d: dict[str, Any]) -> list[Goal]:
                  f"batch ({100 * c['daemon_cpu_us'] / node:.0f}%), the engine process {us(c['engine_cpu_us'])}; the "
                  f"reference engine spends {us(a['engine_cpu_us'])} in all. Even with kvshmd free the engine side "
                  f"alone is {c['engine_cpu_us'] / a['engine_cpu_us']:.2f}× the reference.")
+        floor = (wake_floor_us or {}).get(rate)
+        if floor:
+            limit += (f" The floor of any consumer in a process of its own at this rate (BenchmarkWakeFloor, this run: a "
+                      f"Go process that only parks on the ring's doorbell and drains a Python RingWriter's records) is "
+                      f"{us(floor)} of CPU per wakeup; kvshmd's {us(c['daemon_cpu_us'])} per batch is "
+                      f"{c['daemon_cpu_us'] / floor:.1f}× that floor, and engine + floor alone would be "
+                      f"{(c['engine_cpu_us'] + floor) / a['engine_cpu_us']:.2f}× the reference.")
         out.append(Goal(name, target,
                         f"engine {us(c['engine_cpu_us'])} + kvshmd {us(c['daemon_cpu_us'])} = {us(node)}",
                         f"reference engine (a) {us(a['engine_cpu_us'])} ({a['engine_cpu_pct']:.1f}% of a core)", r,
@@ -187,13 +194,16 @@ def _queries(d: dict[str, Any]) -> list[Goal]:
     return out
 
 
-def node_goals(d: dict[str, Any], heap_per_block: float | None = None) -> list[Goal]:
-    """Issue 17's goal rows, in the issue's order."""
-    return [*_node_cpu(d), *_workers(d), *_latency(d), *_apply(d), *_memory(d, heap_per_block), *_queries(d)]
+def node_goals(d: dict[str, Any], heap_per_block: float | None = None,
+               wake_floor_us: dict[float, float] | None = None) -> list[Goal]:
+    """Issue 17's goal rows, in the issue's order. wake_floor_us: BenchmarkWakeFloor's consumer CPU per wakeup by
+    rate (batches/s), from the Go benchmarks of the same run."""
+    return [*_node_cpu(d, wake_floor_us), *_workers(d), *_latency(d), *_apply(d), *_memory(d, heap_per_block), *_queries(d)]
 
 
-def node_section(d: dict[str, Any], heap_per_block: float | None = None) -> list[str]:
-    gs = node_goals(d, heap_per_block)
+def node_section(d: dict[str, Any], heap_per_block: float | None = None,
+                 wake_floor_us: dict[float, float] | None = None) -> list[str]:
+    gs = node_goals(d, heap_per_block, wake_floor_us)
     if not gs:
         return []
     z = d.get("zmq") or {}

@@ -69,6 +69,16 @@ def parse_go(text: str) -> list[GoBench]:
     return out
 
 
+def wake_floors(gos: list[GoBench]) -> dict[float, float]:
+    """BenchmarkWakeFloor's consumer CPU per wakeup (µs) by rate (batches/s)."""
+    out = {}
+    for b in gos:
+        m = re.fullmatch(r"BenchmarkWakeFloor/rate=(\d+)", b.name)
+        if m and "consumer_us/wake" in b.metrics:
+            out[float(m.group(1))] = b.metrics["consumer_us/wake"]
+    return out
+
+
 def goals(d: dict[str, Any]) -> list[Goal]:
     gs: list[Goal] = []
     q = d.get("queries", {}).get("summary", {})
@@ -586,10 +596,13 @@ def main() -> None:
     L += goal_table
     L += [""]
     heap = None
+    floor: dict[float, float] = {}
     if args.go and Path(args.go).exists():
-        heap = next((b.metrics.get("heap-B/block") for b in parse_go(Path(args.go).read_text())
+        gos = parse_go(Path(args.go).read_text())
+        heap = next((b.metrics.get("heap-B/block") for b in gos
                      if b.name.startswith("BenchmarkHeapPerBlock/impl=arena")), None)
-    node = node_report.node_section(d, heap)
+        floor = wake_floors(gos)
+    node = node_report.node_section(d, heap, floor)
     print("\n".join(node))  # make bench prints issue 17's goals too
     L += node
     p = d.get("publish")

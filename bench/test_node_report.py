@@ -67,6 +67,17 @@ def test_node_cpu_is_engine_plus_kvshmd_over_the_reference_engine_at_each_rate()
     assert [g for g in nr.node_goals(d) if g.name.startswith("node CPU")][1].ok is None
 
 
+def test_node_cpu_miss_names_the_wake_floor_of_its_rate() -> None:
+    d = results()
+    d["zmq"]["threaded"]["headline/c"]["daemon_cpu_us"] = 50.0
+    g = [g for g in nr.node_goals(d, None, {1000.0: 25.0, 100.0: 90.0}) if g.name.startswith("node CPU")][1]
+    assert g.ok is False
+    assert "is 25.00 µs of CPU per wakeup; kvshmd's 50.00 µs per batch is 2.0× that floor" in g.limit
+    assert "engine + floor alone would be 0.45× the reference" in g.limit
+    g = [g for g in nr.node_goals(d) if g.name.startswith("node CPU")][1]
+    assert "floor" not in g.limit  # not measured: not claimed
+
+
 @pytest.mark.parametrize(("idle", "low", "ok_idle", "ok_low"),
                          [(0.2, 2.0, True, True), (0.21, 2.01, False, False)])
 def test_stream_cpu_goals_are_percent_of_a_core_with_the_empty_daemon_as_baseline(

@@ -201,3 +201,10 @@ def test_zmq_reading_says_what_stays_on_the_scheduler_thread() -> None:
     th["headline/c"]["scheduler_cpu_us"] = 150.0  # (c) all on the scheduler thread, more than (a) puts there
     assert "(c) trades 50.00 µs more there for 140 µs less in the engine process" in rr.zmq_threads_reading(th)[0]
     assert rr.zmq_threads_reading(zmq_results(100.0, None)["zmq"]["threaded"]) == []
+
+
+def test_wake_floors_by_rate() -> None:
+    gos = rr.parse_go("BenchmarkWakeFloor/rate=100-2  3  1000978123 ns/op  94.00 consumer_us/wake  0.94 pct_core\n"
+                      "BenchmarkWakeFloor/rate=1000-2 3  1000904729 ns/op  44.85 consumer_us/wake  4.485 pct_core\n"
+                      "BenchmarkDaemonProcCPU/streams=0/idle-2 5 1000197030 ns/op 0 kvshmd_pct_core\n")
+    assert rr.wake_floors(gos) == {100.0: 94.0, 1000.0: 44.85}
