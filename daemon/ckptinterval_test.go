@@ -139,16 +139,7 @@ func TestCheckpointIntervalPeriodic(t *testing.T) {
 		return shm.RingStats{}
 	}
 	waitReleased()
-	okWrites := func() int {
-		t.Helper()
-		m := metricsText(t, d1)
-		_, after, found := strings.Cut(m, `kvshm_checkpoint_writes_total{result="ok"} `)
-		n, err := strconv.Atoi(strings.Fields(after + " x")[0])
-		if !found || err != nil {
-			t.Fatalf("no ok checkpoint writes counter:\n%s", grepLines(m, "kvshm_checkpoint"))
-		}
-		return n
-	}
+	okWrites := func() int { t.Helper(); return checkpointWrites(t, d1) }
 	n1 := okWrites() // 1, or 2 if the publisher was paused for an interval in the middle of the 10 events
 	if n1 < 1 {
 		t.Fatalf("ring released with %d checkpoints written", n1)
@@ -176,6 +167,65 @@ func TestCheckpointIntervalPeriodic(t *testing.T) {
 	lastID(t, socket, p, 17)
 	ckptOracle(p, 18)
 	checkAgainstOracle(t, p, socket, d2.http, "after SIGTERM")
+}
+
+// checkpointWrites reads the daemon's count of checkpoints written.
+func checkpointWrites(t *testing.T, d *daemonProc) int {
+	t.Helper()
+	m := metricsText(t, d)
+	_, after, found := strings.Cut(m, `kvshm_checkpoint_writes_total{result="ok"} `)
+	n, err := strconv.Atoi(strings.Fields(after + " x")[0])
+	if !found || err != nil {
+		t.Fatalf("no ok checkpoint writes counter:\n%s", grepLines(m, "kvshm_checkpoint"))
+	}
+	return n
+}
+
+// TestCheckpointIntervalWorthIt: an interval checkpoint waits until the records it would cover reach
+// ckptBytesPerNode per live node: one small event under a large index is left in the ring (it is cheaper to replay
+// than the index is to rewrite) interval after interval, and written once enough such events came.
+func TestCheckpointIntervalWorthIt(t *testing.T) {
+	dir := t.TempDir()
+	socket, state := filepath.Join(dir, "kvshmd.sock"), filepath.Join(dir, "state")
+	d := startDaemon(t, socket, "--state-dir", state, "--checkpoint-interval", "50ms", "--http", "127.0.0.1:0")
+	p := newProducer(t, socket, 23, 4, 1<<20)
+	const blocks = 400
+	hashes := make([]uint64, blocks)
+	for i := range hashes {
+		hashes[i] = uint64(i + 1)
+	}
+	p.mustPublish(stored(0, 0, nil, hashes, tokens(0, blocks, 4))) // ~10 KB: 25 B per node, worth a checkpoint
+	lastID(t, socket, p, 0)
+	waitHeld := func(want bool, what string) shm.RingStats {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if rs := ringPositions(t, p); (rs.Head != rs.Tail) == want {
+				return rs
+			}
+		}
+		t.Fatalf("%s: ring %+v\n%s", what, ringPositions(t, p), d.log)
+		return shm.RingStats{}
+	}
+	waitHeld(false, "the first checkpoint never released the ring")
+	n := checkpointWrites(t, d)
+
+	id := uint64(1)
+	p.mustPublish(removed(id, 0, hashes[blocks-1])) // ~100 bytes under ~400 nodes: not worth a checkpoint
+	lastID(t, socket, p, id)
+	time.Sleep(300 * time.Millisecond) // six intervals
+	if rs := ringPositions(t, p); rs.Head == rs.Tail || checkpointWrites(t, d) != n {
+		t.Fatalf("one small event under %d nodes was checkpointed (ring %+v, %d writes, were %d)", blocks,
+			rs, checkpointWrites(t, d), n)
+	}
+	for held := uint64(0); held < ckptBytesPerNode*blocks; held = ringPositions(t, p).Tail - ringPositions(t, p).Head {
+		id++
+		p.mustPublish(removed(id, 0, hashes[blocks-int(id)]))
+	}
+	lastID(t, socket, p, id)
+	waitHeld(false, "enough small events were never checkpointed")
+	if got := checkpointWrites(t, d); got <= n {
+		t.Fatalf("ring released with %d checkpoint writes, want more than %d", got, n)
+	}
 }
 
 // TestCheckpointIntervalCrashWhileWriting: a crash while a checkpoint is written leaves a temporary file and the

@@ -130,7 +130,8 @@
 // ring still holds every record since. After a SIGKILL or OOM the next daemon restores that checkpoint (the head matches)
 // and replays the ring from there: restored true, not tainted. A checkpoint is written, between two drain passes:
 //
-//	D has passed since the last one and records were applied since   trigger "interval" (an idle stream writes none)
+//	D has passed since the last one and the records applied since    trigger "interval" (an idle stream writes none;
+//	reach 16 bytes per live node of the index (ckptBytesPerNode)      a stream with only a probe now and then, rarely)
 //	the applied-but-unreleased bytes exceed half the ring's capacity  trigger "half-ring", so under normal load the
 //	                                                                  producer never finds the ring full because of it
 //	a corrupt record made the drain skip to the tail (which released) trigger "corruption": the file matches the head
