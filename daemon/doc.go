@@ -252,8 +252,9 @@
 // default; needs --http, whose host it uses): port BASE+r answers /kv_recover (start, end) as
 // /workers/{w}/dp/{r}/kv_recover for the daemon's only worker (409 with several, 404 with none), for consumers that
 // find a rank's endpoint by pod discovery (recover_port + dp_rank). A listener opens the first time the daemon
-// holds a stream covering r: a per-rank ATTACH (before its reply) or the first rank-r event of an ALL stream (on
-// the drain goroutine as it applies the event, so a query that follows finds it). A bind failure, a port
+// holds a stream covering r: a per-rank ATTACH (before its reply) or the first rank-r event of an ALL stream (the
+// drain goroutine only asks for it; an opener goroutine binds it, and a query that follows the event waits for
+// that: rankports.go). A bind failure, a port
 // above 65535 or more than 256 ranks is logged and counted (kvshm_rank_port_errors_total), never fatal, and not
 // retried; the rank stays reachable at its /workers URL. All HTTP listeners share the --http-max-conns bound.
 //

@@ -115,6 +115,7 @@ func (st *stream) caughtUp(ctx context.Context) (*index.Indexer, error) {
 		if err := a.sync(ctx); err != nil {
 			return nil, errorf(sock.CodeBusy, "%s: drain did not catch up with the ring: %v", st.key, err)
 		}
+		a.rankPorts.settle() // the ports the applied events asked for are open (rankPorts)
 		ix, _ = st.current()
 	}
 	return ix, nil

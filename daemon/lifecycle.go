@@ -81,6 +81,7 @@ func (s *Server) attach(cc *conn, req sock.AttachRequest) (sock.AttachReply, err
 		installed = true
 		if o.key.perRank {
 			s.rankPorts.ensure(o.key.rank) // per-rank attach: rank r's port (--rank-ports) opens before the reply
+			s.rankPorts.settle()           // (or the opener's, if an ALL stream's event asked for it first)
 		}
 		return rep, nil
 	}

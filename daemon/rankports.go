@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -18,18 +19,26 @@ import (
 const maxRankPorts = 256
 
 // rankPorts are the --rank-ports listeners: port base+r answers /kv_recover as /workers/{w}/dp/{r}/kv_recover for
-// the daemon's only worker. A listener opens the first time the daemon holds a stream covering rank r (a per-rank
-// ATTACH, before its reply; or the first event of rank r on an ALL stream, on its drain goroutine as it applies the
-// event, so a query answered after it finds the port open). A failure to bind is logged and counted
-// (kvshm_rank_port_errors_total), never fatal, and not retried. Safe for concurrent use.
+// the daemon's only worker. A listener opens the first time the daemon holds a stream covering rank r: a per-rank
+// ATTACH opens it before its reply (ensure); the first event of rank r on an ALL stream asks for it (request) and an
+// opener goroutine opens it, because the drain path must not reach back into the server's layer (a listen, an HTTP
+// server, a log line on a drain worker would stall every stream of that worker); a query waits for the ranks asked
+// before it (settle, in stream.caughtUp), so a query answered after the event still finds the port open. A failure
+// to bind is logged and counted (kvshm_rank_port_errors_total), never fatal, and not retried. Safe for concurrent
+// use.
 type rankPorts struct {
 	s    *Server
 	base int    // 0: off
 	host string // the --http host
 
-	mu     sync.Mutex // protects the fields below
-	ports  map[uint32]*rankPort
-	closed bool
+	mu      sync.Mutex // protects the fields below
+	ports   map[uint32]*rankPort
+	closed  bool
+	pending []uint32   // ranks requested and not yet opened (nor tried)
+	asked   uint64     // ranks ever requested
+	served  uint64     // of them, how many the opener has handled (in request order)
+	opening bool       // an opener goroutine runs
+	settled *sync.Cond // on mu: broadcast when served grows
 }
 
 // rankPort is one rank's listener (srv nil when it failed to open).
@@ -38,14 +47,66 @@ type rankPort struct {
 	srv  *http.Server
 }
 
-// ensure opens rank r's listener if rank ports are on and it was never tried.
-func (p *rankPorts) ensure(r uint32) {
+// request asks for rank r's listener without opening it (the drain path): the opener goroutine opens it. Cheap
+// when rank ports are off, or r is open, tried or asked already.
+func (p *rankPorts) request(r uint32) {
 	if p.base == 0 {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.closed || p.ports[r] != nil || slices.Contains(p.pending, r) {
+		return
+	}
+	p.pending = append(p.pending, r)
+	p.asked++
+	if !p.opening {
+		p.opening = true
+		go p.openPending()
+	}
+}
+
+// openPending is the opener goroutine: it opens the requested listeners and exits when none is left.
+func (p *rankPorts) openPending() {
+	p.mu.Lock()
+	for len(p.pending) > 0 {
+		r := p.pending[0]
+		p.pending = p.pending[1:]
+		p.mu.Unlock()
+		p.ensure(r)
+		p.mu.Lock()
+		p.served++
+		p.settled.Broadcast()
+	}
+	p.opening = false
+	p.mu.Unlock()
+}
+
+// settle waits until every rank requested before the call has been handled (opened, or failed and counted). An
+// open is a bind and a goroutine start, never a long wait, so there is no deadline.
+func (p *rankPorts) settle() {
+	if p == nil || p.base == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for target := p.asked; p.served < target; {
+		p.settled.Wait()
+	}
+}
+
+// listenTCP is net.Listen; a test replaces it to hold a listen open.
+var listenTCP = net.Listen
+
+// ensure opens rank r's listener if rank ports are on and it was never tried. The bind runs without p.mu held, so
+// request (the drain path) never waits for it.
+func (p *rankPorts) ensure(r uint32) {
+	if p.base == 0 {
+		return
+	}
+	p.mu.Lock()
 	if p.closed || p.ports[r] != nil {
+		p.mu.Unlock()
 		return
 	}
 	if len(p.ports) >= maxRankPorts {
@@ -54,21 +115,29 @@ func (p *rankPorts) ensure(r uint32) {
 			p.ports[r] = &rankPort{} // logged once: the map now holds limit+1 entries
 		}
 		p.s.m.rankPortErrors.Inc()
+		p.mu.Unlock()
 		return
 	}
 	port := uint64(p.base) + uint64(r)
 	rp := &rankPort{}
-	p.ports[r] = rp
+	p.ports[r] = rp // taken: a concurrent ensure(r) returns (its caller settles: see request)
+	p.mu.Unlock()
 	if port > 65535 {
 		p.s.m.rankPortErrors.Inc()
 		p.s.log.Warn("rank ports: no port for this dp_rank (base + rank > 65535)", "dp_rank", r, "base", p.base)
 		return
 	}
 	addr := net.JoinHostPort(p.host, strconv.FormatUint(port, 10))
-	ln, err := net.Listen("tcp", addr)
+	ln, err := listenTCP("tcp", addr)
 	if err != nil {
 		p.s.m.rankPortErrors.Inc()
 		p.s.log.Warn("rank ports: cannot listen; this rank is reachable only at its /workers URL", "dp_rank", r, "addr", addr, "err", err)
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		ln.Close()
 		return
 	}
 	rp.addr = ln.Addr().String()

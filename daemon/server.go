@@ -194,6 +194,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.snapLimit = zmqpub.NewSnapshotLimit(cfg.ZMQSnapshotBuilds)
 	s.rankPorts = rankPorts{s: s, ports: map[uint32]*rankPort{}}
+	s.rankPorts.settled = sync.NewCond(&s.rankPorts.mu)
 	s.sched = drain.New(cfg.Drain)
 	if cfg.RankPortsBase != 0 {
 		if cfg.RankPortsBase < 0 || cfg.RankPortsBase > 65535 || cfg.HTTPAddr == "" {

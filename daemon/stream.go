@@ -98,7 +98,7 @@ type attachment struct {
 	publishing   bool          // the stream had a publisher when this attachment was installed (constant: see pub)
 	cause        atomic.Int32  // endCause of finish; set once
 	ckpt         *ckptStore    // where checkpoints go (--state-dir)
-	rankPorts    *rankPorts    // --rank-ports: a rank's first event on an ALL stream opens its port
+	rankPorts    *rankPorts    // --rank-ports: a rank's first event on an ALL stream asks for its port
 	pidEvery     time.Duration // producer pid check period (backstop to the lease)
 	closedLogged bool          // owned by the drain goroutine: the CLOSED-while-leased warning was logged
 	// applied is the ring position up to which every record is applied, stored by the drain goroutine after each
@@ -692,7 +692,7 @@ func (a *attachment) applyView(v *fbs.EventView, c *batchCounts) {
 	}
 	if a.ranks.on && !a.ranks.has(v.DpRank) {
 		a.ranks.add(v.DpRank)
-		a.rankPorts.ensure(v.DpRank) // first event of this rank on an ALL stream
+		a.rankPorts.request(v.DpRank) // first event of this rank on an ALL stream: opened off the drain path
 	}
 	if err != nil && a.log.Enabled(context.Background(), slog.LevelDebug) {
 		// Tree errors (parent/block not found) are normal under eviction races and counted by the index.

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvshm/kvshm/index"
 	"github.com/kvshm/kvshm/proto/sock"
@@ -389,4 +390,44 @@ func TestServeFlagsProcess(t *testing.T) {
 	}
 	wantJSON(t, "127.0.0.1:"+strconv.Itoa(base+1), "/kv_recover?start=&end=", want)
 	wantJSON(t, d.http, "/workers/4/dp/1/kv_recover?start=&end=", want)
+}
+
+// TestRankPortRequestNeverListens: the drain path's request for a rank port returns without binding it (the bind
+// runs on the opener goroutine, even while it hangs), and settle waits until it is open.
+func TestRankPortRequestNeverListens(t *testing.T) {
+	base := freePorts(t, 6)
+	ts := httpServer(t, func(c *Config) { c.RankPortsBase = base })
+	release := make(chan struct{})
+	listening := make(chan struct{}, 1)
+	listenTCP = func(network, addr string) (net.Listener, error) {
+		listening <- struct{}{}
+		<-release
+		return net.Listen(network, addr)
+	}
+	t.Cleanup(func() { listenTCP = net.Listen })
+
+	returned := make(chan struct{})
+	go func() {
+		ts.rankPorts.request(5)
+		close(returned)
+	}()
+	<-listening // the opener is inside the bind
+	select {
+	case <-returned:
+	case <-time.After(20 * time.Second): // a liveness bound: request is a few stores
+		t.Fatal("request waited for the listen it asked for")
+	}
+	if a := ts.RankAddr(5); a != "" {
+		t.Fatalf("rank 5 port open while its bind is held: %s", a)
+	}
+	settled := make(chan struct{})
+	go func() {
+		ts.rankPorts.settle()
+		close(settled)
+	}()
+	close(release)
+	<-settled
+	if a, want := ts.RankAddr(5), "127.0.0.1:"+strconv.Itoa(base+5); a != want {
+		t.Fatalf("rank 5 port after settle = %q, want %s", a, want)
+	}
 }
