@@ -57,8 +57,9 @@ def _node_cpu(d: dict[str, Any], wake_floor_us: dict[float, float] | None = None
                  f"alone is {c['engine_cpu_us'] / a['engine_cpu_us']:.2f}× the reference.")
         floor = (wake_floor_us or {}).get(rate)
         if floor:
-            limit += (f" The floor of any consumer in a process of its own at this rate (BenchmarkWakeFloor, this run: a "
-                      f"Go process that only parks on the ring's doorbell and drains a Python RingWriter's records) is "
+            limit += (f" The floor of any consumer in a process of its own at this rate (BenchmarkWakeFloor, this "
+                      f"run: a Go process that only parks on the ring's doorbell and drains a Python RingWriter's "
+                      f"records) is "
                       f"{us(floor)} of CPU per wakeup; kvshmd's {us(c['daemon_cpu_us'])} per batch is "
                       f"{c['daemon_cpu_us'] / floor:.1f}× that floor, and engine + floor alone would be "
                       f"{(c['engine_cpu_us'] + floor) / a['engine_cpu_us']:.2f}× the reference.")
@@ -198,7 +199,8 @@ def node_goals(d: dict[str, Any], heap_per_block: float | None = None,
                wake_floor_us: dict[float, float] | None = None) -> list[Goal]:
     """Issue 17's goal rows, in the issue's order. wake_floor_us: BenchmarkWakeFloor's consumer CPU per wakeup by
     rate (batches/s), from the Go benchmarks of the same run."""
-    return [*_node_cpu(d, wake_floor_us), *_workers(d), *_latency(d), *_apply(d), *_memory(d, heap_per_block), *_queries(d)]
+    return [*_node_cpu(d, wake_floor_us), *_workers(d), *_latency(d), *_apply(d), *_memory(d, heap_per_block),
+            *_queries(d)]
 
 
 def node_section(d: dict[str, Any], heap_per_block: float | None = None,

@@ -52,8 +52,8 @@ and needs the doorbell only before its ring fills). That is the classic Dekker p
 load(parked) here against store(parked) then load(tail) in the consumer. x86-TSO may reorder a store with a later
 load (the store waits in the store buffer) and Python cannot issue a fence, so both sides can miss each other: the
 consumer sleeps although the record is published. The consumer therefore always parks with a timeout (kvshmd:
-10 ms for a stream it publishes, 1 s otherwise), which bounds that rare delay; no record is ever lost, only reached late. Where ``ctypes`` or ``syscall``
-is unavailable the writer never rings and the timeout is the only wakeup.
+10 ms for a stream it publishes, 1 s otherwise), which bounds that rare delay; no record is ever lost, only reached
+late. Where ``ctypes`` or ``syscall`` is unavailable the writer never rings and the timeout is the only wakeup.
 """
 
 from __future__ import annotations
