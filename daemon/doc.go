@@ -501,7 +501,9 @@
 //
 // # Private daemon exit (--parent-pid, --cleanup-dir)
 //
-// When the --parent-pid process is gone the daemon shuts down as on SIGTERM, except that every stream's
+// The parent is watched through a pidfd the Go netpoller waits on (pidwatch.go, waitExit): no wakeup until it
+// exits; where the kernel has no pidfd, /proc is polled every Config.ParentPoll. When the --parent-pid process is
+// gone the daemon shuts down as on SIGTERM, except that every stream's
 // incarnation ends (its Cleared is published and flushed before the sockets close). Then, with Config.CleanupDir
 // (--cleanup-dir), after everything is closed, the directory is removed recursively only if it is a directory (not
 // a symlink) owned by the daemon's uid with mode exactly 0700: the private directory the Python launcher made;

@@ -296,7 +296,15 @@ func (s *Server) Serve(ctx context.Context) error {
 func (s *Server) watchParent(ctx context.Context, cancel context.CancelFunc) {
 	st, _ := shm.ReadProcStat(s.cfg.ParentPID) // start time 0 when unreadable: processAlive then checks the pid only
 	start := st.StartTime
-	t := time.NewTicker(s.cfg.ParentPoll)
+	if exited, ok := waitExit(ctx, s.cfg.ParentPID, start); ok {
+		if exited {
+			s.log.Info("parent process is gone: shutting down", "parent_pid", s.cfg.ParentPID)
+			s.parentGone.Store(true)
+			cancel()
+		}
+		return
+	}
+	t := time.NewTicker(s.cfg.ParentPoll) // no pidfd: poll /proc
 	defer t.Stop()
 	for {
 		select {
