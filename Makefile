@@ -14,7 +14,7 @@ GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' -not -path './buil
 	vllm-plugin-test e2e e2e-run e2e-router \
 	conformance conformance-run conformance-cxx conformance-traces \
 	soak soak-short soakenv soakcheck \
-	cluster cluster-short cluster-prep cluster-tools
+	cluster cluster-short cluster-prep cluster-tools llmd-router llmd-test
 
 # --- tools -------------------------------------------------------------------------------------------------
 $(VENV)/.stamp: pybind/requirements-dev.txt
@@ -331,6 +331,10 @@ soak-short: soakenv soakcheck
 # build/cluster/results.json. CLUSTER_ARGS: more flags (--seed N, --faults partition,..., --publishers kvshm).
 # The engine-served /kv_recover figures (Dynamo's LocalKvIndexer in the engine) need the conformance wheel
 # (CONFWHEEL, built by make conformance); without it they are skipped and said so.
+# The routers are of two kinds, 2 of each (router 1 of each kind faulted): Dynamo's standalone indexer and llm-d's
+# consumer (cluster/llmd: llm-d-kv-cache's kvevents pool + in-memory index, its own Go module, built into
+# build/llmd-router; `make llmd-test` runs its tests under -race). When llmd-router does not build, the run goes on
+# with Dynamo's routers only and says so; CLUSTER_ARGS="--routers dynamo" leaves llm-d out.
 CLUSTERENV     ?= $(E2EENV)
 CLUSTERPY      := $(abspath $(CLUSTERENV))/bin/python
 CLUSTERSITE    := $(CURDIR)/build/cluster-site
@@ -340,8 +344,16 @@ KVSHMD         ?= $(CURDIR)/build/kvshmd
 CLUSTER_SCALE  ?= 8,32,64
 CLUSTER_BLOCKS ?= 100000
 CLUSTER_ARGS   ?=
+LLMD_ROUTER    := $(CURDIR)/build/llmd-router
+LLMD_SRC       := $(shell find cluster/llmd -name '*.go' -o -name go.mod -o -name go.sum)
 CLUSTER_RUN     = cd cluster && PYTHONPATH=$(CLUSTERSITE):$(CLUSTERREF):$(CURDIR)/cluster $(CLUSTERPY) -m kvshm_cluster \
-	--kvshmd $(abspath $(KVSHMD)) --router $(CARGO_TARGET_DIR)/release/standalone --out $(CURDIR)/build/cluster
+	--kvshmd $(abspath $(KVSHMD)) --router $(CARGO_TARGET_DIR)/release/standalone --out $(CURDIR)/build/cluster \
+	$(if $(wildcard $(LLMD_ROUTER)),--llmd $(LLMD_ROUTER))
+$(LLMD_ROUTER): $(LLMD_SRC)
+	cd cluster/llmd && $(GO) build -o $@ .
+llmd-router: $(LLMD_ROUTER)
+llmd-test:
+	cd cluster/llmd && $(GO) vet . && $(GO) test -race -count=1 .
 cluster-tools:
 	@if ! command -v iptables >/dev/null 2>&1 || ! command -v ss >/dev/null 2>&1; then \
 	  echo "make cluster: installing iptables and iproute2 with apt-get"; \
@@ -350,6 +362,8 @@ cluster-tools:
 	fi
 
 cluster-prep: build wheel e2e-router cluster-tools | $(CLUSTERENV)/.stamp
+	@$(MAKE) --no-print-directory llmd-router || { rm -f $(LLMD_ROUTER); \
+	  echo "make cluster: build/llmd-router did not build: the run has Dynamo's routers only"; }
 	rm -rf $(CLUSTERSITE)
 	$(CLUSTERPY) -m pip install -q --no-deps --target $(CLUSTERSITE) $(WHEEL_GLOB)
 	rm -rf $(CLUSTERREF)
