@@ -1,6 +1,7 @@
 """The cluster: nodes (a namespace each: a shared ``kvshmd serve`` for kvshm, producers per ``(worker, dp_rank)``)
 and routers (a namespace each: ``routers`` of each kind in ``kinds``, :mod:`.router`), built for one publisher
-(``kvshm`` or ``vllm``), and the judge. With an ``llmd`` router every producer publishes with llm-d's topic.
+(``kvshm`` or ``vllm``), and the judge. With an ``llmd`` router every producer publishes with llm-d's topic, and
+kvshm's in the layout llm-d decodes (wire ``array``).
 
 Worker ids are ``100 * node + w``; rank r of local worker w publishes on ports ``5600 + 20 w + r`` (PUB) and
 ``5610 + 20 w + r`` (replay), vLLM's rank offset. A router is judged by its ``/dump`` against every producer's
@@ -146,7 +147,9 @@ class Cluster:
         if self.cfg.publisher == "kvshm":
             argv += ["--socket", str(n.socket)]
         if "llmd" in self.cfg.kinds:
-            argv += ["--topic", llmd_topic(wid, r)]
+            # llm-d reads the pod from the topic and decodes only the array layout (kvshm's wire "array"; vLLM's
+            # own publisher has no such option: llm-d decodes none of its batches).
+            argv += ["--topic", llmd_topic(wid, r), "--wire", "array"]
         if self.cfg.ref_http:
             argv += ["--ref-http", f"{n.ip}:{REF_HTTP_PORT + 20 * w + r}"]
         p = Producer(n.index, wid, r, life, Proc(f"producer {wid}/{r}", argv, n.dir / f"producer-{wid}-{r}.log",

@@ -46,7 +46,7 @@ class Publisher:
             # Both publishers offset the ports by the rank themselves: hand them rank 0's endpoints.
             pub = kvshm.ZmqPublish(endpoint=_unoffset(a.pub, a.rank),
                                    replay_endpoint=_unoffset(a.replay, a.rank), buffer_steps=a.buffer_steps,
-                                   wire="0.32", topic=a.topic)
+                                   wire=a.wire, topic=a.topic)
             self.ix: Any = kvshm.LocalIndexer(a.worker, BLOCK_SIZE, socket_path=a.socket,
                                               dp_rank=a.rank, publish=pub, ring_bytes=a.ring_bytes)
         else:
@@ -156,6 +156,7 @@ def main() -> int:
     ap.add_argument("--pub", required=True, help="this rank's PUB endpoint (tcp://*:PORT, the rank's port)")
     ap.add_argument("--replay", required=True)
     ap.add_argument("--buffer-steps", type=int, default=10_000)
+    ap.add_argument("--wire", default="0.32", help="kvshm: ZmqPublish.wire (array: the layout llm-d decodes)")
     ap.add_argument("--topic", default="", help="the ZMQ topic of every batch (llm-d reads the pod from it)")
     ap.add_argument("--socket", default=None, help="kvshm: the node's kvshmd socket")
     ap.add_argument("--ring-bytes", type=int, default=4 << 20)
