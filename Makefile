@@ -326,7 +326,7 @@ soak-short: soakenv soakcheck
 # indexer as the routers over TCP, faults judged by every router's /dump against every producer's truth. Root only
 # (ip netns, veth, iptables: installed with apt-get when missing). Not in `make test`. `make cluster` prints the
 # fault x router x publisher table and the router-restart curve (CLUSTER_SCALE nodes x CLUSTER_BLOCKS blocks per
-# worker); `make cluster-short` the table of a small cluster (< 2 min). KVSHMD=path judges another kvshmd binary
+# worker); `make cluster-short` the table of a small cluster (< 3 min with both router kinds). KVSHMD=path judges another kvshmd binary
 # (the daemon the nodes run); the producers' Python side is the wheel of this checkout. Figures as JSON:
 # build/cluster/results.json. CLUSTER_ARGS: more flags (--seed N, --faults partition,..., --publishers kvshm).
 # The engine-served /kv_recover figures (Dynamo's LocalKvIndexer in the engine) need the conformance wheel

@@ -109,7 +109,7 @@ def main() -> int:
                     help="router kinds, comma-separated: dynamo, llmd (default: both when --llmd names a binary)")
     ap.add_argument("--render", type=Path, help="print the tables of a results.json and exit")
     ap.add_argument("--out", type=Path, default=Path("build/cluster"))
-    ap.add_argument("--short", action="store_true", help="the small fast form (< 2 min)")
+    ap.add_argument("--short", action="store_true", help="the small fast form (< 3 min)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--publishers", default="kvshm,vllm")
     ap.add_argument("--faults", default="", help="none, or a comma-separated subset of " +
