@@ -323,11 +323,11 @@ soak-short: soakenv soakcheck
 
 # --- the cluster (issue 18; CLUSTER.md): nodes in network namespaces, each a kvshmd serve and seeded producers
 # (kvshm's LocalIndexer + ZmqPublish, or vLLM's own ZmqEventPublisher side by side), Dynamo 1.6.1's standalone
-# indexer as the routers over TCP, faults judged by every router's /dump against every producer's truth. Root only
-# (ip netns, veth, iptables: installed with apt-get when missing). Not in `make test`. `make cluster` prints the
-# fault x router x publisher table and the router-restart curve (CLUSTER_SCALE nodes x CLUSTER_BLOCKS blocks per
-# worker); `make cluster-short` the table of a small cluster (< 3 min with both router kinds). KVSHMD=path judges another kvshmd binary
-# (the daemon the nodes run); the producers' Python side is the wheel of this checkout. Figures as JSON:
+# indexer and llm-d's consumer as the routers over TCP, faults judged by every router's /dump against every
+# producer's truth. Root only (ip netns, veth, iptables: installed with apt-get when missing). Not in `make test`.
+# `make cluster` prints the fault x router x publisher table and the router-restart curve (CLUSTER_SCALE nodes x
+# CLUSTER_BLOCKS blocks per worker); `make cluster-short` the table of a small cluster (< 3 min). KVSHMD=path
+# judges another kvshmd binary (the daemon the nodes run); the producers' Python side is the wheel of this checkout. Figures as JSON:
 # build/cluster/results.json. CLUSTER_ARGS: more flags (--seed N, --faults partition,..., --publishers kvshm).
 # The engine-served /kv_recover figures (Dynamo's LocalKvIndexer in the engine) need the conformance wheel
 # (CONFWHEEL, built by make conformance); without it they are skipped and said so.
