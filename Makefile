@@ -327,8 +327,8 @@ soak-short: soakenv soakcheck
 # producer's truth. Root only (ip netns, veth, iptables: installed with apt-get when missing). Not in `make test`.
 # `make cluster` prints the fault x router x publisher table and the router-restart curve (CLUSTER_SCALE nodes x
 # CLUSTER_BLOCKS blocks per worker); `make cluster-short` the table of a small cluster (< 3 min). KVSHMD=path
-# judges another kvshmd binary (the daemon the nodes run); the producers' Python side is the wheel of this checkout. Figures as JSON:
-# build/cluster/results.json. CLUSTER_ARGS: more flags (--seed N, --faults partition,..., --publishers kvshm).
+# judges another kvshmd binary (the daemon the nodes run); the producers' Python side is the wheel of this
+# checkout. Figures as JSON: build/cluster/results.json. CLUSTER_ARGS: more flags (--seed N, --faults partition,..., --publishers kvshm).
 # The engine-served /kv_recover figures (Dynamo's LocalKvIndexer in the engine) need the conformance wheel
 # (CONFWHEEL, built by make conformance); without it they are skipped and said so.
 # The routers are of two kinds, 2 of each (router 1 of each kind faulted): Dynamo's standalone indexer and llm-d's
