@@ -7,10 +7,10 @@ import json
 
 import pytest
 from kvshm_cluster.__main__ import table
-from kvshm_cluster.faults import LLMD_EXACT, FAULTS, Row, must_converge
+from kvshm_cluster.faults import FAULTS, LLMD_EXACT, Row, must_converge
 from kvshm_cluster.router import dump_state, llmd_topic
 
-# What cluster/llmd's /dump answers (its TestDumpShape asserts these bytes): per pod W-R one Stored of the engine
+# What cluster/llmd's /dump answers (the shape its TestDumpShape asserts): per pod W-R one Stored of the engine
 # hashes llm-d holds; a pod that is not W-R is worker -1.
 LLMD_DUMP = (
     '{"cluster:llmd":{"block_size":4,"events":['
