@@ -14,7 +14,7 @@ GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' -not -path './buil
 	vllm-plugin-test e2e e2e-run e2e-router \
 	conformance conformance-run conformance-cxx conformance-traces \
 	soak soak-short soakenv soakcheck \
-	cluster cluster-short cluster-prep cluster-tools
+	cluster cluster-short cluster-prep cluster-tools llmd-router llmd-test
 
 # --- tools -------------------------------------------------------------------------------------------------
 $(VENV)/.stamp: pybind/requirements-dev.txt
@@ -324,14 +324,18 @@ soak-short: soakenv soakcheck
 
 # --- the cluster (issue 18; CLUSTER.md): nodes in network namespaces, each a kvshmd serve and seeded producers
 # (kvshm's LocalIndexer + ZmqPublish, or vLLM's own ZmqEventPublisher side by side), Dynamo 1.6.1's standalone
-# indexer as the routers over TCP, faults judged by every router's /dump against every producer's truth. Root only
-# (ip netns, veth, iptables: installed with apt-get when missing). Not in `make test`. `make cluster` prints the
-# fault x router x publisher table and the router-restart curve (CLUSTER_SCALE nodes x CLUSTER_BLOCKS blocks per
-# worker); `make cluster-short` the table of a small cluster (< 2 min). KVSHMD=path judges another kvshmd binary
-# (the daemon the nodes run); the producers' Python side is the wheel of this checkout. Figures as JSON:
-# build/cluster/results.json. CLUSTER_ARGS: more flags (--seed N, --faults partition,..., --publishers kvshm).
+# indexer and llm-d's consumer as the routers over TCP, faults judged by every router's /dump against every
+# producer's truth. Root only (ip netns, veth, iptables: installed with apt-get when missing). Not in `make test`.
+# `make cluster` prints the fault x router x publisher table and the router-restart curve (CLUSTER_SCALE nodes x
+# CLUSTER_BLOCKS blocks per worker); `make cluster-short` the table of a small cluster (< 3 min). KVSHMD=path
+# judges another kvshmd binary (the daemon the nodes run); the producers' Python side is the wheel of this
+# checkout. Figures as JSON: build/cluster/results.json. CLUSTER_ARGS: more flags (--seed N, --faults partition,..., --publishers kvshm).
 # The engine-served /kv_recover figures (Dynamo's LocalKvIndexer in the engine) need the conformance wheel
 # (CONFWHEEL, built by make conformance); without it they are skipped and said so.
+# The routers are of two kinds, 2 of each (router 1 of each kind faulted): Dynamo's standalone indexer and llm-d's
+# consumer (cluster/llmd: llm-d-kv-cache's kvevents pool + in-memory index, its own Go module, built into
+# build/llmd-router; `make llmd-test` runs its tests under -race). When llmd-router does not build, the run goes on
+# with Dynamo's routers only and says so; CLUSTER_ARGS="--routers dynamo" leaves llm-d out.
 CLUSTERENV     ?= $(E2EENV)
 CLUSTERPY      := $(abspath $(CLUSTERENV))/bin/python
 CLUSTERSITE    := $(CURDIR)/build/cluster-site
@@ -341,8 +345,16 @@ KVSHMD         ?= $(CURDIR)/build/kvshmd
 CLUSTER_SCALE  ?= 8,32,64
 CLUSTER_BLOCKS ?= 100000
 CLUSTER_ARGS   ?=
+LLMD_ROUTER    := $(CURDIR)/build/llmd-router
+LLMD_SRC       := $(shell find cluster/llmd -name '*.go' -o -name go.mod -o -name go.sum)
 CLUSTER_RUN     = cd cluster && PYTHONPATH=$(CLUSTERSITE):$(CLUSTERREF):$(CURDIR)/cluster $(CLUSTERPY) -m kvshm_cluster \
-	--kvshmd $(abspath $(KVSHMD)) --router $(CARGO_TARGET_DIR)/release/standalone --out $(CURDIR)/build/cluster
+	--kvshmd $(abspath $(KVSHMD)) --router $(CARGO_TARGET_DIR)/release/standalone --out $(CURDIR)/build/cluster \
+	$(if $(wildcard $(LLMD_ROUTER)),--llmd $(LLMD_ROUTER))
+$(LLMD_ROUTER): $(LLMD_SRC)
+	cd cluster/llmd && $(GO) build -o $@ .
+llmd-router: $(LLMD_ROUTER)
+llmd-test:
+	cd cluster/llmd && $(GO) vet . && $(GO) test -race -count=1 .
 cluster-tools:
 	@if ! command -v iptables >/dev/null 2>&1 || ! command -v ss >/dev/null 2>&1; then \
 	  echo "make cluster: installing iptables and iproute2 with apt-get"; \
@@ -351,6 +363,8 @@ cluster-tools:
 	fi
 
 cluster-prep: build wheel e2e-router cluster-tools | $(CLUSTERENV)/.stamp
+	@$(MAKE) --no-print-directory llmd-router || { rm -f $(LLMD_ROUTER); \
+	  echo "make cluster: build/llmd-router did not build: the run has Dynamo's routers only"; }
 	rm -rf $(CLUSTERSITE)
 	$(CLUSTERPY) -m pip install -q --no-deps --target $(CLUSTERSITE) $(WHEEL_GLOB)
 	rm -rf $(CLUSTERREF)

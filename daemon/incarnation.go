@@ -58,10 +58,10 @@ func (st *stream) nextWire() uint64 {
 	return w
 }
 
-// clearedBatch encodes [now, [AllBlocksCleared], rank] into buf.
-func clearedBatch(buf []byte, rank uint32) []byte {
+// clearedBatch encodes [now, [AllBlocksCleared], rank] into buf, the event in layout w (the stream's).
+func clearedBatch(buf []byte, rank uint32, w vllmwire.Wire) []byte {
 	buf = vllmwire.AppendBatchHeader(buf[:0], batchTS(0), 1)
-	buf = vllmwire.AppendEvent(buf, &vllmwire.Event{Kind: vllmwire.KindCleared})
+	buf = w.AppendEvent(buf, &vllmwire.Event{Kind: vllmwire.KindCleared})
 	return vllmwire.AppendBatchTrailer(buf, int64(rank))
 }
 
@@ -74,7 +74,7 @@ func (st *stream) resetIncarnation(ix *index.Indexer) uint64 {
 	var id uint64
 	if pub := st.pub.Load(); pub != nil {
 		id = st.nextWire()
-		pub.PublishReset(id, clearedBatch(nil, st.rank.Load())) // never dropped for a full queue
+		pub.PublishReset(id, clearedBatch(nil, st.rank.Load(), vllmwire.Wire(st.pubWire.Load()))) // never dropped for a full queue
 	} else if is := ix.Stats(); is.SeenAny {
 		id = is.LastSeenID + 1
 	} else {

@@ -323,6 +323,7 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 		}
 		st = &stream{key: key, ix: ix, streamEpoch: 1, groups: map[groupKey]bool{}}
 		st.pub.Store(firstPub)
+		st.pubWire.Store(uint32(wireOf(req.Publish)))
 		st.armSnapshots(firstPub, req.Publish, s)
 		st.rank.Store(key.rank)
 		if p.outcome == attachRestore && firstPub != nil {

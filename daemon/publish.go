@@ -116,6 +116,7 @@ func (st *stream) setPublisher(req *sock.Publish, s *Server) error {
 		}
 		return nil
 	}
+	st.pubWire.Store(uint32(wireOf(req)))
 	cfg := s.cfg.Bounds.zmqConfig(req)
 	if old != nil && old.Config() == cfg {
 		return nil

@@ -46,6 +46,9 @@ type stream struct {
 	// pub is the stream's ZMQ publisher (nil: not publishing). Stored by ATTACH (s.mu held, no drain goroutine
 	// running), FORGET and shutdown; loaded by the drain goroutine once per record. Updated atomically.
 	pub atomic.Pointer[zmqpub.Publisher]
+	// pubWire is the vllmwire.Wire of the last ATTACH that asked to publish (the incarnation Cleared's layout, which
+	// resetIncarnation publishes after that attachment may be gone). Stored with pub by ATTACH.
+	pubWire atomic.Uint32
 	// groups are the KV-cache group kinds learned from the stream's events (indexReason). Owned by the current
 	// attachment's drain goroutine (attachments of a stream run one after the other).
 	groups map[groupKey]bool

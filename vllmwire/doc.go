@@ -11,6 +11,13 @@
 // event starts with a map16 header (0xde 0x00 n) from 0.33.0 and a fixmap (0x80|n) from 0.32.0; nothing else
 // changes. A Wire is a value of this package (ParseWire, Wire.AppendEvent); an unknown name is ErrUnknownWire.
 //
+// WireArray ("array") is no release's default: 0.32.0's event structs encoded as msgspec encodes them when declared
+// array_like, each event [tag, field...] with every field present (nil when unset). llm-d-kv-cache's vLLM adapter
+// (pinned at 7be76e119ca5 in CLUSTER.md) decodes only that positional form and refuses the maps of 0.32.0/0.33.0,
+// so a stream consumed by llm-d asks for it; Dynamo 1.6.1 parses it too (measured by the cluster). Batches keep
+// the same [ts, [events...], data_parallel_rank] array; the incarnation Cleareds kvshmd adds follow the stream's
+// layout.
+//
 // # Shape
 //
 // FORMAT.md has the byte layout. In short: a batch is the array [ts f64, [events...], data_parallel_rank];

@@ -95,8 +95,12 @@ func AppendEvent(dst []byte, e *Event) []byte { return Wire033.AppendEvent(dst, 
 
 // AppendEvent appends one event as msgspec encodes the release's tagged struct: a map whose first key is "type",
 // then the struct's fields in declaration order, the fields with a None default omitted when None
-// (omit_defaults). An unknown kind appends nothing.
+// (omit_defaults). WireArray appends the same fields as an array (appendArrayEvent). An unknown kind appends
+// nothing.
 func (w Wire) AppendEvent(dst []byte, e *Event) []byte {
+	if w == WireArray {
+		return appendArrayEvent(dst, e)
+	}
 	switch e.Kind {
 	case KindStored:
 		n := uint32(8) // type, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name
@@ -154,6 +158,64 @@ func (w Wire) AppendEvent(dst []byte, e *Event) []byte {
 		dst = appendKeyString(dst, tagKey, "AllBlocksCleared")
 	}
 	return dst
+}
+
+// Array lengths of WireArray's events: the tag and vLLM 0.32.0's fields (BlockStored 14, BlockRemoved 5).
+const (
+	arrayStoredLen  = 15
+	arrayRemovedLen = 6
+)
+
+// appendArrayEvent appends one event in the WireArray layout: [tag, fields...], 0.32.0's fields in declaration
+// order, nil for each one unset (locality, ownership and session_id, which kvshm does not carry, always nil).
+func appendArrayEvent(dst []byte, e *Event) []byte {
+	switch e.Kind {
+	case KindStored:
+		dst = msgp.AppendString(msgp.AppendArrayHeader(dst, arrayStoredLen), "BlockStored")
+		dst = appendHashes(dst, e.BlockHashes, e.HashBytes)
+		switch {
+		case e.HasParent && e.ParentBytes != nil:
+			dst = msgp.AppendBytes(dst, e.ParentBytes)
+		case e.HasParent:
+			dst = msgp.AppendUint64(dst, e.ParentHash)
+		default:
+			dst = msgp.AppendNil(dst)
+		}
+		dst = appendTokens(dst, e.TokenIDs, e.IsEagle)
+		dst = msgp.AppendUint64(dst, uint64(e.BlockSize))
+		if e.HasLoraID {
+			dst = appendInt(dst, e.LoraID)
+		} else {
+			dst = msgp.AppendNil(dst)
+		}
+		dst = appendOptString(dst, e.HasMedium, e.Medium)
+		dst = appendOptString(dst, e.HasLoraName, e.LoraName)
+		if e.ExtraKeys != nil {
+			dst = append(dst, e.ExtraKeys...)
+		} else {
+			dst = msgp.AppendNil(dst)
+		}
+		dst = appendOptUint(dst, e.HasGroupIdx, uint64(e.GroupIdx))
+		dst = appendOptString(dst, e.HasKVCacheSpecKind, e.KVCacheSpecKind)
+		dst = appendOptUint(dst, e.HasSlidingWindow, uint64(e.KVCacheSpecSlidingWindow))
+		dst = msgp.AppendNil(msgp.AppendNil(msgp.AppendNil(dst))) // locality, ownership, session_id
+	case KindRemoved:
+		dst = msgp.AppendString(msgp.AppendArrayHeader(dst, arrayRemovedLen), "BlockRemoved")
+		dst = appendHashes(dst, e.BlockHashes, e.HashBytes)
+		dst = appendOptString(dst, e.HasMedium, e.Medium)
+		dst = appendOptUint(dst, e.HasGroupIdx, uint64(e.GroupIdx))
+		dst = msgp.AppendNil(msgp.AppendNil(dst)) // locality, ownership
+	case KindCleared:
+		dst = msgp.AppendString(msgp.AppendArrayHeader(dst, 1), "AllBlocksCleared")
+	}
+	return dst
+}
+
+func appendOptUint(dst []byte, has bool, v uint64) []byte {
+	if !has {
+		return msgp.AppendNil(dst)
+	}
+	return msgp.AppendUint64(dst, v)
 }
 
 func b2u(b bool) uint32 {

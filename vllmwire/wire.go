@@ -13,12 +13,17 @@ type Wire uint8
 const (
 	Wire033 Wire = iota // vLLM 0.33.0: BlockStored has 15 fields + the tag, always a map16 header (the default)
 	Wire032             // vLLM 0.32.0: BlockStored has 14 fields + the tag (no lookahead_token_ids), a fixmap
+	// WireArray is vLLM 0.32.0's event structs encoded array_like: each event an array, the tag first, then every
+	// field in declaration order, nil where unset (msgspec omits no field of an array_like struct). It is the
+	// layout llm-d-kv-cache's vLLM adapter decodes (positional, fields 1-11 in 0.32.0's order; it refuses the map
+	// layouts: "decoding array length"), so a stream published for llm-d's consumer asks for it.
+	WireArray
 	numWires
 )
 
-var wireNames = [numWires]string{"0.33", "0.32"}
+var wireNames = [numWires]string{"0.33", "0.32", "array"}
 
-// ParseWire returns the layout of a release name: "0.33" or "" (the default), "0.32". Anything else is an error
+// ParseWire returns the layout of a name: "0.33" or "" (the default), "0.32", "array". Anything else is an error
 // wrapping ErrUnknownWire.
 func ParseWire(s string) (Wire, error) {
 	if s == "" {
@@ -29,10 +34,10 @@ func ParseWire(s string) (Wire, error) {
 			return Wire(w), nil
 		}
 	}
-	return Wire033, fmt.Errorf("%w %q (known: %q, %q)", ErrUnknownWire, s, wireNames[Wire033], wireNames[Wire032])
+	return Wire033, fmt.Errorf("%w %q (known: %q)", ErrUnknownWire, s, wireNames[:])
 }
 
-// String returns the release name ("0.33", "0.32"), or "Wire(n)" for a value that is none.
+// String returns the layout's name ("0.33", "0.32", "array"), or "Wire(n)" for a value that is none.
 func (w Wire) String() string {
 	if w < numWires {
 		return wireNames[w]

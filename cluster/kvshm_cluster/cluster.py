@@ -1,5 +1,7 @@
 """The cluster: nodes (a namespace each: a shared ``kvshmd serve`` for kvshm, producers per ``(worker, dp_rank)``)
-and routers (a namespace each), built for one publisher (``kvshm`` or ``vllm``), and the judge.
+and routers (a namespace each: ``routers`` of each kind in ``kinds``, :mod:`.router`), built for one publisher
+(``kvshm`` or ``vllm``), and the judge. With an ``llmd`` router every producer publishes with llm-d's topic, and
+kvshm's in the layout llm-d decodes (wire ``array``).
 
 Worker ids are ``100 * node + w``; rank r of local worker w publishes on ports ``5600 + 20 w + r`` (PUB) and
 ``5610 + 20 w + r`` (replay), vLLM's rank offset. A router is judged by its ``/dump`` against every producer's
@@ -19,7 +21,7 @@ from typing import Any
 from .gen import BLOCK_SIZE
 from .net import Net
 from .procs import Proc, cpu_seconds, http_get, wait_until
-from .router import Key, Router
+from .router import Key, Router, llmd_topic
 
 PUB_BASE = 5600
 ROUTER_PORT = 8100
@@ -33,7 +35,7 @@ class Config:
     nodes: int
     workers: int  # per node
     ranks: int  # per worker
-    routers: int
+    routers: int  # of each kind
     buffer_steps: int
     hz: float  # engine steps per second per producer under load
     capacity: int  # blocks per producer in steady load
@@ -43,6 +45,8 @@ class Config:
     out: Path
     converge_s: float = 20.0
     ref_http: bool = False  # producers also serve the engine-side /kv_recover (REF_HTTP_PORT)
+    kinds: tuple[str, ...] = ("dynamo",)  # router kinds (router.KINDS)
+    llmd_bin: Path | None = None  # build/llmd-router, for kind "llmd"
 
 
 @dataclass
@@ -64,6 +68,7 @@ class Verdict:
     converged: bool
     seconds: float | None
     note: str = ""
+    kind: str = "dynamo"
 
 
 @dataclass
@@ -88,8 +93,15 @@ class Cluster:
         self.rng = random.Random(cfg.seed)
         self.nodes = [Node(i, net.node_ns(i), net.node_ip(i), cfg.out / f"node{i}")
                       for i in range(1, cfg.nodes + 1)]
-        self.routers = [Router(j, cfg.router_bin, net.exec(net.router_ns(j)), net.router_ip(j), ROUTER_PORT,
-                               cfg.out / f"router{j}.log") for j in range(1, cfg.routers + 1)]
+        self.routers: list[Router] = []
+        for kind in cfg.kinds:
+            binary = cfg.llmd_bin if kind == "llmd" else cfg.router_bin
+            if binary is None:
+                raise ValueError(f"no binary for router kind {kind}")
+            for i in range(1, cfg.routers + 1):
+                j = len(self.routers) + 1
+                self.routers.append(Router(i, binary, net.exec(net.router_ns(j)), net.router_ip(j), ROUTER_PORT,
+                                           cfg.out / f"router-{kind}{i}.log", kind=kind, ns_index=j))
         self.truth: dict[Key, frozenset[int]] = {}
 
     # --- processes -----------------------------------------------------------------------------------------
@@ -134,6 +146,10 @@ class Cluster:
                 str(self.cfg.buffer_steps), "--capacity", str(self.cfg.capacity), "--max-seconds", "3600"]
         if self.cfg.publisher == "kvshm":
             argv += ["--socket", str(n.socket)]
+        if "llmd" in self.cfg.kinds:
+            # llm-d reads the pod from the topic and decodes only the array layout (kvshm's wire "array"; vLLM's
+            # own publisher has no such option: llm-d decodes none of its batches).
+            argv += ["--topic", llmd_topic(wid, r), "--wire", "array"]
         if self.cfg.ref_http:
             argv += ["--ref-http", f"{n.ip}:{REF_HTTP_PORT + 20 * w + r}"]
         p = Producer(n.index, wid, r, life, Proc(f"producer {wid}/{r}", argv, n.dir / f"producer-{wid}-{r}.log",
@@ -150,6 +166,10 @@ class Cluster:
                 w = wid - 100 * n.index
                 pub, replay = self.ports(w, r)
                 rt.register(wid, r, f"tcp://{n.ip}:{pub}", f"tcp://{n.ip}:{replay}", BLOCK_SIZE)
+
+    def faulted(self) -> list[Router]:
+        """Router 1 of each kind: the ones the faults hit (the others are judged beside them)."""
+        return [rt for rt in self.routers if rt.index == 1]
 
     def producers(self) -> list[Producer]:
         return [p for n in self.nodes for p in n.producers.values()]
@@ -186,25 +206,25 @@ class Cluster:
         a router's time is when its first matching dump was asked for."""
         left = list(routers or self.routers)
         done: dict[int, Verdict] = {}
-        last: dict[int, tuple[int, int, str]] = {rt.index: (-1, -1, "") for rt in left}
+        last: dict[int, tuple[int, int, str]] = {rt.ns_index: (-1, -1, "") for rt in left}
         while left:
             for rt in list(left):
                 asked = time.monotonic()
                 state, _, _ = rt.state()
                 if state is None:
-                    last[rt.index] = (-1, -1, "/dump failed")
+                    last[rt.ns_index] = (-1, -1, "/dump failed")
                     continue
                 extra = sum(len(state.get(k, set()) - t) for k, t in self.truth.items())
                 extra += sum(len(v) for k, v in state.items() if k not in self.truth)
                 missing = sum(len(t - state.get(k, set())) for k, t in self.truth.items())
-                last[rt.index] = (extra, missing, "")
+                last[rt.ns_index] = (extra, missing, "")
                 if extra == 0 and missing == 0:
-                    done[rt.index] = Verdict(rt.index, 0, 0, True, max(0.0, asked - since))
+                    done[rt.ns_index] = Verdict(rt.index, 0, 0, True, max(0.0, asked - since), kind=rt.kind)
                     left.remove(rt)
             if left and time.monotonic() - since >= self.cfg.converge_s:
                 for rt in left:
-                    e, m, note = last[rt.index]
-                    done[rt.index] = Verdict(rt.index, e, m, False, None, note)
+                    e, m, note = last[rt.ns_index]
+                    done[rt.ns_index] = Verdict(rt.index, e, m, False, None, note, rt.kind)
                 break
             if left:
                 time.sleep(0.2)
@@ -222,4 +242,5 @@ class Cluster:
     def describe(self) -> dict[str, Any]:
         c = self.cfg
         return {"publisher": c.publisher, "nodes": c.nodes, "workers": c.workers, "ranks": c.ranks,
-                "routers": c.routers, "buffer_steps": c.buffer_steps, "hz": c.hz, "seed": c.seed}
+                "routers": c.routers, "kinds": list(c.kinds), "buffer_steps": c.buffer_steps, "hz": c.hz,
+                "seed": c.seed}

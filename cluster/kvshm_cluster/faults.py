@@ -1,7 +1,16 @@
 """The faults, each injected into a cluster under load, healed, and judged on every router.
 
 Each fault returns its rows; the load runs again afterwards. Durations are in engine steps, so that a partition,
-a router down, a stall outlast the replay window (``buffer_steps`` batches) whatever the rate.
+a router down, a stall outlast the replay window (``buffer_steps`` batches) whatever the rate. A fault on "router 1"
+hits router 1 of each kind at once (:meth:`.Cluster.faulted`).
+
+What ``--strict`` requires of kvshm (:func:`must_converge`): every row for Dynamo's router (replay, and snapshots
+past the window, make each exact); for llm-d only :data:`LLMD_EXACT`. llm-d's consumer has no replay, no snapshot
+and no gap detection (cluster/llmd/doc.go): whatever is published while it is cut off or down (a partition, its own
+restart early or late, the seconds its subscriber takes to redial a restarted kvshmd) is lost to it, whatever the
+publisher does, until a Cleared or the blocks' eviction. kvshm can make exact what reaches it: steady load, a stall
+(TCP and the PUB queue hold it), and an engine restart (kvshmd's Cleared at the end and the start of an
+incarnation drop the dead engine's blocks, which vLLM's publisher never says).
 """
 
 from __future__ import annotations
@@ -25,15 +34,16 @@ class Row:
     seconds: float | None
     truth_blocks: int
     note: str = ""
+    kind: str = "dynamo"
 
 
 def _judge(c: Cluster, fault: str, healed: float, note: str = "") -> list[Row]:
     c.idle()
     rows = [Row(fault, c.cfg.publisher, v.router, v.extra, v.missing, v.converged, v.seconds, c.truth_blocks(),
-                (note + " " + v.note).strip()) for v in c.judge(healed)]
+                (note + " " + v.note).strip(), v.kind) for v in c.judge(healed)]
     for r in rows:
         secs = f"{r.seconds:.1f} s" if r.seconds is not None else "no"
-        print(f"  {fault:<24} {c.cfg.publisher:<6} router {r.router}: extra {r.extra}, missing {r.missing}, "
+        print(f"  {fault:<24} {c.cfg.publisher:<6} {r.kind} {r.router}: extra {r.extra}, missing {r.missing}, "
               f"converged {secs} (truth {r.truth_blocks}) {r.note}", flush=True)
     c.rebase()
     c.run()
@@ -53,36 +63,41 @@ def steady(c: Cluster) -> list[Row]:
 
 def router_restart_early(c: Cluster) -> list[Row]:
     """Router 1 SIGKILLed and restarted while every stream still fits in the replay window (right after start)."""
-    rt = c.routers[0]
-    rt.kill()
+    for rt in c.faulted():
+        rt.kill()
     time.sleep(c.rng.uniform(0.1, 0.5))
-    c.start_router(rt)
+    for rt in c.faulted():
+        c.start_router(rt)
     return _judge(c, "router restart (in window)", time.monotonic())
 
 
 def partition(c: Cluster) -> list[Row]:
     """Node 1 and router 1 cut apart (TCP reset both ways) for 1.5 replay windows."""
-    c.net.partition(1, 1)
+    for rt in c.faulted():
+        c.net.partition(1, rt.ns_index)
     time.sleep(window_s(c))
-    c.net.heal(1, 1)
+    for rt in c.faulted():
+        c.net.heal(1, rt.ns_index)
     return _judge(c, "partition > window", time.monotonic())
 
 
 def router_restart_late(c: Cluster) -> list[Row]:
     """Router 1 down for a random time past the replay window."""
-    rt = c.routers[0]
-    rt.kill()
+    for rt in c.faulted():
+        rt.kill()
     time.sleep(window_s(c, c.rng.uniform(1.2, 2.0)))
-    c.start_router(rt)
+    for rt in c.faulted():
+        c.start_router(rt)
     return _judge(c, "router restart (late)", time.monotonic())
 
 
 def slow_router(c: Cluster) -> list[Row]:
     """Router 1 SIGSTOPped for 1.5 replay windows, then SIGCONT."""
-    rt = c.routers[0]
-    rt.signal(signal.SIGSTOP)
+    for rt in c.faulted():
+        rt.signal(signal.SIGSTOP)
     time.sleep(window_s(c))
-    rt.signal(signal.SIGCONT)
+    for rt in c.faulted():
+        rt.signal(signal.SIGCONT)
     return _judge(c, "slow router (SIGSTOP)", time.monotonic())
 
 
@@ -90,7 +105,7 @@ def kvshmd_restart(c: Cluster) -> list[Row]:
     """Node 1's kvshmd SIGKILLed and restarted 1 s later; its engines keep publishing into their rings."""
     n = c.nodes[0]
     if n.kvshmd is None:
-        return [Row("kvshmd SIGKILL+restart", c.cfg.publisher, rt.index, 0, 0, True, None, 0, "n/a")
+        return [Row("kvshmd SIGKILL+restart", c.cfg.publisher, rt.index, 0, 0, True, None, 0, "n/a", rt.kind)
                 for rt in c.routers]
     n.kvshmd.kill()
     time.sleep(1.0)
@@ -120,6 +135,17 @@ FAULTS: list[tuple[str, Callable[[Cluster], list[Row]]]] = [
     ("kvshmd-restart", kvshmd_restart),
     ("engine-restart", engine_restart),
 ]
+
+
+# The faults after which kvshm can give llm-d's consumer the exact state (the module doc says why only these).
+LLMD_EXACT: frozenset[str] = frozenset({"steady", "slow router (SIGSTOP)", "engine SIGKILL+restart"})
+
+
+def must_converge(r: Row) -> bool:
+    """Whether ``--strict`` requires this row to converge: a kvshm row that kvshm can make exact for its router."""
+    if r.publisher != "kvshm" or r.note == "n/a":
+        return False
+    return r.kind != "llmd" or r.fault in LLMD_EXACT
 
 
 def verdicts_ok(vs: list[Verdict]) -> bool:

@@ -46,7 +46,7 @@ class Publisher:
             # Both publishers offset the ports by the rank themselves: hand them rank 0's endpoints.
             pub = kvshm.ZmqPublish(endpoint=_unoffset(a.pub, a.rank),
                                    replay_endpoint=_unoffset(a.replay, a.rank), buffer_steps=a.buffer_steps,
-                                   wire="0.32")
+                                   wire=a.wire, topic=a.topic)
             self.ix: Any = kvshm.LocalIndexer(a.worker, BLOCK_SIZE, socket_path=a.socket,
                                               dp_rank=a.rank, publish=pub, ring_bytes=a.ring_bytes)
         else:
@@ -54,7 +54,7 @@ class Publisher:
 
             self.vm: Any = vllmpub.load(a.vllm_site)
             self.vp: Any = self.vm.ZmqEventPublisher(a.rank, _unoffset(a.pub, a.rank), _unoffset(a.replay, a.rank),
-                                                     buffer_steps=a.buffer_steps)
+                                                     buffer_steps=a.buffer_steps, topic=a.topic)
 
         # The engine-served /kv_recover of vLLM's deepinfra fork: Dynamo's LocalKvIndexer in the engine process
         # (the conformance crate's module), fed the same events, served over HTTP (bench/_child.py's serve_ref).
@@ -156,6 +156,8 @@ def main() -> int:
     ap.add_argument("--pub", required=True, help="this rank's PUB endpoint (tcp://*:PORT, the rank's port)")
     ap.add_argument("--replay", required=True)
     ap.add_argument("--buffer-steps", type=int, default=10_000)
+    ap.add_argument("--wire", default="0.32", help="kvshm: ZmqPublish.wire (array: the layout llm-d decodes)")
+    ap.add_argument("--topic", default="", help="the ZMQ topic of every batch (llm-d reads the pod from it)")
     ap.add_argument("--socket", default=None, help="kvshm: the node's kvshmd socket")
     ap.add_argument("--ring-bytes", type=int, default=4 << 20)
     ap.add_argument("--capacity", type=int, default=2000)

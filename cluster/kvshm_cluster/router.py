@@ -1,6 +1,12 @@
-"""Dynamo 1.6.1's standalone indexer as a router of the cluster: started in its own namespace, workers registered
-over HTTP (``POST /register`` with ``endpoint`` and ``replay_endpoint``, one per ``(worker, dp_rank)``), its state
-read from ``GET /dump`` (the router's tree as Dynamo's events, each with ``worker_id`` and ``dp_rank``)."""
+"""The cluster's routers, each started in its own namespace, workers registered over HTTP (``POST /register`` with
+``endpoint`` and ``replay_endpoint``, one per ``(worker, dp_rank)``), its state read from ``GET /dump`` (Dynamo's
+events, each with ``worker_id`` and ``dp_rank``). Two kinds speak these routes:
+
+* ``dynamo``: Dynamo 1.6.1's standalone indexer (the conformance crate's ``standalone``): its tree as events;
+* ``llmd``: llm-d-kv-cache's kvevents pool and in-memory index (``cluster/llmd``, build/llmd-router): per pod
+  ``W-R`` one Stored of the engine hashes whose request keys llm-d's index holds (cluster/llmd/doc.go). It reads the
+  pod from the batch's ZMQ topic, so its producers publish with :func:`llmd_topic`; it ignores the replay endpoint.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +20,12 @@ from .procs import Proc, http_get, http_post, wait_until
 
 MODEL = "cluster"
 Key = tuple[int, int]  # (worker_id, dp_rank)
+KINDS = ("dynamo", "llmd")
+
+
+def llmd_topic(worker: int, rank: int) -> str:
+    """The ZMQ topic llm-d's vLLM adapter reads the pod identity from (``kv@<pod>@<model>``): pod ``W-R``."""
+    return f"kv@{worker}-{rank}@{MODEL}"
 
 
 def dump_state(doc: Any) -> dict[Key, set[int]]:
@@ -36,8 +48,14 @@ def dump_state(doc: Any) -> dict[Key, set[int]]:
 
 
 class Router:
-    def __init__(self, index: int, binary: Path, argv_prefix: list[str], ip: str, port: int, log: Path) -> None:
+    """One router process; ``index`` counts within its ``kind`` (router 1 of each kind is the one faulted),
+    ``ns_index`` is its namespace's."""
+
+    def __init__(self, index: int, binary: Path, argv_prefix: list[str], ip: str, port: int, log: Path,
+                 kind: str = "dynamo", ns_index: int | None = None) -> None:
         self.index = index
+        self.kind = kind
+        self.ns_index = index if ns_index is None else ns_index
         self.binary = binary
         self.prefix = argv_prefix
         self.url = f"http://{ip}:{port}"
@@ -47,10 +65,11 @@ class Router:
         self.starts = 0
 
     def start(self) -> None:
-        self.proc = Proc(f"router {self.index}", [*self.prefix, str(self.binary), "--port", str(self.port)],
+        self.proc = Proc(f"{self.kind} router {self.index}", [*self.prefix, str(self.binary), "--port", str(self.port)],
                          self.log)
         self.starts += 1
-        wait_until(f"router {self.index} /health", lambda: http_get(self.url + "/health", 1.0)[0] == 200, 30.0)
+        wait_until(f"{self.kind} router {self.index} /health",
+                   lambda: http_get(self.url + "/health", 1.0)[0] == 200, 30.0)
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -66,7 +85,7 @@ class Router:
                 "block_size": block_size, "dp_rank": rank}
         status, text = http_post(self.url + "/register", json.dumps(body).encode())
         if status // 100 != 2:
-            raise RuntimeError(f"router {self.index} /register: {status} {text[:300]!r}")
+            raise RuntimeError(f"{self.kind} router {self.index} /register: {status} {text[:300]!r}")
 
     def state(self, timeout: float = 30.0) -> tuple[dict[Key, set[int]] | None, int, float]:
         """(state or None when /dump fails, body bytes, seconds the dump took)."""

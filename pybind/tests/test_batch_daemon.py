@@ -117,6 +117,29 @@ def test_publish_wire_per_vllm_release(make_indexer: Any, short_dir: Path) -> No
         ZmqPublish(wire=0.32)  # type: ignore[arg-type]
 
 
+def test_publish_wire_array(make_indexer: Any, short_dir: Path) -> None:
+    """ZmqPublish(wire="array"): each event is a positional array, the tag then vLLM 0.32.0's fields in order with
+    None where unset (the layout llm-d-kv-cache decodes; vllmwire's TestWireArrayIsMsgspecArrayLike has the bytes)."""
+    endpoint = f"ipc://{short_dir}/pub.sock"
+    ix = make_indexer(publish=ZmqPublish(endpoint=endpoint, topic="kv", wire="array"))
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sub = sub_socket(ctx, endpoint)
+    try:
+        wire, seq = join(ix, sub)
+        ix.apply_batch(seq, [ke.BlockStored([11, 12], 10, list(range(8)), 4, None, "GPU", None),
+                             ke.BlockRemoved([5], "GPU"), ke.AllBlocksCleared()], ts=2.5)
+        _, _, payload = recv_batch(sub, wire)
+        ts, events, dp = decode(payload)
+        assert (ts, dp) == (2.5, 0)
+        assert events == [["BlockStored", [11, 12], 10, list(range(8)), 4, None, "GPU", None, None, None, None, None,
+                           None, None, None],
+                          ["BlockRemoved", [5], "GPU", None, None, None], ["AllBlocksCleared"]]
+    finally:
+        sub.close(0)
+        ctx.term()
+    assert ZmqPublish(wire="array").for_rank(1).wire == "array"
+
+
 def test_bytes_block_hashes(make_indexer: Any, short_dir: Path) -> None:
     """vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0 sends bytes hashes (sha256 digests): published as msgpack bin,
     as vLLM's msgspec does, and indexed under their last 8 bytes, big-endian (vLLM's own int form of the same
