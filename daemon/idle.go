@@ -47,5 +47,7 @@ const lazyLevelMax = 64 << 10
 // lazyLevel is the doorbell level of a lazy stream whose ring holds capacity bytes.
 func lazyLevel(capacity uint64) uint32 { return uint32(min(capacity/4, lazyLevelMax)) }
 
-// lazy reports whether the attachment is drained lazily (see lazyLevelMax).
-func (a *attachment) lazy() bool { return !a.publishing && !a.ranks.on }
+// lazy reports whether the attachment is drained lazily (see lazyLevelMax; never with Config.EagerDrain).
+func (a *attachment) lazy() bool {
+	return !a.publishing && !a.ranks.on && (a.srv == nil || !a.srv.cfg.EagerDrain)
+}

@@ -44,6 +44,7 @@ func TestLazyStreams(t *testing.T) {
 		{"not published", &attachment{}, true},
 		{"published", &attachment{publishing: true}, false},
 		{"rank ports", &attachment{ranks: rankSet{on: true}}, false},
+		{"Config.EagerDrain", &attachment{srv: &Server{cfg: Config{EagerDrain: true}}}, false},
 	} {
 		if got := tc.a.lazy(); got != tc.want {
 			t.Errorf("%s: lazy = %v, want %v", tc.name, got, tc.want)

@@ -41,7 +41,11 @@ type Config struct {
 	WriteTimeout      time.Duration // a reply must be written within this
 	QueryTimeout      time.Duration // bound on one query (including waiting for the single-flight dump)
 	PIDCheckInterval  time.Duration // producer pid backstop period
-	ParentPoll        time.Duration // --parent-pid poll period
+	ParentPoll        time.Duration // --parent-pid poll period where the kernel has no pidfd
+	// EagerDrain: every stream asks its producer for a doorbell at every publication, none is drained lazily
+	// (idle.go, lazyLevelMax). For benchmarks of the doorbell path and for reading a stream's metrics at
+	// sub-second resolution without queries; it costs a wakeup per record burst on streams nobody subscribes to.
+	EagerDrain bool
 	// CleanupDir, when set, is removed recursively when Serve returns, only if it is a directory owned by the
 	// daemon's uid with mode 0700 (the private directory the Python launcher made); anything else is refused and
 	// logged (--cleanup-dir).

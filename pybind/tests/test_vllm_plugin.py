@@ -309,6 +309,22 @@ def test_wire_passed_when_zmqpublish_has_it(env: None, monkeypatch: pytest.Monke
     assert plugin.vllm_wire(plugin.vllm_version()) == "0.32"
 
 
+def test_env_wire_wins(env: None, monkeypatch: pytest.MonkeyPatch, short_dir: Path) -> None:
+    """KVSHM_WIRE picks the layout whatever vLLM is installed (llm-d decodes only "array"); an unknown one stops
+    the engine at construction with its message."""
+    monkeypatch.setenv("KVSHM_KV_BLOCK_SIZE", "4")
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(__version__="0.33.0"))
+    monkeypatch.setenv("KVSHM_WIRE", "array")
+    pub = KvshmEventPublisher(endpoint=f"ipc://{short_dir}/pub.sock")
+    try:
+        assert pub.wire == "array" and pub._publish.wire == "array"  # noqa: SLF001 - what the daemon was given
+    finally:
+        pub.shutdown()
+    monkeypatch.setenv("KVSHM_WIRE", "0.1")
+    with pytest.raises(ValueError, match="wire '0.1'"):
+        KvshmEventPublisher(endpoint=f"ipc://{short_dir}/pub2.sock")
+
+
 def test_env_validation(env: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVSHM_WORKER_ID", "x")
     with pytest.raises(ValueError, match="KVSHM_WORKER_ID"):

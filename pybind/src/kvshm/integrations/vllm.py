@@ -23,8 +23,10 @@ publisher does):
   ``self.vllm_config``; vLLM passes its publisher only the ``KVEventsConfig`` fields). Neither: ``ValueError``
   naming ``KVSHM_KV_BLOCK_SIZE``. An event's own ``block_size`` is never guessed from (a first event from another
   KV cache group, sliding window or mamba, would give the wrong one);
-- the wire format: vLLM's installed version (``"0.32"`` below 0.33, whose ``BlockStored`` has one field less, else
-  ``"0.33"``) passed as ``ZmqPublish(wire=...)`` when this kvshm's ZmqPublish has that field;
+- the wire format: ``KVSHM_WIRE`` if set (``"array"``: vLLM 0.32.0's events as positional arrays, the only layout
+  llm-d-kv-cache's consumer decodes), else vLLM's installed version (``"0.32"`` below 0.33, whose ``BlockStored``
+  has one field less, else ``"0.33"``), passed as ``ZmqPublish(wire=...)`` when this kvshm's ZmqPublish has that
+  field (an unknown value is refused there: ``ValueError`` at construction);
 - the ``LocalIndexer``: built (its ring made, the private kvshmd started or the shared one attached, and the
   daemon's PUB and replay sockets bound) before ``__init__`` returns, so a taken port or an unusable daemon is
   raised there and a subscriber that connects once the engine is up gets seq 0 of the stream live.
@@ -32,7 +34,7 @@ publisher does):
 Configuration: the ``KVEventsConfig`` fields as for ``"zmq"`` (``endpoint``, ``replay_endpoint``, ``topic``,
 ``hwm``, ``buffer_steps``; the dp rank's port offset as vLLM applies it; ``max_queue_size`` is ignored: nothing is
 queued). The environment gives what vLLM does not pass to a publisher: ``KVSHM_WORKER_ID`` (the worker id of the
-recovery answers, default 0), ``KVSHM_KV_BLOCK_SIZE`` (above), and every ``LocalIndexer`` variable
+recovery answers, default 0), ``KVSHM_KV_BLOCK_SIZE`` and ``KVSHM_WIRE`` (above), and every ``LocalIndexer`` variable
 (``KVSHM_SOCKET`` for a shared kvshmd, ``KVSHM_RING_BYTES``, ...). Engine seqs follow vLLM's rule: a counter from 0
 per publisher, one per non-empty batch (an empty batch is ignored and takes no seq); a batch dropped below keeps its
 seq (a gap in the engine's numbering).
@@ -64,6 +66,7 @@ log = logging.getLogger("kvshm.vllm")
 
 WORKER_ID_ENV: Final = "KVSHM_WORKER_ID"
 KV_BLOCK_SIZE_ENV: Final = "KVSHM_KV_BLOCK_SIZE"
+WIRE_ENV: Final = "KVSHM_WIRE"  # the wire layout instead of the installed vLLM's (e.g. "array" for llm-d)
 PUBLISHER_NAME: Final = "kvshm"
 _LOG_INTERVAL: Final = 10.0  # seconds between two logged publish errors (the others are counted)
 _FRAME_DEPTH: Final = 8  # frames above __init__ searched for the scheduler's VllmConfig
@@ -195,7 +198,8 @@ class KvshmEventPublisher:
                 f"kvshm: cannot tell vLLM's KV block size (no VllmConfig reached the publisher: not an argument, "
                 f"not vLLM's current config, not in its caller's frame); set {KV_BLOCK_SIZE_ENV}")
         self.kv_block_size = block_size
-        self.wire = vllm_wire(vllm_version()) if cfg is not None or "vllm" in sys.modules else None
+        self.wire = os.environ.get(WIRE_ENV) or (
+            vllm_wire(vllm_version()) if cfg is not None or "vllm" in sys.modules else None)
         self._publish = _zmq_publish(self.wire, endpoint=endpoint, replay_endpoint=replay_endpoint, topic=topic,
                                      hwm=hwm, buffer_steps=buffer_steps)
         self._config = {
