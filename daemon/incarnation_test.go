@@ -266,46 +266,60 @@ func TestHeartbeat(t *testing.T) {
 }
 
 // TestPrivateDaemonExit: when --parent-pid is gone, the daemon drains, publishes the end of every incarnation (a
-// subscriber gets it: the sockets are flushed before they close) and removes --cleanup-dir.
+// subscriber gets it: the sockets are flushed before they close) and removes --cleanup-dir. Also when the
+// producer's connection broke first while its pid lived (a dying engine closes its descriptors before it is gone:
+// its stream is detached and its pid watched, a watch the daemon's exit ends): make e2e's private rows caught it
+// once the parent was watched through a pidfd, which sees the engine's exit before that watch does.
 func TestPrivateDaemonExit(t *testing.T) {
-	parent := exec.Command("sleep", "60")
-	if err := parent.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = parent.Process.Kill(); _ = parent.Wait() })
-	private := filepath.Join(t.TempDir(), "private")
-	if err := os.Mkdir(private, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(private, "daemon.log"), []byte("x"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ts := startServer(t, func(c *Config) {
-		c.ParentPID, c.ParentPoll, c.CleanupDir = parent.Process.Pid, 10*time.Millisecond, private
-	})
-	p := newProducer(t, ts.SocketPath(), 6, 4, 1<<20)
-	ep := "ipc://" + filepath.Join(t.TempDir(), "pub.sock")
-	attachPublishing(t, p, &sock.Publish{Endpoint: ep, HWM: 1000, BufferSteps: 10})
-	got := goSub(t, ep)
-	next := joinProbes(t, p, 1, got)
-	p.mustPublish(stored(next, 0, nil, []uint64{9}, tokens(1, 1, 4)))
-	w := nextWire(t, ts, 6)
-	_ = parent.Process.Kill()
-	_ = parent.Wait()
-	select {
-	case err := <-ts.done:
-		if err != nil {
-			t.Fatalf("Serve: %v", err)
-		}
-		ts.once.Do(func() {})
-	case <-time.After(30 * time.Second):
-		t.Fatal("the daemon did not exit after its parent")
-	}
-	if m := nextBatch(t, got, w); m.seq != w || !isCleared(decodeBatch(t, m)) {
-		t.Fatalf("at the private daemon's exit: seq %d, want the end Cleared at %d", m.seq, w)
-	}
-	if _, err := os.Lstat(private); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("--cleanup-dir after exit: %v, want removed", err)
+	for _, broken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("connection_broken_first=%v", broken), func(t *testing.T) {
+			parent := exec.Command("sleep", "60")
+			if err := parent.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = parent.Process.Kill(); _ = parent.Wait() })
+			private := filepath.Join(t.TempDir(), "private")
+			if err := os.Mkdir(private, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(private, "daemon.log"), []byte("x"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			ts := startServer(t, func(c *Config) {
+				c.ParentPID, c.ParentPoll, c.CleanupDir = parent.Process.Pid, 10*time.Millisecond, private
+			})
+			p := newProducer(t, ts.SocketPath(), 6, 4, 1<<20)
+			ep := "ipc://" + filepath.Join(t.TempDir(), "pub.sock")
+			attachPublishing(t, p, &sock.Publish{Endpoint: ep, HWM: 1000, BufferSteps: 10})
+			got := goSub(t, ep)
+			next := joinProbes(t, p, 1, got)
+			p.mustPublish(stored(next, 0, nil, []uint64{9}, tokens(1, 1, 4)))
+			w := nextWire(t, ts, 6)
+			if broken {
+				p.conn.Close() // the producer (this process) lives: detached, its pid watched
+				ts.mu.Lock()
+				st := ts.streams[keyOf(6, nil)]
+				ts.mu.Unlock()
+				waitUntil(t, func() bool { _, a := st.current(); return a == nil }, "the stream detached")
+			}
+			_ = parent.Process.Kill()
+			_ = parent.Wait()
+			select {
+			case err := <-ts.done:
+				if err != nil {
+					t.Fatalf("Serve: %v", err)
+				}
+				ts.once.Do(func() {})
+			case <-time.After(30 * time.Second):
+				t.Fatal("the daemon did not exit after its parent")
+			}
+			if m := nextBatch(t, got, w); m.seq != w || !isCleared(decodeBatch(t, m)) {
+				t.Fatalf("at the private daemon's exit: seq %d, want the end Cleared at %d", m.seq, w)
+			}
+			if _, err := os.Lstat(private); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("--cleanup-dir after exit: %v, want removed", err)
+			}
+		})
 	}
 }
 

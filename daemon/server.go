@@ -59,6 +59,9 @@ type Config struct {
 	// ZMQSnapshotBuilds bounds the replay snapshots built at once, daemon-wide (--zmq-snapshot-builds); 0 =
 	// DefaultSnapshotBuilds. A build beyond it waits for a slot.
 	ZMQSnapshotBuilds int
+	// ZMQSnapshotChunk > 0 splits a replay snapshot's batch of a rank into batches of about this many bytes of
+	// events, all under the snapshot's seq (--zmq-snapshot-chunk; SNAPSHOT.md, "Chunks"). 0: one batch per rank.
+	ZMQSnapshotChunk int
 	// Clock is the wall clock wire seqs start from (unix µs; LIFECYCLE.md, "Wire seqs"). nil = time.Now; tests
 	// inject one.
 	Clock    func() time.Time
@@ -366,6 +369,17 @@ func (s *Server) shutdown() {
 		if a != nil {
 			a.finish(causeShutdown, "daemon shutting down")
 			<-a.done
+		}
+	}
+	if s.parentGone.Load() {
+		// A private daemon's engine is gone: so is every producer incarnation still live without an attachment (a
+		// connection that broke while the engine died, whose pid watch ends with the daemon: watchDetached).
+		for _, st := range s.streamList() {
+			st.mu.Lock()
+			if st.att == nil && !st.gone {
+				st.endIncarnationLocked("the daemon's --parent-pid is gone", s.log.With(st.key.logAttrs()...).Info)
+			}
+			st.mu.Unlock()
 		}
 	}
 	// After every final drain (and end of incarnation) handed its batches over: give connected subscribers up to

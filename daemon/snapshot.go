@@ -43,11 +43,11 @@ func (st *stream) armSnapshots(p *zmqpub.Publisher, req *sock.Publish, s *Server
 		st.ix.EnableTokens() // an index made for an ATTACH without publish (no drain goroutine runs here)
 	}
 	st.mu.Unlock()
-	p.SetSnapshotter(st.snapshotter(wireOf(req)), s.snapLimit)
+	p.SetSnapshotter(st.snapshotter(wireOf(req), s.cfg.ZMQSnapshotChunk), s.snapLimit)
 }
 
 // snapshotter returns the stream's Snapshotter: the current index's tree, encoded in the stream's wire layout.
-func (st *stream) snapshotter(w vllmwire.Wire) zmqpub.Snapshotter {
+func (st *stream) snapshotter(w vllmwire.Wire, chunk int) zmqpub.Snapshotter {
 	return func() (zmqpub.Snapshot, error) {
 		st.mu.Lock()
 		ix, bs := st.ix, st.blockSize
@@ -67,7 +67,7 @@ func (st *stream) snapshotter(w vllmwire.Wire) zmqpub.Snapshotter {
 		if bs == 0 {
 			bs = ix.Config().BlockSize
 		}
-		b, err := snapshotBatches(ts, w, bs, st.rank.Load())
+		b, err := snapshotBatches(ts, w, bs, st.rank.Load(), chunk)
 		if err != nil {
 			return zmqpub.Snapshot{}, err
 		}
@@ -78,11 +78,15 @@ func (st *stream) snapshotter(w vllmwire.Wire) zmqpub.Snapshotter {
 // snapshotBatches encodes a snapshot as one batch per dp_rank (ascending; fallback when the stream has carried
 // none): [ts, [AllBlocksCleared, BlockStored (parents first)...], rank]. BlockStored events carry what live ones
 // carry for an indexed block without metadata: medium "GPU", block_size the stream's, the LoRA name and Eagle form
-// the blocks were stored with.
-func snapshotBatches(ts *index.TokenSnapshot, w vllmwire.Wire, bs, fallback uint32) ([][]byte, error) {
+// the blocks were stored with. chunk > 0 (--zmq-snapshot-chunk) splits a rank's batch once its events pass chunk
+// bytes: the Cleared opens the first one, every later one continues the rank's events in order (parents still
+// first), all under the snapshot's seq.
+func snapshotBatches(ts *index.TokenSnapshot, w vllmwire.Wire, bs, fallback uint32, chunk int) ([][]byte, error) {
 	type rankBody struct {
 		n    int
 		body []byte
+		done [][]byte // closed batch bodies (with their event counts in ns)
+		ns   []int
 	}
 	ranks := slices.Clone(ts.DpRanks)
 	if len(ranks) == 0 {
@@ -97,6 +101,10 @@ func snapshotBatches(ts *index.TokenSnapshot, w vllmwire.Wire, bs, fallback uint
 	var ev vllmwire.Event
 	err := ts.Events(func(e *index.SnapshotEvent) {
 		rb := bodies[e.DpRank]
+		if chunk > 0 && len(rb.body) >= chunk {
+			rb.done, rb.ns = append(rb.done, rb.body), append(rb.ns, rb.n)
+			rb.body, rb.n = nil, 0
+		}
 		ev = vllmwire.Event{Kind: vllmwire.KindStored, BlockHashes: e.BlockHashes, HasParent: e.HasParent,
 			ParentHash: e.Parent, TokenIDs: e.TokenIDs, IsEagle: e.IsEagle, BlockSize: bs, HasMedium: true,
 			Medium: "GPU", HasLoraName: e.LoraName != "", LoraName: e.LoraName}
@@ -110,9 +118,15 @@ func snapshotBatches(ts *index.TokenSnapshot, w vllmwire.Wire, bs, fallback uint
 	out := make([][]byte, 0, len(ranks))
 	for _, r := range ranks {
 		rb := bodies[r]
-		b := vllmwire.AppendBatchHeader(make([]byte, 0, len(rb.body)+32), ts0, rb.n)
-		b = append(b, rb.body...)
-		out = append(out, vllmwire.AppendBatchTrailer(b, int64(r)))
+		for i, body := range append(rb.done, rb.body) {
+			n := rb.n
+			if i < len(rb.done) {
+				n = rb.ns[i]
+			}
+			b := vllmwire.AppendBatchHeader(make([]byte, 0, len(body)+32), ts0, n)
+			b = append(b, body...)
+			out = append(out, vllmwire.AppendBatchTrailer(b, int64(r)))
+		}
 	}
 	return out, nil
 }

@@ -159,7 +159,7 @@ func BenchmarkSnapshotBatches(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		out, err := snapshotBatches(ts, vllmwire.Wire033, bs, 0)
+		out, err := snapshotBatches(ts, vllmwire.Wire033, bs, 0, 0)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -190,7 +190,7 @@ func TestSnapshotBatchesPerRank(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := snapshotBatches(ts, vllmwire.Wire033, 2, 9)
+	out, err := snapshotBatches(ts, vllmwire.Wire033, 2, 9, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,11 +214,62 @@ func TestSnapshotBatchesPerRank(t *testing.T) {
 	empty, _ := index.New(index.Config{WorkerID: 1, BlockSize: 2, KeepTokens: true})
 	empty.MarkLost(5, 5, "test")
 	ts, _ = empty.Snapshot()
-	out, err = snapshotBatches(ts, vllmwire.Wire033, 2, 9)
+	out, err = snapshotBatches(ts, vllmwire.Wire033, 2, 9, 0)
 	if err != nil || len(out) != 1 {
 		t.Fatalf("no ranks: %d batches, %v", len(out), err)
 	}
 	if b, _ := vllmwire.Decode(out[0]); !slices.Equal(describe(b), []string{"AllBlocksCleared"}) || b.DpRank != 9 {
 		t.Fatalf("no ranks: %q rank %d, want the Cleared alone, rank 9", describe(b), b.DpRank)
+	}
+}
+
+// TestSnapshotBatchesChunked: with a chunk size a rank's snapshot is several batches of that rank; the first opens
+// with the Cleared and together they hold exactly the unchunked batch's events, in order (parents first).
+func TestSnapshotBatchesChunked(t *testing.T) {
+	ix, _ := index.New(index.Config{WorkerID: 1, BlockSize: 2, KeepTokens: true})
+	var parent uint64
+	for id := uint64(1); id <= 40; id++ {
+		h := 100 + id
+		if _, err := ix.ApplyStoredTokens(id, 0, id > 1, parent, le64([]uint64{h}), le32([]uint32{uint32(id), 7}), nil, false); err != nil {
+			t.Fatal(err)
+		}
+		if id%3 != 0 { // a chain with branches: several BlockStored events
+			parent = h
+		}
+	}
+	ts, err := ix.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, err := snapshotBatches(ts, vllmwire.Wire033, 2, 0, 0)
+	if err != nil || len(whole) != 1 {
+		t.Fatalf("unchunked: %d batches, %v", len(whole), err)
+	}
+	wb, err := vllmwire.Decode(whole[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := describe(wb)
+	out, err := snapshotBatches(ts, vllmwire.Wire033, 2, 0, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) < 3 {
+		t.Fatalf("chunk 64 B: %d batches of %d events, want several", len(out), len(want))
+	}
+	var got []string
+	for i, p := range out {
+		b, err := vllmwire.Decode(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := describe(b)
+		if (d[0] == "AllBlocksCleared") != (i == 0) || b.DpRank != 0 {
+			t.Fatalf("batch %d: %q rank %d: only the first opens with the Cleared, all of rank 0", i, d, b.DpRank)
+		}
+		got = append(got, d...)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("chunked events:\n%q\nwant the unchunked batch's:\n%q", got, want)
 	}
 }

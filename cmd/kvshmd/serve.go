@@ -24,7 +24,7 @@ type serveOpts struct {
 	cleanupDir                                          string
 	zmqHeartbeat                                        time.Duration
 	zmqSnapshots                                        bool
-	zmqSnapshotBuilds                                   int
+	zmqSnapshotBuilds, zmqSnapshotChunk                 int
 	onLoss, dumpShape                                   string
 	parentPID, maxConns, httpMaxConns, rankPorts        int
 	maxRequest                                          uint
@@ -67,6 +67,7 @@ func serve(args []string, stderr io.Writer) int {
 	fs.DurationVar(&o.ckptInterval, "checkpoint-interval", dur("KVSHMD_CHECKPOINT_INTERVAL", 0), "with --state-dir: also checkpoint each stream while it runs, when this long has passed since its last checkpoint with records applied since, or when they fill half its ring, and release the ring head only up to a written checkpoint, so a crash (SIGKILL, OOM) loses nothing either; 0 = only at shutdown; default "+defaultCkptInterval.String()+" with the default --state-dir, else 0 (env KVSHMD_CHECKPOINT_INTERVAL)")
 	fs.DurationVar(&o.zmqHeartbeat, "zmq-heartbeat", dur("KVSHMD_ZMQ_HEARTBEAT", def.ZMQHeartbeat), "a stream published on ZMQ that published nothing for this long publishes an empty batch with the next seq, so an idle engine's restarted router finds its gap and replays (LIFECYCLE.md); 0 = off (env KVSHMD_ZMQ_HEARTBEAT)")
 	fs.BoolVar(&o.zmqSnapshots, "zmq-snapshots", envOr("true", "KVSHMD_ZMQ_SNAPSHOTS") != "false", "a publishing stream keeps its blocks' tokens (~(block_size+2)*4 bytes per block) and answers a replay request older than its replay buffer with the state as of its last batch, then the batches after it, so a router that was away longer than the buffer converges (SNAPSHOT.md); false = the buffer only, as vLLM's publisher (env KVSHMD_ZMQ_SNAPSHOTS)")
+	fs.IntVar(&o.zmqSnapshotChunk, "zmq-snapshot-chunk", num("KVSHMD_ZMQ_SNAPSHOT_CHUNK", 0), "split a replay snapshot's batch of a rank into batches of about this many bytes, all under its seq (Dynamo 1.6.1 applies them all; a consumer that keeps one batch per seq would not); 0: one batch per rank (env KVSHMD_ZMQ_SNAPSHOT_CHUNK)")
 	fs.IntVar(&o.zmqSnapshotBuilds, "zmq-snapshot-builds", num("KVSHMD_ZMQ_SNAPSHOT_BUILDS", daemon.DefaultSnapshotBuilds), "replay snapshots built at once across all streams; a replay needing one beyond it waits for a slot, and replies on one stream share one build while its buffer covers the batches after it (env KVSHMD_ZMQ_SNAPSHOT_BUILDS)")
 	fs.StringVar(&o.cleanupDir, "cleanup-dir", envOr("", "KVSHMD_CLEANUP_DIR"), "at exit, after everything is closed, remove this directory recursively, only if it is a directory owned by you with mode 0700 (the private directory the Python launcher made); anything else is refused and logged (env KVSHMD_CLEANUP_DIR)")
 	fs.StringVar(&o.onLoss, "on-loss", envOr(def.OnLoss.String(), "KVSHMD_ON_LOSS"), "answer to a recovery query that misses events kvshm lost (ring full, corrupt record, unknown history): best-effort = what Dynamo would answer from the events applied, marked with the Kvshm-State: incomplete and Kvshm-Lost-Events headers, counted and logged; error = the Error variant naming the loss until a Cleared (env KVSHMD_ON_LOSS)")
@@ -218,8 +219,9 @@ Flags:
 		WriteTimeout: o.write, QueryTimeout: o.query, PIDCheckInterval: o.pidCheck, ParentPoll: o.parentInterval,
 		StateDir: o.stateDir, CheckpointInterval: o.ckptInterval, OnLoss: onLoss, DumpShape: shape, RankPortsBase: o.rankPorts,
 		ZMQHeartbeat: o.zmqHeartbeat, ZMQNoSnapshots: !o.zmqSnapshots, ZMQSnapshotBuilds: o.zmqSnapshotBuilds,
-		CleanupDir: o.cleanupDir,
-		Bounds:     bounds, Version: buildVersion(), Logger: log,
+		ZMQSnapshotChunk: o.zmqSnapshotChunk,
+		CleanupDir:       o.cleanupDir,
+		Bounds:           bounds, Version: buildVersion(), Logger: log,
 	})
 	if err != nil {
 		log.Error("cannot start", "err", err)
