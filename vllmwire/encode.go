@@ -114,15 +114,7 @@ func (w Wire) AppendEvent(dst []byte, e *Event) []byte {
 		}
 		dst = appendKeyString(dst, tagKey, "BlockStored")
 		dst = appendHashes(msgp.AppendString(dst, "block_hashes"), e.BlockHashes, e.HashBytes)
-		dst = msgp.AppendString(dst, "parent_block_hash")
-		switch {
-		case e.HasParent && e.ParentBytes != nil:
-			dst = msgp.AppendBytes(dst, e.ParentBytes)
-		case e.HasParent:
-			dst = msgp.AppendUint64(dst, e.ParentHash)
-		default:
-			dst = msgp.AppendNil(dst)
-		}
+		dst = appendParent(msgp.AppendString(dst, "parent_block_hash"), e)
 		dst = appendTokens(msgp.AppendString(dst, "token_ids"), e.TokenIDs, e.IsEagle)
 		dst = msgp.AppendUint64(msgp.AppendString(dst, "block_size"), uint64(e.BlockSize))
 		dst = msgp.AppendString(dst, "lora_id")
@@ -173,14 +165,7 @@ func appendArrayEvent(dst []byte, e *Event) []byte {
 	case KindStored:
 		dst = msgp.AppendString(msgp.AppendArrayHeader(dst, arrayStoredLen), "BlockStored")
 		dst = appendHashes(dst, e.BlockHashes, e.HashBytes)
-		switch {
-		case e.HasParent && e.ParentBytes != nil:
-			dst = msgp.AppendBytes(dst, e.ParentBytes)
-		case e.HasParent:
-			dst = msgp.AppendUint64(dst, e.ParentHash)
-		default:
-			dst = msgp.AppendNil(dst)
-		}
+		dst = appendParent(dst, e)
 		dst = appendTokens(dst, e.TokenIDs, e.IsEagle)
 		dst = msgp.AppendUint64(dst, uint64(e.BlockSize))
 		if e.HasLoraID {
@@ -278,4 +263,15 @@ func appendTokens(dst []byte, toks []uint32, eagle bool) []byte {
 		dst = msgp.AppendUint64(msgp.AppendUint64(dst, uint64(toks[i-1])), uint64(toks[i]))
 	}
 	return dst
+}
+
+// appendParent appends a BlockStored's parent_block_hash: its bytes or int as the engine gave it, nil without one.
+func appendParent(dst []byte, e *Event) []byte {
+	switch {
+	case e.HasParent && e.ParentBytes != nil:
+		return msgp.AppendBytes(dst, e.ParentBytes)
+	case e.HasParent:
+		return msgp.AppendUint64(dst, e.ParentHash)
+	}
+	return msgp.AppendNil(dst)
 }
