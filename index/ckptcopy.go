@@ -39,11 +39,12 @@ func (c *CheckpointCopy) WriteCheckpoint(w io.Writer, meta []byte) error {
 	return c.ix.encodeCheckpoint(w, meta, checkpointVersion, c.n, c.parts)
 }
 
-// checkpointClone copies what the checkpoint's tree and token sections read.
+// checkpointClone copies what the checkpoint's tree and token sections read (tree.encode, tree.encodeTokens), and
+// nothing else: the child table, slotOf and the live count are rebuilt from the nodes when a checkpoint is read,
+// so copying them would only lengthen the drain worker's stall. The clone is for encoding only.
 func (t *tree) checkpointClone() *tree {
-	c := &tree{nodes: slices.Clone(t.nodes), flags: slices.Clone(t.flags), freeHead: t.freeHead, live: t.live,
-		children: childTable{slots: slices.Clone(t.children.slots), n: t.children.n},
-		slots:    make([]slotState, len(t.slots)), slotOf: maps.Clone(t.slotOf), extra: make(map[uint32][]uint64, len(t.extra))}
+	c := &tree{nodes: slices.Clone(t.nodes), flags: slices.Clone(t.flags), freeHead: t.freeHead,
+		slots: make([]slotState, len(t.slots)), extra: make(map[uint32][]uint64, len(t.extra))}
 	for i, s := range t.slots {
 		c.slots[i] = slotState{dp: s.dp, lookup: maps.Clone(s.lookup)}
 	}
