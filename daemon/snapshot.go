@@ -83,10 +83,16 @@ func (st *stream) snapshotter(w vllmwire.Wire, chunk int) zmqpub.Snapshotter {
 // first), all under the snapshot's seq.
 func snapshotBatches(ts *index.TokenSnapshot, w vllmwire.Wire, bs, fallback uint32, chunk int) ([][]byte, error) {
 	type rankBody struct {
-		n    int
-		body []byte
-		done [][]byte // closed batch bodies (with their event counts in ns)
-		ns   []int
+		n    int      // events in body
+		body []byte   // the open batch's events
+		out  [][]byte // the rank's finished batches
+	}
+	ts0 := batchTS(0)
+	finish := func(r uint32, rb *rankBody) {
+		b := vllmwire.AppendBatchHeader(make([]byte, 0, len(rb.body)+32), ts0, rb.n)
+		b = append(b, rb.body...)
+		rb.out = append(rb.out, vllmwire.AppendBatchTrailer(b, int64(r)))
+		rb.body, rb.n = nil, 0
 	}
 	ranks := slices.Clone(ts.DpRanks)
 	if len(ranks) == 0 {
@@ -102,8 +108,7 @@ func snapshotBatches(ts *index.TokenSnapshot, w vllmwire.Wire, bs, fallback uint
 	err := ts.Events(func(e *index.SnapshotEvent) {
 		rb := bodies[e.DpRank]
 		if chunk > 0 && len(rb.body) >= chunk {
-			rb.done, rb.ns = append(rb.done, rb.body), append(rb.ns, rb.n)
-			rb.body, rb.n = nil, 0
+			finish(e.DpRank, rb)
 		}
 		ev = vllmwire.Event{Kind: vllmwire.KindStored, BlockHashes: e.BlockHashes, HasParent: e.HasParent,
 			ParentHash: e.Parent, TokenIDs: e.TokenIDs, IsEagle: e.IsEagle, BlockSize: bs, HasMedium: true,
@@ -114,19 +119,11 @@ func snapshotBatches(ts *index.TokenSnapshot, w vllmwire.Wire, bs, fallback uint
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
-	ts0 := batchTS(0)
 	out := make([][]byte, 0, len(ranks))
 	for _, r := range ranks {
 		rb := bodies[r]
-		for i, body := range append(rb.done, rb.body) {
-			n := rb.n
-			if i < len(rb.done) {
-				n = rb.ns[i]
-			}
-			b := vllmwire.AppendBatchHeader(make([]byte, 0, len(body)+32), ts0, n)
-			b = append(b, body...)
-			out = append(out, vllmwire.AppendBatchTrailer(b, int64(r)))
-		}
+		finish(r, rb)
+		out = append(out, rb.out...)
 	}
 	return out, nil
 }
