@@ -348,9 +348,10 @@ func (r *Reader) Heartbeat(unixNano int64) {
 // Park blocks until the producer publishes past the read position, Wake is called, or timeout passes, and reports
 // whether there may be something to do: true when records are published past the read position or a Wake arrived
 // (before or during the call), false on timeout. With a doorbell level above 1 (SetDoorbellLevel) it sleeps while
-// fewer unread bytes than the level are published, and only a publication reaching it rings. It may return false early (a signal, a spurious futex wakeup):
-// the caller polls Next and parks again. Call it only after Next returned ErrEmpty (with unread records it returns
-// true at once), and Release first: the producer cannot reuse unreleased bytes while the consumer sleeps.
+// fewer unread bytes than the level are published, and only a publication reaching it rings. It may return false
+// early (a signal, a spurious futex wakeup): the caller polls Next and parks again. Call it only after Next
+// returned ErrEmpty (with a level's worth of unread records it returns true at once), and Release first: the
+// producer cannot reuse unreleased bytes while the consumer sleeps.
 //
 // The doorbell (FORMAT.md, "Doorbell"): Park stores consumer_parked = 1, loads the tail again, and only if nothing
 // new is there sleeps in FUTEX_WAIT on the low 32 bits of the tail word, expecting the value it loaded; then it
@@ -369,7 +370,7 @@ func (r *Reader) park(timeout time.Duration) (woken, timedOut bool) {
 	if r.m == nil {
 		return false, false
 	}
-	if r.tail-r.pos >= uint64(r.level) {
+	if r.due(r.tail) {
 		return true, false
 	}
 	r.parking.Store(true) // from here on a Wake keeps ringing until park returns (see Wake)
@@ -409,8 +410,8 @@ func (r *Reader) parkedWord() uint32 {
 	return uint32(min(r.pos-r.head+uint64(r.level), math.MaxUint32))
 }
 
-// due reports whether the tail word t (just loaded, with the read position at the cached tail or behind it) holds
-// at least a doorbell level of unread bytes: with level 1, any new record. An invalid tail word is not records.
+// due reports whether the tail word t (just loaded, or the cached tail) holds at least a doorbell level of unread
+// bytes past the read position: with level 1, any record. An invalid tail word is not records.
 func (r *Reader) due(t uint64) bool {
 	if t != r.tail && r.checkTail(t) != nil {
 		t = r.tail
@@ -425,8 +426,9 @@ func (r *Reader) tailMoved(t uint64) bool { return t != r.tail && r.checkTail(t)
 // consumer_parked (1, or the doorbell level's word: SetDoorbellLevel) seq-cst and loads the tail again. It returns
 // false, with consumer_parked cleared again, when the level is reached (with level 1: records past the read
 // position, published before or after the store): drain first. Below a level, unread records stay unread until
-// the consumer drains for another reason. Otherwise the ring stays armed (its producer's next publish rings the doorbell) until Disarm, Park or a
-// Doorbells.Wait that finds it moved; arming an armed ring only re-checks the tail. Call it after Next returned
+// the consumer drains for another reason. Otherwise the ring stays armed (its producer's next publish rings the
+// doorbell) until Disarm, Park or a Doorbells.Wait that finds it moved; arming an armed ring only re-checks the
+// tail. Call it after Next returned
 // ErrEmpty, and Release first, as for Park. The ordering argument is Park's (FORMAT.md, "Doorbell"): the store of
 // consumer_parked is a full fence before the tail load, so a Go producer that stores the tail after that load sees
 // the flag and rings, and one that stored it before is seen by the load; an invalid tail word is not new records.
@@ -434,7 +436,7 @@ func (r *Reader) Arm() bool {
 	if r.m == nil {
 		return false
 	}
-	if r.tail-r.pos >= uint64(r.level) {
+	if r.due(r.tail) {
 		r.Disarm()
 		return false
 	}
