@@ -49,5 +49,5 @@ func lazyLevel(capacity uint64) uint32 { return uint32(min(capacity/4, lazyLevel
 
 // lazy reports whether the attachment is drained lazily (see lazyLevelMax; never with Config.EagerDrain).
 func (a *attachment) lazy() bool {
-	return !a.publishing && !a.ranks.on && (a.srv == nil || !a.srv.cfg.EagerDrain)
+	return !a.publishing && !a.ranks.on && !a.srv.cfg.EagerDrain
 }

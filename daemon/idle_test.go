@@ -41,9 +41,9 @@ func TestLazyStreams(t *testing.T) {
 		a    *attachment
 		want bool
 	}{
-		{"not published", &attachment{}, true},
-		{"published", &attachment{publishing: true}, false},
-		{"rank ports", &attachment{ranks: rankSet{on: true}}, false},
+		{"not published", &attachment{srv: &Server{}}, true},
+		{"published", &attachment{srv: &Server{}, publishing: true}, false},
+		{"rank ports", &attachment{srv: &Server{}, ranks: rankSet{on: true}}, false},
 		{"Config.EagerDrain", &attachment{srv: &Server{cfg: Config{EagerDrain: true}}}, false},
 	} {
 		if got := tc.a.lazy(); got != tc.want {

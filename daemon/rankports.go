@@ -85,7 +85,7 @@ func (p *rankPorts) openPending() {
 // settle waits until every rank requested before the call has been handled (opened, or failed and counted). An
 // open is a bind and a goroutine start, never a long wait, so there is no deadline.
 func (p *rankPorts) settle() {
-	if p == nil || p.base == 0 {
+	if p.base == 0 {
 		return
 	}
 	p.mu.Lock()

@@ -300,14 +300,14 @@ func (s *Server) Serve(ctx context.Context) error {
 	return err
 }
 
+// watchParent shuts the daemon down (cancel) once the --parent-pid process is gone: waited on through a pidfd, or,
+// without one, polled every Config.ParentPoll.
 func (s *Server) watchParent(ctx context.Context, cancel context.CancelFunc) {
 	st, _ := shm.ReadProcStat(s.cfg.ParentPID) // start time 0 when unreadable: processAlive then checks the pid only
 	start := st.StartTime
 	if exited, ok := waitExit(ctx, s.cfg.ParentPID, start); ok {
 		if exited {
-			s.log.Info("parent process is gone: shutting down", "parent_pid", s.cfg.ParentPID)
-			s.parentGone.Store(true)
-			cancel()
+			s.parentExited(cancel)
 		}
 		return
 	}
@@ -319,13 +319,18 @@ func (s *Server) watchParent(ctx context.Context, cancel context.CancelFunc) {
 			return
 		case <-t.C:
 			if !processAlive(s.cfg.ParentPID, start) {
-				s.log.Info("parent process is gone: shutting down", "parent_pid", s.cfg.ParentPID)
-				s.parentGone.Store(true)
-				cancel()
+				s.parentExited(cancel)
 				return
 			}
 		}
 	}
+}
+
+// parentExited starts the shutdown of a daemon whose --parent-pid is gone (its incarnations end: shutdown).
+func (s *Server) parentExited(cancel context.CancelFunc) {
+	s.log.Info("parent process is gone: shutting down", "parent_pid", s.cfg.ParentPID)
+	s.parentGone.Store(true)
+	cancel()
 }
 
 func (s *Server) shutdown() {
