@@ -286,17 +286,25 @@ func BenchmarkSnapshot(b *testing.B) {
 	})
 }
 
+// storedIndex is an index keeping tokens with n resident blocks stored as root chains of 32 blocks of 32 tokens
+// (seeded): the checkpoint benchmarks' tree.
+func storedIndex(tb testing.TB, n int) *Indexer {
+	tb.Helper()
+	rng := rand.New(rand.NewPCG(7, 7))
+	ix, _ := New(Config{WorkerID: 1, BlockSize: 32, MaxBufferSize: 10000, KeepTokens: true})
+	for i, e := range makeStored(rng, n/32, 32, 32) {
+		if _, err := ix.ApplyStoredTokens(uint64(i+1), 0, false, 0, e.hashesLE, e.tokensLE, nil, false); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return ix
+}
+
 // BenchmarkWriteCheckpoint: encoding a checkpoint (no I/O) of a 32-block-per-event stream, the work a periodic
 // checkpoint does on the drain goroutine before its file I/O (issue 17: publish stalls at every checkpoint).
 func BenchmarkWriteCheckpoint(b *testing.B) {
 	for _, n := range []int{100_000, 200_000} {
-		rng := rand.New(rand.NewPCG(7, 7))
-		ix, _ := New(Config{WorkerID: 1, BlockSize: 32, MaxBufferSize: 10000, KeepTokens: true})
-		for i, e := range makeStored(rng, n/32, 32, 32) {
-			if _, err := ix.ApplyStoredTokens(uint64(i+1), 0, false, 0, e.hashesLE, e.tokensLE, nil, false); err != nil {
-				b.Fatal(err)
-			}
-		}
+		ix := storedIndex(b, n)
 		b.Run(fmt.Sprintf("blocks=%d", n), func(b *testing.B) {
 			for b.Loop() {
 				if err := ix.WriteCheckpoint(io.Discard, nil); err != nil {

@@ -55,13 +55,7 @@ func TestCheckpointCopy(t *testing.T) {
 // BenchmarkCheckpointCopy is the drain worker's share of an asynchronous checkpoint (compare BenchmarkWriteCheckpoint).
 func BenchmarkCheckpointCopy(b *testing.B) {
 	for _, n := range []int{100_000, 200_000} {
-		rng := rand.New(rand.NewPCG(7, 7))
-		ix, _ := New(Config{WorkerID: 1, BlockSize: 32, MaxBufferSize: 10000, KeepTokens: true})
-		for i, e := range makeStored(rng, n/32, 32, 32) {
-			if _, err := ix.ApplyStoredTokens(uint64(i+1), 0, false, 0, e.hashesLE, e.tokensLE, nil, false); err != nil {
-				b.Fatal(err)
-			}
-		}
+		ix := storedIndex(b, n)
 		b.Run(fmt.Sprintf("blocks=%d", n), func(b *testing.B) {
 			for b.Loop() {
 				_ = ix.CheckpointCopy()
