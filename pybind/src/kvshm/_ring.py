@@ -472,25 +472,22 @@ class RingWriter:
         q = self._q
         q[16] = end  # OFF_TAIL / 8. Release (x86-TSO): publishes the bytes written above.
         parked = q[65]  # OFF_PARKED / 8: the consumer sleeps on the doorbell (see the module docstring)
-        if parked and (parked == 1 or self._backlog_reaches(end, parked)):
-            self._ring_doorbell()
+        if parked:
+            self._ring_doorbell(end, parked)
         self._tail = end
         self._published += 1
         return True
 
-    def _ring_doorbell(self) -> None:
-        """FUTEX_WAKE on the tail word: wakes the parked consumer. Errors are ignored (the consumer's park timeout
-        is the fallback)."""
+    def _ring_doorbell(self, end: int, level: int) -> None:
+        """FUTEX_WAKE on the tail word when the parked consumer's doorbell level is reached (FORMAT.md, "Doorbell"):
+        1, every publication; more, the bytes published up to ``end`` past its head reach ``level`` (a lazy
+        consumer). The cached head is older than the header's, so a backlog below the level by it is below for sure;
+        otherwise the head is loaded once (not cached: the cache belongs to the free-space check). Errors are
+        ignored (the consumer's park timeout is the fallback)."""
+        if level != 1 and (end - self._head_cache < level or end - self._q[32] < level):  # OFF_HEAD / 8
+            return
         if _SYSCALL is not None:
             _SYSCALL(_C_SYS_FUTEX, self._tail_addr, _C_FUTEX_WAKE, _C_WAKE_ALL, _C_ZERO, _C_ZERO, _C_ZERO)
-
-    def _backlog_reaches(self, end: int, level: int) -> bool:
-        """Whether the bytes published past the consumer's head reach its doorbell level (a lazy consumer: FORMAT.md,
-        "Doorbell"). The cached head is older than the header's, so a backlog below the level by it is below for
-        sure; otherwise the head is loaded once (not cached: the cache belongs to the free-space check)."""
-        if end - self._head_cache < level:
-            return False
-        return end - self._q[32] >= level  # OFF_HEAD / 8
 
     def _refresh_head(self, end: int) -> bool:
         """Loads the consumer's head (acquire on x86) and says whether ``end`` fits. A head ahead of the tail by at
@@ -545,8 +542,8 @@ class RingWriter:
         q = self._q
         q[16] = end  # Release: publishes the LOSS record and the event.
         parked = q[OFF_PARKED >> 3]
-        if parked and (parked == 1 or self._backlog_reaches(end, parked)):
-            self._ring_doorbell()
+        if parked:
+            self._ring_doorbell(end, parked)
         self._tail = end
         self._published += 1
         # After the tail store: the LOSS record in the stream is authoritative, the header fields are gauges.
