@@ -35,10 +35,11 @@ const (
 // the clock); beyond it the rest of the range is reported as unknown history.
 const maxLostWire = 1 << 24
 
-// wireFloor is the lowest wire seq a daemon may start a stream or an incarnation at: the clock in µs.
+// wireFloor is the lowest wire seq a daemon may start a stream or an incarnation at: the clock in µs, or 0 with
+// Config.ZMQSeqZero.
 func (s *Server) wireFloor() uint64 {
 	us := s.cfg.Clock().UnixMicro()
-	if us < 0 {
+	if us < 0 || s.cfg.ZMQSeqZero {
 		return 0
 	}
 	return uint64(us)
@@ -157,9 +158,13 @@ func (s *Server) watchDetached(st *stream, epoch uint64, pid uint32, start uint6
 // heartbeat publishes an empty batch [now, [], rank] with the next wire seq (Publisher.PublishHeartbeat: not kept
 // for replay, not in the index). Runs on the drain goroutine of a publishing stream.
 func (a *attachment) heartbeat(pub *zmqpub.Publisher) {
-	a.wire = vllmwire.AppendBatchHeader(a.wire[:0], batchTS(0), 0)
-	a.wire = vllmwire.AppendBatchTrailer(a.wire, int64(a.st.rank.Load()))
-	pub.PublishHeartbeat(a.st.nextWire(), append([]byte(nil), a.wire...))
+	pub.PublishHeartbeat(a.st.nextWire(), emptyBatch(a.st.rank.Load()))
+}
+
+// emptyBatch is [now, [], rank]: a heartbeat, and the filler of contiguous replies (the same batch: a filler at a
+// heartbeat's seq is what was published there). Its layout is the same in every wire.
+func emptyBatch(rank uint32) []byte {
+	return vllmwire.AppendBatchTrailer(vllmwire.AppendBatchHeader(nil, batchTS(0), 0), int64(rank))
 }
 
 // ErrUnsafeCleanupDir is wrapped by cleanupDir's error when the directory is not one the daemon may remove.

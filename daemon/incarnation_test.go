@@ -468,3 +468,23 @@ func TestWireSeqRule(t *testing.T) {
 		}
 	}
 }
+
+// TestWireSeqZero: with ZMQSeqZero the clock is ignored: the first incarnation's Cleared takes seq 1, each later
+// one continues after the previous incarnation's end Cleared.
+func TestWireSeqZero(t *testing.T) {
+	ts := startServer(t, func(c *Config) {
+		c.ZMQSeqZero = true
+		c.Clock = func() time.Time { return time.UnixMicro(5_000_000) }
+	})
+	p := newProducer(t, ts.SocketPath(), 8, 4, 1<<20)
+	cfg := &sock.Publish{Endpoint: "ipc://" + filepath.Join(t.TempDir(), "pub.sock"), HWM: 10, BufferSteps: 10}
+	for i, want := range []uint64{1, 3, 5} {
+		attachPublishing(t, p, cfg) // DETACH ends the previous incarnation (its Cleared), the attach begins one
+		ts.mu.Lock()
+		got := ts.streams[keyOf(8, nil)].wire.Load()
+		ts.mu.Unlock()
+		if got != want {
+			t.Errorf("incarnation %d: start Cleared at %d, want %d", i+1, got, want)
+		}
+	}
+}

@@ -324,8 +324,8 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 		st = &stream{key: key, ix: ix, streamEpoch: 1, groups: map[groupKey]bool{}}
 		st.pub.Store(firstPub)
 		st.pubWire.Store(uint32(wireOf(req.Publish)))
-		st.armSnapshots(firstPub, req.Publish, s)
 		st.rank.Store(key.rank)
+		st.armReplay(firstPub, req.Publish, s)
 		if p.outcome == attachRestore && firstPub != nil {
 			// A restored index speaks the previous daemon's wire seqs: never go below them (the clock may have).
 			if is := ix.Stats(); is.SeenAny {

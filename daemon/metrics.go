@@ -143,6 +143,8 @@ var (
 	dZmqCut          = desc("kvshm_zmq_subscribers_cut_total", "ZMQ subscribers disconnected for falling behind (16 MiB or hwm messages queued) or taking no write for the stall timeout.")
 	dZmqSnapshots    = desc("kvshm_zmq_snapshots_total", "Replay replies the buffer could not answer completely, by how their snapshot came (built; shared: a cached or concurrent build; waited: built after waiting for a --zmq-snapshot-builds slot; unavailable: none, the reply held the buffer only). SNAPSHOT.md.", "outcome")
 	dZmqReplayCut    = desc("kvshm_zmq_replay_clients_cut_total", "Replay clients disconnected for taking no write for the stall timeout.")
+	dZmqFilled       = desc("kvshm_zmq_replay_filled_batches_total", "Empty batches replay replies carried to keep their seqs contiguous (--zmq-replay-fill; SNAPSHOT.md).")
+	dZmqGapped       = desc("kvshm_zmq_replay_gapped_total", "Replay replies that kept a seq gap although --zmq-replay-fill is on: incomplete with no snapshot, or more fillers needed than it allows.")
 )
 
 var kindLabels = [3]string{"stored", "removed", "cleared"}
@@ -156,7 +158,7 @@ func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
 		dUnknownHistory, dStreamResets, dStreamEpoch, dTainted, dResidentBlocks, dBuffered, dOldestID, dNewestID,
 		dDumpBuilds, dDumpCacheHits, dCorruptRecords, dMalformedEvents, dLossRecords, dDrainBatches, dTokenMismatch,
 		dNotIndexed, dZmqPublished, dZmqDropped, dZmqReplayReqs, dZmqBadReplay, dZmqReplayed,
-		dZmqIncomplete, dZmqCut, dZmqReplayCut} {
+		dZmqIncomplete, dZmqCut, dZmqReplayCut, dZmqSnapshots, dZmqFilled, dZmqGapped} {
 		ch <- d
 	}
 }
@@ -224,6 +226,8 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 			emit(dZmqIncomplete, C, float64(zs.ReplayIncomplete))
 			emit(dZmqCut, C, float64(zs.Cut))
 			emit(dZmqReplayCut, C, float64(zs.ReplayCut))
+			emit(dZmqFilled, C, float64(zs.ReplayFilled))
+			emit(dZmqGapped, C, float64(zs.ReplayGapped))
 			for i, outcome := range zmqpub.SnapshotOutcomes {
 				emit(dZmqSnapshots, C, float64(zs.Snapshots[i]), outcome)
 			}

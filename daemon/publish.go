@@ -129,7 +129,7 @@ func (st *stream) setPublisher(req *sock.Publish, s *Server) error {
 		return errorf(sock.CodeBadRequest, "publish: %v", err)
 	}
 	st.pub.Store(p)
-	st.armSnapshots(p, req, s)
+	st.armReplay(p, req, s)
 	ps := p.Stats()
 	s.log.Info("ZMQ publishing", append(st.key.logAttrs(), "endpoint", ps.Endpoint, "replay_endpoint", ps.ReplayEndpoint,
 		"topic", cfg.Topic, "hwm", cfg.HWM, "buffer_steps", cfg.BufferSteps)...)

@@ -25,7 +25,7 @@ import (
 )
 
 // Config configures a Server. A zero field selects its value in DefaultConfig (OnLoss, DumpShape: their zero values;
-// ZMQHeartbeat: off).
+// ZMQHeartbeat, ZMQReplayFill: off).
 type Config struct {
 	SocketPath        string        // the Unix socket
 	SocketMode        os.FileMode   // the socket file's mode
@@ -62,6 +62,15 @@ type Config struct {
 	// ZMQSnapshotChunk > 0 splits a replay snapshot's batch of a rank into batches of about this many bytes of
 	// events, all under the snapshot's seq (--zmq-snapshot-chunk; SNAPSHOT.md, "Chunks"). 0: one batch per rank.
 	ZMQSnapshotChunk int
+	// ZMQReplayFill > 0 makes replay replies carry every seq from the requested one, filling the seqs of heartbeats,
+	// of a wiped incarnation and before a snapshot with empty batches, at most this many per reply
+	// (--zmq-replay-fill; SNAPSHOT.md, "Contiguous replies"). 0: off, the buffer's seqs as kept.
+	ZMQReplayFill int
+	// ZMQSeqZero numbers a stream's wire seqs from 1 in each daemon (--zmq-seq-base zero; LIFECYCLE.md, "Wire
+	// seqs"), continuing across incarnations and restored checkpoints, instead of from the clock in µs: what
+	// llm-d's replay consumer needs (it replays from seq 0 on connect). A daemon that restarts without its state
+	// starts again from 1, which llm-d takes for a publisher restart and Dynamo's listener drops as stale.
+	ZMQSeqZero bool
 	// Clock is the wall clock wire seqs start from (unix µs; LIFECYCLE.md, "Wire seqs"). nil = time.Now; tests
 	// inject one.
 	Clock    func() time.Time
@@ -106,6 +115,7 @@ func DefaultConfig() Config {
 		OnLoss:            index.LossBestEffort,
 		DumpShape:         index.DumpChains,
 		ZMQHeartbeat:      time.Second,
+		ZMQReplayFill:     DefaultReplayFill,
 		Bounds:            DefaultBounds(),
 		Version:           "dev",
 	}

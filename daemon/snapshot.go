@@ -21,6 +21,10 @@ import (
 // DefaultSnapshotBuilds is Config.ZMQSnapshotBuilds' default: snapshot builds running at once, daemon-wide.
 const DefaultSnapshotBuilds = 2
 
+// DefaultReplayFill is Config.ZMQReplayFill in DefaultConfig: at ~40 bytes each, a reply's fillers cost at most
+// ~2.6 MB, about what a 100 k-block snapshot does (SNAPSHOT.md, "Contiguous replies").
+const DefaultReplayFill = 1 << 16
+
 // errNoSnapshot: the index has seen no event, so there is no seq to label a snapshot with (nothing to replay).
 var errNoSnapshot = errors.New("the stream has no events yet")
 
@@ -33,9 +37,14 @@ type snapGate struct{ mu sync.Mutex }
 // keepTokens reports whether a stream attached with this publish object keeps token windows in its index.
 func (s *Server) keepTokens(p *sock.Publish) bool { return p != nil && !s.cfg.ZMQNoSnapshots }
 
-// armSnapshots gives the stream's new publisher its snapshot source (when the daemon makes snapshots).
-func (st *stream) armSnapshots(p *zmqpub.Publisher, req *sock.Publish, s *Server) {
-	if p == nil || !s.keepTokens(req) {
+// armReplay gives the stream's new publisher what its replies need beyond the buffer: the filler that keeps their
+// seqs contiguous (Config.ZMQReplayFill) and, when the daemon makes snapshots, its snapshot source.
+func (st *stream) armReplay(p *zmqpub.Publisher, req *sock.Publish, s *Server) {
+	if p == nil {
+		return
+	}
+	p.SetFiller(emptyBatch(st.rank.Load()), s.cfg.ZMQReplayFill)
+	if !s.keepTokens(req) {
 		return
 	}
 	st.mu.Lock()

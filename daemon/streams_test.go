@@ -287,7 +287,7 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	c.Logger, c.Registry, c.Clock = nil, nil, nil
 	d := DefaultConfig()
-	d.ZMQHeartbeat = 0 // the one field whose zero means off (kvshmd serve's default is DefaultConfig's)
+	d.ZMQHeartbeat, d.ZMQReplayFill = 0, 0 // the fields whose zero means off (kvshmd serve's defaults are DefaultConfig's)
 	if !reflect.DeepEqual(c, d) {
 		t.Fatalf("zero Config filled to\n%+v\nDefaultConfig\n%+v", c, d)
 	}

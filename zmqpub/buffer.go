@@ -1,5 +1,7 @@
 package zmqpub
 
+import "sort"
+
 // replayBuffer holds the batches kept for replay, oldest first: at most steps batches and at most maxBytes payload
 // bytes (the oldest are evicted first). It grows as used: nothing is allocated for the steps not yet filled, so a
 // huge buffer_steps costs nothing until batches arrive (issue 19: a 2^31-entry ring allocated up front killed the
@@ -77,17 +79,24 @@ func (b *replayBuffer) markLost(seq uint64) {
 // no copy of the buffer: [from, end) are the indices of the batches held when the request came.
 
 // replyRange returns the cursor range of a request from start, the buffer's generation, and whether the reply is
-// complete: the oldest batch is a reset batch or not after start; empty, a reset came and nothing at or after
-// start was lost since (an empty buffer that never saw a reset began mid-incarnation: incomplete).
+// complete: the oldest batch is a reset batch or not after start, and nothing at or after start was lost (a batch
+// too large to keep leaves a hole); empty, a reset came and nothing at or after start was lost since (an empty buffer that never saw a reset began mid-incarnation: incomplete).
 func (b *replayBuffer) replyRange(start uint64) (from, end, gen uint64, complete bool) {
 	live := b.q[b.head:]
 	switch {
 	case len(live) == 0:
 		complete = b.begun && (!b.lost || b.lostMax < start)
 	default:
-		complete = live[0].reset || start >= live[0].seq
+		// A batch lost at or after start (too large to keep) is a hole the buffer cannot fill.
+		complete = (live[0].reset || start >= live[0].seq) && (!b.lost || b.lostMax < start)
 	}
 	return b.base, b.base + uint64(len(live)), b.gen, complete
+}
+
+// countFrom returns how many buffered batches have seq >= seq (seqs ascend in the buffer).
+func (b *replayBuffer) countFrom(seq uint64) int {
+	live := b.q[b.head:]
+	return len(live) - sort.Search(len(live), func(i int) bool { return live[i].seq >= seq })
 }
 
 // chunkStatus says why chunk returned what it did.

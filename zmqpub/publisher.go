@@ -65,9 +65,12 @@ type Stats struct {
 	// since the incarnation began).
 	ReplayIncomplete uint64
 	// Snapshots counts the replies that needed a snapshot, by SnapshotOutcomes (snapshot.go).
-	Snapshots      [numSnapshotOutcomes]uint64
-	Endpoint       string // the PUB endpoint (as bound: a port 0 is resolved)
-	ReplayEndpoint string // "" without replay socket
+	Snapshots [numSnapshotOutcomes]uint64
+	// ReplayFilled counts the empty batches replies carried to keep their seqs contiguous; ReplayGapped the replies
+	// that could not be made contiguous with a filler set (fill.go).
+	ReplayFilled, ReplayGapped uint64
+	Endpoint                   string // the PUB endpoint (as bound: a port 0 is resolved)
+	ReplayEndpoint             string // "" without replay socket
 }
 
 // AddCounts adds o's counters to s (the endpoints are left as they are): a stream's totals over its publishers.
@@ -82,6 +85,8 @@ func (s *Stats) AddCounts(o Stats) {
 	s.Cut += o.Cut
 	s.ReplayCut += o.ReplayCut
 	s.ReplayIncomplete += o.ReplayIncomplete
+	s.ReplayFilled += o.ReplayFilled
+	s.ReplayGapped += o.ReplayGapped
 	for i := range s.Snapshots {
 		s.Snapshots[i] += o.Snapshots[i]
 	}
@@ -133,15 +138,21 @@ type Publisher struct {
 	closed    bool // set by Close; nothing is published after it
 	closeOnce sync.Once
 
+	// newest is 1 + the newest seq handed out (any kind; 0: none), stored after the batch is in the buffer: every
+	// seq up to it that a reply finds neither buffered nor lost was a heartbeat's (fill.go).
+	newest atomic.Uint64
+
 	// Counters. Updated atomically.
 	published, replayReqs, badReqs, replayed, incomplete, cut, replayCut atomic.Uint64
+	filled, gapped                                                       atomic.Uint64
 	dropped                                                              [numDrops]atomic.Uint64
 	incompleteLog, badReqLog, snapLog                                    rateLog
 
 	bufMu sync.Mutex // protects buf
 	buf   replayBuffer
 
-	snap snapState // snapshot.go
+	snap snapState              // snapshot.go
+	fill atomic.Pointer[filler] // fill.go; nil: replies keep the buffer's seqs
 }
 
 // isBind is vLLM's rule (ZmqEventPublisher._is_bind_endpoint) without inproc, which New refuses.
@@ -338,6 +349,7 @@ func (p *Publisher) publish(e entry, kind itemKind) bool {
 		}
 	}
 	p.published.Add(1) // after the buffer: Stats().Published == n means every batch of the n can be replayed
+	p.newest.Store(e.seq + 1)
 	return true
 }
 
@@ -388,7 +400,8 @@ func (p *Publisher) serveSubscriber(c *conn) {
 func (p *Publisher) Stats() Stats {
 	s := Stats{Published: p.published.Load(), ReplayRequests: p.replayReqs.Load(), BadRequests: p.badReqs.Load(),
 		Replayed: p.replayed.Load(), ReplayIncomplete: p.incomplete.Load(), Cut: p.cut.Load(),
-		ReplayCut: p.replayCut.Load(), Endpoint: p.endpoint, ReplayEndpoint: p.replayEP}
+		ReplayCut: p.replayCut.Load(), ReplayFilled: p.filled.Load(), ReplayGapped: p.gapped.Load(),
+		Endpoint: p.endpoint, ReplayEndpoint: p.replayEP}
 	for i := range s.Dropped {
 		s.Dropped[i] = p.dropped[i].Load()
 	}

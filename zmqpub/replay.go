@@ -65,67 +65,120 @@ func (p *Publisher) serveReplayClient(c *conn) {
 	}
 }
 
-// replyLoop answers one client's requests in order: every buffered batch with seq >= start, then the end marker.
+// replyLoop answers one client's requests in order (reply), until one cannot be queued.
 func (p *Publisher) replyLoop(c *conn, reqs <-chan uint64) {
 	endMarker := net.Buffers{append(appendFrame(appendFrame(appendFrame(nil, flagMore, nil), flagMore, nil), flagMore,
 		endSeq), 0, 0)}
 	var buf []entry
 	for start := range reqs {
 		p.replayReqs.Add(1)
-		p.bufMu.Lock()
-		cursor, end, gen, complete := p.buf.replyRange(start)
-		var oldest uint64
-		if p.buf.len() > 0 {
-			oldest = p.buf.q[p.buf.head].seq
-		}
-		p.bufMu.Unlock()
-		if !complete {
-			// The buffer does not reach back to start: the state as of a snapshot's seq L, then the batches
-			// after L (SNAPSHOT.md). A consumer already past L (start > L) needs no snapshot.
-			if sn := p.snapshot(c.done); sn != nil {
-				if sn.Seq >= start {
-					for _, b := range sn.Batches {
-						if c.putWait(p.replyMessage(entry{seq: sn.Seq, payload: b})) != nil {
-							p.release(sn)
-							return
-						}
-						p.replayed.Add(1)
-					}
-					start = sn.Seq + 1
-				}
-				p.release(sn)
-				p.bufMu.Lock()
-				cursor, end, gen, _ = p.buf.replyRange(start)
-				complete = !p.buf.lost || p.buf.lostMax < start
-				p.bufMu.Unlock()
-			}
-		}
-		if !complete {
-			p.countIncomplete(start, oldest)
-		}
-		for cursor < end {
-			var st chunkStatus
-			p.bufMu.Lock()
-			buf, cursor, st = p.buf.chunk(buf[:0], cursor, end, gen, start, replyChunk)
-			p.bufMu.Unlock()
-			if st == chunkEvicted && complete {
-				p.countIncomplete(start, oldest)
-			}
-			if st != chunkOK {
-				break
-			}
-			for i, e := range buf {
-				if c.putWait(p.replyMessage(e)) != nil {
-					return
-				}
-				buf[i] = entry{}
-				p.replayed.Add(1)
-			}
-		}
-		if c.putWait(endMarker) != nil {
+		var err error
+		if buf, err = p.reply(c, start, buf); err != nil || c.putWait(endMarker) != nil {
 			return
 		}
 	}
+}
+
+// reply queues the answer to a request from start, without its end marker: every buffered batch with seq >= start
+// or, when the buffer does not reach back to start, a snapshot's batches and the buffered batches after its seq L
+// (SNAPSHOT.md; a consumer already past L needs no snapshot); with a filler, the empty batches that make its seqs
+// contiguous (fill.go). buf is scratch space, returned for reuse.
+func (p *Publisher) reply(c *conn, start uint64, buf []entry) ([]entry, error) {
+	p.bufMu.Lock()
+	_, _, _, complete := p.buf.replyRange(start)
+	var oldest uint64
+	if p.buf.len() > 0 {
+		oldest = p.buf.q[p.buf.head].seq
+	}
+	p.bufMu.Unlock()
+	var sn *Snapshot              // the snapshot the reply sends, if any
+	tail, snapped := start, false // the first seq the buffer's part may carry; whether a snapshot was had
+	if !complete {
+		if s := p.snapshot(c.done); s != nil {
+			defer p.release(s)
+			snapped = true
+			if s.Seq >= start {
+				sn, tail = s, s.Seq+1
+			}
+		}
+	}
+	p.bufMu.Lock()
+	cursor, end, gen, _ := p.buf.replyRange(tail)
+	if snapped { // the state as of L is had: the reply is whole if nothing after L (or after start) was lost
+		complete = !p.buf.lost || p.buf.lostMax < tail
+	}
+	newest, kept := p.newest.Load(), p.buf.countFrom(tail)
+	p.bufMu.Unlock()
+	if !complete {
+		p.countIncomplete(start, oldest)
+	}
+
+	// With a filler, a reply that knows every seq from start to newest-1 carries each (fill.go).
+	f := p.fill.Load()
+	if f != nil {
+		seqs := int64(newest) - int64(start) // the seqs the reply would carry, contiguous
+		m := 0
+		if sn != nil {
+			m = len(sn.Batches)
+		}
+		switch fillers := seqs - int64(m) - int64(kept); {
+		case seqs <= 0:
+			f = nil // nothing was published from start on: nothing to fill
+		case !complete || fillers > int64(f.max) || sn != nil && sn.Seq-start+1 < uint64(m):
+			f = nil
+			p.gapped.Add(1)
+		}
+	}
+	next := start // with f, the seq the reply carries next
+	if sn != nil {
+		first := sn.Seq // every batch under L, or under L-m+1..L when filled
+		if f != nil {
+			first = sn.Seq + 1 - uint64(len(sn.Batches))
+			if err := p.sendFill(c, f, next, first); err != nil {
+				return buf, err
+			}
+		}
+		for i, b := range sn.Batches {
+			seq := sn.Seq
+			if f != nil {
+				seq = first + uint64(i)
+			}
+			if err := c.putWait(p.replyMessage(entry{seq: seq, payload: b})); err != nil {
+				return buf, err
+			}
+			p.replayed.Add(1)
+		}
+		next = sn.Seq + 1
+	}
+	for cursor < end {
+		var st chunkStatus
+		p.bufMu.Lock()
+		buf, cursor, st = p.buf.chunk(buf[:0], cursor, end, gen, tail, replyChunk)
+		p.bufMu.Unlock()
+		if st == chunkEvicted && complete {
+			p.countIncomplete(start, oldest)
+		}
+		if st != chunkOK {
+			return buf, nil // the reply ends here, unfilled: the rest is unknown
+		}
+		for i, e := range buf {
+			if f != nil && e.seq > next {
+				if err := p.sendFill(c, f, next, e.seq); err != nil {
+					return buf, err
+				}
+			}
+			if err := c.putWait(p.replyMessage(e)); err != nil {
+				return buf, err
+			}
+			buf[i] = entry{}
+			p.replayed.Add(1)
+			next = e.seq + 1
+		}
+	}
+	if f != nil && newest > next {
+		return buf, p.sendFill(c, f, next, newest) // the heartbeats after the last kept batch
+	}
+	return buf, nil
 }
 
 // replyMessage is ["", topic, seq, payload] (vLLM's reply after the ROUTER's identity frame).

@@ -42,6 +42,8 @@ func TestUsage(t *testing.T) {
 		{[]string{"serve", "--state-dir", missing, "--checkpoint-interval", "-1s"}, exitUsage, "--checkpoint-interval -1s"},
 		{[]string{"serve", "--help"}, exitOK, "KVSHMD_CHECKPOINT_INTERVAL"},
 		{[]string{"serve", "--zmq-heartbeat", "-1s"}, exitUsage, "--zmq-heartbeat -1s"},
+		{[]string{"serve", "--zmq-seq-base", "epoch"}, exitUsage, "--zmq-seq-base \"epoch\": want clock or zero"},
+		{[]string{"serve", "--zmq-replay-fill", "-1"}, exitUsage, "--zmq-replay-fill -1"},
 		{[]string{"serve", "--help"}, exitOK, "KVSHMD_ZMQ_HEARTBEAT"},
 		{[]string{"serve", "--help"}, exitOK, "KVSHMD_CLEANUP_DIR"},
 		{[]string{"events", "--start", "-1"}, exitUsage, "unsigned"},

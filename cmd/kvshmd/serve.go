@@ -24,8 +24,8 @@ type serveOpts struct {
 	cleanupDir                                          string
 	zmqHeartbeat                                        time.Duration
 	zmqSnapshots                                        bool
-	zmqSnapshotBuilds, zmqSnapshotChunk                 int
-	onLoss, dumpShape                                   string
+	zmqSnapshotBuilds, zmqSnapshotChunk, zmqReplayFill  int
+	onLoss, dumpShape, zmqSeqBase                       string
 	parentPID, maxConns, httpMaxConns, rankPorts        int
 	maxRequest                                          uint
 	idle, frame, write, query, pidCheck, parentInterval time.Duration
@@ -68,6 +68,8 @@ func serve(args []string, stderr io.Writer) int {
 	fs.DurationVar(&o.zmqHeartbeat, "zmq-heartbeat", dur("KVSHMD_ZMQ_HEARTBEAT", def.ZMQHeartbeat), "a stream published on ZMQ that published nothing for this long publishes an empty batch with the next seq, so an idle engine's restarted router finds its gap and replays (LIFECYCLE.md); 0 = off (env KVSHMD_ZMQ_HEARTBEAT)")
 	fs.BoolVar(&o.zmqSnapshots, "zmq-snapshots", envOr("true", "KVSHMD_ZMQ_SNAPSHOTS") != "false", "a publishing stream keeps its blocks' tokens (~(block_size+2)*4 bytes per block) and answers a replay request older than its replay buffer with the state as of its last batch, then the batches after it, so a router that was away longer than the buffer converges (SNAPSHOT.md); false = the buffer only, as vLLM's publisher (env KVSHMD_ZMQ_SNAPSHOTS)")
 	fs.IntVar(&o.zmqSnapshotChunk, "zmq-snapshot-chunk", num("KVSHMD_ZMQ_SNAPSHOT_CHUNK", 0), "split a replay snapshot's batch of a rank into batches of about this many bytes, all under its seq (Dynamo 1.6.1 applies them all; a consumer that keeps one batch per seq would not); 0: one batch per rank (env KVSHMD_ZMQ_SNAPSHOT_CHUNK)")
+	fs.IntVar(&o.zmqReplayFill, "zmq-replay-fill", num("KVSHMD_ZMQ_REPLAY_FILL", def.ZMQReplayFill), "a replay reply carries every seq from the requested one to the newest, as vLLM's do: the seqs of heartbeats, of a wiped incarnation and before a snapshot go as empty batches, at most this many per reply (a reply needing more keeps its gaps, counted); llm-d's replay consumer refuses a reply with a gap (SNAPSHOT.md); 0 = off (env KVSHMD_ZMQ_REPLAY_FILL)")
+	fs.StringVar(&o.zmqSeqBase, "zmq-seq-base", envOr("clock", "KVSHMD_ZMQ_SEQ_BASE"), "where a stream's wire seqs start in this daemon: clock = above the clock in µs (and again at each engine incarnation), so no restart of anything reuses a seq (Dynamo's routers); zero = from 1, continuing across incarnations and restored checkpoints, as llm-d's replay consumer needs (it asks from seq 0 on connect); a daemon restarted without its state then starts from 1 again (LIFECYCLE.md) (env KVSHMD_ZMQ_SEQ_BASE)")
 	fs.IntVar(&o.zmqSnapshotBuilds, "zmq-snapshot-builds", num("KVSHMD_ZMQ_SNAPSHOT_BUILDS", daemon.DefaultSnapshotBuilds), "replay snapshots built at once across all streams; a replay needing one beyond it waits for a slot, and replies on one stream share one build while its buffer covers the batches after it (env KVSHMD_ZMQ_SNAPSHOT_BUILDS)")
 	fs.StringVar(&o.cleanupDir, "cleanup-dir", envOr("", "KVSHMD_CLEANUP_DIR"), "at exit, after everything is closed, remove this directory recursively, only if it is a directory owned by you with mode 0700 (the private directory the Python launcher made); anything else is refused and logged (env KVSHMD_CLEANUP_DIR)")
 	fs.StringVar(&o.onLoss, "on-loss", envOr(def.OnLoss.String(), "KVSHMD_ON_LOSS"), "answer to a recovery query that misses events kvshm lost (ring full, corrupt record, unknown history): best-effort = what Dynamo would answer from the events applied, marked with the Kvshm-State: incomplete and Kvshm-Lost-Events headers, counted and logged; error = the Error variant naming the loss until a Cleared (env KVSHMD_ON_LOSS)")
@@ -175,6 +177,14 @@ Flags:
 		fmt.Fprintf(stderr, "kvshmd serve: --zmq-heartbeat %v: want 0 (off) or a positive duration\n", o.zmqHeartbeat)
 		return exitUsage
 	}
+	if o.zmqSeqBase != "clock" && o.zmqSeqBase != "zero" {
+		fmt.Fprintf(stderr, "kvshmd serve: --zmq-seq-base %q: want clock or zero\n", o.zmqSeqBase)
+		return exitUsage
+	}
+	if o.zmqReplayFill < 0 {
+		fmt.Fprintf(stderr, "kvshmd serve: --zmq-replay-fill %d: want 0 (off) or a positive count\n", o.zmqReplayFill)
+		return exitUsage
+	}
 	onLoss, ok := byName(o.onLoss, index.LossBestEffort, index.LossError)
 	if !ok {
 		fmt.Fprintf(stderr, "kvshmd serve: --on-loss %q: want best-effort or error\n", o.onLoss)
@@ -219,9 +229,9 @@ Flags:
 		WriteTimeout: o.write, QueryTimeout: o.query, PIDCheckInterval: o.pidCheck, ParentPoll: o.parentInterval,
 		StateDir: o.stateDir, CheckpointInterval: o.ckptInterval, OnLoss: onLoss, DumpShape: shape, RankPortsBase: o.rankPorts,
 		ZMQHeartbeat: o.zmqHeartbeat, ZMQNoSnapshots: !o.zmqSnapshots, ZMQSnapshotBuilds: o.zmqSnapshotBuilds,
-		ZMQSnapshotChunk: o.zmqSnapshotChunk,
-		CleanupDir:       o.cleanupDir,
-		Bounds:           bounds, Version: buildVersion(), Logger: log,
+		ZMQSnapshotChunk: o.zmqSnapshotChunk, ZMQReplayFill: o.zmqReplayFill, ZMQSeqZero: o.zmqSeqBase == "zero",
+		CleanupDir: o.cleanupDir,
+		Bounds:     bounds, Version: buildVersion(), Logger: log,
 	})
 	if err != nil {
 		log.Error("cannot start", "err", err)
