@@ -61,6 +61,7 @@ def _kill_ns(name: str) -> None:
 class Net:
     pid: int = field(default_factory=os.getpid)
     namespaces: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)  # the veths' host ends
     blocked: set[tuple[int, int]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -95,6 +96,7 @@ class Net:
         sh("ip", "netns", "add", ns)
         self.namespaces.append(ns)
         sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        self.links.append(host_if)
         sh("ip", "link", "set", host_if, "master", self.bridge, "up")
         for cmd in (["addr", "add", f"{ip}/16", "dev", "eth0"], ["link", "set", "eth0", "up"],
                     ["link", "set", "lo", "up"]):
@@ -133,7 +135,12 @@ class Net:
         return int(out[0]), int(out[1])
 
     def down(self) -> None:
-        """Every namespace (killing what still runs in it), then the bridge (which takes the veths along)."""
+        """Every veth, namespace (killing what still runs in it), then the bridge. The veths go first, explicitly:
+        a namespace's deletion takes its veth pair along only later, in the kernel's cleanup work, and a Net of the
+        same pid made meanwhile (the next test) would find the host end's name taken."""
+        for link in reversed(self.links):
+            sh("ip", "link", "del", link, check=False)
+        self.links.clear()
         for ns in reversed(self.namespaces):
             _kill_ns(ns)
         self.namespaces.clear()
