@@ -76,11 +76,11 @@ func (st *stream) snapshotter(w vllmwire.Wire, chunk int) zmqpub.Snapshotter {
 		if bs == 0 {
 			bs = ix.Config().BlockSize
 		}
-		b, err := snapshotBatches(ts, w, bs, st.rank.Load(), chunk)
+		b, fresh, err := snapshotBatches(ts, w, bs, st.rank.Load(), chunk)
 		if err != nil {
 			return zmqpub.Snapshot{}, err
 		}
-		return zmqpub.Snapshot{Seq: ts.ID, Batches: b}, nil
+		return zmqpub.Snapshot{Seq: ts.ID, Batches: b, Fresh: fresh}, nil
 	}
 }
 
@@ -89,19 +89,40 @@ func (st *stream) snapshotter(w vllmwire.Wire, chunk int) zmqpub.Snapshotter {
 // carry for an indexed block without metadata: medium "GPU", block_size the stream's, the LoRA name and Eagle form
 // the blocks were stored with. chunk > 0 (--zmq-snapshot-chunk) splits a rank's batch once its events pass chunk
 // bytes: the Cleared opens the first one, every later one continues the rank's events in order (parents still
-// first), all under the snapshot's seq.
-func snapshotBatches(ts *index.TokenSnapshot, w vllmwire.Wire, bs, fallback uint32, chunk int) ([][]byte, error) {
+// first). fresh is the same without the Cleareds, for a consumer that asked from seq 0 (zmqpub.Snapshot.Fresh): a
+// rank's first batch without its Cleared, none for a rank that holds nothing; the other batches are shared.
+func snapshotBatches(ts *index.TokenSnapshot, w vllmwire.Wire, bs, fallback uint32, chunk int) (out, fresh [][]byte,
+	err error) {
 	type rankBody struct {
-		n    int      // events in body
-		body []byte   // the open batch's events
-		out  [][]byte // the rank's finished batches
+		n    int    // events in body
+		body []byte // the open batch's events
+		// out and fresh: the rank's finished batches, with and without its Cleared
+		out, fresh [][]byte
 	}
 	ts0 := batchTS(0)
+	cleared := w.AppendEvent(nil, &vllmwire.Event{Kind: vllmwire.KindCleared})
+	batch := func(r uint32, n int, parts ...[]byte) []byte {
+		size := 32
+		for _, p := range parts {
+			size += len(p)
+		}
+		b := vllmwire.AppendBatchHeader(make([]byte, 0, size), ts0, n)
+		for _, p := range parts {
+			b = append(b, p...)
+		}
+		return vllmwire.AppendBatchTrailer(b, int64(r))
+	}
 	finish := func(r uint32, rb *rankBody) {
-		b := vllmwire.AppendBatchHeader(make([]byte, 0, len(rb.body)+32), ts0, rb.n)
-		b = append(b, rb.body...)
-		rb.out = append(rb.out, vllmwire.AppendBatchTrailer(b, int64(r)))
-		rb.body, rb.n = nil, 0
+		if len(rb.out) == 0 { // the rank's first batch opens with its Cleared
+			rb.out = append(rb.out, batch(r, rb.n+1, cleared, rb.body))
+			if rb.n > 0 {
+				rb.fresh = append(rb.fresh, batch(r, rb.n, rb.body))
+			}
+		} else {
+			b := batch(r, rb.n, rb.body)
+			rb.out, rb.fresh = append(rb.out, b), append(rb.fresh, b)
+		}
+		rb.body, rb.n = rb.body[:0], 0
 	}
 	ranks := slices.Clone(ts.DpRanks)
 	if len(ranks) == 0 {
@@ -109,12 +130,10 @@ func snapshotBatches(ts *index.TokenSnapshot, w vllmwire.Wire, bs, fallback uint
 	}
 	bodies := make(map[uint32]*rankBody, len(ranks))
 	for _, r := range ranks {
-		rb := &rankBody{n: 1}
-		rb.body = w.AppendEvent(rb.body, &vllmwire.Event{Kind: vllmwire.KindCleared})
-		bodies[r] = rb
+		bodies[r] = &rankBody{}
 	}
 	var ev vllmwire.Event
-	err := ts.Events(func(e *index.SnapshotEvent) {
+	err = ts.Events(func(e *index.SnapshotEvent) {
 		rb := bodies[e.DpRank]
 		if chunk > 0 && len(rb.body) >= chunk {
 			finish(e.DpRank, rb)
@@ -126,13 +145,13 @@ func snapshotBatches(ts *index.TokenSnapshot, w vllmwire.Wire, bs, fallback uint
 		rb.n++
 	})
 	if err != nil {
-		return nil, fmt.Errorf("snapshot: %w", err)
+		return nil, nil, fmt.Errorf("snapshot: %w", err)
 	}
-	out := make([][]byte, 0, len(ranks))
+	out = make([][]byte, 0, len(ranks))
 	for _, r := range ranks {
 		rb := bodies[r]
 		finish(r, rb)
-		out = append(out, rb.out...)
+		out, fresh = append(out, rb.out...), append(fresh, rb.fresh...)
 	}
-	return out, nil
+	return out, fresh, nil
 }

@@ -159,7 +159,7 @@ func BenchmarkSnapshotBatches(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		out, err := snapshotBatches(ts, vllmwire.Wire033, bs, 0, 0)
+		out, _, err := snapshotBatches(ts, vllmwire.Wire033, bs, 0, 0)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -170,7 +170,8 @@ func BenchmarkSnapshotBatches(b *testing.B) {
 
 // TestSnapshotBatchesPerRank: a stream carrying several dp_ranks gets one batch per rank (ascending), each
 // starting with its Cleared (Dynamo clears the batch's (worker, dp_rank)); a rank that holds nothing now gets the
-// Cleared alone; a stream that has carried no rank gets one Cleared batch with the fallback rank.
+// Cleared alone; a stream that has carried no rank gets one Cleared batch with the fallback rank. The fresh
+// batches (a reply from seq 0) are the same without the Cleareds, and none for a rank that holds nothing.
 func TestSnapshotBatchesPerRank(t *testing.T) {
 	ix, _ := index.New(index.Config{WorkerID: 1, BlockSize: 2, KeepTokens: true})
 	for _, e := range []struct {
@@ -190,9 +191,25 @@ func TestSnapshotBatchesPerRank(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := snapshotBatches(ts, vllmwire.Wire033, 2, 9, 0)
+	out, fresh, err := snapshotBatches(ts, vllmwire.Wire033, 2, 9, 0)
 	if err != nil {
 		t.Fatal(err)
+	}
+	wantFresh := [][]string{
+		{`BlockStored [21 22] parent false/0 tokens [3 4 5 6] bs 2 medium "GPU"`},
+		{`BlockStored [11] parent false/0 tokens [1 2] bs 2 medium "GPU"`},
+	}
+	if len(fresh) != len(wantFresh) {
+		t.Fatalf("%d fresh batches, want %d", len(fresh), len(wantFresh))
+	}
+	for i, p := range fresh {
+		b, err := vllmwire.Decode(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := describe(b); !slices.Equal(got, wantFresh[i]) || b.DpRank != int64(i) {
+			t.Fatalf("fresh batch %d: %q rank %d, want %q rank %d", i, got, b.DpRank, wantFresh[i], i)
+		}
 	}
 	want := [][]string{
 		{"AllBlocksCleared", `BlockStored [21 22] parent false/0 tokens [3 4 5 6] bs 2 medium "GPU"`},
@@ -214,9 +231,9 @@ func TestSnapshotBatchesPerRank(t *testing.T) {
 	empty, _ := index.New(index.Config{WorkerID: 1, BlockSize: 2, KeepTokens: true})
 	empty.MarkLost(5, 5, "test")
 	ts, _ = empty.Snapshot()
-	out, err = snapshotBatches(ts, vllmwire.Wire033, 2, 9, 0)
-	if err != nil || len(out) != 1 {
-		t.Fatalf("no ranks: %d batches, %v", len(out), err)
+	out, fresh, err = snapshotBatches(ts, vllmwire.Wire033, 2, 9, 0)
+	if err != nil || len(out) != 1 || len(fresh) != 0 {
+		t.Fatalf("no ranks: %d batches, %d fresh, %v; want 1, 0", len(out), len(fresh), err)
 	}
 	if b, _ := vllmwire.Decode(out[0]); !slices.Equal(describe(b), []string{"AllBlocksCleared"}) || b.DpRank != 9 {
 		t.Fatalf("no ranks: %q rank %d, want the Cleared alone, rank 9", describe(b), b.DpRank)
@@ -241,7 +258,7 @@ func TestSnapshotBatchesChunked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	whole, err := snapshotBatches(ts, vllmwire.Wire033, 2, 0, 0)
+	whole, _, err := snapshotBatches(ts, vllmwire.Wire033, 2, 0, 0)
 	if err != nil || len(whole) != 1 {
 		t.Fatalf("unchunked: %d batches, %v", len(whole), err)
 	}
@@ -250,9 +267,26 @@ func TestSnapshotBatchesChunked(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := describe(wb)
-	out, err := snapshotBatches(ts, vllmwire.Wire033, 2, 0, 64)
+	out, fresh, err := snapshotBatches(ts, vllmwire.Wire033, 2, 0, 64)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(fresh) != len(out) {
+		t.Fatalf("%d fresh batches, want %d (the first without its Cleared)", len(fresh), len(out))
+	}
+	for i := range fresh {
+		fb, err := vllmwire.Decode(fresh[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		ob, _ := vllmwire.Decode(out[i])
+		want := describe(ob)
+		if i == 0 {
+			want = want[1:]
+		}
+		if got := describe(fb); !slices.Equal(got, want) {
+			t.Fatalf("fresh batch %d: %q, want %q", i, got, want)
+		}
 	}
 	if len(out) < 3 {
 		t.Fatalf("chunk 64 B: %d batches of %d events, want several", len(out), len(want))

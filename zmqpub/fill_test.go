@@ -149,3 +149,31 @@ func TestFillChunks(t *testing.T) {
 		}
 	}
 }
+
+// TestSnapshotFreshFromZero: a reply from seq 0 sends the snapshot's Fresh batches (nothing of the stream to clear),
+// a reply from a later seq its Batches; with a filler the Fresh batches take the seqs up to L as Batches would.
+func TestSnapshotFreshFromZero(t *testing.T) {
+	for _, fill := range []int{0, 100} {
+		rep := ipcEndpoint(t, "replay")
+		p := newPub(t, Config{Endpoint: ipcEndpoint(t, "pub"), ReplayEndpoint: rep, BufferSteps: 2})
+		p.SetFiller([]byte("-"), fill)
+		p.SetSnapshotter(func() (Snapshot, error) {
+			return Snapshot{Seq: 6, Batches: [][]byte{[]byte("C+A"), []byte("B")}, Fresh: [][]byte{[]byte("A"), []byte("B")}}, nil
+		}, nil)
+		p.PublishReset(1, []byte("r1"))
+		for s := uint64(2); s <= 6; s++ {
+			p.Publish(s, []byte(fmt.Sprintf("b%d", s)))
+		}
+		want0, want2 := []string{"6:A", "6:B"}, []string{"6:C+A", "6:B"}
+		if fill > 0 {
+			want0 = []string{"0:-", "1:-", "2:-", "3:-", "4:-", "5:A", "6:B"}
+			want2 = []string{"2:-", "3:-", "4:-", "5:C+A", "6:B"}
+		}
+		if got := replayPairs(t, rep, 0); !equalStrings(got, want0) {
+			t.Fatalf("fill %d, from 0: %q, want %q", fill, got, want0)
+		}
+		if got := replayPairs(t, rep, 2); !equalStrings(got, want2) {
+			t.Fatalf("fill %d, from 2: %q, want %q", fill, got, want2)
+		}
+	}
+}

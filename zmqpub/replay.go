@@ -113,14 +113,18 @@ func (p *Publisher) reply(c *conn, start uint64, buf []entry) ([]entry, error) {
 		p.countIncomplete(start, oldest)
 	}
 
+	var batches [][]byte // the snapshot's part
+	if sn != nil {
+		batches = sn.Batches
+		if start == 0 && sn.Fresh != nil {
+			batches = sn.Fresh
+		}
+	}
 	// With a filler, a reply that knows every seq from start to newest-1 carries each (fill.go).
 	f := p.fill.Load()
 	if f != nil {
 		seqs := int64(newest) - int64(start) // the seqs the reply would carry, contiguous
-		m := 0
-		if sn != nil {
-			m = len(sn.Batches)
-		}
+		m := len(batches)
 		switch fillers := seqs - int64(m) - int64(kept); {
 		case seqs <= 0:
 			f = nil // nothing was published from start on: nothing to fill
@@ -133,12 +137,12 @@ func (p *Publisher) reply(c *conn, start uint64, buf []entry) ([]entry, error) {
 	if sn != nil {
 		first := sn.Seq // every batch under L, or under L-m+1..L when filled
 		if f != nil {
-			first = sn.Seq + 1 - uint64(len(sn.Batches))
+			first = sn.Seq + 1 - uint64(len(batches))
 			if err := p.sendFill(c, f, next, first); err != nil {
 				return buf, err
 			}
 		}
-		for i, b := range sn.Batches {
+		for i, b := range batches {
 			seq := sn.Seq
 			if f != nil {
 				seq = first + uint64(i)

@@ -7,11 +7,19 @@ import (
 
 // Snapshot is the compacted state of a stream as of the batch with wire seq Seq: batches that, applied by a
 // consumer in order, leave it holding exactly the producer's state after that batch (kvshmd: per dp_rank
-// [AllBlocksCleared, BlockStored...], SNAPSHOT.md). Every batch goes out with seq Seq. Its payloads are shared by
-// every reply that uses it and must not be modified.
+// [AllBlocksCleared, BlockStored...], SNAPSHOT.md). Every batch goes out with seq Seq, or with Seq-m+1..Seq in a
+// contiguous reply (fill.go). Its payloads are shared by every reply that uses it and must not be modified.
+//
+// Fresh, when not nil, is what a reply from seq 0 sends instead: the same state without what only clears (kvshmd:
+// the AllBlocksCleared events). A consumer that asks from seq 0 has applied nothing of this stream (Dynamo 1.6.1's
+// listener asks from 0 only while its watermark for the worker is unset, which a new registration starts with and
+// a deregistration's removal of the worker's blocks restores; llm-d resets the pod itself before it does), so the
+// Cleared has nothing to drop there, and it costs Dynamo a walk of its whole tree: a router restarted against 64
+// workers paid 64 such walks, ~40% of its CPU for the restart (CLUSTER.md).
 type Snapshot struct {
 	Seq     uint64
 	Batches [][]byte
+	Fresh   [][]byte
 }
 
 // Snapshotter builds a Snapshot of the stream's current state. It runs in a replay client's reply goroutine,
@@ -142,6 +150,9 @@ func (p *Publisher) snapshot(done <-chan struct{}) *Snapshot {
 	if sn != nil {
 		s.cached, s.size, s.users = sn, 0, 1
 		for _, b := range sn.Batches {
+			s.size += len(b)
+		}
+		for _, b := range sn.Fresh { // shared batches count twice: the bound errs on the small side
 			s.size += len(b)
 		}
 	}
