@@ -58,8 +58,12 @@ func TestHeartbeatAndReset(t *testing.T) {
 			t.Fatalf("live seq %d, want %d", seq, want)
 		}
 	}
-	if got := replaySeqs(t, rep, 0); !equalSeqs(got, []uint64{13, 15}) {
-		t.Fatalf("replay from 0 after a reset: %v, want [13 15]", got)
+	if got := replaySeqs(t, rep, 1); !equalSeqs(got, []uint64{13, 15}) {
+		t.Fatalf("replay from 1 after a reset: %v, want [13 15]", got)
+	}
+	// From 0 (a consumer holding nothing of the stream) the reset batch, which only clears, is left out.
+	if got := replaySeqs(t, rep, 0); !equalSeqs(got, []uint64{15}) {
+		t.Fatalf("replay from 0 after a reset: %v, want [15]", got)
 	}
 	if st := p.Stats(); st.ReplayIncomplete != 0 {
 		t.Fatalf("ReplayIncomplete %d: a request from before a reset batch is complete", st.ReplayIncomplete)
@@ -147,7 +151,8 @@ func TestReplayIncomplete(t *testing.T) {
 		want      []uint64
 		wantIncpl uint64
 	}{
-		{"from the start of a reset", Config{BufferSteps: 10}, true, 0, []uint64{10, 11, 12, 13}, 0},
+		{"from before a reset", Config{BufferSteps: 10}, true, 1, []uint64{10, 11, 12, 13}, 0},
+		{"from 0, before a reset: the reset left out", Config{BufferSteps: 10}, true, 0, []uint64{11, 12, 13}, 0},
 		{"began mid-incarnation", Config{BufferSteps: 10}, false, 0, []uint64{10, 11, 12, 13}, 1},
 		{"began mid-incarnation, asked from its first", Config{BufferSteps: 10}, false, 10, []uint64{10, 11, 12, 13}, 0},
 		{"rolled over by steps", Config{BufferSteps: 2}, true, 0, []uint64{12, 13}, 1},
