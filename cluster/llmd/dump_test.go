@@ -6,7 +6,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/llm-d/llm-d-kv-cache/pkg/kvevents"
+	"github.com/llm-d/llm-d-router/pkg/kvevents"
 	"github.com/vmihailenco/msgpack/v5"
 )
 

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/llm-d/llm-d-kv-cache/pkg/kvcache/kvblock"
+	"github.com/llm-d/llm-d-router/pkg/kvcache/kvblock"
 )
 
 // seenIndex is llm-d's index with the set of engine keys ever added beside it, for /dump (doc.go).
