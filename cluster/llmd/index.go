@@ -39,6 +39,11 @@ type podKey struct {
 	rank   int64
 }
 
+// String is the cluster's pod identity "W-R".
+func (k podKey) String() string {
+	return strconv.FormatInt(k.worker, 10) + "-" + strconv.FormatInt(k.rank, 10)
+}
+
 // parsePod reads the cluster's pod identity "W-R".
 func parsePod(id string) podKey {
 	w, r, ok := strings.Cut(id, "-")

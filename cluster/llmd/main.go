@@ -71,7 +71,7 @@ type registration struct {
 // the topic's pod) and clears when a replay fails or the publisher's seq resets. An empty replay endpoint turns
 // llm-d's replay off.
 func (rt *router) subscribe(reg registration) error {
-	pod := strconv.FormatInt(*reg.InstanceID, 10) + "-" + strconv.FormatInt(reg.DPRank, 10)
+	pod := podKey{*reg.InstanceID, reg.DPRank}.String()
 	return rt.subs.EnsureSubscriber(rt.ctx, pod, pod, reg.Endpoint, reg.ReplayEndpoint, rt.topic, true)
 }
 
