@@ -21,7 +21,7 @@ import (
 
 // publisher is one pod's side of the wire the cluster's daemons speak: a PUB sending [topic, seq, batch] and a
 // replay ROUTER answering ["", start] with ["", topic, seq, batch] for every retained seq >= start, then the end
-// marker ["", "", -1, ""]. A seq recorded as lost is neither published nor answered (a gap in the buffer).
+// marker ["", "", -1, ""]. A seq recorded as lost is never answered (a gap in the buffer); publish sends any.
 type publisher struct {
 	t     *testing.T
 	topic string
@@ -77,7 +77,7 @@ func (p *publisher) serve() {
 	}
 }
 
-// record appends the next seq's batch to the buffer (lost: a gap in it) without publishing it.
+// record appends the next seq's batch to the buffer (lost: a gap in it), not publishing it.
 func (p *publisher) record(lost bool, payload func(seq uint64) []byte) uint64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -253,5 +253,27 @@ func (r *replayRig) expectNothingAfterLive(requests int) {
 	}
 	if n := r.p.requests(); n != requests {
 		r.t.Fatalf("%d replay requests, want %d", n, requests)
+	}
+}
+
+// TestEmptyReplayJoinsMidStream: an answer to a replay from seq 0 that holds nothing (the end marker alone) is a
+// complete replay to llm-d, unlike one that starts above seq 0 (TestReplayStartingLateLeavesNothing). Having no
+// lastSeq, llm-d asks for seq 0 again on the next live batch, gets nothing again and then takes the batch: it joins
+// mid-stream, without the history. The buffer here retains nothing, so every answer is the end marker alone.
+func TestEmptyReplayJoinsMidStream(t *testing.T) {
+	r := newReplayRig(t)
+	for range 3 {
+		r.block(true)
+	}
+	r.register()
+	waitFor(t, "the replay on connect", func() bool { return r.p.requests() == 1 })
+	seq, h := r.block(true)
+	r.p.publish(r.pod, seq)
+	r.waitHeld([]uint64{h})
+	if n := r.p.requests(); n != 2 {
+		t.Fatalf("%d replay requests, want 2 (on connect, then from 0 again on the first live batch)", n)
+	}
+	if n := counter(metrics.ZMQErrors, r.pod, "replay-incomplete"); n != 0 {
+		t.Fatalf("%v incomplete replays, want 0", n)
 	}
 }
