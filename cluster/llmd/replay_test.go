@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -179,13 +180,12 @@ func (r *replayRig) held() []uint64 { return r.rt.index.holdings(r.ctx)[r.key] }
 
 func (r *replayRig) waitHeld(want []uint64) {
 	r.t.Helper()
-	waitFor(r.t, "llm-d to hold "+fmtHashes(want), func() bool { return reflect.DeepEqual(r.held(), want) })
+	waitFor(r.t, fmt.Sprint("llm-d to hold ", want), func() bool { return reflect.DeepEqual(r.held(), want) })
 }
 
-func fmtHashes(hs []uint64) string { b, _ := json.Marshal(hs); return string(b) }
-
-// TestLateSubscriberConvergesByReplay: a router that registers after seqs 0..4 were published (to nobody) holds
-// their blocks through llm-d's proactive replay from seq 0, then follows the live stream from seq 5.
+// TestLateSubscriberConvergesByReplay: a router that registers after seqs 0..4 went out (only the buffer has them:
+// no subscriber was there) holds their blocks through llm-d's replay from seq 0 on connect, then follows the live
+// stream from seq 5.
 func TestLateSubscriberConvergesByReplay(t *testing.T) {
 	r := newReplayRig(t)
 	var want []uint64
