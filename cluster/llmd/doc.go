@@ -48,9 +48,11 @@
 //
 // So llm-d converges after a partition, its own restart or a daemon restart only if the publisher still holds every
 // seq from the one asked for: a new subscriber needs seq 0. A buffer that no longer has it (the window has moved on)
-// leaves llm-d with nothing for the pod, retrying every 30 s, whereas answering such a request with the end marker
-// alone lets it join mid-stream without the history (TestEmptyReplayJoinsMidStream). After a partition with no
-// later live batch nothing is asked for: a gap is seen only by the next live seq. A Stored whose parent llm-d does
-// not hold is still dropped (its parent's request key is unknown), and the pool refcounts stores per pod: a block
-// stored twice is held until removed twice.
+// leaves llm-d with nothing for the pod, asking again at the first live batch after each 30 s cooldown, whereas
+// answering such a request with the end marker alone lets it join mid-stream without the history
+// (TestEmptyReplayJoinsMidStream). kvshmd's snapshot replies (zmqpub, SNAPSHOT.md: the state's batches all under seq
+// L, then L+1...) are incomplete to it too, unless the snapshot is one batch and L is the seq asked for. After a
+// partition with no later live batch nothing is asked for: a gap is seen only by the next live seq. A Stored whose
+// parent llm-d does not hold is still dropped (its parent's request key is unknown), and the pool refcounts stores
+// per pod: a block stored twice is held until removed twice.
 package main
