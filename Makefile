@@ -333,7 +333,7 @@ soak-short: soakenv soakcheck
 # The engine-served /kv_recover figures (Dynamo's LocalKvIndexer in the engine) need the conformance wheel
 # (CONFWHEEL, built by make conformance); without it they are skipped and said so.
 # The routers are of two kinds, 2 of each (router 1 of each kind faulted): Dynamo's standalone indexer and llm-d's
-# consumer (cluster/llmd: llm-d-kv-cache's kvevents pool + in-memory index, its own Go module, built into
+# consumer (cluster/llmd: llm-d-router's kvevents pool with replay + in-memory index, its own Go module, built into
 # build/llmd-router; `make llmd-test` runs its tests under -race). When llmd-router does not build, the run goes on
 # with Dynamo's routers only and says so; CLUSTER_ARGS="--routers dynamo" leaves llm-d out.
 CLUSTERENV     ?= $(E2EENV)

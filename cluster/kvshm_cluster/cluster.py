@@ -147,8 +147,8 @@ class Cluster:
         if self.cfg.publisher == "kvshm":
             argv += ["--socket", str(n.socket)]
         if "llmd" in self.cfg.kinds:
-            # llm-d reads the pod from the topic and decodes only the array layout (kvshm's wire "array"; vLLM's
-            # own publisher has no such option: llm-d decodes none of its batches).
+            # llm-d subscribes to topics "kv@" (llmd_topic). kvshm publishes the array layout, which llm-d-router
+            # decodes as it does vLLM >= 0.32's field-name maps (the old llm-d-kv-cache decoded arrays only).
             argv += ["--topic", llmd_topic(wid, r), "--wire", "array"]
         if self.cfg.ref_http:
             argv += ["--ref-http", f"{n.ip}:{REF_HTTP_PORT + 20 * w + r}"]

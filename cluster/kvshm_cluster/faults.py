@@ -5,12 +5,13 @@ a router down, a stall outlast the replay window (``buffer_steps`` batches) what
 hits router 1 of each kind at once (:meth:`.Cluster.faulted`).
 
 What ``--strict`` requires of kvshm (:func:`must_converge`): every row for Dynamo's router (replay, and snapshots
-past the window, make each exact); for llm-d only :data:`LLMD_EXACT`. llm-d's consumer has no replay, no snapshot
-and no gap detection (cluster/llmd/doc.go): whatever is published while it is cut off or down (a partition, its own
-restart early or late, the seconds its subscriber takes to redial a restarted kvshmd) is lost to it, whatever the
-publisher does, until a Cleared or the blocks' eviction. kvshm can make exact what reaches it: steady load, a stall
-(TCP and the PUB queue hold it), and an engine restart (kvshmd's Cleared at the end and the start of an
-incarnation drop the dead engine's blocks, which vLLM's publisher never says).
+past the window, make each exact); for llm-d only :data:`LLMD_EXACT`, set from runs of llm-d-kv-cache at 7be76e1,
+whose consumer had no replay, no snapshot and no gap detection: whatever was published while it was cut off or down
+(a partition, its own restart early or late, the seconds its subscriber takes to redial a restarted kvshmd) was
+lost to it, whatever the publisher did, until a Cleared or the blocks' eviction. kvshm made exact what reached it:
+steady load, a stall (TCP and the PUB queue hold it), and an engine restart (kvshmd's Cleared at the end and the
+start of an incarnation drop the dead engine's blocks, which vLLM's publisher never says). The router now runs
+llm-d-router at ebab687927f5, which replays (cluster/llmd/doc.go); LLMD_EXACT stands until its rows are measured.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 events, each with ``worker_id`` and ``dp_rank``). Two kinds speak these routes:
 
 * ``dynamo``: Dynamo 1.6.1's standalone indexer (the conformance crate's ``standalone``): its tree as events;
-* ``llmd``: llm-d-kv-cache's kvevents pool and in-memory index (``cluster/llmd``, build/llmd-router): per pod
-  ``W-R`` one Stored of the engine hashes whose request keys llm-d's index holds (cluster/llmd/doc.go). It reads the
-  pod from the batch's ZMQ topic, so its producers publish with :func:`llmd_topic`; it ignores the replay endpoint.
+* ``llmd``: llm-d-router's kvevents pool and in-memory index at ebab687927f5 (``cluster/llmd``, build/llmd-router):
+  per pod ``W-R`` one Stored of the engine hashes whose request keys llm-d's index holds (cluster/llmd/doc.go). It
+  gets the replay endpoint (llm-d's replay consumer: from seq 0 on connect, from lastSeq+1 on a gap, strict) and
+  files blocks under the registered pod; its producers publish with :func:`llmd_topic`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ KINDS = ("dynamo", "llmd")
 
 
 def llmd_topic(worker: int, rank: int) -> str:
-    """The ZMQ topic llm-d's vLLM adapter reads the pod identity from (``kv@<pod>@<model>``): pod ``W-R``."""
+    """The ZMQ topic of an llm-d cluster's producers, ``kv@<pod>@<model>`` with pod ``W-R``: ``kv@`` passes llm-d's
+    subscription filter and the model enters its request keys (the pod is the registered one)."""
     return f"kv@{worker}-{rank}@{MODEL}"
 
 

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/llm-d/llm-d-kv-cache/pkg/kvcache/kvblock"
+	"github.com/llm-d/llm-d-router/pkg/kvcache/kvblock"
 )
 
 // seenIndex is llm-d's index with the set of engine keys ever added beside it, for /dump (doc.go).
@@ -37,6 +37,11 @@ func (s *seenIndex) Add(ctx context.Context, engineKeys, requestKeys []kvblock.B
 type podKey struct {
 	worker int64
 	rank   int64
+}
+
+// String is the cluster's pod identity "W-R".
+func (k podKey) String() string {
+	return strconv.FormatInt(k.worker, 10) + "-" + strconv.FormatInt(k.rank, 10)
 }
 
 // parsePod reads the cluster's pod identity "W-R".

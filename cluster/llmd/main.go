@@ -14,9 +14,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/llm-d/llm-d-kv-cache/pkg/kvcache/kvblock"
-	"github.com/llm-d/llm-d-kv-cache/pkg/kvevents"
-	"github.com/llm-d/llm-d-kv-cache/pkg/kvevents/engineadapter"
+	"github.com/llm-d/llm-d-router/pkg/kvcache/kvblock"
+	"github.com/llm-d/llm-d-router/pkg/kvevents"
+	"github.com/llm-d/llm-d-router/pkg/kvevents/engineadapter"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 )
@@ -60,9 +60,19 @@ func newRouter(ctx context.Context, blockSize int, model string) (*router, error
 
 // registration is the body of POST /register (Dynamo's; only these fields matter to llm-d).
 type registration struct {
-	InstanceID *int64 `json:"instance_id"`
-	DPRank     int64  `json:"dp_rank"`
-	Endpoint   string `json:"endpoint"`
+	InstanceID     *int64 `json:"instance_id"`
+	DPRank         int64  `json:"dp_rank"`
+	Endpoint       string `json:"endpoint"`
+	ReplayEndpoint string `json:"replay_endpoint"`
+}
+
+// subscribe is EnsureSubscriber for the cluster's pod "W-R" as llm-d's precise-prefix-cache producer calls it
+// (remote, dialled): the pod is also the source endpoint, which llm-d files the pod's blocks under (overriding
+// the topic's pod) and clears when a replay fails or the publisher's seq resets. An empty replay endpoint turns
+// llm-d's replay off.
+func (rt *router) subscribe(reg registration) error {
+	pod := podKey{*reg.InstanceID, reg.DPRank}.String()
+	return rt.subs.EnsureSubscriber(rt.ctx, pod, pod, reg.Endpoint, reg.ReplayEndpoint, rt.topic, true)
 }
 
 func (rt *router) mux() *http.ServeMux {
@@ -76,8 +86,7 @@ func (rt *router) mux() *http.ServeMux {
 			http.Error(w, "want {instance_id, dp_rank, endpoint}", http.StatusBadRequest)
 			return
 		}
-		pod := strconv.FormatInt(*reg.InstanceID, 10) + "-" + strconv.FormatInt(reg.DPRank, 10)
-		if err := rt.subs.EnsureSubscriber(rt.ctx, pod, reg.Endpoint, rt.topic, true); err != nil {
+		if err := rt.subscribe(reg); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
