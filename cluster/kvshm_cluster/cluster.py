@@ -124,9 +124,13 @@ class Cluster:
     def start_kvshmd(self, n: Node) -> None:
         env = dict(os.environ, XDG_RUNTIME_DIR=str(n.dir / "xdg"))
         (n.dir / "xdg").mkdir(mode=0o700, exist_ok=True)
-        n.kvshmd = Proc(f"kvshmd {n.index}", [*self.net.exec(n.ns), str(self.cfg.kvshmd), "serve", "--socket",
-                                              str(n.socket), "--http", f"{n.ip}:{KVSHMD_HTTP_PORT}"],
-                        n.dir / "kvshmd.log", env=env)
+        argv = [*self.net.exec(n.ns), str(self.cfg.kvshmd), "serve", "--socket", str(n.socket), "--http",
+                f"{n.ip}:{KVSHMD_HTTP_PORT}"]
+        if "llmd" in self.cfg.kinds:
+            # llm-d's replay consumer asks from seq 0 when it has none and takes only a reply that starts there: wire
+            # seqs from 1, kept across the daemon's restarts by its state dir, and contiguous replies (the default).
+            argv += ["--zmq-seq-base", "zero"]
+        n.kvshmd = Proc(f"kvshmd {n.index}", argv, n.dir / "kvshmd.log", env=env)
         n.kvshmd_starts += 1
         url = f"http://{n.ip}:{KVSHMD_HTTP_PORT}/healthz"
         wait_until(f"kvshmd {n.index} /healthz", lambda: http_get(url, 1.0)[0] == 200, 30.0)

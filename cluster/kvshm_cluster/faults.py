@@ -4,14 +4,12 @@ Each fault returns its rows; the load runs again afterwards. Durations are in en
 a router down, a stall outlast the replay window (``buffer_steps`` batches) whatever the rate. A fault on "router 1"
 hits router 1 of each kind at once (:meth:`.Cluster.faulted`).
 
-What ``--strict`` requires of kvshm (:func:`must_converge`): every row for Dynamo's router (replay, and snapshots
-past the window, make each exact); for llm-d only :data:`LLMD_EXACT`, set from runs of llm-d-kv-cache at 7be76e1,
-whose consumer had no replay, no snapshot and no gap detection: whatever was published while it was cut off or down
-(a partition, its own restart early or late, the seconds its subscriber takes to redial a restarted kvshmd) was
-lost to it, whatever the publisher did, until a Cleared or the blocks' eviction. kvshm made exact what reached it:
-steady load, a stall (TCP and the PUB queue hold it), and an engine restart (kvshmd's Cleared at the end and the
-start of an incarnation drop the dead engine's blocks, which vLLM's publisher never says). The router now runs
-llm-d-router at ebab687927f5, which replays (cluster/llmd/doc.go); LLMD_EXACT stands until its rows are measured.
+What ``--strict`` requires of kvshm (:func:`must_converge`): every row, for both router kinds. Dynamo's router
+replays (and snapshots past the window make each row exact); llm-d-router at ebab687927f5 replays too, but takes only
+a reply whose seqs run from the one it asked for without a gap (cluster/llmd/doc.go): kvshmd gives it that with
+contiguous replies and, in a cluster with llm-d routers, wire seqs from 1 (``--zmq-seq-base zero``; SNAPSHOT.md).
+Measured with llm-d-kv-cache at 7be76e1 before (no replay at all), llm-d was exact only after steady load, a stall
+and an engine restart.
 """
 
 from __future__ import annotations
@@ -138,15 +136,9 @@ FAULTS: list[tuple[str, Callable[[Cluster], list[Row]]]] = [
 ]
 
 
-# The faults after which kvshm can give llm-d's consumer the exact state (the module doc says why only these).
-LLMD_EXACT: frozenset[str] = frozenset({"steady", "slow router (SIGSTOP)", "engine SIGKILL+restart"})
-
-
 def must_converge(r: Row) -> bool:
-    """Whether ``--strict`` requires this row to converge: a kvshm row that kvshm can make exact for its router."""
-    if r.publisher != "kvshm" or r.note == "n/a":
-        return False
-    return r.kind != "llmd" or r.fault in LLMD_EXACT
+    """Whether ``--strict`` requires this row to converge: every kvshm row."""
+    return r.publisher == "kvshm" and r.note != "n/a"
 
 
 def verdicts_ok(vs: list[Verdict]) -> bool:
