@@ -90,6 +90,8 @@ fuzz:
 BENCH_GO   ?=
 BENCH_ARGS ?=
 BENCH_DIR  := build/bench
+# The newest committed `make cluster` measurement (issue 18): RESULTS.md renders its restart curve.
+CLUSTER_MEASURED := cluster/measured/faults-full-llmd-router-seed18.json
 BENCH_ENV  := PYTHONPATH=$(CURDIR)/pybind/src KVSHMD_BIN=$(CURDIR)/build/kvshmd
 bench: venv build
 	@start=$$(date +%s); mkdir -p $(BENCH_DIR); \
@@ -102,7 +104,7 @@ bench: venv build
 	$(BENCH_ENV) $(VPY) bench/recovery_bench.py --out $(BENCH_DIR)/results.json $(BENCH_ARGS); \
 	$(VPY) bench/results_report.py --results $(BENCH_DIR)/results.json --go $(BENCH_DIR)/go.txt \
 	  --extra $(BENCH_DIR)/publish_bench.txt $(BENCH_DIR)/local_indexer_bench.txt --out bench/RESULTS.md \
-	  --started $$start; \
+	  --cluster $(CLUSTER_MEASURED) --started $$start; \
 	echo "make bench: $$(( $$(date +%s) - start )) s"
 
 bench-go:

@@ -221,6 +221,34 @@ def zmq_threads_reading(th: dict[str, Any]) -> list[str]:
     return out
 
 
+def cluster_section(c: dict[str, Any], source: str) -> list[str]:
+    """Issue 18's restart curve from a `make cluster` measurement (its results.json, committed under
+    cluster/measured): a router's restart to full state per size, kvshm beside vLLM's publisher of the same run.
+    `make cluster` measures it (namespaces, real routers: root, minutes), not `make bench`."""
+    by = {(r["nodes"], r["publisher"]): r for r in c.get("scale", []) if "restart_s" in r}
+    sizes = sorted({n for n, _ in by})
+    if not sizes:
+        return []
+    L = ["## Cluster (issue 18)", "",
+         f"From `{source}` (`make cluster`, seed {c.get('seed')}; CLUSTER.md has the method and the fault table): N "
+         "nodes in network namespaces x one worker x 100 k blocks, Dynamo 1.6.1's standalone indexer SIGKILLed and "
+         "restarted 3 times, the time until its own `POST /query` scores every worker's last chain whole. Goal: "
+         "<= 5 s at 64 nodes.", ""]
+    rows = []
+    for n in sizes:
+        k, v = by.get((n, "kvshm")), by.get((n, "vllm"))
+        if k is None:
+            continue
+        rows.append([str(n), f"{k['restart_s']} s", f"{v['restart_s']} s" if v else "—",
+                     ratio_s(k["restart_s"] / v["restart_s"]) if v else "—", f"{k['router_cpu_s']} / "
+                     + (f"{v['router_cpu_s']}" if v else "—"), mb(k["wire_bytes"]),
+                     f"{k.get('kvshmd_cpu_s')} ({k.get('kvshmd_idle_cpu_per_s')} idle)",
+                     verdict(k["restart_s"] <= 5.0) if n == 64 else "info"])
+    return L + table(["nodes", "kvshm", "vLLM's publisher (its window holds the cache)", "ratio",
+                      "router CPU s, kvshm / vLLM", "bytes into the router (kvshm)",
+                      "kvshmd CPU s in the storm (CPU s/s idle)", "verdict"], rows) + [""]
+
+
 def zmq_section(d: dict[str, Any]) -> list[str]:
     """The "kvshmd as the publisher (issue 12)" section of RESULTS.md."""
     z = d.get("zmq")
@@ -556,6 +584,7 @@ def main() -> None:
     ap.add_argument("--extra", nargs="*", default=[])
     ap.add_argument("--out", required=True)
     ap.add_argument("--started", type=float, default=0.0, help="epoch seconds when make bench started")
+    ap.add_argument("--cluster", default="", help="a make cluster results.json to render (issue 18's curve)")
     args = ap.parse_args()
     d: dict[str, Any] = json.loads(Path(args.results).read_text())
     out = Path(args.out)
@@ -632,6 +661,8 @@ def main() -> None:
                     "kvshm/ref", "kvshm/floor"], rows)
         L += ["", "![publish cost](publish_cost.png)", ""]
     L += zmq_section(d)
+    if args.cluster and Path(args.cluster).exists():
+        L += cluster_section(json.loads(Path(args.cluster).read_text()), args.cluster)
     q = d.get("queries")
     if q:
         L += ["## Queries (Python API, in-process reference vs kvshm.LocalIndexer → private kvshmd)", "",

@@ -208,3 +208,16 @@ def test_wake_floors_by_rate() -> None:
                       "BenchmarkWakeFloor/rate=1000-2 3  1000904729 ns/op  44.85 consumer_us/wake  4.485 pct_core\n"
                       "BenchmarkDaemonProcCPU/streams=0/idle-2 5 1000197030 ns/op 0 kvshmd_pct_core\n")
     assert rr.wake_floors(gos) == {100.0: 94.0, 1000.0: 44.85}
+
+
+def test_cluster_section_puts_kvshm_beside_vllm_and_judges_64_nodes() -> None:
+    def row(nodes: int, pub: str, s: float) -> dict[str, Any]:
+        return {"nodes": nodes, "publisher": pub, "restart_s": s, "router_cpu_s": 1.0, "wire_bytes": 2_000_000,
+                "kvshmd_cpu_s": 0.1 if pub == "kvshm" else None, "kvshmd_idle_cpu_per_s": 0.01}
+    c = {"seed": 18, "scale": [row(8, "kvshm", 0.5), row(8, "vllm", 1.0), row(64, "kvshm", 6.0),
+                               row(64, "vllm", 3.0), {"nodes": 32, "publisher": "kvshm", "error": "timeout"}]}
+    lines = rr.cluster_section(c, "x.json")
+    body = [ln for ln in lines if ln.startswith("| 8 ") or ln.startswith("| 64 ")]
+    assert len(body) == 2 and "| 0.50× |" in body[0] and body[0].endswith("| info |")
+    assert "| 2.00× |" in body[1] and "MISS" in body[1]
+    assert rr.cluster_section({"scale": []}, "x.json") == []

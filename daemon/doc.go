@@ -491,7 +491,13 @@
 // a time, shared while the buffer covers their tail; kvshm_zmq_snapshots_total{outcome} counts them. Checkpoints
 // carry the token windows (index format 3), so a daemon restarted from its state dir answers the same snapshot. A
 // block whose tokens are unknown (restored from a version 2 checkpoint, or stored before publishing started)
-// makes the snapshot unavailable until a Cleared: the reply is the buffer's, counted incomplete.
+// makes the snapshot unavailable until a Cleared: the reply is the buffer's, counted incomplete. The snapshot also
+// comes without its Cleareds (zmqpub.Snapshot.Fresh) for a reply from seq 0, whose consumer holds nothing.
+//
+// Contiguous replies (--zmq-replay-fill, Config.ZMQReplayFill, kvshmd serve's default 65,536): the publisher's
+// filler is the heartbeat batch (emptyBatch), so a reply carries every seq from the requested one (SNAPSHOT.md).
+// --zmq-seq-base zero (Config.ZMQSeqZero) makes wireFloor 0: seqs from 1, for llm-d's consumer, which replays from
+// seq 0 (LIFECYCLE.md).
 //
 // A restarted daemon replays only what it has published since it started (the replay buffer is in memory), and
 // batches in the ring that it drains again after an unclean stop (from the persisted head) are published again
