@@ -499,6 +499,9 @@ func (a *attachment) markLost(first, last uint64, reason string) {
 	w := a.st.wire.Load() + 1
 	a.st.wire.Store(w + n - 1) // publishes the counter to readers
 	a.ix.MarkLost(w, w+n-1, fmt.Sprintf("%s (engine seqs %d..%d)", reason, first, last))
+	if pub := a.st.pub.Load(); pub != nil {
+		pub.MarkLost(w, w+n-1) // a reply must not fill them (zmqpub: contiguous replies)
+	}
 }
 
 // lossKnown reports whether the drop episode a barrier waits for is marked on the index (or a later one is: the

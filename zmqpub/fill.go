@@ -20,7 +20,7 @@ import (
 //     state (a compaction: seqs below L no longer name their own states, only L does).
 //
 // A reply is filled only where every seq it covers is known: a reply that is incomplete without a snapshot (the
-// batches before the buffer had content) keeps its gap, and so does a reply that would need more than the
+// batches before the buffer had content, or seqs of lost batches: MarkLost) keeps its gap, and so does a reply that would need more than the
 // filler's max empty batches (a consumer far behind an old stream: the bound keeps a router restart from costing
 // one message per seq ever published), or a snapshot of more batches than seqs from start to L. Such replies are
 // counted (Stats.ReplayGapped).
@@ -40,6 +40,18 @@ func (p *Publisher) SetFiller(payload []byte, max int) {
 		return
 	}
 	p.fill.Store(&filler{payload: payload, max: max})
+}
+
+// MarkLost records that the seqs first..last were numbered but will never be published (kvshmd: batches the
+// producer lost before the daemon read them, numbered so that a subscriber sees the gap): a reply from a seq at or
+// before last is incomplete, and none fills them. Called by the publishing goroutine, in order with Publish.
+func (p *Publisher) MarkLost(first, last uint64) {
+	if last < first {
+		return
+	}
+	p.bufMu.Lock()
+	p.buf.markLost(last)
+	p.bufMu.Unlock()
 }
 
 // fillChunk is how many bytes of fillers a reply queues at once (many messages per queue entry).

@@ -180,3 +180,27 @@ func TestSnapshotFreshFromZero(t *testing.T) {
 		}
 	}
 }
+
+// TestLostSeqsAreNeverFilled: seqs numbered for lost batches (MarkLost) make a reply from at or before them
+// incomplete and unfilled (a filler there would tell the consumer it has everything); a reply from after them is
+// filled as before.
+func TestLostSeqsAreNeverFilled(t *testing.T) {
+	rep := ipcEndpoint(t, "replay")
+	p := newPub(t, Config{Endpoint: ipcEndpoint(t, "pub"), ReplayEndpoint: rep, BufferSteps: 10})
+	p.SetFiller([]byte("-"), 100)
+	p.PublishReset(1, []byte("r1"))
+	p.Publish(2, []byte("b2"))
+	p.MarkLost(3, 4)
+	p.Publish(5, []byte("b5"))
+	p.PublishHeartbeat(6, []byte("-"))
+	if got, want := replayPairs(t, rep, 2), []string{"2:b2", "5:b5"}; !equalStrings(got, want) {
+		t.Fatalf("replay from 2: %q, want %q (the lost seqs a gap)", got, want)
+	}
+	if st := p.Stats(); st.ReplayIncomplete != 1 || st.ReplayGapped != 1 || st.ReplayFilled != 0 {
+		t.Fatalf("incomplete %d, gapped %d, filled %d; want 1, 1, 0", st.ReplayIncomplete, st.ReplayGapped,
+			st.ReplayFilled)
+	}
+	if got, want := replayPairs(t, rep, 5), []string{"5:b5", "6:-"}; !equalStrings(got, want) {
+		t.Fatalf("replay from 5: %q, want %q", got, want)
+	}
+}
