@@ -331,15 +331,23 @@ def test_engine_restarted_on_the_same_worker(shared_daemon: SharedDaemon, make_i
         b.apply_batch(0, [stored[1]], ts=3.0)  # the new engine's seq starts at 0 again
         _, last, payload = recv_batch(sub, start)
         assert payload == vllm_payload(3.0, [stored[1]], 0)
-        dealer = ctx.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.RCVTIMEO, 10_000)
-        dealer.connect(replay)
-        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
-        got = []
-        while (frames := dealer.recv_multipart())[-1] != b"":
-            got.append((int.from_bytes(frames[-2], "big"), frames[-1]))
-        dealer.close(0)
+        def replay_from(seq: int) -> list[tuple[int, bytes]]:
+            dealer = ctx.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.RCVTIMEO, 10_000)
+            dealer.connect(replay)
+            dealer.send_multipart([b"", seq.to_bytes(8, "big")])
+            got = []
+            while (frames := dealer.recv_multipart())[-1] != b"":
+                got.append((int.from_bytes(frames[-2], "big"), frames[-1]))
+            dealer.close(0)
+            return got
+
+        # A router that held the old incarnation gets the new one from its start Cleared; one that holds nothing
+        # (from seq 0) gets no Cleared to apply (SNAPSHOT.md, "A reply from seq 0").
+        got = replay_from(end)
         assert [s for s, _ in got] == [start, last] and got[1][1] == payload
+        got = replay_from(0)
+        assert [s for s, _ in got] == [last] and got[0][1] == payload
         assert query(b, start)["Events"]["last_event_id"] == last
         assert {blk["block_hash"] for e in query(b)["TreeDump"]["events"]
                 for blk in e["event"]["data"]["stored"]["blocks"]} == {2}
