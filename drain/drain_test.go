@@ -317,6 +317,8 @@ func TestLostDoorbellBounded(t *testing.T) {
 		// A round is conclusive when the record is reached at or after the deadline the worker slept until: before
 		// it only a doorbell (lost here) or a spurious wakeup (a signal) can wake the worker, so an early reach is
 		// retried, and 3 conclusive rounds are required. Without the deadline the record is never reached.
+		// The first Housekeep may come after the ring is armed (a new stream's first pass): its deadline first.
+		waitFor(t, "the first housekeeping", func() bool { return f.deadline.Load() != nil })
 		conclusive := 0
 		for i := 0; conclusive < 3; i++ {
 			if i == 50 {
