@@ -91,7 +91,7 @@ BENCH_GO   ?=
 BENCH_ARGS ?=
 BENCH_DIR  := build/bench
 # The newest committed `make cluster` measurement (issue 18): RESULTS.md renders its restart curve.
-CLUSTER_MEASURED := cluster/measured/faults-full-llmd-router-seed18.json
+CLUSTER_MEASURED := cluster/measured/scale-8-32-64-seed18.json
 BENCH_ENV  := PYTHONPATH=$(CURDIR)/pybind/src KVSHMD_BIN=$(CURDIR)/build/kvshmd
 bench: venv build
 	@start=$$(date +%s); mkdir -p $(BENCH_DIR); \

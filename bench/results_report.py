@@ -243,10 +243,14 @@ def cluster_section(c: dict[str, Any], source: str) -> list[str]:
                      ratio_s(k["restart_s"] / v["restart_s"]) if v else "—", f"{k['router_cpu_s']} / "
                      + (f"{v['router_cpu_s']}" if v else "—"), mb(k["wire_bytes"]),
                      f"{k.get('kvshmd_cpu_s')} ({k.get('kvshmd_idle_cpu_per_s')} idle)",
+                     f"{k['kv_recover_s']} s / " + (f"{v['kv_recover_s']} s" if v and "kv_recover_s" in v else "—")
+                     if "kv_recover_s" in k else "—",
                      verdict(k["restart_s"] <= 5.0) if n == 64 else "info"])
     return L + table(["nodes", "kvshm", "vLLM's publisher (its window holds the cache)", "ratio",
                       "router CPU s, kvshm / vLLM", "bytes into the router (kvshm)",
-                      "kvshmd CPU s in the storm (CPU s/s idle)", "verdict"], rows) + [""]
+                      "kvshmd CPU s in the storm (CPU s/s idle)",
+                      "`/kv_recover` of every worker instead: kvshmd / the engine's LocalKvIndexer", "verdict"],
+                     rows) + [""]
 
 
 def zmq_section(d: dict[str, Any]) -> list[str]:
