@@ -195,39 +195,31 @@ func TestSnapshotBatchesPerRank(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantFresh := [][]string{
+	// Batch i is rank i's: its events as describe prints them.
+	check := func(what string, batches [][]byte, want [][]string) {
+		t.Helper()
+		if len(batches) != len(want) {
+			t.Fatalf("%d %s batches, want %d", len(batches), what, len(want))
+		}
+		for i, p := range batches {
+			b, err := vllmwire.Decode(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := describe(b); !slices.Equal(got, want[i]) || b.DpRank != int64(i) {
+				t.Fatalf("%s batch %d: %q rank %d, want %q rank %d", what, i, got, b.DpRank, want[i], i)
+			}
+		}
+	}
+	check("fresh", fresh, [][]string{
 		{`BlockStored [21 22] parent false/0 tokens [3 4 5 6] bs 2 medium "GPU"`},
 		{`BlockStored [11] parent false/0 tokens [1 2] bs 2 medium "GPU"`},
-	}
-	if len(fresh) != len(wantFresh) {
-		t.Fatalf("%d fresh batches, want %d", len(fresh), len(wantFresh))
-	}
-	for i, p := range fresh {
-		b, err := vllmwire.Decode(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := describe(b); !slices.Equal(got, wantFresh[i]) || b.DpRank != int64(i) {
-			t.Fatalf("fresh batch %d: %q rank %d, want %q rank %d", i, got, b.DpRank, wantFresh[i], i)
-		}
-	}
-	want := [][]string{
+	})
+	check("snapshot", out, [][]string{
 		{"AllBlocksCleared", `BlockStored [21 22] parent false/0 tokens [3 4 5 6] bs 2 medium "GPU"`},
 		{"AllBlocksCleared", `BlockStored [11] parent false/0 tokens [1 2] bs 2 medium "GPU"`},
 		{"AllBlocksCleared"},
-	}
-	if len(out) != len(want) {
-		t.Fatalf("%d batches, want %d", len(out), len(want))
-	}
-	for i, p := range out {
-		b, err := vllmwire.Decode(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := describe(b); !slices.Equal(got, want[i]) || b.DpRank != int64(i) {
-			t.Fatalf("batch %d: %q rank %d, want %q rank %d", i, got, b.DpRank, want[i], i)
-		}
-	}
+	})
 	empty, _ := index.New(index.Config{WorkerID: 1, BlockSize: 2, KeepTokens: true})
 	empty.MarkLost(5, 5, "test")
 	ts, _ = empty.Snapshot()
