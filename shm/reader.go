@@ -428,10 +428,10 @@ func (r *Reader) tailMoved(t uint64) bool { return t != r.tail && r.checkTail(t)
 // position, published before or after the store): drain first. Below a level, unread records stay unread until
 // the consumer drains for another reason. Otherwise the ring stays armed (its producer's next publish rings the
 // doorbell) until Disarm, Park or a Doorbells.Wait that finds it moved; arming an armed ring only re-checks the
-// tail. Call it after Next returned
-// ErrEmpty, and Release first, as for Park. The ordering argument is Park's (FORMAT.md, "Doorbell"): the store of
-// consumer_parked is a full fence before the tail load, so a Go producer that stores the tail after that load sees
-// the flag and rings, and one that stored it before is seen by the load; an invalid tail word is not new records.
+// tail. Call it after Next returned ErrEmpty, and Release first, as for Park. The ordering argument is Park's
+// (FORMAT.md, "Doorbell"): the store of consumer_parked is a full fence before the tail load, so a Go producer that
+// stores the tail after that load sees the flag and rings, and one that stored it before is seen by the load; an
+// invalid tail word is not new records.
 func (r *Reader) Arm() bool {
 	if r.m == nil {
 		return false

@@ -80,7 +80,8 @@ func (b *replayBuffer) markLost(seq uint64) {
 
 // replyRange returns the cursor range of a request from start, the buffer's generation, and whether the reply is
 // complete: the oldest batch is a reset batch or not after start, and nothing at or after start was lost (a batch
-// too large to keep leaves a hole); empty, a reset came and nothing at or after start was lost since (an empty buffer that never saw a reset began mid-incarnation: incomplete).
+// too large to keep leaves a hole); empty, a reset came and nothing at or after start was lost since (an empty
+// buffer that never saw a reset began mid-incarnation: incomplete).
 func (b *replayBuffer) replyRange(start uint64) (from, end, gen uint64, complete bool) {
 	live := b.q[b.head:]
 	switch {

@@ -67,6 +67,16 @@
 // client goes away). Each reply that needed one is counted by outcome (Stats.Snapshots: built, shared, waited,
 // unavailable); a build error (logged at most once per 10 s) leaves the reply the buffer's, counted incomplete.
 // The snapshot's batches are shared by every reply, never copied, and paced by each client's queue like any reply.
+// A reply from seq 0 sends the Snapshot's Fresh batches and leaves out a reset batch that opens the buffer: its
+// consumer holds nothing of the stream, so what only clears has nothing to clear (Snapshot says why it matters).
+//
+// # Contiguous replies (fill.go)
+//
+// With a filler (SetFiller), a reply carries every seq from the requested one to the newest published: the seqs
+// the buffer does not hold but whose content is known (heartbeats, seqs before a reset batch or a snapshot) go as
+// the filler's empty batch, and a snapshot's batches take the seqs up to its L. A reply that cannot be made so
+// (incomplete without a snapshot, seqs of lost batches: MarkLost, or more fillers than the bound) keeps its gaps
+// and is counted (Stats.ReplayGapped).
 //
 // # Replay framing
 //

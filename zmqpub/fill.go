@@ -20,10 +20,10 @@ import (
 //     state (a compaction: seqs below L no longer name their own states, only L does).
 //
 // A reply is filled only where every seq it covers is known: a reply that is incomplete without a snapshot (the
-// batches before the buffer had content, or seqs of lost batches: MarkLost) keeps its gap, and so does a reply that would need more than the
-// filler's max empty batches (a consumer far behind an old stream: the bound keeps a router restart from costing
-// one message per seq ever published), or a snapshot of more batches than seqs from start to L. Such replies are
-// counted (Stats.ReplayGapped).
+// batches before the buffer had content, or seqs of lost batches: MarkLost) keeps its gap, and so does a reply
+// that would need more than the filler's max empty batches (a consumer far behind an old stream: the bound keeps a
+// router restart from costing one message per seq ever published), or a snapshot of more batches than seqs from
+// start to L. Such replies are counted (Stats.ReplayGapped).
 
 // filler is the empty batch fillers carry and the most one reply may send.
 type filler struct {

@@ -108,10 +108,9 @@ func (p *Publisher) reply(c *conn, start uint64, buf []entry) ([]entry, error) {
 		complete = !p.buf.lost || p.buf.lostMax < tail
 	}
 	newest, kept := p.newest.Load(), p.buf.countFrom(tail)
-	// A consumer that asks from seq 0 holds nothing of this stream: the reset batch that may open the buffer only
-	// clears (PublishReset), which it need not apply, and Dynamo applies a Cleared by walking its whole tree (a
-	// router restarted against 64 workers spent ~40% of its CPU there). The reply leaves it out (filled, with a
-	// filler).
+	// A consumer that asks from seq 0 holds nothing of this stream (Snapshot.Fresh says why that matters): the
+	// reset batch that may open the buffer only clears (PublishReset), so the reply leaves it out (its seq filled,
+	// with a filler).
 	skipReset := start == 0 && p.buf.len() > 0 && p.buf.q[p.buf.head].reset && p.buf.q[p.buf.head].seq >= tail
 	if skipReset {
 		kept--
