@@ -175,6 +175,16 @@ func (r *replayRig) block(lost bool) (uint64, uint64) {
 	return seq, 1000 + seq
 }
 
+// blocks records n kept blocks (block(false)) and returns their hashes.
+func (r *replayRig) blocks(n int) []uint64 {
+	var hs []uint64
+	for range n {
+		_, h := r.block(false)
+		hs = append(hs, h)
+	}
+	return hs
+}
+
 // held is what /dump shows for the pod.
 func (r *replayRig) held() []uint64 { return r.rt.index.holdings(r.ctx)[r.key] }
 
@@ -188,11 +198,7 @@ func (r *replayRig) waitHeld(want []uint64) {
 // stream from seq 5.
 func TestLateSubscriberConvergesByReplay(t *testing.T) {
 	r := newReplayRig(t)
-	var want []uint64
-	for range 5 {
-		_, h := r.block(false)
-		want = append(want, h)
-	}
+	want := r.blocks(5)
 	r.register()
 	r.waitHeld(want)
 	if n := r.p.requests(); n != 1 {
@@ -210,9 +216,7 @@ func TestReplayStartingLateLeavesNothing(t *testing.T) {
 	t.Run("join with seq 0 gone", func(t *testing.T) {
 		r := newReplayRig(t)
 		r.block(true) // the buffer no longer holds seq 0
-		for range 3 {
-			r.block(false)
-		}
+		r.blocks(3)
 		r.register()
 		waitFor(t, "an incomplete replay", func() bool {
 			return counter(metrics.ZMQErrors, r.pod, "replay-incomplete") == 1
@@ -221,11 +225,7 @@ func TestReplayStartingLateLeavesNothing(t *testing.T) {
 	})
 	t.Run("gap with its first seq gone", func(t *testing.T) {
 		r := newReplayRig(t)
-		var want []uint64
-		for range 3 {
-			_, h := r.block(false)
-			want = append(want, h)
-		}
+		want := r.blocks(3)
 		r.register()
 		r.waitHeld(want) // converged through a replay from seq 0
 		r.block(true)    // seq 3: missed live and gone from the buffer
