@@ -8,6 +8,8 @@ PYTHON  ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 FLATC   := $(VENV)/bin/flatc
+# kvshm_testkit, the kit every Python harness imports (PYTHONPATH; testkit/README.md).
+TESTKIT := $(CURDIR)/testkit
 GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' -not -path './build/*')
 
 .PHONY: venv testkit generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
@@ -222,10 +224,11 @@ e2e-run: wheel $(E2EENV)/.stamp e2e-router
 	$(E2EENV)/bin/python -m pip install -q --force-reinstall --no-deps $(WHEEL_GLOB)
 	$(E2EENV)/bin/python -m pip install -q --force-reinstall --no-deps --no-build-isolation ./e2e/truthplugin
 	rm -rf e2e/truthplugin/build e2e/truthplugin/src/*.egg-info
-	cd e2e && ../$(VPY) -m mypy --config-file mypy.ini --python-executable ../$(E2EENV)/bin/python kvshm_e2e tests \
-	  truthplugin/src/kvshm_e2e_truth
-	cd e2e && ../$(E2EENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers -W ignore::DeprecationWarning tests
-	cd e2e && ../$(E2EENV)/bin/python -m kvshm_e2e --router $(CARGO_TARGET_DIR)/release/standalone \
+	cd e2e && MYPYPATH=$(TESTKIT) ../$(VPY) -m mypy --config-file mypy.ini --python-executable ../$(E2EENV)/bin/python \
+	  kvshm_e2e tests truthplugin/src/kvshm_e2e_truth
+	cd e2e && PYTHONPATH=$(TESTKIT) ../$(E2EENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers \
+	  -W ignore::DeprecationWarning tests
+	cd e2e && PYTHONPATH=$(TESTKIT) ../$(E2EENV)/bin/python -m kvshm_e2e --router $(CARGO_TARGET_DIR)/release/standalone \
 	  --out ../$(E2E_OUT) $(E2E_ARGS)
 
 # --- the demo (README's first command) ----------------------------------------------------------------------
@@ -380,7 +383,7 @@ cluster-short: cluster-prep
 # Every harness imports it with PYTHONPATH=testkit; its tests run against the real kvshmd of `make build`.
 testkit: venv build
 	cd testkit && MYPYPATH=../pybind/src ../$(VPY) -m mypy --strict kvshm_testkit tests
-	PYTHONPATH=testkit:pybind/src KVSHM_REQUIRE_TOOLS=1 KVSHMD_BIN=$(CURDIR)/build/kvshmd \
+	PYTHONPATH=$(TESTKIT):pybind/src KVSHM_REQUIRE_TOOLS=1 KVSHMD_BIN=$(CURDIR)/build/kvshmd \
 	  $(VPY) -m pytest -q -p no:cacheprovider --strict-markers testkit/tests
 
 # --- the whole suite ---------------------------------------------------------------------------------------
