@@ -280,18 +280,20 @@ conformance-run: wheel $(CONFENV)/.stamp conformance-cxx
 	cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) $(CARGO) test --release --locked
 	cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) $(CARGO) build --release --locked --bin replay
 	$(CONFENV)/bin/python -m pip install -q --force-reinstall --no-deps $(WHEEL_GLOB) $(CONFWHEEL)/kvshm_conformance-*.whl
-	cd conformance/driver && MYPYPATH=..:../../testdata/vllmwire ../../$(VPY) -m mypy --config-file mypy.ini \
+	cd conformance/driver && MYPYPATH=..:../../testdata/vllmwire:$(TESTKIT) ../../$(VPY) -m mypy --config-file mypy.ini \
 	  --python-executable ../../$(CONFENV)/bin/python kvshm_conf tests
 	$(CONFENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers conformance/tests
-	cd conformance/driver && ../../$(CONFENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers tests
-	cd conformance/driver && ../../$(CONFENV)/bin/python -m kvshm_conf verify --traces ../traces \
+	cd conformance/driver && PYTHONPATH=$(TESTKIT) ../../$(CONFENV)/bin/python -m pytest -p no:cacheprovider -q -ra \
+	  --strict-markers tests
+	cd conformance/driver && PYTHONPATH=$(TESTKIT) ../../$(CONFENV)/bin/python -m kvshm_conf verify --traces ../traces \
 	  --replay $(CARGO_TARGET_DIR)/release/replay
-	cd conformance/driver && KVSHM_CONF_SEEDS=$${KVSHM_CONF_SEEDS:-2} ../../$(CONFENV)/bin/python -m kvshm_conf run $(KVSHM_CONF_ARGS)
+	cd conformance/driver && PYTHONPATH=$(TESTKIT) KVSHM_CONF_SEEDS=$${KVSHM_CONF_SEEDS:-2} ../../$(CONFENV)/bin/python \
+	  -m kvshm_conf run $(KVSHM_CONF_ARGS)
 
 # Re-records conformance/traces with the real crate (run after `make conformance` built the venv); the Go package
 # conformance/tracecheck (part of `make test`) replays them through kvshm's index.
 conformance-traces:
-	cd conformance/driver && ../../$(CONFENV)/bin/python -m kvshm_conf record --out ../traces
+	cd conformance/driver && PYTHONPATH=$(TESTKIT) ../../$(CONFENV)/bin/python -m kvshm_conf record --out ../traces
 
 # --- the soak: the fault campaign as a seeded, bounded suite (soak/, RELIABILITY.md) ----------------
 # Hostile socket and HTTP clients, ring corruption, SIGKILL/SIGSTOP of daemon and producers (also inside
