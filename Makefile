@@ -312,7 +312,7 @@ soakenv: wheel
 # The judge's own tests and types first (the dev venv has pytest and mypy).
 soakcheck: venv
 	$(VPY) -m pytest -q -p no:cacheprovider soak/test_model.py
-	MYPYPATH=pybind/src $(VPY) -m mypy --strict soak/
+	MYPYPATH=pybind/src:$(TESTKIT) $(VPY) -m mypy --strict soak/
 
 soak: soakenv soakcheck
 	$(SOAKENV)/bin/python soak/soak.py --time $(SOAK_TIME) $(SOAK_ARGS) --report RELIABILITY.md
