@@ -1,10 +1,10 @@
-"""Rows, the goals of issue 16 / LIFECYCLE.md, and the printed table."""
+"""Rows, the goals of issue 16 / docs/lifecycle.md, and the printed table."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-CONVERGE_TIMEOUT = 10.0  # LIFECYCLE.md: a router converges to the exact state within 10 s
+CONVERGE_TIMEOUT = 10.0  # docs/lifecycle.md: a router converges to the exact state within 10 s
 
 
 @dataclass(frozen=True)
