@@ -51,15 +51,15 @@
 //     ErrParentNotFound and nothing is applied. Each block reuses the parent's child under its tokens hash; while
 //     a worker holds that child it keeps its first block hash (1.6.1 matches children by tokens hash and keeps
 //     the edge's hash), and the lookup maps the event's block hash to it. A child that no worker holds counts as
-//     absent (1.6.1 has pruned it) and, when a node is needed, is reused in place with the new block hash
-//     (the stale-block-hash decision, docs/decisions.md: store 101, store 102 under it, remove 102, store 103 with 102's tokens: the dump says
-//     101 -> 103; testdata/stale.txt). Else a node the lookup maps the block hash to, if detached, is
-//     re-attached; else a new node. The worker joins each block's node.
+//     absent (1.6.1 has pruned it) and, when a node is needed, is reused in place with the new block hash (the
+//     stale-block-hash decision, docs/decisions.md: store 101, store 102 under it, remove 102, store 103 with
+//     102's tokens: the dump says 101 -> 103; testdata/stale.txt). Else a node the lookup maps the block hash to,
+//     if detached, is re-attached; else a new node. The worker joins each block's node.
 //   - Removed: best effort; a missing hash is remembered as ErrBlockNotFound (the first error is returned) and the
 //     rest are removed. A node losing its last worker has its children detached, except an unheld block that
 //     continues its edge (below).
-//   - Cleared clears the stream (its scope: the Cleared-scope decision, docs/decisions.md): every dp_rank of the stream loses every block.
-//     For a per-rank stream that is 1.6.1's rule (Cleared clears the event's (worker, dp_rank)); for a stream that
+//   - Cleared clears the stream (its scope: the Cleared-scope decision, docs/decisions.md): every dp_rank of the
+//     stream loses every block. For a per-rank stream that is 1.6.1's rule (Cleared clears the event's (worker, dp_rank)); for a stream that
 //     carries all ranks (TensorRT-LLM's apply_cleared(seq) without a rank: the engine dropped its whole cache) it
 //     is worker-wide, where 1.6.1 would clear only the event's dp_rank (a documented conformance deviation).
 //   - find_matches: Dynamo's scores, including its count-based intersection (a child with the same number of
@@ -144,8 +144,8 @@
 // uncached); a failed build (Error) is not cached. A TreeDump is consistent with its last_event_id: the tree is
 // copied under the same lock that reads the watermark.
 //
-// RecoverRank(start, end, r) is the view of dp_rank r of a stream that carries several (the Cleared-scope decision): the
-// same classification on the stream's log; Events = the suffix filtered to r's events plus every Cleared (written
+// RecoverRank(start, end, r) is the view of dp_rank r of a stream that carries several (the Cleared-scope
+// decision): the same classification on the stream's log; Events = the suffix filtered to r's events plus every Cleared (written
 // with dp_rank r: the stream's Cleared clears r too); TreeDump = r's blocks only (the chains of the nodes r holds,
 // not descending below a node r does not hold), built per query (not cached); last_event_id is the stream's.
 //
@@ -200,8 +200,8 @@
 //
 // Hand-rolled appenders write serde_json's bytes: no whitespace, fields in declaration order, storage_tier
 // "device", residency_domain "worker" (DumpChains), "cleared" as a bare string, null start_position and
-// mm_extra_info, u64 values in decimal (appendU64, byte-identical to strconv.AppendUint; never float64), PascalCase response variants, TreeDump's
-// reset_scope "all" (DumpChains). Error JSON strings are escaped as serde_json escapes them. The golden files in
+// mm_extra_info, u64 values in decimal (appendU64, byte-identical to strconv.AppendUint; never float64),
+// PascalCase response variants, TreeDump's reset_scope "all" (DumpChains). Error JSON strings are escaped as serde_json escapes them. The golden files in
 // ../testdata/json were written by dynamo-kv-router 1.6.1 itself and are checked byte for byte (older wire:
 // ../testdata/json/blocks; see its README). Response.JSON is read-only: a cached dump is shared between callers.
 //
