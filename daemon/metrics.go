@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"runtime"
 
 	"github.com/kvshm/kvshm/index"
@@ -243,3 +244,8 @@ func b2f(b bool) float64 {
 	}
 	return 0
 }
+
+// slogAdapter routes promhttp's error log to slog.
+type slogAdapter struct{ s *Server }
+
+func (a slogAdapter) Println(v ...any) { a.s.log.Error("metrics", "err", fmt.Sprint(v...)) }
