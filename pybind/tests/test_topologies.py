@@ -152,6 +152,7 @@ def test_vllm_per_rank_producers_share_a_worker_id(short_dir: Path, make_indexer
         assert r1.stats(daemon=False)["published_events"] == published
 
         st = r1.stats()
+        assert st["daemon_stream"] is not None, st
         assert st["dp_rank"] == 1 and st["daemon_stream"]["dp_rank"] == 1 and st["incomplete"] is False, st
         assert "dp_rank=1" in repr(r1)
 

@@ -32,7 +32,9 @@ def vllm_payload(ts: float, events: list[Any], dp: int, wire: str = "0.33") -> b
 def first_id(ix: LocalIndexer) -> int:
     """The first id the daemon's index holds for ``ix``'s stream (on a publishing stream, the wire seq of its
     incarnation's start Cleared)."""
-    first: int = ix.stats()["daemon_stream"]["first_event_id"]
+    stream = ix.stats()["daemon_stream"]
+    assert stream is not None, "the daemon knows the stream"
+    first: int = stream["first_event_id"]
     return first
 
 
