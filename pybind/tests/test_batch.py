@@ -18,16 +18,8 @@ import pytest
 
 from kvshm import events as ke
 from kvshm._batch import BatchBuilder
-from kvshm._encode import (
-    RECORD_BATCH,
-    SUB_EVENT,
-    SUB_META,
-    build_meta,
-    encode_cleared,
-    encode_removed,
-    encode_stored,
-    prepare_batch,
-)
+from kvshm._batchrec import RECORD_BATCH, SUB_EVENT, SUB_META, build_meta, prepare_batch
+from kvshm._encode import encode_cleared, encode_removed, encode_stored
 
 REPO = Path(__file__).resolve().parents[2]
 VECTORS = REPO / "testdata" / "batch"

@@ -34,7 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ._encode import Prepared, build_meta, prepare_cleared, prepare_removed, prepare_stored
+from ._batchrec import build_meta
+from ._encode import Prepared, prepare_cleared, prepare_removed, prepare_stored
 
 __all__ = ["WIRES", "ZmqPublish", "offset_endpoint_port", "BatchBuilder"]
 

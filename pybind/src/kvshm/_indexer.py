@@ -13,7 +13,7 @@ The daemon side (a private kvshmd or a shared one, the ATTACH connection, reatta
 
 Inputs are the old extension's (Dynamo 1.6.1 decides what they mean): a token count that is not blocks x
 kv_block_size is published as given and hashed by the daemon as Dynamo does (complete windows zipped with the
-hashes); numpy integer scalars and arrays are taken wherever ints and id lists are (see :mod:`kvshm._encode`);
+hashes); numpy integer scalars and arrays are taken wherever ints and id lists are (see :mod:`kvshm._coerce`);
 ``bytes``, ``str`` and mappings are refused as id lists. With ``dp_rank=r`` the indexer is the producer of one
 attention-DP rank (kvshmd keeps a stream per ``(worker_id, r)``), and an event of another rank is refused.
 
@@ -33,7 +33,8 @@ from collections.abc import Sequence
 from typing import Any, Final, SupportsIndex
 
 from ._batch import ZmqPublish
-from ._encode import IntSequence, prepare_batch
+from ._batchrec import prepare_batch
+from ._encode import IntSequence
 from ._stats import BatchStats, IndexerStats
 from ._supervisor import CLOSED, FORKED, OPEN, Core
 
