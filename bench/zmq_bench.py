@@ -547,7 +547,7 @@ def run(cfg: argparse.Namespace) -> dict[str, Any]:
     out["inline"] = inline(cfg, sides, skipped)
     out["inline_s"] = time.perf_counter() - t0
     out["threaded"] = threaded(cfg, sides, cfg.zmq_rate, cfg.zmq_seconds)
-    # Issue 17's node figure at the other rates: (a) and (c) only, the headline workload (the rate above is
+    # The node figure at the other rates: (a) and (c) only, the headline workload (the rate above is
     # measured already); the same engine processes' figures, kvshmd's CPU included.
     node_sides = [s for s in sides if s in ("a", "c")]
     out["node"] = {}

@@ -1,4 +1,4 @@
-"""BATCH records (issue 12): the Python encoder against the shared vectors in testdata/batch, which the Go side
+"""BATCH records: the Python encoder against the shared vectors in testdata/batch, which the Go side
 (shm/batch_vectors_test.go: shm.Record.Batch + fbs.Decode/DecodeMeta, and its own writer) checks too, and the
 Meta builder against the official FlatBuffers builder.
 
