@@ -93,17 +93,17 @@ func (s *Server) reap() {
 	}
 	var kept []idle
 	for _, st := range s.streamSet() {
-		if p := st.pub.Load(); p != nil {
-			if n := p.Stats().ReplayRequests; n != st.replaysSeen {
-				st.replaysSeen = n
-				st.touch(now)
-			}
-		}
 		st.mu.Lock()
 		dead, since := st.att == nil && st.watchers == 0, st.deadSince
 		st.mu.Unlock()
 		if !dead {
 			continue
+		}
+		if p := st.pub.Load(); p != nil {
+			if n := p.Stats().ReplayRequests; n != st.replaysSeen { // a replay request since the last sweep
+				st.replaysSeen = n
+				st.touch(now)
+			}
 		}
 		since = max(since, st.asked.Load())
 		if now-since >= retention {

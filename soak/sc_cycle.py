@@ -55,8 +55,9 @@ def _child() -> int:
 
 def _sample(d: Daemon, state: str) -> dict[str, int]:
     st, _, body = http_get(d.http, "/metrics")
-    series = sum(1 for ln in body.decode().splitlines() if 'worker_id="' in ln and not ln.startswith("#"))
-    streams = next((int(float(ln.split()[1])) for ln in body.decode().splitlines() if ln.startswith("kvshm_streams ")), -1)
+    lines = body.decode().splitlines()
+    series = sum(1 for ln in lines if 'worker_id="' in ln and not ln.startswith("#"))
+    streams = next((int(float(ln.split()[1])) for ln in lines if ln.startswith("kvshm_streams ")), -1)
     files = len([f for f in os.listdir(state) if f.endswith(".ckpt")]) if os.path.isdir(state) else 0
     return {"fds": d.fds(), "rss": d.rss(), "series": series if st == 200 else -1, "streams": streams, "ckpts": files}
 
