@@ -34,9 +34,10 @@ import (
 // cluster's late router restart and its partitions past the replay window reconnect within seconds to a minute.
 // The longer need is the engine's own restart on the same worker (a crashed vLLM pod back from Kubernetes'
 // CrashLoopBackOff, at most 5 min, plus a model load of minutes): within the retention it continues the stream
-// (seqs continue, which llm-d with --zmq-seq-base zero relies on; the ports and subscribers stay). After it, a
-// router that never came back holds nothing of the stream worth keeping: a restarted router holds nothing, and
-// both routers drop a worker that leaves their discovery.
+// (seqs continue, which llm-d with --zmq-seq-base zero relies on; the ports and subscribers stay); after it the
+// engine starts a new stream (with zero, seqs from 1 again: llm-d takes it for a publisher restart and replays from
+// 0). A router that never came back holds nothing of the stream worth keeping: a restarted router holds nothing,
+// and both routers drop a worker that leaves their discovery.
 
 // Reaper defaults (Config.DeadRetention, Config.MaxDeadStreams).
 const (

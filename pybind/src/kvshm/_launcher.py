@@ -24,9 +24,9 @@ and a Ctrl-C or SIGKILL aimed at the engine's process group does not reach it. k
 (the pipe stays silent until it exits) and its exit status. :meth:`PrivateDaemon.start` returns only once the daemon
 answers HEALTH, or raises :class:`LauncherError` carrying the tail of the daemon's log and its exit status.
 :meth:`PrivateDaemon.stop` sends SIGTERM (the daemon drains and exits), escalates to SIGKILL after a grace period,
-and removes the directory. A kvshmd without ``--cleanup-dir`` (an older binary) is started again without it
-(logged once); the directory is then removed by :meth:`PrivateDaemon.stop`, or, after a SIGKILLed engine, by the
-next PrivateDaemon (:func:`sweep_stale_dirs`). ``--state-dir``/``--checkpoint-interval`` make the daemon checkpoint its
+and removes the directory. A kvshmd without ``--cleanup-dir`` or ``--cleanup-token`` (an older binary) is started
+again without them (logged once); the directory is then removed by :meth:`PrivateDaemon.stop`, or, after a
+SIGKILLed engine, by the next PrivateDaemon (:func:`sweep_stale_dirs`). ``--state-dir``/``--checkpoint-interval`` make the daemon checkpoint its
 index every 10 s while records arrive (``$KVSHM_CHECKPOINT_INTERVAL``, a Go duration, overrides it; ``0`` turns
 it off) and whenever they fill half the ring, and hand ring space back to this process only up to a checkpoint on
 disk, so a private daemon that crashes and is restarted by the client restores the checkpoint and replays the
@@ -322,7 +322,8 @@ class PrivateDaemon:
         try:
             self._start()
         except _Exit:
-            # An older kvshmd without --cleanup-dir: once more without it (stop() removes the directory then).
+            # An older kvshmd without --cleanup-dir or --cleanup-token: once more without them (stop() removes the
+            # directory then).
             self.cleanup_flag = False
             _NO_CLEANUP_FLAG.add(self.binary)
             log.warning("kvshm: %s has no --cleanup-dir; a SIGKILLed engine's daemon directory is removed by the "
