@@ -89,8 +89,8 @@ func (s *Server) reap() {
 	now := s.mono()
 	retention := int64(s.cfg.DeadRetention)
 	type idle struct {
-		st    *stream
-		since int64 // dead or asked for, whichever is later
+		st           *stream
+		since, asked int64 // dead or asked for, whichever is later; asked as seen
 	}
 	var kept []idle
 	for _, st := range s.streamSet() {
@@ -106,17 +106,18 @@ func (s *Server) reap() {
 				st.touch(now)
 			}
 		}
-		since = max(since, st.asked.Load())
+		asked := st.asked.Load()
+		since = max(since, asked)
 		if now-since >= retention {
-			s.reclaim(st, fmt.Sprintf("dead and not asked for in %v (--dead-stream-retention)", s.cfg.DeadRetention))
+			s.reclaim(st, asked, fmt.Sprintf("dead and not asked for in %v (--dead-stream-retention)", s.cfg.DeadRetention))
 			continue
 		}
-		kept = append(kept, idle{st, since})
+		kept = append(kept, idle{st, since, asked})
 	}
 	if over := len(kept) - s.cfg.MaxDeadStreams; over > 0 {
 		sort.Slice(kept, func(i, j int) bool { return kept[i].since < kept[j].since })
 		for _, k := range kept[:over] {
-			s.reclaim(k.st, fmt.Sprintf("more than %d dead streams (--max-dead-streams)", s.cfg.MaxDeadStreams))
+			s.reclaim(k.st, k.asked, fmt.Sprintf("more than %d dead streams (--max-dead-streams)", s.cfg.MaxDeadStreams))
 		}
 	}
 }
@@ -132,11 +133,12 @@ func (s *Server) streamSet() []*stream {
 	return out
 }
 
-// reclaim forgets st if it is still a dead stream of this daemon (an ATTACH installs only under s.mu, so none can
-// come between the check and the drop).
-func (s *Server) reclaim(st *stream, why string) {
+// reclaim forgets st if it is still a dead stream of this daemon that no consumer asked for since the sweep saw
+// asked (an ATTACH installs, and a query selects, only under s.mu: neither can come between the check and the drop;
+// a query after it finds no stream).
+func (s *Server) reclaim(st *stream, asked int64, why string) {
 	s.mu.Lock()
-	if s.closed || s.streams[st.key] != st {
+	if s.closed || s.streams[st.key] != st || st.asked.Load() != asked {
 		s.mu.Unlock()
 		return
 	}
