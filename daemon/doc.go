@@ -79,6 +79,9 @@
 //	FORGET of a detached/dead stream               dropped with its metric series     not_found from then on; a
 //	                                               and its checkpoints                later attach starts a new stream
 //	FORGET while a producer is attached            kept (refused)                     conflict
+//	dead (no attachment, no pid watch) and not     dropped as by FORGET (reap.go);    not_found from then on
+//	asked for in --dead-stream-retention (10 min),  a never-ended incarnation ends
+//	or beyond --max-dead-streams (256)             first (its Cleared)
 //	SIGTERM / SIGINT / parent gone                 rings drained, head stored, then   exit 0 (parent gone: every
 //	                                               (--state-dir) each stream attached incarnation ends first)
 //	                                               at the stop is checkpointed (with
@@ -239,7 +242,7 @@
 //	GET /kv_recover?start=&end=[&worker_id=][&dp_rank=]       what the consumer calls; resolved as below
 //	GET /workers/{worker_id}/kv_recover?start=&end=           for /register of one worker on a shared daemon
 //	GET /workers/{worker_id}/dp/{dp_rank}/kv_recover?...       one (worker, rank)
-//	GET /metrics, GET /healthz
+//	GET /metrics, GET /healthz                                (and HEAD; another method: 405)
 //
 //	worker  dp_rank  answer (resolveLocked)
 //	-       -        the only stream; 409 listing every stream's URL when there are several; 404 when none
@@ -263,7 +266,7 @@
 // The frame format, the request and reply bodies, stream selection by worker_id and dp_rank, and the error codes
 // are specified in proto/sock/PROTOCOL.md (package sock holds the codec, the types and the Go client); this
 // package serves them (server.go, handlers.go). FORGET drops the stream's index, counters and every metric series
-// labelled with its worker_id and dp_rank, so a shared daemon does not keep the state of departed workers forever;
+// labelled with its worker_id and dp_rank (the reaper does the same by itself for dead streams: reap.go);
 // a later ATTACH of that worker starts a new stream (stream_epoch 1). FORGET of a stream whose producer is
 // detaching forgets it after its final drain.
 //
@@ -314,7 +317,13 @@
 //	restarts (new ring epoch)                         publishing, published with the next wire seq as a replay
 //	                                                  reset (docs/lifecycle.md); a restart then begins with another
 //	producer connection breaks, pid alive             not an end; the pid is watched until it reattaches or dies
-//	--cleanup-dir not ours, not 0700, not a directory not removed (ErrUnsafeCleanupDir), logged; exit as usual
+//	--cleanup-dir not 0700 or not ours, or without    Listen fails with ErrUnsafeCleanupDir (serve exits 1):
+//	the launcher's token (--cleanup-token)            nothing removed (owndir.go)
+//	the same found at exit (replaced, token gone)     not removed (ErrUnsafeCleanupDir), logged; exit as usual
+//	--state-dir locked by another live kvshmd         Listen fails with ErrStateDirLocked naming its pid and
+//	                                                  socket (serve exits 1); its files are left alone
+//	HTTP method other than GET or HEAD on /metrics,   405, Allow: GET, HEAD
+//	/healthz
 //	ZMQ subscriber more than 16 MiB or hwm messages   that subscriber is cut (zmqpub Stats.Cut); it reconnects and
 //	behind                                            replays the gap; the others and ingest never wait
 //	replay client that requests and never reads       costs only itself: its reply waits in its own queue (16 MiB),
@@ -511,9 +520,9 @@
 // exits; where the kernel has no pidfd, /proc is polled every Config.ParentPoll. When the --parent-pid process is
 // gone the daemon shuts down as on SIGTERM, except that every stream's
 // incarnation ends (its Cleared is published and flushed before the sockets close). Then, with Config.CleanupDir
-// (--cleanup-dir), after everything is closed, the directory is removed recursively only if it is a directory (not
-// a symlink) owned by the daemon's uid with mode exactly 0700: the private directory the Python launcher made;
-// anything else is refused (ErrUnsafeCleanupDir) and logged.
+// (--cleanup-dir), after everything is closed, the directory is removed recursively, only if it is still the one
+// the launcher made for this daemon, proven by its --cleanup-token (owndir.go: checked at Listen, which refuses to
+// start otherwise, and again before the removal).
 //
 // # Metrics
 //
@@ -533,18 +542,19 @@
 // figures (perf).
 // With --checkpoint-interval a ring holds up to half its capacity of applied-but-unreleased records (see
 // "Continuous checkpoints"), and applying pauses while a checkpoint is written.
-// Checkpoints: use one --state-dir per daemon (files are named by worker id, scope and ring epoch only, and a
-// stream reset deletes every file of its stream). Only streams with an attached producer at the stop are checkpointed; a file
-// whose producer never comes back stays until an operator removes it (FORGET reaches only streams the running
-// daemon knows). A restored index has no dump cache, so its first dump is built from the tree: equivalent to, but
-// not always byte-equal with, a cached dump the old daemon had extended with the log tail (the same difference any
-// cache invalidation makes).
+// Checkpoints: one --state-dir per daemon (files are named by worker id, scope and ring epoch only, and a stream
+// reset deletes every file of its stream): a second daemon on it refuses to start (owndir.go). Only streams with
+// an attached producer at the stop are checkpointed; a file whose producer never comes back stays until an
+// operator removes it (FORGET and the reaper reach only streams the running daemon knows). A restored index has no
+// dump cache, so its first dump is built from the tree: equivalent to, but not always byte-equal with, a cached
+// dump the old daemon had extended with the log tail (the same difference any cache invalidation makes).
 // An idle stream costs one housekeeping call per second (coalesced per worker: one wakeup per worker per second),
 // so idle CPU grows slowly with the number of idle streams (README, "Performance", has the measured figures). The
 // pid backstop is only armed when the attaching process is the ring's producer_pid (same pid namespace); otherwise socket EOF is the only death
 // signal, so its end is seen only at DETACH or CLOSED (and a broken connection looks like an end never). A
-// stream's index is kept while the daemon runs until an operator sends FORGET (`kvshmd forget`); a
-// recovery query that selected the stream just before FORGET may re-create its recovery_* series once. Panic
+// stream's index is kept while the daemon runs until an operator sends FORGET (`kvshmd forget`) or the reaper drops
+// it (reap.go); a recovery query that selected the stream just before it was dropped may re-create its recovery_*
+// series once. Panic
 // containment relies on the index releasing its lock when a panic unwinds through it (its writer paths unlock
 // with defer), so the following MarkUnknownHistory can take the lock again.
 package daemon

@@ -102,16 +102,25 @@ func (s *Server) Handler() http.Handler {
 			s.serveRecover(w, r, &worker, &rank, q)
 		}
 	})
-	mux.Handle("/metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{ErrorLog: slogAdapter{s}, Registry: s.cfg.Registry}))
-	mux.HandleFunc("/healthz", handleHealthz)
+	mux.Handle("/metrics", readOnly(promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{ErrorLog: slogAdapter{s}, Registry: s.cfg.Registry})))
+	mux.Handle("/healthz", readOnly(http.HandlerFunc(handleHealthz)))
 	return mux
 }
 
-func handleHealthz(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		httpError(w, http.StatusMethodNotAllowed, sock.CodeBadRequest, "use GET")
-		return
-	}
+// readOnly answers GET and HEAD with h, any other method with 405 and "Allow: GET, HEAD" (promhttp answers every
+// method).
+func readOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			httpError(w, http.StatusMethodNotAllowed, sock.CodeBadRequest, "use GET or HEAD")
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func handleHealthz(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	_, _ = w.Write([]byte("ok\n"))
 }

@@ -501,15 +501,7 @@ func (s *Server) forget(ctx context.Context, worker uint64, rank *uint32) error 
 		_, a := st.current()
 		if a == nil {
 			// Attach installs an attachment only under s.mu, so none can appear before the stream is gone.
-			delete(s.streams, st.key)
-			s.ckpt.remove(st.key)
-			s.mu.Unlock()
-			st.mu.Lock()
-			st.gone = true // a pid watcher of the stream stops
-			st.mu.Unlock()
-			st.closePublisher()
-			s.m.forgetStream(st.labels())
-			s.log.Info("stream forgotten: index and metrics dropped", st.key.logAttrs()...)
+			s.dropLocked(st, "stream forgotten: index and metrics dropped")
 			return nil
 		}
 		s.mu.Unlock()

@@ -80,7 +80,14 @@ type stream struct {
 	// speaks wire seqs): the next attachment's loss bookkeeping continues from it.
 	engSeen bool
 	engLast uint64
-	gone    bool // forgotten (FORGET): a pid watcher stops
+	gone    bool // forgotten (FORGET, the reaper): a pid watcher stops
+	// The reaper's view (reap.go): deadSince is when the last attachment ended (s.mono), watchers the pid watches
+	// following a producer whose connection broke while it lived (the stream is not dead while one runs).
+	deadSince int64
+	watchers  int
+
+	asked       atomic.Int64 // s.mono when a consumer last asked for the stream (reap.go). Updated atomically.
+	replaysSeen uint64       // the publisher's replay requests the reaper last saw; protected by the server's reapMu
 }
 
 // attachment is one producer's ring, followed by a drain worker (package drain: it is a drain.Stream). "The drain
@@ -601,9 +608,10 @@ func (a *attachment) ringFault(r any) {
 	st := a.st
 	st.mu.Lock()
 	if st.att == a {
-		st.att, st.alive = nil, false
+		st.att, st.alive, st.deadSince = nil, false, a.srv.mono()
 	}
 	st.mu.Unlock()
+	a.srv.wakeReaper()
 	if a.lease != nil {
 		_ = a.lease.c.Close()
 	}
@@ -804,15 +812,21 @@ func (a *attachment) finalDrain() {
 	a.finalHead = rs.Head
 	a.closeRing()
 	st.mu.Lock()
+	watched := false
 	if st.att == a {
 		st.att = nil
 		st.alive = false
 		st.engSeen, st.engLast = a.seqSeen, a.lastSeq
+		st.deadSince = a.srv.mono()
+		if watched = watch && !ends; watched {
+			st.watchers++ // before the lock is released: the reaper never sees a watched stream as dead
+		}
 	}
 	st.mu.Unlock()
+	a.srv.wakeReaper()
 	a.log.Info("producer detached; ring drained, index stays queryable", "reason", why, "head", rs.Head, "tail", rs.Tail,
 		"incarnation_ended", ends)
-	if watch && !ends {
+	if watched {
 		go a.srv.watchDetached(st, a.hdr.Epoch, a.hdr.ProducerPID, a.hdr.ProducerStartTime)
 	}
 }

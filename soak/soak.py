@@ -40,6 +40,7 @@ from harness import (  # noqa: E402
     publish_some,
     restart_daemon,
 )
+from sc_cycle import sc_cycle  # noqa: E402
 from sc_faults import (  # noqa: E402
     sc_ckpt_corrupt,
     sc_daemon_kill,
@@ -81,6 +82,7 @@ SCENARIOS: list[tuple[str, Callable[..., None], bool]] = [  # name, function, ta
     ("limits", sc_limits, False),
     ("replay_stuck", sc_replay_stuck, False),
     ("plugin", sc_plugin, False),
+    ("cycle", sc_cycle, False),
 ]
 
 
