@@ -431,7 +431,7 @@ func logReplays(t *testing.T, r *router, offset int, what string) {
 	}
 }
 
-// TestRouterSnapshotScale (KVSHM_SNAPSHOT_SCALE=1; a measurement for issue 18's restart figures, not a gate): a
+// TestRouterSnapshotScale (KVSHM_SNAPSHOT_SCALE=1; a measurement behind the cluster's restart figures, not a gate): a
 // stream of 100 k resident blocks (block size 16, chains of 32), the router restarted: how long until its state is
 // exact through one snapshot reply.
 func TestRouterSnapshotScale(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 	"github.com/kvshm/kvshm/zmqpub"
 )
 
-// Replay snapshots (docs/replay-snapshots.md; issue 18): a replay request older than the publisher's buffer is answered with
+// Replay snapshots (docs/replay-snapshots.md): a replay request older than the publisher's buffer is answered with
 // the stream's state as of its last batch L, built from the index's tree and token windows (index.KeepTokens, on
 // for publishing streams unless --zmq-snapshots=false), one batch per dp_rank under seq L:
 // [ts, [AllBlocksCleared, BlockStored...], rank]. The build runs in the asking client's reply goroutine; the drain

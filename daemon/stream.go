@@ -41,7 +41,7 @@ type stream struct {
 	batches     atomic.Uint64
 	resets      atomic.Uint64
 	lossRecords atomic.Uint64
-	notIndexed  [numNotIndexed]atomic.Uint64 // events published but not indexed (decision 4), by reason
+	notIndexed  [numNotIndexed]atomic.Uint64 // events published but not indexed (the device-tree filter), by reason
 
 	// pub is the stream's ZMQ publisher (nil: not publishing). Stored by ATTACH (s.mu held, no drain goroutine
 	// running), FORGET and shutdown; loaded by the drain goroutine once per record. Updated atomically.
@@ -400,7 +400,7 @@ func (a *attachment) closeDone() {
 // drainBatch applies up to maxBatch records and releases them with one head store. It returns the number of
 // records consumed.
 //
-// Known losses (issue 10): a producer that finds the ring full counts the drop in the header (loss_pending, the
+// Known losses: a producer that finds the ring full counts the drop in the header (loss_pending, the
 // seq range) and reports it with a LOSS record only with its next event that fits. If the engine then goes idle,
 // the LOSS record never comes; so the drain marks the header's range lost itself once the ring is empty: the
 // header was loaded before the pass and the tail after it (Next's ErrEmpty), so every record published before the

@@ -1,4 +1,4 @@
-"""Scenarios of issue 19: one producer's configuration never takes the shared kvshmd down (``limits``), and replay
+"""The per-producer bounds' scenarios: one producer's configuration never takes the shared kvshmd down (``limits``), and replay
 clients that never read never deny a healthy replay (``replay_stuck``).
 
 ``limits``: while a healthy producer publishes on ZMQ (judged by a healthy SUB and a replay, and by the recovery
