@@ -26,11 +26,11 @@ answers HEALTH, or raises :class:`LauncherError` carrying the tail of the daemon
 :meth:`PrivateDaemon.stop` sends SIGTERM (the daemon drains and exits), escalates to SIGKILL after a grace period,
 and removes the directory. A kvshmd without ``--cleanup-dir`` or ``--cleanup-token`` (an older binary) is started
 again without them (logged once); the directory is then removed by :meth:`PrivateDaemon.stop`, or, after a
-SIGKILLed engine, by the next PrivateDaemon (:func:`sweep_stale_dirs`). ``--state-dir``/``--checkpoint-interval`` make the daemon checkpoint its
-index every 10 s while records arrive (``$KVSHM_CHECKPOINT_INTERVAL``, a Go duration, overrides it; ``0`` turns
-it off) and whenever they fill half the ring, and hand ring space back to this process only up to a checkpoint on
-disk, so a private daemon that crashes and is restarted by the client restores the checkpoint and replays the
-ring: nothing is lost (the price: up to half the ring holds records already applied, so a dead daemon is
+SIGKILLed engine, by the next PrivateDaemon (:func:`sweep_stale_dirs`). ``--state-dir``/``--checkpoint-interval`` make
+the daemon checkpoint its index every 10 s while records arrive (``$KVSHM_CHECKPOINT_INTERVAL``, a Go duration,
+overrides it; ``0`` turns it off) and whenever they fill half the ring, and hand ring space back to this process only up
+to a checkpoint on disk, so a private daemon that crashes and is restarted by the client restores the checkpoint and
+replays the ring: nothing is lost (the price: up to half the ring holds records already applied, so a dead daemon is
 absorbed by less ring before events are dropped). The environment is passed through, so ``KVSHMD_*`` variables
 (for example ``KVSHMD_HTTP``) configure the private daemon too, except those of the flags above, which win.
 
