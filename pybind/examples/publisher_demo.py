@@ -176,7 +176,7 @@ def kvshmd_publishes_zmq(rng: random.Random) -> None:
                 seq, parent = seq + 1, hashes[-1]
                 time.sleep(0.02)
             assert watcher.stdout is not None
-            seen = []  # kvshmd's wire seqs (LIFECYCLE.md), not the engine's
+            seen = []  # kvshmd's wire seqs (docs/lifecycle.md), not the engine's
             for line in watcher.stdout.read().splitlines():
                 b = json.loads(line)
                 seen.append(b["seq"])

@@ -172,10 +172,10 @@ def test_shared_daemon_via_env(shared_daemon: SharedDaemon, ring_dir: Path, monk
     # DETACH: the shared daemon keeps the worker's index queryable after the producer left; the ring file is gone.
     with Client(shared_daemon.socket_path) as c:
         kept = json.loads(c.events(100, 0, None))
-    # The end of its incarnation (LIFECYCLE.md): a Cleared under the id after its last, so none of its blocks stay.
+    # The end of its incarnation (docs/lifecycle.md): a Cleared under the id after its last, so none of its blocks stay.
     assert event_ids(kept) == [0, 1] and kept["Events"]["events"][1]["event"]["data"] == "cleared", kept
     assert not os.path.exists(a.stats()["ring_path"])
-    assert shared_daemon.proc is not None and shared_daemon.proc.poll() is None
+    assert shared_daemon.alive()
     b.apply_stored(7, toks(2, 2), [3])
     assert event_ids(query(b, 7)) == [7]
     b.shutdown()
@@ -207,7 +207,7 @@ def test_shared_daemon_started_later_loses_nothing(shared_socket: SharedDaemon, 
 @pytest.mark.parametrize("state", ["default", "none"])
 def test_shared_daemon_killed_and_restarted(short_dir: Path, make_indexer: IndexerFactory, state: str) -> None:
     """SIGKILL of a shared kvshmd while a producer publishes, then a new one on the same socket. With its default
-    state dir (``<socket>.state``, LIFECYCLE.md "Daemon modes") the ring head is released only up to a written
+    state dir (``<socket>.state``, docs/lifecycle.md "Daemon modes") the ring head is released only up to a written
     checkpoint, so the successor restores it and re-drains the ring from there: its answers are complete. With
     ``--state-dir ''`` the successor resumes at a non-zero head and reports the history before it unknown."""
     args = () if state == "default" else ("--state-dir", "")

@@ -51,7 +51,7 @@ def decode(payload: bytes) -> tuple[float, list[Any], int | None]:
 
 
 def is_heartbeat(payload: bytes) -> bool:
-    """kvshmd's heartbeat on an idle publishing stream: a batch with no events (LIFECYCLE.md, "Heartbeats"); an
+    """kvshmd's heartbeat on an idle publishing stream: a batch with no events (docs/lifecycle.md, "Heartbeats"); an
     engine's empty batch is never published, so an empty one on the wire is always kvshmd's."""
     return decode(payload)[1] == []
 
@@ -77,7 +77,7 @@ MARK_TS = 0.75  # the last warm-up's ts: its arrival ends the warm-up
 def warm_up(publish: Callable[[int, float], object], sub: zmq.Socket[bytes], start: int = 0) -> tuple[int, int]:
     """Calls ``publish(seq, ts)`` for engine seq = start, start+1, ... with ts = WARM_TS until the subscriber
     receives a batch (PUB drops what it sends before the subscription arrives), then once more with ts = MARK_TS and
-    drains the warm-ups still in flight up to that one. The wire seqs are kvshmd's (LIFECYCLE.md): they must
+    drains the warm-ups still in flight up to that one. The wire seqs are kvshmd's (docs/lifecycle.md): they must
     strictly increase, heartbeats are skipped and the incarnation's start Cleared may come first. Returns the mark's
     wire seq and the next free engine seq."""
     seq = start
