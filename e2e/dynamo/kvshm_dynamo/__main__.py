@@ -18,7 +18,7 @@ from kvshm_testkit import kill_live
 from . import netns
 from .model import make_model
 from .scenarios import ModeRun, Setup
-from .table import failures, render
+from .table import batch_checks, failures, render
 
 RUN_TIMEOUT = 3 * 3600.0
 
@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
                 control = {r.step: r.decisions for r in mr.rows}
     finally:
         kill_live()
+    batch_checks(runs)
     table = render(runs)
     (args.out / "table.md").write_text(table + "\n")
     print()

@@ -262,7 +262,8 @@ class ModeRun:
         self.rows.append(row)
         print(f"  {step} ({seconds:.0f} s): right {row.right}/{len(decisions)}"
               + (f", same as control {row.same}/{len(decisions)}" if row.same is not None else "")
-              + f", applied {row.applied}, kvshmd {cells} {' '.join(d.cell() for d in decisions)}", flush=True)
+              + f", applied { {k: v for k, v in row.applied.items() if v} }, kvshmd {cells} "
+              + " ".join(d.cell() for d in decisions), flush=True)
 
     def judge_kvshmd(self) -> tuple[str, bool]:
         """/kv_recover of each worker against its engine's BlockPool, polled up to CONVERGE seconds."""

@@ -14,7 +14,7 @@ def render(runs: list[ModeRun]) -> str:
             n = len(r.decisions)
             rows.append([
                 r.step, r.mode.name, f"{r.right}/{n}", "control" if r.same is None else f"{r.same}/{n}",
-                ", ".join(f"{k} {v}" for k, v in sorted(r.applied.items())) or "n/a", r.kvshmd,
+                ", ".join(f"{k} {v}" for k, v in sorted(r.applied.items()) if v) or "n/a", r.kvshmd,
                 f"{r.seconds:.0f} s", "; ".join(r.notes),
             ])
     steps = markdown_table(["step", "publisher / daemon", "decisions right (router overlap = engine's cached)",
@@ -36,6 +36,21 @@ def render(runs: list[ModeRun]) -> str:
                             [[name, run.mode.name, f"{'ok' if ok else 'FAIL'}: {detail}"]
                              for run in runs for name, ok, detail in run.checks])
     return "\n\n".join([steps, batches, cpu, checks])
+
+
+def batch_checks(runs: list[ModeRun]) -> None:
+    """Each kvshm mode's PUBs carried the engine's batches as the control's did: as many batches with as many events
+    (kvshmd keeps the engine's batch boundaries; its own batches are Cleareds and heartbeats). Meaningful when the
+    requests went the same way: recorded on the kvshm run."""
+    control = next((r for r in runs if not r.mode.judged), None)
+    if control is None:
+        return
+    want = (sum(w.count.engine for w in control.wire.values()), sum(w.count.events for w in control.wire.values()))
+    for run in runs:
+        if run.mode.judged:
+            got = (sum(w.count.engine for w in run.wire.values()), sum(w.count.events for w in run.wire.values()))
+            run.checks.append(("the engine's batches kept (as many batches and events as the control's)", got == want,
+                               f"{got[0]} batches, {got[1]} events; control {want[0]}, {want[1]}"))
 
 
 def failures(runs: list[ModeRun]) -> list[str]:
