@@ -105,6 +105,8 @@ class ModeRun:
         self.wire = {w.index: BatchRecorder(f"tcp://127.0.0.1:{w.ports.pub}") for w in self.workers}
         self.rows: list[Row] = []
         self.checks: list[tuple[str, bool, str]] = []
+        self.served = 0  # completions that succeeded (each one a prefill that stores new blocks: one engine batch)
+        self.unknown = 0  # completions that failed while the frontend was killed (the engine may have run them)
         self.engine_cpu = 0.0  # engine-core CPU seconds over the steady step's requests, both workers
         self.kvshmd_cpu = 0.0
 
@@ -153,7 +155,9 @@ class ModeRun:
             for _ in range(200):  # bounded; most fail while the frontend is down
                 if stop.is_set():
                     return
-                client.complete(prompt(rng), timeout=10.0)
+                ok = client.complete(prompt(rng), timeout=10.0).cached >= 0
+                self.served += ok
+                self.unknown += not ok
                 time.sleep(0.05)
 
         t = threading.Thread(target=load, daemon=True)
@@ -217,6 +221,7 @@ class ModeRun:
         out = []
         for _ in range(n):
             out.append(client.complete(prompt(rng)))
+            self.served += out[-1].cached >= 0
             time.sleep(PAUSE)
         if step.startswith("steady"):
             self.engine_cpu = sum(cpu_seconds(p) for p in cores) - cpu0

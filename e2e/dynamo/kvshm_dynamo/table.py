@@ -39,18 +39,17 @@ def render(runs: list[ModeRun]) -> str:
 
 
 def batch_checks(runs: list[ModeRun]) -> None:
-    """Each kvshm mode's PUBs carried the engine's batches as the control's did: as many batches with as many events
-    (kvshmd keeps the engine's batch boundaries; its own batches are Cleareds and heartbeats). Meaningful when the
-    requests went the same way: recorded on the kvshm run."""
-    control = next((r for r in runs if not r.mode.judged), None)
-    if control is None:
-        return
-    want = (sum(w.count.engine for w in control.wire.values()), sum(w.count.events for w in control.wire.values()))
+    """Each PUB carried one engine batch per served request: every request's prefill stores new blocks in one
+    engine step (its evictions in the same step), and vLLM publishes one batch per step with events. The control
+    shows the rule holds for vLLM's own publisher; a kvshm mode that split or merged the engine's batches fails it.
+    A request that failed while the frontend was being killed may have run on an engine: those are allowed. (The
+    decisions differ between modes, the router breaking ties at random, so counts are not compared across them.)"""
     for run in runs:
-        if run.mode.judged:
-            got = (sum(w.count.engine for w in run.wire.values()), sum(w.count.events for w in run.wire.values()))
-            run.checks.append(("the engine's batches kept (as many batches and events as the control's)", got == want,
-                               f"{got[0]} batches, {got[1]} events; control {want[0]}, {want[1]}"))
+        got = sum(w.count.engine for w in run.wire.values())
+        run.checks.append(("one engine batch per served request (the engine's batch boundaries kept)",
+                           run.served <= got <= run.served + run.unknown,
+                           f"{got} engine batches, {run.served} requests served"
+                           + (f" (+ up to {run.unknown} cut by the frontend's kill)" if run.unknown else "")))
 
 
 def failures(runs: list[ModeRun]) -> list[str]:
