@@ -265,6 +265,12 @@ class ModeRun:
             notes = [*notes, f"{failed} requests failed"]
         row = Row(step, self.mode, decisions, ctl, events_applied(self.frontend.url), cells, ok, seconds, notes)
         self.rows.append(row)
+        if len(self.rows) == 1:  # the first frontend saw the whole stream: it applied every event the engines sent
+            time.sleep(1.0)
+            sent = sum(w.count.events for w in self.wire.values())
+            applied = events_applied(self.frontend.url).get("ok", 0)
+            self.checks.append(("steady serving: the router applied every event the engines published",
+                                applied == sent, f"applied {applied}, published {sent}"))
         print(f"  {step} ({seconds:.0f} s): right {row.right}/{len(decisions)}"
               + (f", same as control {row.same}/{len(decisions)}" if row.same is not None else "")
               + f", applied { {k: v for k, v in row.applied.items() if v} }, kvshmd {cells} "
