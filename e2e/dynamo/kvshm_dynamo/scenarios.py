@@ -26,7 +26,7 @@ from kvshm_testkit import Kvshmd, cpu_seconds, extra_missing, wait_until
 
 from .judges import BatchRecorder, Client, Decision, events_applied
 from .model import FIRST_WORD
-from .stack import BLOCK_SIZE, Frontend, Worker, WorkerPorts, stack_env
+from .stack import BLOCK_SIZE, Frontend, Ports, Worker, stack_env
 
 VOCAB_HIGH = 1024
 STEADY = 48  # requests of the first step: ~24 per worker, 16 prefix + 48 own blocks each: evictions
@@ -91,7 +91,7 @@ class ModeRun:
         self.workers: list[Worker] = []
         self.kvshmd_http: dict[int, str] = {}
         for i in (1, 2):
-            ports = WorkerPorts(pub=base + 2 + 2 * i, replay=base + 3 + 2 * i)
+            ports = Ports(http=0, pub=base + 2 + 2 * i, replay=base + 3 + 2 * i)
             wenv = dict(env)
             tmp = self.dir / f"tmp{i}"  # the worker's TMPDIR: where a private kvshmd's directory lives
             tmp.mkdir()

@@ -10,8 +10,9 @@ import re
 import signal
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
+
+from kvshm_e2e.engine import Engine, Ports
 
 from kvshm_testkit import Proc, Timeout, http_get, wait_until
 
@@ -20,7 +21,6 @@ BLOCK_SIZE = 32  # the CPU backend wants a multiple of 32
 NUM_BLOCKS = 64  # per worker: a few dozen 4-block requests evict
 READY_TIMEOUT = 420.0  # a worker's start is 1-3 min on a busy 2-core machine; bounded well above
 FRONTEND_TIMEOUT = 60.0
-SIGTERM_TIMEOUT = 60.0
 PLANES = ("--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq")
 _WORKER_ID = re.compile(r"Initializing KvEventPublisher for worker (\d+)")
 
@@ -77,27 +77,16 @@ class Frontend:
             self.proc = None
 
 
-@dataclass(frozen=True)
-class WorkerPorts:
-    pub: int
-    replay: int
+class Worker(Engine):
+    """One ``python -m dynamo.vllm`` worker (vLLM 0.31.0 on CPU): make e2e's Engine (its process, SIGKILL of the
+    group, SIGTERM) with Dynamo's command line. Each :meth:`start` is a new incarnation on the same ports and (for
+    kvshm) the same ``KVSHM_WORKER_ID``; Dynamo gives every process a new instance id (:attr:`dynamo_id`, read from
+    its log). ``ports.http`` is unused: the frontend serves HTTP."""
 
-
-class Worker:
-    """One ``python -m dynamo.vllm`` worker (vLLM 0.31.0 on CPU); each :meth:`start` a new incarnation on the same
-    ports and (for kvshm) the same ``KVSHM_WORKER_ID``. Dynamo gives every process a new instance id
-    (:attr:`dynamo_id`, read from its log)."""
-
-    def __init__(self, index: int, model: Path, ports: WorkerPorts, publisher: str, env: Mapping[str, str],
+    def __init__(self, index: int, model: Path, ports: Ports, publisher: str, env: Mapping[str, str],
                  logdir: Path) -> None:
+        super().__init__(model, ports, publisher, env, logdir)
         self.index = index
-        self.model = model
-        self.ports = ports
-        self.publisher = publisher
-        self.env = dict(env)
-        self.logdir = logdir
-        self.proc: Proc | None = None
-        self.incarnation = 0
         self.dynamo_id: int | None = None
         self.ids: dict[int, int] = {}  # every Dynamo instance id this worker had -> its index
 
@@ -118,7 +107,7 @@ class Worker:
             "--kv-events-config", json.dumps(kv_events),
         ]
 
-    def start(self, frontend: Frontend | None) -> None:
+    def start(self, frontend: Frontend | None = None) -> None:
         """Starts the next incarnation; returns once its Dynamo id is known and (with a frontend) the router
         serves it."""
         self.incarnation += 1
@@ -139,20 +128,5 @@ class Worker:
 
         wait_until(f"worker {self.index} serving", up, READY_TIMEOUT, 1.0)
 
-    def sigkill(self) -> None:
-        """SIGKILL of the worker's process group (a crash, the OOM killer, a pod kill)."""
-        if self.proc is not None:
-            self.proc.stop(signal.SIGKILL, 30.0, group=True)
-            self.proc = None
 
-    def sigterm(self) -> bool:
-        """SIGTERM to the worker (Dynamo's graceful shutdown: discovery unregister, then vLLM's); whether its whole
-        group was gone within the bound (else SIGKILLed)."""
-        if self.proc is None:
-            return True
-        clean = self.proc.stop(signal.SIGTERM, SIGTERM_TIMEOUT)
-        self.proc = None
-        return clean
-
-
-__all__ = ["BLOCK_SIZE", "Frontend", "MODEL_NAME", "Timeout", "Worker", "WorkerPorts", "stack_env"]
+__all__ = ["BLOCK_SIZE", "Frontend", "MODEL_NAME", "Ports", "Timeout", "Worker", "stack_env"]
