@@ -5,6 +5,7 @@ the namespace; exits 1 when a kvshm row or check misses the goals."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 import traceback
@@ -63,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     batch_checks(runs)
     table = render(runs)
     (args.out / "table.md").write_text(table + "\n")
+    (args.out / "results.json").write_text(json.dumps([run.summary() for run in runs], indent=1) + "\n")
     print()
     print(table)
     bad = failures(runs)

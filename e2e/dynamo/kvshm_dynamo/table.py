@@ -13,13 +13,14 @@ def render(runs: list[ModeRun]) -> str:
         for r in run.rows:
             n = len(r.decisions)
             rows.append([
-                r.step, r.mode.name, f"{r.right}/{n}", "control" if r.same is None else f"{r.same}/{n}",
+                r.step, r.mode.name, f"{r.right}/{n - r.failed}", str(r.failed),
+                "control" if r.same is None else f"{r.same}/{n}",
                 ", ".join(f"{k} {v}" for k, v in sorted(r.applied.items()) if v) or "n/a", r.kvshmd,
                 f"{r.seconds:.0f} s", "; ".join(r.notes),
             ])
-    steps = markdown_table(["step", "publisher / daemon", "decisions right (router overlap = engine's cached)",
-                            "same decision as the control", "events the router applied", "kvshmd /kv_recover",
-                            "step took", "notes"], rows)
+    steps = markdown_table(["step", "publisher / daemon", "decisions right (router's overlap = engine's cached)",
+                            "requests failed (routed to a dead worker)", "same decision as the control",
+                            "events the router applied", "kvshmd /kv_recover", "step took", "notes"], rows)
     batches = markdown_table(
         ["worker", "publisher / daemon", "engine batches", "events in them", "kvshmd's Cleared batches",
          "kvshmd's heartbeats", "all batches"],
