@@ -14,7 +14,7 @@ def render(runs: list[ModeRun]) -> str:
             n = len(r.decisions)
             rows.append([
                 r.step, r.mode.name, f"{r.right}/{n - r.failed}", str(r.failed),
-                "control" if r.same is None else f"{r.same}/{n}",
+                ("n/a" if r.mode.judged else "control") if r.same is None else f"{r.same}/{n}",
                 ", ".join(f"{k} {v}" for k, v in sorted(r.applied.items()) if v) or "n/a", r.kvshmd,
                 f"{r.seconds:.0f} s", "; ".join(r.notes),
             ])
