@@ -101,6 +101,10 @@ class BatchCount:
 
     engine: int = 0  # batches with an event other than a lone AllBlocksCleared
     events: int = 0  # events in those
+    # The events in those as dynamo.vllm's relay hands them on: adjacent events of one kind within a batch merged
+    # into one (its batching step coalesces adjacent stores and adjacent removals: an eviction's BlockRemoved pair is
+    # one router event).
+    merged: int = 0
     cleared: int = 0  # [AllBlocksCleared] alone (kvshmd's incarnation batches; vLLM sends none on its own here)
     empty: int = 0  # no events (kvshmd's heartbeats)
 
@@ -131,6 +135,8 @@ class BatchRecorder(WireRecorder):
         else:
             self.count.engine += 1
             self.count.events += len(events)
+            tags = [_tag(e) for e in events]
+            self.count.merged += sum(1 for i, t in enumerate(tags) if i == 0 or t != tags[i - 1])
             self.sizes.append(len(events))
 
 

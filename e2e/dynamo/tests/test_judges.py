@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
-from kvshm_dynamo.judges import Decision, last_decision, parse_applied
+from kvshm_dynamo.judges import BatchRecorder, Decision, last_decision, parse_applied
 from kvshm_dynamo.scenarios import prompt
 
 ROUTING = (
@@ -41,3 +42,24 @@ def test_decision_right() -> None:
 def test_prompt_is_seeded() -> None:
     a, b = prompt(random.Random("step")), prompt(random.Random("step"))
     assert a == b and len(a) == 4 * 32 + 5 and all(3 <= t < 1024 for t in a)
+
+
+def test_batch_recorder_counts(tmp_path: Path) -> None:
+    """Kinds of batches, and the events as the relay hands them on (adjacent ones of a kind merged)."""
+    import msgspec
+
+    def batch(*tags: str) -> bytes:
+        return msgspec.msgpack.encode([1.0, [{"type": t, "block_hashes": [1]} for t in tags], 0])
+
+    rec = BatchRecorder(f"ipc://{tmp_path}/none.sock")
+    try:
+        rec.on_payload(batch("BlockRemoved", "BlockRemoved", "BlockStored"))
+        rec.on_payload(batch("BlockStored"))
+        rec.on_payload(batch())
+        rec.on_payload(batch("AllBlocksCleared"))
+        rec.on_payload(b"\xc1")  # not msgpack: ignored
+    finally:
+        rec.close()
+    c = rec.count
+    assert (c.engine, c.events, c.merged, c.empty, c.cleared, c.total) == (2, 4, 3, 1, 1, 4)
+    assert rec.sizes == [3, 1]
