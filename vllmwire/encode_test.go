@@ -89,8 +89,9 @@ func removedWith(hashes ...byte) []byte {
 // FuzzDecode: Decode never panics; what it accepts re-encodes, in every layout, to a payload that decodes to the
 // same batch (bytes block hashes included).
 func FuzzDecode(f *testing.F) {
-	for _, w := range wires {
-		if vs, err := wirevectors.Load(vectorsPath(w), 0); err == nil {
+	for _, r := range releases {
+		w, _ := ParseWire(r)
+		if vs, err := wirevectors.Load(vectorsPath(r), 0); err == nil {
 			for _, v := range vs {
 				p, _ := encodeVector(f, w, v, nil)
 				f.Add(p)

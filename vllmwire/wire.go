@@ -23,8 +23,16 @@ const (
 
 var wireNames = [numWires]string{"0.33", "0.32", "array"}
 
-// ParseWire returns the layout of a name: "0.33" or "" (the default), "0.32", "array". Anything else is an error
-// wrapping ErrUnknownWire.
+// wireAliases names the releases whose layout is another's, byte for byte. vLLM 0.31.0's kv_events.py is
+// 0.32.0's file unchanged (the same event structs and msgspec options), so "0.31" is Wire032; its own vectors
+// (vectors_0.31.json, the same cases written from 0.31.0's structs) pin that.
+var wireAliases = []struct {
+	name string
+	wire Wire
+}{{"0.31", Wire032}}
+
+// ParseWire returns the layout of a name: "0.33" or "" (the default), "0.32", "array", or an alias ("0.31").
+// Anything else is an error wrapping ErrUnknownWire.
 func ParseWire(s string) (Wire, error) {
 	if s == "" {
 		return Wire033, nil
@@ -34,7 +42,14 @@ func ParseWire(s string) (Wire, error) {
 			return Wire(w), nil
 		}
 	}
-	return Wire033, fmt.Errorf("%w %q (known: %q)", ErrUnknownWire, s, wireNames[:])
+	known := wireNames[:]
+	for _, a := range wireAliases {
+		if s == a.name {
+			return a.wire, nil
+		}
+		known = append(known[:len(known):len(known)], a.name)
+	}
+	return Wire033, fmt.Errorf("%w %q (known: %q)", ErrUnknownWire, s, known)
 }
 
 // String returns the layout's name ("0.33", "0.32", "array"), or "Wire(n)" for a value that is none.

@@ -186,6 +186,10 @@ class WireRecorder:
                 continue
             with self._lock:
                 self.record.seqs.append((self.label, int.from_bytes(frames[1], "big")))
+                self.on_payload(frames[2])
+
+    def on_payload(self, payload: bytes) -> None:
+        """Each batch's payload, on the recorder's thread (a subclass reads more than the seq)."""
 
     def close(self) -> None:
         self._stop.set()

@@ -35,7 +35,7 @@ type Event struct {
 }
 
 // Files maps a vLLM release (vllmwire's wire name) to its vectors file under testdata/vllmwire.
-var Files = map[string]string{"0.33": "vectors.json", "0.32": "vectors_0.32.json"}
+var Files = map[string]string{"0.33": "vectors.json", "0.32": "vectors_0.32.json", "0.31": "vectors_0.31.json"}
 
 // HashBytes returns the concatenated bytes block hashes (nil: the hashes are ints).
 func (e Event) HashBytes() ([]byte, error) { return optHex(e.HashBytesHex) }

@@ -92,11 +92,12 @@ def test_publish_batches_vllm_wire(make_indexer: Any, short_dir: Path) -> None:
         ctx.term()
 
 
-def test_publish_wire_per_vllm_release(make_indexer: Any, short_dir: Path) -> None:
+@pytest.mark.parametrize("release", ["0.32", "0.31"])
+def test_publish_wire_per_vllm_release(make_indexer: Any, short_dir: Path, release: str) -> None:
     """ZmqPublish(wire="0.32"): the stream is byte-identical to vLLM 0.32.0's (its BlockStored has one field less:
-    msgspec writes a fixmap header, not 0.33.0's map16)."""
+    msgspec writes a fixmap header, not 0.33.0's map16); wire="0.31" to vLLM 0.31.0's (the same layout)."""
     endpoint = f"ipc://{short_dir}/pub.sock"
-    ix = make_indexer(publish=ZmqPublish(endpoint=endpoint, topic="kv", wire="0.32"))
+    ix = make_indexer(publish=ZmqPublish(endpoint=endpoint, topic="kv", wire=release))
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sub = sub_socket(ctx, endpoint)
     try:
@@ -105,14 +106,14 @@ def test_publish_wire_per_vllm_release(make_indexer: Any, short_dir: Path) -> No
         ix.apply_batch(seq, [ke.BlockStored([11, 12], 10, list(range(8)), 4, None, "GPU", None),
                              ke.BlockRemoved([5], "GPU")], ts=2.5)
         _, _, payload = recv_batch(sub, wire)
-        assert payload == vllm_payload(2.5, theirs, 0, "0.32") != vllm_payload(2.5, theirs, 0, "0.33")
+        assert payload == vllm_payload(2.5, theirs, 0, release) != vllm_payload(2.5, theirs, 0, "0.33")
     finally:
         sub.close(0)
         ctx.term()
     assert ZmqPublish().to_json().get("wire") is None, "the default is not sent (older daemons refuse the field)"
-    assert ZmqPublish(wire="0.32").for_rank(1).wire == "0.32"
+    assert ZmqPublish(wire=release).for_rank(1).wire == release
     with pytest.raises(ValueError, match="0.33"):
-        ZmqPublish(wire="0.31")
+        ZmqPublish(wire="0.30")
     with pytest.raises(TypeError):
         ZmqPublish(wire=0.32)  # type: ignore[arg-type]
 

@@ -275,7 +275,8 @@ def test_shutdown_never_raises(env: None, monkeypatch: pytest.MonkeyPatch, short
 
 # -- the wire of the installed vLLM --------------------------------------------------------------------------------
 @pytest.mark.parametrize("ver,want", [
-    ("0.32.0", "0.32"), ("0.32.1+cpu", "0.32"), ("0.11.2", "0.32"), ("0.33.0", "0.33"), ("0.33.1rc1", "0.33"),
+    ("0.32.0", "0.32"), ("0.32.1+cpu", "0.32"), ("0.31.0", "0.31"), ("0.31.2+cpu", "0.31"),
+    ("0.11.2", "0.32"), ("0.33.0", "0.33"), ("0.33.1rc1", "0.33"),
     ("0.40.0.dev3", "0.33"), ("1.0.0", "0.33"), (None, None), ("", None), ("dev", None), ("7", None),
 ])
 def test_vllm_wire(ver: str | None, want: str | None) -> None:

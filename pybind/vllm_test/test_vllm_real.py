@@ -1,12 +1,14 @@
-"""kvshm's vLLM plugin against the real vLLM, 0.33.0 or 0.32.0 (make vllm-plugin-test [VLLM_VERSION=0.32.0]: a venv
-with vLLM and torch; no GPU needed: only vLLM's config and KV-event modules run).
+"""kvshm's vLLM plugin against the real vLLM, 0.33.0, 0.32.0 or 0.31.0 (make vllm-plugin-test
+[VLLM_VERSION=0.32.0|0.31.0]: a venv with vLLM and torch; no GPU needed: only vLLM's config and KV-event modules run).
 
 vLLM's plugin loader runs the `vllm.general_plugins` entry point of the installed kvshm wheel; the test then builds
 `KVEventsConfig(publisher="kvshm", ...)` (refused by vLLM without the plugin), creates the publisher through
 `EventPublisherFactory.create` as vLLM's scheduler does, and publishes real `KVEventBatch` objects. The judge is
 vLLM's own `ZmqEventPublisher`, fed the same batches side by side: every payload a pyzmq subscriber receives live,
 and every replay frame, must be byte-identical to vLLM's for the installed release (its BlockStored differs between
-0.32.0 and 0.33.0), with bytes block hashes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) among them.
+0.32.0 and 0.33.0), with bytes block hashes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) among them. The release's
+shared vectors (testdata/vllmwire, which vllmwire's Go tests pin byte for byte) must be what the installed vLLM's own
+structs and msgspec write.
 
 Seqs: kvshmd numbers its wire (docs/lifecycle.md: its own counter, a Cleared batch when an incarnation starts, empty
 heartbeats), so the comparison is by payload and order, not by seq value: each test batch must arrive once, in
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +30,10 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
+
+VECTORS = Path(__file__).resolve().parents[2] / "testdata" / "vllmwire"
+sys.path.insert(0, str(VECTORS))
+from gen_vectors import FILES, vectors  # noqa: E402
 
 kv_events = pytest.importorskip("vllm.distributed.kv_events")
 import vllm  # noqa: E402
@@ -51,12 +58,24 @@ Frames = list[bytes]
 
 
 def test_installed_release_is_known() -> None:
-    assert WIRE in ("0.32", "0.33"), f"vLLM {vllm.__version__}: kvshm knows the wire of 0.32 and 0.33"
+    assert WIRE in ("0.31", "0.32", "0.33"), f"vLLM {vllm.__version__}: kvshm knows the wire of 0.31, 0.32, 0.33"
     site = os.environ.get("KVSHM_VLLM_TEST_SITE")  # make vllm-plugin-test: the wheel under test, not the venv's
     if site:
         import kvshm
 
         assert Path(kvshm.__file__).resolve().is_relative_to(Path(site).resolve()), kvshm.__file__
+
+
+def test_vectors_are_the_installed_vllms() -> None:
+    """The committed vectors of the installed release (written by gen_vectors.py from vllm_structs.py's mirror of
+    its structs) are byte for byte what vLLM's own KVEventBatch and event classes and msgspec write for the same
+    cases."""
+    committed = json.loads((VECTORS / FILES[WIRE]).read_text(encoding="utf-8"))["vectors"]
+    own = vectors(WIRE, (BlockStored, BlockRemoved, AllBlocksCleared, KVEventBatch))
+    assert len(own) == len(committed) > 20
+    for mine, theirs in zip(own, committed, strict=True):
+        assert mine["name"] == theirs["name"]
+        assert mine["payload_hex"] == theirs["payload_hex"], mine["name"]
 
 
 def batches() -> list[Any]:
@@ -238,6 +257,7 @@ def test_kvshm_publisher_in_real_vllm(ring_dir: Path) -> None:
     assert cfg.publisher == "kvshm"
     pub = EventPublisherFactory.create(cfg, data_parallel_rank=0)
     assert isinstance(pub, KvshmEventPublisher) and isinstance(pub, EventPublisher)
+    assert pub.wire == WIRE, "the plugin picks the installed release's wire"
     try:
         check_against_reference(pub.publish, lambda: pub.indexer, d, cfg_fields["endpoint"],
                                 cfg_fields["replay_endpoint"])

@@ -1,14 +1,15 @@
 """Generate the vllmwire test vectors: KVEventBatch payloads encoded by msgspec, as a vLLM release sends them.
 
 The structs are the release's shape (vllm_structs.py, next to this script: events are tagged maps; ``--wire 0.33``,
-the default, or ``--wire 0.32``). Each vector is the input (in kvshm's terms, as vllmwire.Event reads it) and the
-hex of msgspec's encoding; vllmwire's Go test requires byte identity. Both releases get the same cases.
+the default, ``--wire 0.32`` or ``--wire 0.31``). Each vector is the input (in kvshm's terms, as vllmwire.Event
+reads it) and the hex of msgspec's encoding; vllmwire's Go test requires byte identity. Every release gets the same
+cases.
 
 Bytes block hashes (vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) go in as ``block_hash_bytes_hex`` (the
 event's hashes concatenated, all one length) and ``parent_bytes_hex``; ``block_hashes`` / ``parent`` then hold
 the index keys kvshm derives from them (the last 8 bytes, big-endian: vLLM's own int form, and newer Dynamo's).
 
-Usage: python gen_vectors.py [--wire 0.33|0.32] [OUT]   (default OUT: vectors.json, or vectors_0.32.json, next to
+Usage: python gen_vectors.py [--wire 0.33|0.32|0.31] [OUT]   (default OUT: vectors.json, or vectors_0.32.json, next to
 this script; `-` for stdout)
 """
 
@@ -24,10 +25,10 @@ from typing import Any
 import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_structs import WIRES, AllBlocksCleared, BlockRemoved, BlockStored, Event, payload  # noqa: E402
+from vllm_structs import WIRES, AllBlocksCleared, BlockRemoved, BlockStored, Event, Structs, payload  # noqa: E402
 
 # The vectors file of each wire, next to this script.
-FILES = {"0.33": "vectors.json", "0.32": "vectors_0.32.json"}
+FILES = {"0.33": "vectors.json", "0.32": "vectors_0.32.json", "0.31": "vectors_0.31.json"}
 assert set(FILES) == set(WIRES), "a vectors file per release of vllm_structs.WIRES"
 
 
@@ -104,7 +105,9 @@ def cleared() -> tuple[dict[str, Any], AllBlocksCleared]:
     return {"kind": "cleared"}, AllBlocksCleared()
 
 
-def vectors(wire: str) -> list[dict[str, Any]]:
+def vectors(wire: str, structs: Structs | None = None) -> list[dict[str, Any]]:
+    """The vectors of a release, its payloads encoded from vllm_structs.py's classes, or from ``structs`` (the
+    installed vLLM's own: pybind/vllm_test compares those with the committed file)."""
     rng = random.Random(20261201)
     cases: list[tuple[str, float, int | None, list[tuple[dict[str, Any], Event]]]] = [
         ("empty", 0.0, 0, []),
@@ -148,7 +151,7 @@ def vectors(wire: str) -> list[dict[str, Any]]:
     ]
     out = []
     for name, ts, dp, evs in cases:
-        data = payload(ts, [e for _, e in evs], dp, wire)
+        data = payload(ts, [e for _, e in evs], dp, wire, structs)
         back = msgspec.msgpack.decode(data)  # untyped: Eagle's pairs are not vLLM's list[int]
         assert back[0] == ts and len(back[1]) == len(evs), name
         out.append({"name": name, "ts": ts, "dp_rank": dp, "events": [i for i, _ in evs], "payload_hex": data.hex()})

@@ -40,20 +40,21 @@ from ._encode import Prepared, prepare_cleared, prepare_removed, prepare_stored
 __all__ = ["WIRES", "ZmqPublish", "offset_endpoint_port", "BatchBuilder"]
 
 # The KV-event layouts kvshmd can publish (vllmwire.Wire), the default first: vLLM's releases, which differ in
-# BlockStored's fields (0.32.0 lacks lookahead_token_ids), which changes msgspec's map header on the wire; and
-# "array", 0.32.0's structs encoded array_like, the positional layout llm-d-kv-cache's vLLM adapter decodes.
-WIRES: Final = ("0.33", "0.32", "array")
+# BlockStored's fields (0.32.0 lacks lookahead_token_ids), which changes msgspec's map header on the wire; 0.31.0
+# publishes 0.32.0's layout (vllmwire, "Releases"); and "array", 0.32.0's structs encoded array_like, the
+# positional layout llm-d-kv-cache's vLLM adapter decodes.
+WIRES: Final = ("0.33", "0.32", "0.31", "array")
 
 
 @dataclass(frozen=True, slots=True)
 class ZmqPublish:
-    """Ask kvshmd to publish this producer's stream on ZMQ in vLLM's KV-event wire format (PUB on ``endpoint``,
-    replay ROUTER on ``replay_endpoint`` when given). The defaults are vLLM's ``KVEventsConfig``'s. Endpoints with
-    ``*``, ``::`` or ``ipc://`` are bound by kvshmd, others connected; with ``LocalIndexer(dp_rank=r)`` the ports
-    are offset by ``r`` as vLLM does (:func:`offset_endpoint_port`). ``wire`` is the vLLM release whose structs
-    the payloads follow, byte for byte: ``"0.33"`` (vLLM 0.33.0, the default) or ``"0.32"`` (vLLM 0.32.0); the
-    vLLM plugin passes the installed vLLM's. ``"array"`` is vLLM 0.32.0's events encoded array_like (positional),
-    the layout llm-d's consumer (llm-d-kv-cache) decodes: it refuses the map layouts."""
+    """Ask kvshmd to publish this producer's stream on ZMQ in vLLM's KV-event wire format (PUB on ``endpoint``, replay
+    ROUTER on ``replay_endpoint`` when given). The defaults are vLLM's ``KVEventsConfig``'s. Endpoints with ``*``,
+    ``::`` or ``ipc://`` are bound by kvshmd, others connected; with ``LocalIndexer(dp_rank=r)`` the ports are offset by
+    ``r`` as vLLM does (:func:`offset_endpoint_port`). ``wire`` is the vLLM release whose structs the payloads follow,
+    byte for byte: ``"0.33"`` (vLLM 0.33.0, the default), ``"0.32"`` (vLLM 0.32.0) or ``"0.31"`` (vLLM 0.31.0); the vLLM
+    plugin passes the installed vLLM's. ``"array"`` is vLLM 0.32.0's events encoded array_like (positional), the layout
+    llm-d's consumer (llm-d-kv-cache) decodes: it refuses the map layouts."""
 
     endpoint: str = "tcp://*:5557"
     replay_endpoint: str | None = None

@@ -24,9 +24,9 @@ publisher does):
   naming ``KVSHM_KV_BLOCK_SIZE``. An event's own ``block_size`` is never guessed from (a first event from another
   KV cache group, sliding window or mamba, would give the wrong one);
 - the wire format: ``KVSHM_WIRE`` if set (``"array"``: vLLM 0.32.0's events as positional arrays, the only layout
-  llm-d-kv-cache's consumer decodes), else vLLM's installed version (``"0.32"`` below 0.33, whose ``BlockStored``
-  has one field less, else ``"0.33"``), passed as ``ZmqPublish(wire=...)`` when this kvshm's ZmqPublish has that
-  field (an unknown value is refused there: ``ValueError`` at construction);
+  llm-d-kv-cache's consumer decodes), else vLLM's installed version (``"0.31"`` for 0.31.x, ``"0.32"`` for the rest
+  below 0.33, whose ``BlockStored`` has one field less, else ``"0.33"``), passed as ``ZmqPublish(wire=...)`` when this
+  kvshm's ZmqPublish has that field (an unknown value is refused there: ``ValueError`` at construction);
 - the ``LocalIndexer``: built (its ring made, the private kvshmd started or the shared one attached, and the
   daemon's PUB and replay sockets bound) before ``__init__`` returns, so a taken port or an unusable daemon is
   raised there and a subscriber that connects once the engine is up gets seq 0 of the stream live.
@@ -133,8 +133,9 @@ def vllm_version() -> str | None:
 
 
 def vllm_wire(ver: str | None) -> str | None:
-    """The wire format of vLLM ``ver``: ``"0.32"`` below 0.33 (its BlockStored has one field less), ``"0.33"``
-    from it on, None when unknown (kvshm's default)."""
+    """The wire format of vLLM ``ver``: ``"0.31"`` for 0.31.x, ``"0.32"`` for the rest below 0.33 (their
+    BlockStored has one field less; releases before 0.31 are not pinned by any vectors), ``"0.33"`` from it on,
+    None when unknown (kvshm's default)."""
     if not ver:
         return None
     parts: list[int] = []
@@ -149,6 +150,8 @@ def vllm_wire(ver: str | None) -> str | None:
         parts.append(int(digits))
     if len(parts) < 2:
         return None
+    if (parts[0], parts[1]) == (0, 31):
+        return "0.31"
     return "0.32" if (parts[0], parts[1]) < (0, 33) else "0.33"
 
 

@@ -1,0 +1,146 @@
+"""What the run reads: each request's routing decision (the KV router's debug line) and what the engine really
+had cached for it (vLLM's ``cached_tokens`` in the OpenAI usage), the events the router applied (its Prometheus
+counter), and the batches on each worker's PUB."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvshm_e2e.judges import WireRecorder
+
+from kvshm_testkit import http_get, http_post
+
+from .model import word
+from .stack import BLOCK_SIZE, MODEL_NAME
+
+# dynamo_llm::kv_router::routing_host::kv_selection, DEBUG: one line per routing decision.
+_BEST = re.compile(r"\[ROUTING\] Best: worker_(\d+) dp_rank=(\d+) with (\d+)/(\d+) blocks overlap")
+_APPLIED = re.compile(r"^\S*kv_cache_events_applied(?:_total)?\{([^}]*)\}\s+(\S+)$", re.M)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One request as the router routed it and as the chosen engine served it."""
+
+    worker: int  # the worker's index (1, 2); 0: not found in the log
+    overlap: int  # blocks the router believed the chosen worker holds
+    cached: int  # full blocks the engine had cached for it (cached_tokens // block size); -1: the request failed
+
+    @property
+    def right(self) -> bool:
+        """The router's belief about the chosen worker is what the engine had."""
+        return self.cached >= 0 and self.overlap == self.cached
+
+    def cell(self) -> str:
+        return f"w{self.worker}:{self.overlap}/{self.cached}"
+
+
+class Client:
+    """Sends completions to the frontend, one at a time, and reads each one's routing decision from the log."""
+
+    def __init__(self, url: str, log: Path, ids: dict[int, int]) -> None:
+        self.url = url
+        self.log = log
+        self.ids = ids  # Dynamo instance id -> worker index (every incarnation's)
+        self._offset = log.stat().st_size if log.exists() else 0
+
+    def complete(self, tokens: list[int], timeout: float = 60.0) -> Decision:
+        body = {"model": MODEL_NAME, "prompt": " ".join(word(t) for t in tokens), "max_tokens": 2,
+                "temperature": 0.0}
+        r = http_post(self.url + "/v1/completions", json.dumps(body).encode(), timeout=timeout)
+        cached = -1
+        if r.ok:
+            usage: dict[str, Any] = r.json().get("usage") or {}
+            cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0) // BLOCK_SIZE
+        worker, overlap = self._decision()
+        return Decision(worker, overlap, cached)
+
+    def _decision(self) -> tuple[int, int]:
+        """The routing line(s) logged since the last request: the last one (a request is routed once)."""
+        with open(self.log, "rb") as f:
+            f.seek(self._offset)
+            text = f.read().decode(errors="replace")
+            self._offset = f.tell()
+        return last_decision(text, self.ids)
+
+
+def last_decision(log_text: str, ids: dict[int, int]) -> tuple[int, int]:
+    """The last routing decision in ``log_text``: (worker index by ``ids``, 0 for an unknown id; overlap blocks);
+    (0, -1) when there is none."""
+    found = _BEST.findall(log_text)
+    if not found:
+        return 0, -1
+    wid, _, overlap, _ = found[-1]
+    return ids.get(int(wid), 0), int(overlap)
+
+
+def events_applied(frontend_url: str) -> dict[str, int]:
+    """The router's applied-event counter by status (``ok``, ...), summed over event types; {} when it has none
+    (or the frontend is down)."""
+    r = http_get(frontend_url + "/metrics", 5.0)
+    return parse_applied(r.text) if r.ok else {}
+
+
+def parse_applied(text: str) -> dict[str, int]:
+    """The applied-event counter of a Prometheus text exposition, by status, summed over its other labels."""
+    out: dict[str, int] = {}
+    for labels, value in _APPLIED.findall(text):
+        m = re.search(r'status="([^"]*)"', labels)
+        status = m.group(1) if m else "?"
+        out[status] = out.get(status, 0) + int(float(value))
+    return out
+
+
+@dataclass
+class BatchCount:
+    """The batches one worker's PUB carried, by what they held."""
+
+    engine: int = 0  # batches with an event other than a lone AllBlocksCleared
+    events: int = 0  # events in those
+    # The events in those as dynamo.vllm's relay hands them on: adjacent events of one kind within a batch merged
+    # into one (its batching step coalesces adjacent stores and adjacent removals: an eviction's BlockRemoved pair is
+    # one router event).
+    merged: int = 0
+    cleared: int = 0  # [AllBlocksCleared] alone (kvshmd's incarnation batches; vLLM sends none on its own here)
+    empty: int = 0  # no events (kvshmd's heartbeats)
+
+    @property
+    def total(self) -> int:
+        return self.engine + self.cleared + self.empty
+
+
+class BatchRecorder(WireRecorder):
+    """kvshm_e2e's WireRecorder (every seq, labelled by incarnation) that also classifies each batch."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.count = BatchCount()
+        self.sizes: list[int] = []  # events per engine batch, in order (the engine's batch boundaries)
+        super().__init__(endpoint)
+
+    def on_payload(self, payload: bytes) -> None:
+        import msgspec
+
+        try:
+            _, events, _ = msgspec.msgpack.decode(payload)
+        except (msgspec.DecodeError, ValueError, TypeError):
+            return
+        if not events:
+            self.count.empty += 1
+        elif len(events) == 1 and _tag(events[0]) == "AllBlocksCleared":
+            self.count.cleared += 1
+        else:
+            self.count.engine += 1
+            self.count.events += len(events)
+            tags = [_tag(e) for e in events]
+            self.count.merged += sum(1 for i, t in enumerate(tags) if i == 0 or t != tags[i - 1])
+            self.sizes.append(len(events))
+
+
+def _tag(ev: Any) -> str:
+    if isinstance(ev, dict):
+        return str(ev.get("type", ""))
+    return str(ev[0]) if isinstance(ev, list) and ev else ""

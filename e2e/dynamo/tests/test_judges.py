@@ -1,0 +1,65 @@
+"""The harness's parsers against the lines Dynamo 1.6.1 writes (copied from a run's logs and /metrics)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from kvshm_dynamo.judges import BatchRecorder, Decision, last_decision, parse_applied
+from kvshm_dynamo.scenarios import prompt
+
+ROUTING = (
+    "2026-12-06T05:47:36.213138Z DEBUG http-request:completions:completions_single:kv_router.select_worker: "
+    "dynamo_llm::kv_router::routing_host::kv_selection: [ROUTING] Best: worker_{w} dp_rank=0 with {o}/5 blocks "
+    "overlap request_id=a16d01f worker_id={w} dp_rank=0 overlap_blocks={o} total_blocks=5\n"
+)
+
+
+def test_last_decision() -> None:
+    text = ROUTING.format(w=13471622916193781641, o=0) + "other line\n" + ROUTING.format(w=99, o=3)
+    assert last_decision(text, {99: 2, 13471622916193781641: 1}) == (2, 3)
+    assert last_decision(ROUTING.format(w=5, o=4), {}) == (0, 4), "an unknown instance id is worker 0"
+    assert last_decision("no decision here\n", {}) == (0, -1)
+
+
+def test_parse_applied() -> None:
+    text = "\n".join([
+        "# TYPE dynamo_component_kv_cache_events_applied counter",
+        'dynamo_component_kv_cache_events_applied{event_type="stored",status="ok",worker="x"} 100',
+        'dynamo_component_kv_cache_events_applied{event_type="removed",status="ok",worker="x"} 6',
+        'dynamo_component_kv_cache_events_applied{event_type="removed",status="block_not_found"} 2',
+        'dynamo_component_other{status="ok"} 9',
+    ])
+    assert parse_applied(text) == {"ok": 106, "block_not_found": 2}
+    assert parse_applied("") == {}
+
+
+def test_decision_right() -> None:
+    assert Decision(1, 2, 2).right and not Decision(1, 2, 1).right and not Decision(1, 0, -1).right
+    assert Decision(2, 3, 1).cell() == "w2:3/1"
+
+
+def test_prompt_is_seeded() -> None:
+    a, b = prompt(random.Random("step")), prompt(random.Random("step"))
+    assert a == b and len(a) == 4 * 32 + 5 and all(3 <= t < 1024 for t in a)
+
+
+def test_batch_recorder_counts(tmp_path: Path) -> None:
+    """Kinds of batches, and the events as the relay hands them on (adjacent ones of a kind merged)."""
+    import msgspec
+
+    def batch(*tags: str) -> bytes:
+        return msgspec.msgpack.encode([1.0, [{"type": t, "block_hashes": [1]} for t in tags], 0])
+
+    rec = BatchRecorder(f"ipc://{tmp_path}/none.sock")
+    try:
+        rec.on_payload(batch("BlockRemoved", "BlockRemoved", "BlockStored"))
+        rec.on_payload(batch("BlockStored"))
+        rec.on_payload(batch())
+        rec.on_payload(batch("AllBlocksCleared"))
+        rec.on_payload(b"\xc1")  # not msgpack: ignored
+    finally:
+        rec.close()
+    c = rec.count
+    assert (c.engine, c.events, c.merged, c.empty, c.cleared, c.total) == (2, 4, 3, 1, 1, 4)
+    assert rec.sizes == [3, 1]
