@@ -36,12 +36,6 @@ const maxConns = 1024
 // reconnectInterval is how long a connect endpoint waits before it dials again (libzmq's ZMQ_RECONNECT_IVL default).
 const reconnectInterval = 100 * time.Millisecond
 
-// errBacklog is the cause of a connection closed because its peer fell more than its bound behind.
-var errBacklog = errors.New("kvshm/zmqpub: peer fell behind by more than its bound (bytes or hwm messages): connection closed")
-
-// errStalled is the cause of a connection closed because a write was blocked for the stall timeout.
-var errStalled = errors.New("kvshm/zmqpub: peer stopped reading (write blocked for the stall timeout): connection closed")
-
 // errClosed is the cause of a write to a closed connection.
 var errClosed = errors.New("kvshm/zmqpub: connection closed")
 
@@ -72,8 +66,9 @@ type conn struct {
 	done    chan struct{} // closed when the connection is closed
 	drained *sync.Cond    // signalled when written grows or err is set
 
-	onCut      func()      // called once when the peer is cut (errBacklog, errStalled); set before use
-	subscribed atomic.Bool // PUB: the peer's subscriptions match the topic
+	pongAt     uint64          // the queued PONG is message pongAt (enq's count): pending while written < pongAt
+	onCut      func(cutReason) // called once when the peer is cut (a *cutError closed it); set before use
+	subscribed atomic.Bool     // PUB: the peer's subscriptions match the topic
 }
 
 func newConn(nc net.Conn, r *bufio.Reader, timeout time.Duration, maxBytes, maxMsgs int) *conn {
@@ -91,60 +86,97 @@ func newConn(nc net.Conn, r *bufio.Reader, timeout time.Duration, maxBytes, maxM
 
 // put writes or queues one message. It never waits: with nothing queued it writes what the socket takes at once
 // and queues the rest; a message past the bounds cuts the connection (errBacklog), unless force (a PONG: a few
-// bytes, one per PING read). m's slices are not modified (they are shared with other subscribers' queues).
+// bytes, at most one queued). m's slices are not modified (they are shared with other subscribers' queues).
 func (c *conn) put(m net.Buffers, force bool) error {
+	c.mu.Lock()
+	queued, err := c.putLocked(m, force)
+	c.mu.Unlock()
+	if queued {
+		c.wakeWriter()
+	}
+	return err
+}
+
+// putLocked is put under c.mu; queued: the writer must be woken (after c.mu is released).
+func (c *conn) putLocked(m net.Buffers, force bool) (queued bool, err error) {
 	n := 0
 	for _, b := range m {
 		n += len(b)
 	}
-	c.mu.Lock()
 	if c.err != nil {
-		c.mu.Unlock()
-		return errClosed
+		return false, errClosed
 	}
 	if !force && (c.qBytes+n > c.maxBytes || c.maxMsgs > 0 && c.qMsgs >= c.maxMsgs) {
 		c.closeLocked(errBacklog)
-		c.mu.Unlock()
-		return errBacklog
+		return false, errBacklog
 	}
 	if c.qMsgs == 0 && c.raw != nil {
 		rest, err := c.raw(m, n)
 		if err != nil {
 			c.closeLocked(err)
-			c.mu.Unlock()
-			return err
+			return false, err
 		}
 		if len(rest) == 0 {
 			c.enq++
 			c.written++
 			c.drained.Broadcast()
-			c.mu.Unlock()
-			return nil
+			return false, nil
 		}
 		m, n = rest, 0
 		for _, b := range rest {
 			n += len(b)
 		}
 	}
-	c.enqueueLocked(m, n)
+	c.q = append(c.q, m)
+	c.qBytes += n
+	c.qMsgs++
+	c.enq++
+	return true, nil
+}
+
+func (c *conn) wakeWriter() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// command handles a ZMTP command after the handshake (name, and data: its first bytes, of dataLen in all): a PING
+// is answered with PONG (libzmq's heartbeat: Dynamo's DEALER sends one every 5 s and drops a connection that
+// answers nothing within its timeout); others are ignored. A PING whose context is over maxPingContext bytes cuts
+// the peer (errPing; it echoed before: 60 KiB contexts, never read, grew the daemon by 1.3 GiB in 4 s).
+func (c *conn) command(name string, data []byte, dataLen int) error {
+	if name != "PING" {
+		return nil
+	}
+	var ctx []byte // after the TTL (2 bytes)
+	if dataLen > 2 {
+		if dataLen-2 > maxPingContext {
+			return errPing
+		}
+		ctx = data[2:]
+	}
+	c.pong(ctx)
 	return nil
 }
 
-// putWait queues one message once the queue has room for it (a message larger than the bound waits for an empty
-// queue); it returns errClosed when the connection closes first (a peer that does not read is cut by its stall
-// timeout). Used for replies: a reply is paced by its own client and never cut for its size.
-// command parses a ZMTP command frame and answers a PING with PONG (libzmq's heartbeat: Dynamo's DEALER sends one
-// every 5 s and drops a connection that answers nothing within its timeout). It returns the command for the caller;
-// false for a malformed one, which ends the connection.
-func (c *conn) command(body []byte) (name string, data []byte, ok bool) {
-	name, data, err := parseCommand(body)
-	if err != nil {
-		return "", nil, false
+// pong queues the PONG echoing ctx, past the byte bound (a few bytes) but at most one at a time: a PING that comes
+// while a PONG waits to be written is answered by that PONG (libzmq keeps one pending PONG too), so a peer that
+// floods PINGs and never reads holds one PONG, not one per PING.
+func (c *conn) pong(ctx []byte) {
+	c.mu.Lock()
+	if c.written < c.pongAt {
+		c.mu.Unlock()
+		return
 	}
-	if name == "PING" {
-		_ = c.put(net.Buffers{pong(data)}, true)
+	queued, _ := c.putLocked(net.Buffers{command("PONG", ctx)}, true)
+	if queued {
+		c.pongAt = c.enq
 	}
-	return name, data, true
+	c.mu.Unlock()
+	if queued {
+		c.wakeWriter()
+	}
 }
 
 func (c *conn) putWait(m net.Buffers) error {
@@ -171,10 +203,7 @@ func (c *conn) enqueueLocked(m net.Buffers, n int) {
 	c.qMsgs++
 	c.enq++
 	c.mu.Unlock()
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
+	c.wakeWriter()
 }
 
 // closeLocked closes the connection with cause err (once); c.mu is held.
@@ -183,8 +212,9 @@ func (c *conn) closeLocked(err error) {
 		return
 	}
 	c.err = err
-	if (err == errBacklog || err == errStalled) && c.onCut != nil {
-		c.onCut()
+	var ce *cutError
+	if errors.As(err, &ce) && c.onCut != nil {
+		c.onCut(ce.reason)
 	}
 	c.q, c.qBytes, c.qMsgs = nil, 0, 0
 	_ = c.nc.Close()
@@ -305,12 +335,15 @@ func parseEndpoint(ep string) endpoint {
 type peerSet struct {
 	ctx     context.Context
 	timeout time.Duration
-	mine    string      // socket type announced
-	peers   []string    // socket types accepted
-	serve   func(*conn) // runs a connection's reader until it ends (in its own goroutine)
+	mine    string            // socket type announced
+	peers   []string          // socket types accepted
+	serve   func(*conn) error // runs a connection's reader until it ends (in its own goroutine); a *cutError cuts
 	newConn func(net.Conn, *bufio.Reader) *conn
+	perAddr int             // connections one remote address may have (accepted: in the handshake or after)
+	cut     func(cutReason) // counts a peer refused at accept or after its handshake
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
+	addrs   map[string]int          // accepted connections per addrKey
 	list    atomic.Pointer[[]*conn] // conns as a slice, replaced on every change (Publish reads it per message)
 	pending chan struct{}
 	ln      net.Listener
@@ -320,7 +353,11 @@ type peerSet struct {
 func (s *peerSet) add(c *conn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.ctx.Err() != nil || len(s.conns) >= maxConns {
+	if s.ctx.Err() != nil {
+		return false
+	}
+	if len(s.conns) >= maxConns {
+		s.cut(cutConns)
 		return false
 	}
 	if s.conns == nil {
@@ -371,9 +408,45 @@ func (s *peerSet) run(nc net.Conn) {
 		c.close(errClosed)
 		return
 	}
-	s.serve(c)
-	c.close(errClosed)
+	err = s.serve(c)
+	var ce *cutError
+	if errors.Is(err, errProtocol) {
+		err = &cutError{cutProtocol, err.Error()}
+	}
+	if !errors.As(err, &ce) {
+		err = errClosed
+	}
+	c.close(err)
 	s.remove(c)
+}
+
+// admitAddr counts a connection accepted from key against its share; false (nothing counted): the address holds
+// its share already. A unix socket's peers (key "") are not counted.
+func (s *peerSet) admitAddr(key string) bool {
+	if key == "" {
+		return true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.addrs[key] >= s.perAddr {
+		return false
+	}
+	if s.addrs == nil {
+		s.addrs = map[string]int{}
+	}
+	s.addrs[key]++
+	return true
+}
+
+func (s *peerSet) releaseAddr(key string) {
+	if key == "" {
+		return
+	}
+	s.mu.Lock()
+	if s.addrs[key]--; s.addrs[key] <= 0 {
+		delete(s.addrs, key)
+	}
+	s.mu.Unlock()
 }
 
 // listen binds ep and starts the accept loop.
@@ -404,15 +477,24 @@ func (s *peerSet) acceptLoop() {
 			}
 			continue
 		}
+		key := addrKey(nc.RemoteAddr())
+		if !s.admitAddr(key) {
+			_ = nc.Close()
+			s.cut(cutAddrConns)
+			continue
+		}
 		select {
 		case s.pending <- struct{}{}:
 			s.wg.Add(1)
 			go func() {
 				defer s.wg.Done()
+				defer s.releaseAddr(key)
 				s.run(&releaseOnReady{Conn: nc, release: func() { <-s.pending }})
 			}()
 		default:
+			s.releaseAddr(key)
 			_ = nc.Close()
+			s.cut(cutHandshakes)
 		}
 	}
 }

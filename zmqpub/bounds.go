@@ -1,0 +1,119 @@
+package zmqpub
+
+import (
+	"bytes"
+	"net"
+)
+
+// What a remote peer can make a socket hold, and what happens past it (doc.go, "Connections" lists every bound).
+// The bounds here are the ones a peer meets by what it sends; the queue bounds are in transport.go.
+
+// DefaultConnsPerAddr is the default Config.ConnsPerAddr: a remote address's share of a socket's maxConns.
+const DefaultConnsPerAddr = 64
+
+// maxSubscriptions bounds the subscriptions one subscriber holds (each SUBSCRIBE less each CANCEL of one held);
+// the SUBSCRIBE past it cuts the peer. vLLM's and Dynamo's subscribers hold one (their topic, or "").
+const maxSubscriptions = 1024
+
+// maxPingContext is ZMTP 3.1's bound on a PING's context (the PONG echoes it); a longer one cuts the peer, as
+// libzmq does.
+const maxPingContext = 16
+
+// maxCommandName is the longest command name a frame can carry (its length is one byte).
+const maxCommandName = 255
+
+// CutReasons name why a peer was cut (its connection closed, or refused at accept), in the order of
+// Stats.PeersCut (the label values of kvshm_zmq_peers_cut_total).
+var CutReasons = [numCutReasons]string{"backlog", "stalled", "ping", "subscriptions", "request", "protocol", "conns",
+	"addr_conns", "handshakes"}
+
+// cutReason indexes CutReasons.
+type cutReason uint8
+
+const (
+	cutBacklog       cutReason = iota // its queue past Config.SubscriberBacklog bytes or Config.HWM messages
+	cutStalled                        // a write blocked for the stall timeout
+	cutPing                           // a PING context over maxPingContext bytes
+	cutSubscriptions                  // past maxSubscriptions
+	cutRequest                        // a replay request of more than maxRequestFrames frames
+	cutProtocol                       // a frame over maxCommand bytes, bad frame flags, a malformed command
+	cutConns                          // refused after its handshake: the socket holds maxConns
+	cutAddrConns                      // refused at accept: its address holds its share (Config.ConnsPerAddr)
+	cutHandshakes                     // refused at accept: maxPendingHandshakes handshakes under way
+	numCutReasons
+)
+
+// cutError is the cause of a connection closed for a bound: the reason it is counted under.
+type cutError struct {
+	reason cutReason
+	msg    string
+}
+
+func (e *cutError) Error() string { return "kvshm/zmqpub: " + e.msg + ": connection closed" }
+
+var (
+	// errBacklog: the peer fell more than its bound behind.
+	errBacklog = &cutError{cutBacklog, "peer fell behind by more than its bound (bytes or hwm messages)"}
+	// errStalled: a write to the peer was blocked for the stall timeout.
+	errStalled = &cutError{cutStalled, "peer stopped reading (write blocked for the stall timeout)"}
+	errPing    = &cutError{cutPing, "PING context over ZMTP 3.1's 16 bytes"}
+	errSubs    = &cutError{cutSubscriptions, "more subscriptions than a subscriber may hold"}
+	errRequest = &cutError{cutRequest, "replay request of too many frames"}
+)
+
+// addrKey is the remote address a connection counts against for Config.ConnsPerAddr: an IPv4 address, or an IPv6
+// address's /64 (one host's share, however many addresses it takes from its prefix); "" for a unix socket (its
+// file is 0600: only the daemon's own user reaches it).
+func addrKey(a net.Addr) string {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return ""
+	}
+	if v4 := ta.IP.To4(); v4 != nil {
+		return v4.String()
+	}
+	return ta.IP.Mask(net.CIDRMask(64, 128)).String() + "/64"
+}
+
+// subscriptions are one subscriber's subscriptions as far as matching goes. A publisher has one topic, so only a
+// subscription that is a prefix of it can ever match: it is kept as its length, counted as libzmq's trie counts a
+// topic subscribed twice (one CANCEL takes one away); any other is only counted. A SUBSCRIBE or CANCEL costs
+// O(its length) and a subscriber holds O(len(topic)) bytes, however many it sends (before, the set was a map of
+// every topic, rescanned at each change: 40,000 took 10 s of CPU).
+type subscriptions struct {
+	topic    []byte
+	refs     []int32 // refs[n]: the subscriptions to topic[:n] held
+	matching int     // the sum of refs: > 0 means the topic matches
+	held     int     // every subscription held, matching or not
+}
+
+func newSubscriptions(topic []byte) *subscriptions {
+	return &subscriptions{topic: topic, refs: make([]int32, len(topic)+1)}
+}
+
+// update applies a SUBSCRIBE (add) or CANCEL of a subscription of size bytes whose first bytes are prefix (all of
+// it when size <= len(topic)). It returns errSubs for a SUBSCRIBE past maxSubscriptions. A CANCEL of a subscription
+// that is not held changes nothing (libzmq ignores it too); one that cannot match takes one of the others away.
+func (s *subscriptions) update(add bool, prefix []byte, size int) error {
+	match := size <= len(s.topic) && len(prefix) == size && bytes.HasPrefix(s.topic, prefix)
+	switch {
+	case add && s.held >= maxSubscriptions:
+		return errSubs
+	case add:
+		s.held++
+		if match {
+			s.refs[size]++
+			s.matching++
+		}
+	case match && s.refs[size] > 0:
+		s.refs[size]--
+		s.matching--
+		s.held--
+	case !match && s.held > s.matching:
+		s.held--
+	}
+	return nil
+}
+
+// matches reports whether the topic matches a subscription held.
+func (s *subscriptions) matches() bool { return s.matching > 0 }
