@@ -3,6 +3,7 @@ package zmqpub
 import (
 	"bufio"
 	"bytes"
+	"strings"
 	"testing"
 )
 
@@ -45,4 +46,79 @@ func TestReadyRoundTrip(t *testing.T) {
 	if err != nil || props["Socket-Type"] != "ROUTER" || len(props) != 1 {
 		t.Fatalf("props %v %v", props, err)
 	}
+}
+
+// FuzzReadPrefix: the reader after the handshake keeps at most keep bytes of a frame, whatever its size, and
+// consumes exactly the frame (the next frame's header is read where it starts).
+func FuzzReadPrefix(f *testing.F) {
+	f.Add(pingFrame(make([]byte, 16)), 8)
+	f.Add(appendFrame(nil, flagMore, bytes.Repeat([]byte{1}, 300)), 0)
+	f.Add([]byte{0x02, 0, 0, 0, 0, 0, 0, 0x01, 0x00}, 3)
+	f.Fuzz(func(t *testing.T, b []byte, keep int) {
+		keep = max(0, keep%512)
+		frame := appendFrame(nil, 0, b)
+		r := bufio.NewReader(bytes.NewReader(append(frame, frame...)))
+		for range 2 {
+			flags, size, err := readHeader(r, maxCommand)
+			if len(b) > maxCommand {
+				if err == nil {
+					t.Fatalf("a frame of %d bytes read", len(b))
+				}
+				return
+			}
+			if err != nil || flags != 0 || size != len(b) {
+				t.Fatalf("header: %#x %d %v, want 0 %d", flags, size, err, len(b))
+			}
+			got, err := readPrefix(r, size, keep, nil)
+			if err != nil || !bytes.Equal(got, b[:min(len(b), keep)]) {
+				t.Fatalf("prefix %x (%v), want %x", got, err, b[:min(len(b), keep)])
+			}
+		}
+	})
+}
+
+// FuzzSubscriptions: any sequence of SUBSCRIBE and CANCEL leaves the topic matched exactly when libzmq's trie
+// would (a model: a multiset of subscriptions), never holds more than maxSubscriptions, and refuses the SUBSCRIBE
+// past it.
+func FuzzSubscriptions(f *testing.F) {
+	f.Add([]byte("\x01\x00\x01kv\x00\x00"), "kv")
+	f.Add([]byte("\x01k\x01kvx\x00k\x00k"), "kv")
+	f.Fuzz(func(t *testing.T, ops []byte, topic string) {
+		s := newSubscriptions([]byte(topic))
+		model := map[string]int{}
+		for len(ops) > 0 {
+			add := ops[0]&1 == 1
+			n := 0
+			if len(ops) > 1 {
+				n = int(ops[1]) % 4
+			}
+			sub := string(ops[min(len(ops), 2):min(len(ops), 2+n)])
+			ops = ops[min(len(ops), 2+n):]
+			full := s.held >= maxSubscriptions
+			err := s.update(add, []byte(sub), len(sub))
+			switch {
+			case add && full:
+				if err == nil {
+					t.Fatal("a SUBSCRIBE past the bound taken")
+				}
+				return
+			case err != nil:
+				t.Fatalf("update: %v", err)
+			case add:
+				model[sub]++
+			case model[sub] > 0:
+				model[sub]--
+			}
+			if s.held > maxSubscriptions || s.held < s.matching {
+				t.Fatalf("%d held, %d matching", s.held, s.matching)
+			}
+			want := false
+			for m, k := range model {
+				want = want || k > 0 && strings.HasPrefix(topic, m)
+			}
+			if s.matches() != want {
+				t.Fatalf("topic %q, subscriptions %v: matches %v, want %v", topic, model, s.matches(), want)
+			}
+		}
+	})
 }
