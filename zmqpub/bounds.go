@@ -2,6 +2,8 @@ package zmqpub
 
 import (
 	"bytes"
+	"encoding/binary"
+	"hash/maphash"
 	"net"
 )
 
@@ -11,8 +13,7 @@ import (
 // DefaultConnsPerAddr is the default Config.ConnsPerAddr: a remote address's share of a socket's maxConns.
 const DefaultConnsPerAddr = 64
 
-// maxSubscriptions bounds the subscriptions one subscriber holds (each SUBSCRIBE less each CANCEL of one held);
-// the SUBSCRIBE past it cuts the peer. vLLM's and Dynamo's subscribers hold one (their topic, or "").
+// maxSubscriptions bounds the distinct subscriptions one subscriber holds; the SUBSCRIBE of one more cuts the peer. vLLM's and Dynamo's subscribers hold one (their topic, or "").
 const maxSubscriptions = 1024
 
 // maxPingContext is ZMTP 3.1's bound on a PING's context (the PONG echoes it); a longer one cuts the peer, as
@@ -75,45 +76,65 @@ func addrKey(a net.Addr) string {
 	return ta.IP.Mask(net.CIDRMask(64, 128)).String() + "/64"
 }
 
-// subscriptions are one subscriber's subscriptions as far as matching goes. A publisher has one topic, so only a
-// subscription that is a prefix of it can ever match: it is kept as its length, counted as libzmq's trie counts a
-// topic subscribed twice (one CANCEL takes one away); any other is only counted. A SUBSCRIBE or CANCEL costs
-// O(its length) and a subscriber holds O(len(topic)) bytes, however many it sends (before, the set was a map of
-// every topic, rescanned at each change: 40,000 took 10 s of CPU).
+// subscriptions are one subscriber's subscriptions, a set as libzmq's PUB keeps them (its mtrie holds a connection
+// once per topic: a repeated SUBSCRIBE changes nothing, one CANCEL removes it; libzmq's SUB and XSUB refcount
+// their own subscriptions and send the CANCEL when the last is gone). A publisher has one topic, so only a
+// subscription that is a prefix of it can ever match: it is kept as its length; any other is kept as a hash of
+// what matching read of it (its size and first len(topic)+1 bytes: two that agree there are one subscription,
+// which no delivery can tell apart), only for maxSubscriptions. A SUBSCRIBE or CANCEL costs O(its length) and a
+// subscriber holds at most maxSubscriptions hashes and len(topic)+1 flags, however many it sends (before, the set
+// was a map of every topic, rescanned at each change: 40,000 took 10 s of CPU).
 type subscriptions struct {
 	topic    []byte
-	refs     []int32 // refs[n]: the subscriptions to topic[:n] held
-	matching int     // the sum of refs: > 0 means the topic matches
-	held     int     // every subscription held, matching or not
+	on       []bool // on[n]: topic[:n] is subscribed
+	matching int    // the number of on: > 0 means the topic matches
+	others   map[uint64]struct{}
+	seed     maphash.Seed
 }
 
 func newSubscriptions(topic []byte) *subscriptions {
-	return &subscriptions{topic: topic, refs: make([]int32, len(topic)+1)}
+	return &subscriptions{topic: topic, on: make([]bool, len(topic)+1), seed: maphash.MakeSeed()}
 }
 
 // update applies a SUBSCRIBE (add) or CANCEL of a subscription of size bytes whose first bytes are prefix (all of
-// it when size <= len(topic)). It returns errSubs for a SUBSCRIBE past maxSubscriptions. A CANCEL of a subscription
-// that is not held changes nothing (libzmq ignores it too); one that cannot match takes one of the others away.
+// it when size <= len(topic)). It returns errSubs for a SUBSCRIBE of a new subscription past maxSubscriptions held.
+// A CANCEL of a subscription that is not held changes nothing.
 func (s *subscriptions) update(add bool, prefix []byte, size int) error {
-	match := size <= len(s.topic) && len(prefix) == size && bytes.HasPrefix(s.topic, prefix)
+	if size <= len(s.topic) && len(prefix) == size && bytes.HasPrefix(s.topic, prefix) {
+		switch {
+		case add == s.on[size]:
+		case add && s.held() >= maxSubscriptions:
+			return errSubs
+		case add:
+			s.on[size], s.matching = true, s.matching+1
+		default:
+			s.on[size], s.matching = false, s.matching-1
+		}
+		return nil
+	}
+	var h maphash.Hash
+	h.SetSeed(s.seed)
+	_, _ = h.Write(binary.BigEndian.AppendUint64(nil, uint64(size)))
+	_, _ = h.Write(prefix)
+	k := h.Sum64()
+	_, held := s.others[k]
 	switch {
-	case add && s.held >= maxSubscriptions:
+	case add == held:
+	case add && s.held() >= maxSubscriptions:
 		return errSubs
 	case add:
-		s.held++
-		if match {
-			s.refs[size]++
-			s.matching++
+		if s.others == nil {
+			s.others = map[uint64]struct{}{}
 		}
-	case match && s.refs[size] > 0:
-		s.refs[size]--
-		s.matching--
-		s.held--
-	case !match && s.held > s.matching:
-		s.held--
+		s.others[k] = struct{}{}
+	default:
+		delete(s.others, k)
 	}
 	return nil
 }
+
+// held returns the number of subscriptions held.
+func (s *subscriptions) held() int { return s.matching + len(s.others) }
 
 // matches reports whether the topic matches a subscription held.
 func (s *subscriptions) matches() bool { return s.matching > 0 }
