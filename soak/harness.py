@@ -147,6 +147,10 @@ def stop_pid(p: subprocess.Popen[Any], *, grace: float = 10.0) -> int | None:
         return None
 
 
+# kvshmd's --max-memory in the soak: its RSS must stay under it whatever hostile peers do (scenario zmq_peers).
+DAEMON_MAX_MEMORY = 512 << 20
+
+
 class Daemon:
     """One kvshmd life (restarts make new objects sharing the socket and state dir)."""
 
@@ -157,7 +161,7 @@ class Daemon:
         self.log_path = os.path.join(ctx.work, f"kvshmd-{int(time.time() * 1e6)}.log")
         args = [ctx.kvshmd, "serve", "--socket", sock, "--http", "127.0.0.1:0", "--log-format", "json",
                 "--frame-timeout", "2s", "--idle-timeout", "20s", "--write-timeout", "5s",
-                "--pid-check-interval", "200ms"]
+                "--pid-check-interval", "200ms", "--max-memory", f"{DAEMON_MAX_MEMORY >> 20}MiB"]
         if state_dir:
             args += ["--state-dir", state_dir]
             if ckpt:
