@@ -43,8 +43,9 @@ def main() -> int:
     ap.add_argument("--block-size", type=int, default=4)
     ap.add_argument("--ring-bytes", type=int, default=1 << 20)
     ap.add_argument("--ring-dir", default=None)
-    ap.add_argument("--zmq-dir", default=None, help="publish on ZMQ: ipc://DIR/pub-W.sock, ipc://DIR/replay-W.sock; tcp:PORT: tcp://*:PORT and PORT+1 "
-                    "(the first worker; the next ones 2 ports up each)")
+    ap.add_argument("--zmq-dir", default=None,
+                    help="publish on ZMQ: ipc://DIR/pub-W.sock, ipc://DIR/replay-W.sock; tcp:PORT: tcp://*:PORT and "
+                    "PORT+1 (the first worker; the next ones 2 ports up each)")
     ap.add_argument("--buffer-steps", type=int, default=10_000)
     a = ap.parse_args()
     vs: Any = None
