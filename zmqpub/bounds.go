@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"hash/maphash"
 	"net"
+	"sync/atomic"
 )
 
 // What a remote peer can make a socket hold, and what happens past it (doc.go, "Connections" lists every bound).
@@ -25,14 +26,15 @@ const maxCommandName = 255
 
 // CutReasons name why a peer was cut (its connection closed, or refused at accept), in the order of
 // Stats.PeersCut (the label values of kvshm_zmq_peers_cut_total).
-var CutReasons = [numCutReasons]string{"backlog", "stalled", "ping", "subscriptions", "request", "protocol", "conns",
-	"addr_conns", "handshakes"}
+var CutReasons = [numCutReasons]string{"backlog", "addr_backlog", "stalled", "ping", "subscriptions", "request",
+	"protocol", "conns", "addr_conns", "handshakes"}
 
 // cutReason indexes CutReasons.
 type cutReason uint8
 
 const (
 	cutBacklog       cutReason = iota // its queue past Config.SubscriberBacklog bytes or Config.HWM messages
+	cutAddrBacklog                    // its address's queues past Config.AddrBacklog bytes
 	cutStalled                        // a write blocked for the stall timeout
 	cutPing                           // a PING context over maxPingContext bytes
 	cutSubscriptions                  // past maxSubscriptions
@@ -57,10 +59,31 @@ var (
 	errBacklog = &cutError{cutBacklog, "peer fell behind by more than its bound (bytes or hwm messages)"}
 	// errStalled: a write to the peer was blocked for the stall timeout.
 	errStalled = &cutError{cutStalled, "peer stopped reading (write blocked for the stall timeout)"}
-	errPing    = &cutError{cutPing, "PING context over ZMTP 3.1's 16 bytes"}
-	errSubs    = &cutError{cutSubscriptions, "more subscriptions than a subscriber may hold"}
-	errRequest = &cutError{cutRequest, "replay request of too many frames"}
+	// errAddrBacklog: the connections of the peer's address fell more than the address's bound behind.
+	errAddrBacklog = &cutError{cutAddrBacklog, "the connections of the peer's address fell behind by more than its bound"}
+	errPing        = &cutError{cutPing, "PING context over ZMTP 3.1's 16 bytes"}
+	errSubs        = &cutError{cutSubscriptions, "more subscriptions than a subscriber may hold"}
+	errRequest     = &cutError{cutRequest, "replay request of too many frames"}
 )
+
+// addrShare is one remote address's part of a socket: its connections (at most Config.ConnsPerAddr) and the bytes
+// queued to them (at most max: Config.AddrBacklog). Its bytes are counted under each connection's own lock, so the
+// count is atomic.
+type addrShare struct {
+	conns  int // under peerSet.mu
+	max    int64
+	queued atomic.Int64
+}
+
+// over reports whether n more queued bytes take the address past its bound; a nil share has none.
+func (a *addrShare) over(n int) bool { return a != nil && a.queued.Load()+int64(n) > a.max }
+
+// add counts n bytes queued (negative: written or dropped).
+func (a *addrShare) add(n int) {
+	if a != nil {
+		a.queued.Add(int64(n))
+	}
+}
 
 // addrKey is the remote address a connection counts against for Config.ConnsPerAddr: an IPv4 address, or an IPv6
 // address's /64 (one host's share, however many addresses it takes from its prefix); "" for a unix socket (its

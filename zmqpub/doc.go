@@ -108,6 +108,9 @@
 //	a subscriber's queue past Config.SubscriberBacklog cut; it reconnects by itself and        TestStuckSubscriber*
 //	bytes (default 16 MiB) or Config.HWM messages      replays the seq gap (backlog); libzmq
 //	(0: no message bound)                              drops past its HWM instead
+//	the queues of its address's connections past       the connection a message would take    TestAddrBacklog
+//	Config.AddrBacklog bytes together (default 4       over is cut (addr_backlog); a reply
+//	subscriber backlogs)                               waits for its own queue first
 //	a write blocked for the stall timeout              cut (stalled)                          TestStuckReplayClients*
 //	a PING whose context is over 16 bytes (ZMTP 3.1)   cut, as libzmq does (ping)             TestPingContextBound
 //	PINGs faster than it reads PONGs                   one PONG held at most: a PING while    TestPingFloodHoldsOnePong
@@ -135,7 +138,8 @@
 // publisher has one topic, so one that can match is kept as the length of the topic's prefix it is, any other as a
 // hash, at most 1024 in all (SUBSCRIBE and CANCEL cost O(their length); before, every change rescanned a map of
 // every topic: 40,000 took 10 s of CPU).
-// With the per-address share, what one address can make a socket hold is its share times that.
+// With the per-address share, what one address can make a socket hold is its share of connections times that,
+// its queues together bounded by Config.AddrBacklog.
 //
 // Replies: a replay client's reply is paced by its own queue (SubscriberBacklog bytes: the reply goroutine waits
 // for room, so a large reply is never cut for its size); a client whose write blocks for the stall timeout is cut
@@ -149,8 +153,7 @@
 // attacker's connections end; on kvshmd's own node, the router can use the ipc:// endpoint instead (0600: only the
 // daemon's user reaches it; ipc sockets have no per-address share, only the socket's 1,024). Enough distinct
 // addresses (1024 / the share; 16 at the default) can still fill a socket: the share bounds what one host takes,
-// not a distributed flood (a firewall's job). The share counts connections only; a connection's queue is bounded
-// by SubscriberBacklog and, in time, by the stall timeout, and queues of one address are not summed.
+// not a distributed flood (a firewall's job).
 //
 // Endpoints: bound when the endpoint contains "*" or "::" or is ipc:// (vLLM's rule), connected otherwise (in
 // the background, again 100 ms after every failure or disconnection, as libzmq connects); inproc:// is refused

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"runtime"
@@ -262,4 +263,86 @@ func TestLongRequestIsCut(t *testing.T) {
 	}
 	waitClosed(t, c, "a request of 17 frames")
 	waitFor(t, func() bool { return cutBy(p, "request") == 1 }, "the cut counted under request")
+}
+
+// Subscribers of one address that stop reading may queue Config.AddrBacklog bytes together, not each its own
+// SubscriberBacklog: past it, the one a message would take over is cut (addr_backlog). A subscriber of another
+// address reads every message meanwhile.
+func TestAddrBacklog(t *testing.T) {
+	const backlog, addrBacklog = 4 << 20, 8 << 20
+	p := newPub(t, Config{Endpoint: "tcp://*:0", Topic: "kv", StallTimeout: 10 * time.Minute,
+		SubscriberBacklog: backlog, AddrBacklog: addrBacklog})
+	addr := strings.Replace(strings.TrimPrefix(p.Stats().Endpoint, "tcp://"), "0.0.0.0", "127.0.0.1", 1)
+	for range 4 {
+		c, err := handshakeFrom("127.0.0.2", addr, "SUB")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		if _, err := c.Write(subscription(true, nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	healthy, err := handshakeFrom("127.0.0.3", addr, "SUB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer healthy.Close()
+	if _, err := healthy.Write(subscription(true, nil)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return subscribedAll(p) && len(p.pubs.snapshot()) == 5 }, "5 subscribed")
+	const n = 200
+	got := make(chan error, 1)
+	read := make(chan struct{}, n) // one per message the healthy subscriber read: the publisher keeps its pace
+	go func() {
+		r := bufio.NewReader(healthy)
+		for i := uint64(0); i < n; i++ {
+			_ = healthy.SetReadDeadline(time.Now().Add(20 * time.Second)) // a hang guard
+			var seq []byte
+			for f := range 3 {
+				_, body, err := readFrame(r, 1<<20)
+				if err != nil {
+					got <- err
+					return
+				}
+				if f == 1 {
+					seq = body
+				}
+			}
+			if s := binary.BigEndian.Uint64(seq); s != i {
+				got <- fmt.Errorf("seq %d, want %d", s, i)
+				return
+			}
+			read <- struct{}{}
+		}
+		got <- nil
+	}()
+	payload := bytes.Repeat([]byte{3}, 256<<10)
+	for i := range uint64(n) {
+		p.Publish(i, payload)
+		select {
+		case <-read:
+		case err := <-got:
+			t.Fatalf("the subscriber of another address at %d: %v", i, err)
+		}
+		var share *addrShare
+		for _, c := range p.pubs.snapshot() {
+			c.mu.Lock()
+			if c.share != nil && c.share.max == addrBacklog {
+				share = c.share
+			}
+			c.mu.Unlock()
+		}
+		if share != nil && share.queued.Load() > addrBacklog {
+			t.Fatalf("one address's subscribers hold %d bytes queued, over its bound %d", share.queued.Load(),
+				addrBacklog)
+		}
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("the subscriber of another address: %v", err)
+	}
+	if cutBy(p, "addr_backlog") == 0 {
+		t.Fatalf("no subscriber cut for its address's backlog (cut: %v)", p.Stats().PeersCut)
+	}
 }

@@ -41,7 +41,16 @@ type Config struct {
 	// leave room for every other host's (doc.go, "Connections"); one more is closed at accept. 0 means
 	// DefaultConnsPerAddr; ipc:// sockets have none. Not part of the ATTACH request (the daemon's --zmq-conns-per-addr).
 	ConnsPerAddr int
+	// AddrBacklog bounds, in bytes, what the connections of one remote address may have queued on each socket
+	// together (subscribers on the PUB, replies on the replay socket); the connection whose message would go past
+	// it is cut (a reply waits for its own queue first). 0 means DefaultAddrBacklogs subscriber backlogs; ipc://
+	// sockets have none. Not part of the ATTACH request.
+	AddrBacklog int
 }
+
+// DefaultAddrBacklogs is the default Config.AddrBacklog in Config.SubscriberBacklogs: an address's connections may
+// queue as much together as this many of them can each.
+const DefaultAddrBacklogs = 4
 
 // DefaultBufferBytes is the default Config.BufferBytes.
 const DefaultBufferBytes = 64 << 20
@@ -192,10 +201,10 @@ func checkEndpoint(ep string) error {
 // error).
 func New(cfg Config, log *slog.Logger) (*Publisher, error) {
 	if cfg.HWM < 0 || cfg.BufferSteps < 0 || cfg.BufferBytes < 0 || cfg.StallTimeout < 0 || cfg.SubscriberBacklog < 0 ||
-		cfg.ConnsPerAddr < 0 {
+		cfg.ConnsPerAddr < 0 || cfg.AddrBacklog < 0 {
 		return nil, fmt.Errorf("%w: hwm %d, buffer_steps %d, buffer bytes %d, stall timeout %v, subscriber backlog %d, "+
-			"connections per address %d", ErrConfig, cfg.HWM, cfg.BufferSteps, cfg.BufferBytes, cfg.StallTimeout,
-			cfg.SubscriberBacklog, cfg.ConnsPerAddr)
+			"connections per address %d, address backlog %d", ErrConfig, cfg.HWM, cfg.BufferSteps, cfg.BufferBytes,
+			cfg.StallTimeout, cfg.SubscriberBacklog, cfg.ConnsPerAddr, cfg.AddrBacklog)
 	}
 	if err := checkEndpoint(cfg.Endpoint); err != nil {
 		return nil, err
@@ -223,13 +232,14 @@ func New(cfg Config, log *slog.Logger) (*Publisher, error) {
 		p.backlog = DefaultSubscriberBacklog
 	}
 	perAddr := cmp.Or(cfg.ConnsPerAddr, DefaultConnsPerAddr)
+	addrBacklog := cmp.Or(cfg.AddrBacklog, DefaultAddrBacklogs*p.backlog)
 	cut := func(r cutReason) { p.peersCut[r].Add(1) }
 	p.pubs = peerSet{ctx: ctx, timeout: p.timeout, mine: "PUB", peers: []string{"SUB", "XSUB"}, serve: p.serveSubscriber,
-		perAddr: perAddr, cut: cut, newConn: func(nc net.Conn, r *bufio.Reader) *conn {
+		perAddr: perAddr, addrBacklog: addrBacklog, cut: cut, newConn: func(nc net.Conn, r *bufio.Reader) *conn {
 			c := newConn(nc, r, p.timeout, p.backlog, cfg.HWM)
 			c.onCut = func(r cutReason) {
 				cut(r)
-				if r == cutBacklog || r == cutStalled {
+				if r == cutBacklog || r == cutAddrBacklog || r == cutStalled {
 					p.cut.Add(1)
 				}
 			}
@@ -243,7 +253,8 @@ func New(cfg Config, log *slog.Logger) (*Publisher, error) {
 	p.endpoint = ep
 	if cfg.ReplayEndpoint != "" {
 		p.router = &peerSet{ctx: ctx, timeout: p.timeout, mine: "ROUTER", peers: []string{"DEALER", "REQ", "ROUTER"},
-			serve: p.serveReplayClient, perAddr: perAddr, cut: cut, newConn: func(nc net.Conn, r *bufio.Reader) *conn {
+			serve: p.serveReplayClient, perAddr: perAddr, addrBacklog: addrBacklog, cut: cut,
+			newConn: func(nc net.Conn, r *bufio.Reader) *conn {
 				c := newConn(nc, r, p.timeout, p.backlog, 0)
 				c.onCut = func(r cutReason) {
 					cut(r)

@@ -67,6 +67,7 @@ type conn struct {
 	drained *sync.Cond    // signalled when written grows or err is set
 
 	pongAt     uint64          // the queued PONG is message pongAt (enq's count): pending while written < pongAt
+	share      *addrShare      // the remote address's share (nil: none, a unix socket or a dialed peer); under mu
 	onCut      func(cutReason) // called once when the peer is cut (a *cutError closed it); set before use
 	subscribed atomic.Bool     // PUB: the peer's subscriptions match the topic
 }
@@ -110,6 +111,10 @@ func (c *conn) putLocked(m net.Buffers, force bool) (queued bool, err error) {
 		c.closeLocked(errBacklog)
 		return false, errBacklog
 	}
+	if !force && c.share.over(n) {
+		c.closeLocked(errAddrBacklog)
+		return false, errAddrBacklog
+	}
 	if c.qMsgs == 0 && c.raw != nil {
 		rest, err := c.raw(m, n)
 		if err != nil {
@@ -127,10 +132,7 @@ func (c *conn) putLocked(m net.Buffers, force bool) (queued bool, err error) {
 			n += len(b)
 		}
 	}
-	c.q = append(c.q, m)
-	c.qBytes += n
-	c.qMsgs++
-	c.enq++
+	c.queueLocked(m, n)
 	return true, nil
 }
 
@@ -185,25 +187,29 @@ func (c *conn) putWait(m net.Buffers) error {
 		n += len(b)
 	}
 	c.mu.Lock()
-	for c.err == nil && c.qBytes > 0 && c.qBytes+n > c.maxBytes {
+	for c.err == nil && c.qBytes > 0 && (c.qBytes+n > c.maxBytes || c.share.over(n)) {
 		c.drained.Wait()
+	}
+	if c.err == nil && c.share.over(n) { // its own queue is empty: the address's other connections hold the bound
+		c.closeLocked(errAddrBacklog)
 	}
 	if c.err != nil {
 		c.mu.Unlock()
 		return errClosed
 	}
-	c.enqueueLocked(m, n)
+	c.queueLocked(m, n)
+	c.mu.Unlock()
+	c.wakeWriter()
 	return nil
 }
 
-// enqueueLocked appends m (n bytes) and unlocks c.mu.
-func (c *conn) enqueueLocked(m net.Buffers, n int) {
+// queueLocked appends m (n bytes) to the queue; c.mu is held. The writer is woken by the caller.
+func (c *conn) queueLocked(m net.Buffers, n int) {
 	c.q = append(c.q, m)
 	c.qBytes += n
 	c.qMsgs++
 	c.enq++
-	c.mu.Unlock()
-	c.wakeWriter()
+	c.share.add(n)
 }
 
 // closeLocked closes the connection with cause err (once); c.mu is held.
@@ -216,6 +222,7 @@ func (c *conn) closeLocked(err error) {
 	if errors.As(err, &ce) && c.onCut != nil {
 		c.onCut(ce.reason)
 	}
+	c.share.add(-c.qBytes)
 	c.q, c.qBytes, c.qMsgs = nil, 0, 0
 	_ = c.nc.Close()
 	close(c.done)
@@ -254,6 +261,7 @@ func (c *conn) writeLoop() {
 				}
 				c.mu.Lock()
 				c.qBytes -= n
+				c.share.add(-n)
 				c.qMsgs--
 				c.written++
 				c.drained.Broadcast()
@@ -339,15 +347,17 @@ type peerSet struct {
 	peers   []string          // socket types accepted
 	serve   func(*conn) error // runs a connection's reader until it ends (in its own goroutine); a *cutError cuts
 	newConn func(net.Conn, *bufio.Reader) *conn
-	perAddr int             // connections one remote address may have (accepted: in the handshake or after)
-	cut     func(cutReason) // counts a peer refused at accept or after its handshake
-	mu      sync.Mutex
-	conns   map[*conn]struct{}
-	addrs   map[string]int          // accepted connections per addrKey
-	list    atomic.Pointer[[]*conn] // conns as a slice, replaced on every change (Publish reads it per message)
-	pending chan struct{}
-	ln      net.Listener
-	wg      sync.WaitGroup
+	perAddr int // connections one remote address may have (accepted: in the handshake or after)
+	// addrBacklog bounds the bytes queued to one remote address's connections (addrShare).
+	addrBacklog int
+	cut         func(cutReason) // counts a peer refused at accept or after its handshake
+	mu          sync.Mutex
+	conns       map[*conn]struct{}
+	addrs       map[string]*addrShare   // per addrKey
+	list        atomic.Pointer[[]*conn] // conns as a slice, replaced on every change (Publish reads it per message)
+	pending     chan struct{}
+	ln          net.Listener
+	wg          sync.WaitGroup
 }
 
 func (s *peerSet) add(c *conn) bool {
@@ -393,7 +403,7 @@ func (s *peerSet) snapshot() []*conn {
 
 // run hands an open connection through the handshake and, on success, to serve until it ends; it returns when the
 // connection is closed.
-func (s *peerSet) run(nc net.Conn) {
+func (s *peerSet) run(nc net.Conn, share *addrShare) {
 	stop := context.AfterFunc(s.ctx, func() { _ = nc.Close() }) // Close does not wait out a stalled handshake
 	r, err := handshake(nc, s.timeout, s.mine, s.peers...)
 	if !stop() || err != nil {
@@ -404,6 +414,9 @@ func (s *peerSet) run(nc net.Conn) {
 		nc = rc.Conn // its place is released (the handshake cleared the deadline); writev needs the bare conn
 	}
 	c := s.newConn(nc, r)
+	c.mu.Lock()
+	c.share = share
+	c.mu.Unlock()
 	if !s.add(c) {
 		c.close(errClosed)
 		return
@@ -420,22 +433,27 @@ func (s *peerSet) run(nc net.Conn) {
 	s.remove(c)
 }
 
-// admitAddr counts a connection accepted from key against its share; false (nothing counted): the address holds
-// its share already. A unix socket's peers (key "") are not counted.
-func (s *peerSet) admitAddr(key string) bool {
+// admitAddr counts a connection accepted from key against its address's share and returns the share (nil for a
+// unix socket's peer, key ""); false (nothing counted): the address holds its share of connections already.
+func (s *peerSet) admitAddr(key string) (*addrShare, bool) {
 	if key == "" {
-		return true
+		return nil, true
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.addrs[key] >= s.perAddr {
-		return false
+	a := s.addrs[key]
+	if a == nil {
+		a = &addrShare{max: int64(s.addrBacklog)}
+		if s.addrs == nil {
+			s.addrs = map[string]*addrShare{}
+		}
+		s.addrs[key] = a
 	}
-	if s.addrs == nil {
-		s.addrs = map[string]int{}
+	if a.conns >= s.perAddr {
+		return nil, false
 	}
-	s.addrs[key]++
-	return true
+	a.conns++
+	return a, true
 }
 
 func (s *peerSet) releaseAddr(key string) {
@@ -443,8 +461,10 @@ func (s *peerSet) releaseAddr(key string) {
 		return
 	}
 	s.mu.Lock()
-	if s.addrs[key]--; s.addrs[key] <= 0 {
-		delete(s.addrs, key)
+	if a := s.addrs[key]; a != nil {
+		if a.conns--; a.conns <= 0 {
+			delete(s.addrs, key)
+		}
 	}
 	s.mu.Unlock()
 }
@@ -478,7 +498,8 @@ func (s *peerSet) acceptLoop() {
 			continue
 		}
 		key := addrKey(nc.RemoteAddr())
-		if !s.admitAddr(key) {
+		share, ok := s.admitAddr(key)
+		if !ok {
 			_ = nc.Close()
 			s.cut(cutAddrConns)
 			continue
@@ -489,7 +510,7 @@ func (s *peerSet) acceptLoop() {
 			go func() {
 				defer s.wg.Done()
 				defer s.releaseAddr(key)
-				s.run(&releaseOnReady{Conn: nc, release: func() { <-s.pending }})
+				s.run(&releaseOnReady{Conn: nc, release: func() { <-s.pending }}, share)
 			}()
 		default:
 			s.releaseAddr(key)
@@ -526,7 +547,7 @@ func (s *peerSet) dial(ep endpoint) {
 		var d net.Dialer
 		for s.ctx.Err() == nil {
 			if nc, err := d.DialContext(s.ctx, ep.network, ep.address); err == nil {
-				s.run(nc)
+				s.run(nc, nil)
 			}
 			select {
 			case <-s.ctx.Done():
