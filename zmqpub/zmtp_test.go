@@ -3,8 +3,12 @@ package zmqpub
 import (
 	"bufio"
 	"bytes"
+	"errors"
+	"io"
+	"net"
 	"strings"
 	"testing"
+	"time"
 )
 
 // FuzzZMTPDecoders: whatever a peer sends, the frame reader, the command parser and the READY parser return an
@@ -116,6 +120,38 @@ func FuzzSubscriptions(f *testing.F) {
 				t.Fatalf("topic %q, subscriptions %v: matches %v, %d held; want %v, %d", topic, model, s.matches(),
 					s.held(), want, len(model))
 			}
+		}
+	})
+}
+
+// FuzzServe: whatever a peer sends after its handshake, a subscriber's and a replay client's reader end with the
+// read error (the input ran out), a protocol error or a cut for a bound, never a panic, and a subscriber's
+// subscriptions stay within their bound.
+func FuzzServe(f *testing.F) {
+	f.Add(append(append(pingFrame(make([]byte, 16)), subscription(true, []byte("k"))...), 0x01, 0x00, 0x00, 0x01, 7))
+	f.Add(command("SUBSCRIBE", []byte("kv")))
+	f.Add(append(bytes.Repeat(appendFrame(nil, flagMore, []byte("x")), 17), pingFrame(make([]byte, 17))...))
+	f.Add(append(command("CANCEL", []byte("k")), appendFrame(nil, 0, bytes.Repeat([]byte{1}, 300))...))
+	p, err := New(Config{Endpoint: "ipc://" + f.TempDir() + "/pub", ReplayEndpoint: "ipc://" + f.TempDir() + "/rep",
+		Topic: "kv", BufferSteps: 4}, nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer p.Close()
+	p.PublishReset(1, []byte("r"))
+	p.Publish(2, []byte("b"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, serve := range []func(*conn) error{p.serveSubscriber, p.serveReplayClient} {
+			server, client := net.Pipe()
+			go func() { _, _ = io.Copy(io.Discard, client) }() // the peer reads whatever it is sent
+			c := newConn(server, bufio.NewReader(bytes.NewReader(b)), time.Minute, 1<<20, 0)
+			err := serve(c)
+			var ce *cutError
+			if err != io.EOF && err != io.ErrUnexpectedEOF && !errors.Is(err, errProtocol) && !errors.As(err, &ce) {
+				t.Fatalf("serve ended with %v", err)
+			}
+			c.close(errClosed)
+			_ = client.Close()
 		}
 	})
 }
