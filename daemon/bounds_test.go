@@ -275,4 +275,3 @@ func TestZmqConnsPerAddr(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
-

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import re
 import socket
-import threading
 import time
-import traceback
-from collections.abc import Callable
 
 import zmq  # pyzmq: the healthy router's sockets
 from harness import DAEMON_MAX_MEMORY, VERBOSE, Ctx, http_get, judge, producer
-from sc_zmq import SubJudge, judge_sub, learn_wire
+from sc_zmq import Hostiles, SubJudge, judge_sub, learn_wire
 
 MAX_WAIT = 1.0  # s: the healthy SUB's longest wait between two batches while the producer publishes
 
@@ -78,48 +75,35 @@ def closed_by_peer(s: socket.socket, timeout: float) -> bool:
         return False
 
 
-class Floods:
+class Floods(Hostiles):
     """The hostile peers, each kind in its own thread, each from its own loopback address."""
 
     def __init__(self, ctx: Ctx, pub: int, rep: int) -> None:
-        self.ctx, self.pub, self.rep = ctx, pub, rep
-        self.stop = threading.Event()
+        super().__init__(ctx, [self.idle_conns, self.ping_unread, self.ping_oversized, self.sub_flood, self.unfinished],
+                         "zmq_peers: ")
+        self.pub, self.rep = pub, rep
         self.held: list[socket.socket] = []
-        self.lock = threading.Lock()
-        self.counts: dict[str, int] = {}
-        self.errors: list[str] = []
-        self.kinds: list[Callable[[], None]] = [self.idle_conns, self.ping_unread, self.ping_oversized,
-                                                self.sub_flood, self.unfinished]
-        self.threads = [threading.Thread(target=self._guard, args=(f,), daemon=True) for f in self.kinds]
 
-    def _guard(self, f: Callable[[], None]) -> None:
-        try:
-            f()
-        except Exception as e:  # a broken flood is the suite's bug: say so
-            self.errors.append(f"{f.__name__}: {e!r} {traceback.format_exc()[-800:]}")
-
-    def count(self, what: str, n: int = 1) -> None:
-        with self.lock:
-            self.counts[what] = self.counts.get(what, 0) + n
-
-    def hold(self, s: socket.socket) -> None:
-        with self.lock:
-            self.held.append(s)
+    def hold_many(self, n: int, src: str, port: int, st: bytes, data: bytes, what: str) -> None:
+        """``n`` connections from ``src`` that finish the handshake, send ``data`` and stay open until ``finish``; those
+        kvshmd refuses at accept are counted as such."""
+        for _ in range(n):
+            if self.stop.is_set():
+                return
+            s = zmtp_peer(src, port, st)
+            if s is None:
+                self.count(f"{what} refused (past the address's share)")
+                continue
+            s.sendall(data)
+            with self.lock:
+                self.held.append(s)
+            self.count(f"{what} held")
 
     def idle_conns(self) -> None:
         """127.0.0.2: idle connections that finish the handshake (a topic that never matches), past its share."""
         n = 150 if self.ctx.short else 1100
-        for port, st, first in ((self.pub, b"SUB", frame(b"\x01never")), (self.rep, b"DEALER", b"")):
-            for _ in range(n):
-                if self.stop.is_set():
-                    return
-                s = zmtp_peer("127.0.0.2", port, st)
-                if s is None:
-                    self.count("idle connections refused (past the address's share)")
-                    continue
-                s.sendall(first)
-                self.hold(s)
-                self.count("idle connections held")
+        self.hold_many(n, "127.0.0.2", self.pub, b"SUB", frame(b"\x01never"), "idle connections")
+        self.hold_many(n, "127.0.0.2", self.rep, b"DEALER", b"", "idle connections")
 
     def ping_unread(self) -> None:
         """127.0.0.3: 4 subscribers sending PINGs (16-byte contexts) without end and never reading a PONG."""
@@ -137,54 +121,35 @@ class Floods:
         for s in conns:
             s.close()
 
-    def ping_oversized(self) -> None:
-        """127.0.0.4: PINGs with a 60 KiB context (ZMTP 3.1 allows 16 bytes), each on a new connection."""
-        while not self.stop.wait(0.1):
-            s = zmtp_peer("127.0.0.4", self.rep, b"DEALER")
+    def cut_each(self, src: str, port: int, st: bytes, data: bytes, every: float, what: str) -> None:
+        """From ``src``, a new connection every ``every`` s sends ``data``, which kvshmd must cut within 10 s."""
+        while not self.stop.wait(every):
+            s = zmtp_peer(src, port, st)
             if s is None:
                 continue
             try:
-                s.sendall(ping(b"\x02" * (60 << 10)))
+                s.sendall(data)
             except OSError:
                 pass
             if not closed_by_peer(s, 10):
-                self.ctx.fail("wrong_answers", "a PING with a 60 KiB context was not cut within 10 s")
+                self.ctx.fail("wrong_answers", f"{what}: not cut within 10 s")
             s.close()
-            self.count("PINGs with a 60 KiB context")
+            self.count(what)
+
+    def ping_oversized(self) -> None:
+        """127.0.0.4: PINGs with a 60 KiB context (ZMTP 3.1 allows 16 bytes), each on a new connection."""
+        self.cut_each("127.0.0.4", self.rep, b"DEALER", ping(b"\x02" * (60 << 10)), 0.1,
+                      "PINGs with a 60 KiB context")
 
     def sub_flood(self) -> None:
         """127.0.0.5: subscribers sending 2,000 distinct subscriptions each."""
         subs = b"".join(frame(b"\x01flood-%d" % i) for i in range(2000))
-        while not self.stop.wait(0.2):
-            s = zmtp_peer("127.0.0.5", self.pub, b"SUB")
-            if s is None:
-                continue
-            try:
-                s.sendall(subs)
-            except OSError:
-                pass
-            if not closed_by_peer(s, 10):
-                self.ctx.fail("wrong_answers", "a subscriber sending 2,000 subscriptions was not cut within 10 s")
-            s.close()
-            self.count("subscription floods (2,000 each)")
+        self.cut_each("127.0.0.5", self.pub, b"SUB", subs, 0.2, "subscription floods (2,000 each)")
 
     def unfinished(self) -> None:
         """127.0.0.6: replay clients each holding an unfinished request of 15 frames of 60 KiB."""
-        req = frame(b"\x07" * (60 << 10), 0x01) * 15
-        for _ in range(50 if self.ctx.short else 200):
-            if self.stop.is_set():
-                return
-            s = zmtp_peer("127.0.0.6", self.rep, b"DEALER")
-            if s is None:
-                self.count("unfinished requests refused (past the address's share)")
-                continue
-            s.sendall(req)
-            self.hold(s)
-            self.count("unfinished 15-frame requests held")
-
-    def start(self) -> None:
-        for t in self.threads:
-            t.start()
+        self.hold_many(50 if self.ctx.short else 200, "127.0.0.6", self.rep, b"DEALER",
+                       frame(b"\x07" * (60 << 10), 0x01) * 15, "unfinished 15-frame requests")
 
     def finish(self) -> None:
         self.stop.set()
@@ -194,10 +159,7 @@ class Floods:
             for s in self.held:
                 s.close()
             self.held.clear()
-        for what, n in self.counts.items():
-            self.ctx.bad(f"zmq_peers: {what}", n)
-        for e in self.errors:
-            self.ctx.fail("crashes", f"hostile ZMQ peer broke (the suite's bug): {e}")
+        super().finish()
 
 
 def free_ports() -> int:

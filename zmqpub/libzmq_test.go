@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -16,25 +14,12 @@ import (
 	"github.com/kvshm/kvshm/internal/testenv"
 )
 
-// venvPython returns the dev venv's Python with pyzmq (libzmq), or skips/fails as testenv says.
-func venvPython(t testing.TB) string {
-	t.Helper()
-	py, err := filepath.Abs("../.venv/bin/python")
-	if err == nil {
-		if _, err = os.Stat(py); err == nil {
-			err = exec.Command(py, "-c", "import zmq").Run()
-		}
-	}
-	testenv.Require(t, err, "the dev venv with pyzmq", "make venv")
-	return py
-}
-
 // Real libzmq peers (pyzmq: a heartbeating SUB, an XSUB, a heartbeating DEALER, a REQ; testdata/libzmqpeers.py)
 // get exactly what they got before the bounds, from 127.0.0.1, while hostile peers from other loopback addresses
 // hold their address's share of both sockets, flood PINGs (one never reads, one sends 60 KiB contexts), flood
 // subscriptions and hold unfinished replay requests: every bound cuts the hostile peer, never the libzmq ones.
 func TestLibzmqPeersBesideHostiles(t *testing.T) {
-	py := venvPython(t)
+	py := testenv.VenvPython(t, "../.venv/bin/python", "zmq")
 	p := newPub(t, Config{Endpoint: "tcp://*:0", ReplayEndpoint: "tcp://*:0", Topic: "kv", BufferSteps: 100_000,
 		StallTimeout: 10 * time.Minute})
 	local := func(ep string) string {
