@@ -128,8 +128,9 @@
 //	a handshake not done within the stall timeout,     closed (not counted: never a peer)     TestFailedHandshakes*
 //	garbage, a wrong socket type
 //
-// What a peer's connection holds, then: its queue (the bounds above; the payloads in it are the publisher's, shared
-// by every queue and the replay buffer, never copied), one PONG, a 4 KiB read buffer, and of what it sends only what
+// What a peer's connection holds, then: during its handshake, its READY (at most 64 KiB; at most 128 handshakes
+// under way); after it, its queue (the bounds above; the payloads in it are the publisher's, shared by every queue
+// and the replay buffer, never copied), one PONG, a 4 KiB read buffer, and of what it sends only what
 // the reader needs: a frame is read into at most 1 + 255 (a command's name) + len(topic) + 1 bytes on the PUB, or a
 // request's 8-byte seq on the replay socket, the rest discarded as it arrives (readPrefix). So an unfinished
 // request pins nothing however many and large its frames (before, a body was allocated whole from its header: 200

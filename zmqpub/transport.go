@@ -424,7 +424,7 @@ func (s *peerSet) run(nc net.Conn, share *addrShare) {
 	err = s.serve(c)
 	var ce *cutError
 	if errors.Is(err, errProtocol) {
-		err = &cutError{cutProtocol, err.Error()}
+		err = &cutError{cutProtocol, strings.TrimPrefix(err.Error(), "kvshm/zmqpub: ")}
 	}
 	if !errors.As(err, &ce) {
 		err = errClosed
