@@ -4,11 +4,11 @@ Usage: libzmqpeers.py PUB_ENDPOINT REPLAY_ENDPOINT TOPIC
 
 The publisher publishes [TOPIC, seq u64 BE, b"batch-<seq>"] every millisecond or so and keeps every batch for replay.
 The peers, each a libzmq socket kvshm's ZMTP must serve exactly:
-  - a SUB with ZMQ heartbeats (ivl 100 ms, timeout 300 ms: kvshm's PONGs keep it connected) receives 1,000
+  - a SUB with ZMQ heartbeats (ivl 100 ms, timeout 600 ms: kvshm's PONGs keep it connected) receives 1,000
     consecutive batches: no seq gap (a dropped heartbeat would reconnect it and lose batches);
   - an XSUB subscribes TOPIC twice and cancels once (libzmq's trie counts a repeat: still subscribed), then cancels
     again: nothing arrives after the second cancel;
-  - a DEALER with heartbeats, idle for 1 s (three heartbeat timeouts), replays from the SUB's first seq: every seq
+  - a DEALER with heartbeats, idle for 2 s (three heartbeat timeouts), replays from the SUB's first seq: every seq
     from it, in order, each payload b"batch-<seq>", then vLLM's end marker;
   - a REQ asks the same seq and gets its first reply (REQ strips the empty delimiter).
 Prints one JSON object: {"errors": [...], "sub": n, "replayed": n}.
@@ -27,7 +27,7 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 def heartbeat(s: zmq.Socket[bytes]) -> None:
     s.setsockopt(zmq.HEARTBEAT_IVL, 100)
-    s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 300)
+    s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 600)
     s.setsockopt(zmq.HEARTBEAT_TTL, 1000)
 
 
@@ -79,7 +79,7 @@ def main() -> None:
     dealer = ctx.socket(zmq.DEALER)
     heartbeat(dealer)
     dealer.connect(rep_ep)
-    time.sleep(1.0)  # idle past three heartbeat timeouts: only PONGs keep the connection
+    time.sleep(2.0)  # idle past three heartbeat timeouts: only PONGs keep the connection
     start = seqs[0] if seqs else 0
     dealer.send_multipart([b"", start.to_bytes(8, "big")])
     want, n = start, 0
