@@ -1,6 +1,6 @@
 """Scenario zmq_peers: hostile peers on kvshmd's ZMQ TCP sockets (tcp://*:PORT, as vLLM binds them), each from a
 loopback address of its own (all of 127/8 is loopback on Linux: another "host" each), beside a healthy libzmq
-router on 127.0.0.1. The floods are the ones zmqpub's bounds answer (zmqpub/doc.go, "Connections"): idle
+router on 127.0.0.1. The floods are the ones zmqpub's bounds answer (zmqpub/doc.go, "Bounds"): idle
 connections past one address's share, PINGs never read and PINGs with oversized contexts, subscription floods,
 unfinished replay requests. The healthy SUB must get every batch in order with no wait over MAX_WAIT while the
 producer publishes, its replay must fill what it asks, each flood must be refused (kvshm_zmq_peers_cut_total), and

@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 )
 
-// What a remote peer can make a socket hold, and what happens past it (doc.go, "Connections" lists every bound).
+// What a remote peer can make a socket hold, and what happens past it (doc.go, "Bounds" lists every bound).
 // The bounds here are the ones a peer meets by what it sends; the queue bounds are in transport.go.
 
 // DefaultConnsPerAddr is the default Config.ConnsPerAddr: a remote address's share of a socket's maxConns.

@@ -24,13 +24,13 @@
 // goroutine that queued to each connection's writer goroutine: two wake-ups, each a futex wake of an OS thread).
 // The replay buffer is in memory: a restarted daemon replays only what it published since.
 //
-// # Heartbeats, resets, flush (LIFECYCLE.md)
+// # Heartbeats, resets, flush (docs/lifecycle.md)
 //
 // Batches (Publish: published, kept for replay), heartbeats (PublishHeartbeat: published, never kept) and resets
 // (PublishReset: the replay buffer is emptied, then the batch is published and kept as the buffer's first batch: the
 // start or the end of an engine incarnation) are handed out in call order by the calls themselves, under one lock
 // that Flush and Close also take. None is ever dropped before Close (there is no queue to be full: a subscriber
-// that falls behind is cut instead, see Connections; DropQueueFull is no longer produced, a stable metric label);
+// that falls behind is cut instead, see Bounds; DropQueueFull is no longer produced, a stable metric label);
 // after Close each returns false (counted DropClosed). Flush returns true once every subscriber connected at the
 // call has had every message handed out before the call written to its socket (a subscriber cut meanwhile no
 // longer counts); false at its timeout or after Close.
@@ -55,7 +55,7 @@
 // answers every request incomplete (it answered them complete and empty before, so a router restarted after kvshmd
 // restarted got nothing).
 //
-// # Snapshots (snapshot.go; SNAPSHOT.md)
+// # Snapshots (snapshot.go; docs/replay-snapshots.md)
 //
 // With a Snapshotter (SetSnapshotter), a request the buffer cannot answer completely is answered with the
 // Snapshot's batches, each under its seq L (the last batch the state includes), then the buffered batches with seq
@@ -84,7 +84,7 @@
 // ([identity, "", start_seq]), so ["", start_seq] on the wire; vLLM reads start_seq as a big-endian integer of any
 // length, kvshm requires 1..8 bytes. Anything else is counted (BadRequests), ignored, and logged at most once per
 // 10 s (with the number suppressed since the last warning); a message of more than 16 frames cuts its client
-// (Connections). Replies carry the topic frame as vLLM's do, so a DEALER receives ["", topic, seq, payload]; Dynamo's
+// (Bounds). Replies carry the topic frame as vLLM's do, so a DEALER receives ["", topic, seq, payload]; Dynamo's
 // listener accepts that (vLLM's shape) and ["", seq, payload] (SGLang's). Each client connection is its own peer
 // (no identities are needed to route replies); its requests are answered in order.
 //
@@ -94,7 +94,7 @@
 // a PING on as a 2-frame message: kvshmd logged "invalid zmq replay request: ignored frames=2" every 5 s and never
 // answered; zmq4's PUB stopped reading a subscriber after its 10th PING, subscriptions included.)
 //
-// # Connections (every bound, and what exceeding it does)
+// # Bounds (every one a peer meets, what going past it does, its test)
 //
 // The sockets face the cluster network without authentication (vLLM's convention is tcp://*:5557), so every byte
 // a remote peer can make kvshmd hold is counted against a bound per connection, and each connection against its

@@ -16,7 +16,7 @@ import (
 )
 
 // The attacks a remote peer could make on kvshmd's ZMQ sockets before every byte it can make the daemon hold was
-// bounded (doc.go, "Connections"). Each test failed on the code before the bounds: the PING flood grew the daemon
+// bounded (doc.go, "Bounds"). Each test failed on the code before the bounds: the PING flood grew the daemon
 // without a bound (one PONG queued per PING, past the byte bound), the subscription flood was neither bounded nor
 // cut (and quadratic), one address's idle connections filled the socket's cap, and unfinished replay requests
 // pinned every frame they sent.

@@ -38,7 +38,7 @@ type Config struct {
 	SubscriberBacklog int
 	// ConnsPerAddr bounds the connections one remote address (an IPv4 address, an IPv6 /64) may have on each
 	// socket, handshakes under way included: its share of the socket's 1,024, so that one host's connections
-	// leave room for every other host's (doc.go, "Connections"); one more is closed at accept. 0 means
+	// leave room for every other host's (doc.go, "Bounds"); one more is closed at accept. 0 means
 	// DefaultConnsPerAddr; ipc:// sockets have none. Not part of the ATTACH request (the daemon's --zmq-conns-per-addr).
 	ConnsPerAddr int
 	// AddrBacklog bounds, in bytes, what the connections of one remote address may have queued on each socket
@@ -323,7 +323,7 @@ func (p *Publisher) PublishHeartbeat(seq uint64, payload []byte) bool {
 }
 
 // PublishReset empties the replay buffer, then publishes (seq, payload) as Publish does and keeps it as the buffer's
-// first batch (the start or the end of an engine incarnation, LIFECYCLE.md). Its payload only clears (kvshmd: an
+// first batch (the start or the end of an engine incarnation, docs/lifecycle.md). Its payload only clears (kvshmd: an
 // AllBlocksCleared): a reply from seq 0, to a consumer that holds nothing of the stream, leaves it out (replay.go).
 // It never blocks; it returns false only after Close.
 func (p *Publisher) PublishReset(seq uint64, payload []byte) bool {

@@ -15,7 +15,7 @@ import (
 
 // kvshm speaks ZMTP itself (zmtp.go) on plain tcp and unix connections: each connection has a writer goroutine of
 // its own and a bounded queue, so one peer that stops reading delays nobody else and costs at most its bounds (doc.go,
-// "Connections"). zmq4 v0.17.0, used before, wrote a PUB's messages to its subscribers one after the other from one
+// "Bounds"). zmq4 v0.17.0, used before, wrote a PUB's messages to its subscribers one after the other from one
 // goroutine, routed a ROUTER's replies under one lock, ran each accepted connection's handshake inline in its accept
 // loop, never closed a connection whose handshake failed and never answered a ROUTER peer's PING; see doc.go.
 
