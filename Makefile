@@ -56,7 +56,7 @@ vet:
 # Lint: staticcheck (pinned; fetched through the Go module proxy on first use), the rule that only shm/ imports
 # unsafe (it owns every unsafe and shared-memory atomic), and ruff over the Python (ruff.toml).
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
-PYLINT_DIRS := pybind testkit bench conformance e2e cluster $(wildcard soak) testdata daemon/testdata
+PYLINT_DIRS := pybind testkit bench conformance e2e cluster $(wildcard soak) testdata daemon/testdata zmqpub/testdata
 lint: venv
 	$(GO) run $(STATICCHECK) ./...
 	@bad=$$($(GO) list -f '{{.ImportPath}} {{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}' ./... \

@@ -23,6 +23,9 @@ type Bounds struct {
 	// ZmqBufferBytes caps each publishing stream's replay buffer in payload bytes (--zmq-buffer-bytes): applied, not
 	// asked for (the oldest batches are evicted; a reply from before them is counted incomplete).
 	ZmqBufferBytes int
+	// ZmqConnsPerAddr bounds each publishing stream's ZMQ sockets' connections from one remote address
+	// (--zmq-conns-per-addr; zmqpub.Config.ConnsPerAddr): applied, not asked for.
+	ZmqConnsPerAddr int
 }
 
 // DefaultBounds returns the bounds every zero field of Config.Bounds stands for.
@@ -34,6 +37,7 @@ func DefaultBounds() Bounds {
 		MaxStreamsPerPeer: 64,
 		MaxConnsPerPeer:   256,
 		ZmqBufferBytes:    zmqpub.DefaultBufferBytes,
+		ZmqConnsPerAddr:   zmqpub.DefaultConnsPerAddr,
 	}
 }
 
@@ -44,7 +48,7 @@ func (b *Bounds) fill() {
 		def int
 	}{{&b.MaxBufferSteps, d.MaxBufferSteps}, {&b.MaxHWM, d.MaxHWM},
 		{&b.MaxStreamsPerPeer, d.MaxStreamsPerPeer}, {&b.MaxConnsPerPeer, d.MaxConnsPerPeer},
-		{&b.ZmqBufferBytes, d.ZmqBufferBytes}} {
+		{&b.ZmqBufferBytes, d.ZmqBufferBytes}, {&b.ZmqConnsPerAddr, d.ZmqConnsPerAddr}} {
 		if *f.v <= 0 {
 			*f.v = f.def
 		}
@@ -78,10 +82,11 @@ func (b Bounds) checkAttach(req sock.AttachRequest, ringCap uint64) error {
 	return nil
 }
 
-// zmqConfig is publishConfig with the daemon's replay buffer byte cap.
+// zmqConfig is publishConfig with the daemon's replay buffer byte cap and connections per address.
 func (b Bounds) zmqConfig(p *sock.Publish) zmqpub.Config {
 	c := publishConfig(p)
 	c.BufferBytes = b.ZmqBufferBytes
+	c.ConnsPerAddr = b.ZmqConnsPerAddr
 	return c
 }
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -240,5 +241,37 @@ func TestZmqCutAndIncompleteMetrics(t *testing.T) {
 		if want := name + `{dp_rank="",worker_id="5"} 0`; !strings.Contains(m, want) {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+}
+
+// TestZmqConnsPerAddr: --zmq-conns-per-addr reaches the stream's sockets, and a connection past it is counted in
+// kvshm_zmq_peers_cut_total{reason="addr_conns"} (zmqpub/doc.go has the bound's tests).
+func TestZmqConnsPerAddr(t *testing.T) {
+	ts := startServer(t, func(c *Config) { c.Bounds.ZmqConnsPerAddr = 1 })
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+	cl := dialT(t, ts.SocketPath())
+	if _, err := cl.Attach(ctxT(t), sock.AttachRequest{RingPath: ringAt(t, t.TempDir(), 5, 1<<16), WorkerID: 5,
+		KVBlockSize: 4, MaxBufferSize: 1024, Publish: &sock.Publish{Endpoint: fmt.Sprintf("tcp://*:%d", port)}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // the first is held (its handshake waits), the second is past the address's share of 1
+		c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	want := `kvshm_zmq_peers_cut_total{dp_rank="",reason="addr_conns",worker_id="5"} 1`
+	deadline := time.Now().Add(20 * time.Second) // a hang guard
+	for m := scrape(t, ts.Server); !strings.Contains(m, want); m = scrape(t, ts.Server) {
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics lack %s:\n%s", want, grepLines(m, "kvshm_zmq_peers_cut_total"))
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -143,6 +143,7 @@ var (
 	dZmqIncomplete   = desc("kvshm_zmq_replay_incomplete_total", "Replay replies that could not hold everything from the requested seq (the replay buffer rolled over, or kvshmd restarted since the engine incarnation began).")
 	dZmqCut          = desc("kvshm_zmq_subscribers_cut_total", "ZMQ subscribers disconnected for falling behind (16 MiB or hwm messages queued) or taking no write for the stall timeout.")
 	dZmqSnapshots    = desc("kvshm_zmq_snapshots_total", "Replay replies the buffer could not answer completely, by how their snapshot came (built; shared: a cached or concurrent build; waited: built after waiting for a --zmq-snapshot-builds slot; unavailable: none, the reply held the buffer only). docs/replay-snapshots.md.", "outcome")
+	dZmqPeersCut     = desc("kvshm_zmq_peers_cut_total", "Peers of the stream's ZMQ PUB and replay sockets cut for a bound (their connection closed, or refused at accept), by reason; zmqpub/doc.go names each bound and reason.", "reason")
 	dZmqReplayCut    = desc("kvshm_zmq_replay_clients_cut_total", "Replay clients disconnected for taking no write for the stall timeout.")
 	dZmqFilled       = desc("kvshm_zmq_replay_filled_batches_total", "Empty batches replay replies carried to keep their seqs contiguous (--zmq-replay-fill; docs/replay-snapshots.md).")
 	dZmqGapped       = desc("kvshm_zmq_replay_gapped_total", "Replay replies that kept a seq gap although --zmq-replay-fill is on: incomplete with no snapshot, or more fillers needed than it allows.")
@@ -227,6 +228,9 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 			emit(dZmqIncomplete, C, float64(zs.ReplayIncomplete))
 			emit(dZmqCut, C, float64(zs.Cut))
 			emit(dZmqReplayCut, C, float64(zs.ReplayCut))
+			for i, reason := range zmqpub.CutReasons {
+				emit(dZmqPeersCut, C, float64(zs.PeersCut[i]), reason)
+			}
 			emit(dZmqFilled, C, float64(zs.ReplayFilled))
 			emit(dZmqGapped, C, float64(zs.ReplayGapped))
 			for i, outcome := range zmqpub.SnapshotOutcomes {

@@ -602,14 +602,7 @@ type pyPeer struct {
 
 func venvPython(t testing.TB) string {
 	t.Helper()
-	py, err := filepath.Abs("../.venv/bin/python")
-	if err == nil {
-		if _, err = os.Stat(py); err == nil {
-			err = exec.Command(py, "-c", "import zmq, msgspec").Run()
-		}
-	}
-	testenv.Require(t, err, "the dev venv with pyzmq and msgspec", "make venv")
-	return py
+	return testenv.VenvPython(t, "../.venv/bin/python", "zmq, msgspec")
 }
 
 func startPeer(t testing.TB, args ...string) *pyPeer {

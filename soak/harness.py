@@ -155,6 +155,10 @@ def stop_pid(p: subprocess.Popen[Any], *, grace: float = 10.0) -> int | None:
         return None
 
 
+# kvshmd's --max-memory in the soak: its RSS must stay under it whatever hostile peers do (scenario zmq_peers).
+DAEMON_MAX_MEMORY = 512 << 20
+
+
 class Daemon:
     """One kvshmd life (restarts make new objects sharing the socket and state dir), a ``Kvshmd`` of its own log
     (``kvshmd-<µs>.log`` in the work dir) healthy within 15 s; its process is counted in ctx.procs."""
@@ -165,7 +169,7 @@ class Daemon:
         self.state_dir = state_dir
         self.log_path = os.path.join(ctx.work, f"kvshmd-{int(time.time() * 1e6)}.log")
         flags = ["--log-format", "json", "--frame-timeout", "2s", "--idle-timeout", "20s", "--write-timeout", "5s",
-                 "--pid-check-interval", "200ms"]
+                 "--pid-check-interval", "200ms", "--max-memory", f"{DAEMON_MAX_MEMORY >> 20}MiB"]
         if state_dir:
             flags += ["--state-dir", state_dir]
             if ckpt:

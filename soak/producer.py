@@ -43,7 +43,9 @@ def main() -> int:
     ap.add_argument("--block-size", type=int, default=4)
     ap.add_argument("--ring-bytes", type=int, default=1 << 20)
     ap.add_argument("--ring-dir", default=None)
-    ap.add_argument("--zmq-dir", default=None, help="publish on ZMQ: ipc://DIR/pub-W.sock, ipc://DIR/replay-W.sock")
+    ap.add_argument("--zmq-dir", default=None,
+                    help="publish on ZMQ: ipc://DIR/pub-W.sock, ipc://DIR/replay-W.sock; tcp:PORT: tcp://*:PORT and "
+                    "PORT+1 (the first worker; the next ones 2 ports up each)")
     ap.add_argument("--buffer-steps", type=int, default=10_000)
     a = ap.parse_args()
     vs: Any = None
@@ -59,7 +61,11 @@ def main() -> int:
         w, life = (int(x) for x in pair.split(":"))
         gens[w] = StreamGen(a.seed, w, life, a.block_size)
         pub = None
-        if a.zmq_dir:
+        if a.zmq_dir and a.zmq_dir.startswith("tcp:"):  # tcp:PORT: the PUB on every interface at PORT, replay PORT+1
+            port = int(a.zmq_dir[4:]) + 2 * (w - int(a.workers.split(":")[0]))
+            pub = kvshm.ZmqPublish(endpoint=f"tcp://*:{port}", replay_endpoint=f"tcp://*:{port + 1}",
+                                   buffer_steps=a.buffer_steps)
+        elif a.zmq_dir:
             pub = kvshm.ZmqPublish(endpoint=f"ipc://{a.zmq_dir}/pub-{w}.sock",
                                    replay_endpoint=f"ipc://{a.zmq_dir}/replay-{w}.sock", buffer_steps=a.buffer_steps)
         ixs[w] = kvshm.LocalIndexer(w, a.block_size, 10000, socket_path=a.socket, ring_dir=a.ring_dir,

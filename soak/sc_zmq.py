@@ -122,21 +122,17 @@ class SubJudge:
         return any(d == digest for _, d in self.got[-500:])
 
 
-class ZmqHostiles:
-    """Hostile ZMQ and raw peers of one stream's PUB and ROUTER endpoints, each kind in its own thread."""
+class Hostiles:
+    """Hostile peers, each kind (a method) in its own thread until ``stop``; ``count`` tallies what they tried,
+    ``finish`` stops them and reports the tallies (bad inputs) and any hostile that broke (the suite's bug)."""
 
-    def __init__(self, ctx: Ctx, zc: Any, pub_ep: str, rep_ep: str) -> None:
-        self.ctx, self.zc, self.pub_ep, self.rep_ep = ctx, zc, pub_ep, rep_ep
-        self.paths = [pub_ep.removeprefix("ipc://"), rep_ep.removeprefix("ipc://")]
-        self.rng = random.Random(ctx.rng.random())
+    def __init__(self, ctx: Ctx, kinds: list[Callable[[], None]], prefix: str = "") -> None:
+        self.ctx, self.prefix = ctx, prefix
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.counts: Counter[str] = Counter()
-        self.replied_to_bad: list[str] = []
         self.errors: list[str] = []
-        self.threads = [threading.Thread(target=self._guard, args=(f,), daemon=True)
-                        for f in (self.bad_replay, self.flood, self.sub_churn, self.stuck_sub, self.raw_garbage)]
-        self.stallers: list[socket.socket] = []
+        self.threads = [threading.Thread(target=self._guard, args=(f,), daemon=True) for f in kinds]
 
     def start(self) -> None:
         for t in self.threads:
@@ -151,6 +147,27 @@ class ZmqHostiles:
     def count(self, what: str, n: int = 1) -> None:
         with self.lock:
             self.counts[what] += n
+
+    def finish(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+        for what, n in self.counts.items():
+            self.ctx.bad(self.prefix + what, n)
+        for e in self.errors:
+            self.ctx.fail("crashes", f"hostile ZMQ peer broke (the suite's bug): {e}")
+
+
+class ZmqHostiles(Hostiles):
+    """Hostile ZMQ and raw peers of one stream's PUB and ROUTER endpoints, each kind in its own thread."""
+
+    def __init__(self, ctx: Ctx, zc: Any, pub_ep: str, rep_ep: str) -> None:
+        super().__init__(ctx, [self.bad_replay, self.flood, self.sub_churn, self.stuck_sub, self.raw_garbage])
+        self.zc, self.pub_ep, self.rep_ep = zc, pub_ep, rep_ep
+        self.paths = [pub_ep.removeprefix("ipc://"), rep_ep.removeprefix("ipc://")]
+        self.rng = random.Random(ctx.rng.random())
+        self.replied_to_bad: list[str] = []
+        self.stallers: list[socket.socket] = []
 
     def bad_replay(self) -> None:
         """DEALERs sending only requests the contract says are counted and ignored (no reply)."""
@@ -291,12 +308,7 @@ class ZmqHostiles:
     def finish(self) -> None:
         self.stop.set()
         self.close_stallers()
-        for t in self.threads:
-            t.join(30)
-        for what, n in self.counts.items():
-            self.ctx.bad(what, n)
-        for e in self.errors:
-            self.ctx.fail("crashes", f"hostile ZMQ peer broke (the suite's bug): {e}")
+        super().finish()
         if self.replied_to_bad:
             self.ctx.fail("wrong_answers", f"{len(self.replied_to_bad)} replies to malformed replay requests (the "
                           f"contract: counted and ignored), e.g. {self.replied_to_bad[:3]}")

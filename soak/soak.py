@@ -63,6 +63,7 @@ from sc_plugin import sc_plugin  # noqa: E402
 from sc_zmq import (  # noqa: E402
     sc_zmq,
 )
+from sc_zmq_peers import sc_zmq_peers  # noqa: E402
 
 SCENARIOS: list[tuple[str, Callable[..., None], bool]] = [  # name, function, takes the base producer
     ("socket_hostile", sc_socket_hostile, False),
@@ -79,6 +80,7 @@ SCENARIOS: list[tuple[str, Callable[..., None], bool]] = [  # name, function, ta
     ("many_workers", sc_many_workers, False),
     ("tmpfs_state", sc_tmpfs_state, False),
     ("zmq", sc_zmq, False),
+    ("zmq_peers", sc_zmq_peers, False),
     ("limits", sc_limits, False),
     ("replay_stuck", sc_replay_stuck, False),
     ("plugin", sc_plugin, False),

@@ -30,7 +30,7 @@
 // (PublishReset: the replay buffer is emptied, then the batch is published and kept as the buffer's first batch: the
 // start or the end of an engine incarnation) are handed out in call order by the calls themselves, under one lock
 // that Flush and Close also take. None is ever dropped before Close (there is no queue to be full: a subscriber
-// that falls behind is cut instead, see Connections; DropQueueFull is no longer produced, a stable metric label);
+// that falls behind is cut instead, see Bounds; DropQueueFull is no longer produced, a stable metric label);
 // after Close each returns false (counted DropClosed). Flush returns true once every subscriber connected at the
 // call has had every message handed out before the call written to its socket (a subscriber cut meanwhile no
 // longer counts); false at its timeout or after Close.
@@ -83,8 +83,8 @@
 // Follows vLLM 0.33.0's _service_replay: a request is exactly 3 frames once a ROUTER adds the identity frame
 // ([identity, "", start_seq]), so ["", start_seq] on the wire; vLLM reads start_seq as a big-endian integer of any
 // length, kvshm requires 1..8 bytes. Anything else is counted (BadRequests), ignored, and logged at most once per
-// 10 s (with the number suppressed since the last warning); a message of more than 16 frames disconnects its
-// client. Replies carry the topic frame as vLLM's do, so a DEALER receives ["", topic, seq, payload]; Dynamo's
+// 10 s (with the number suppressed since the last warning); a message of more than 16 frames cuts its client
+// (Bounds). Replies carry the topic frame as vLLM's do, so a DEALER receives ["", topic, seq, payload]; Dynamo's
 // listener accepts that (vLLM's shape) and ["", seq, payload] (SGLang's). Each client connection is its own peer
 // (no identities are needed to route replies); its requests are answered in order.
 //
@@ -94,26 +94,67 @@
 // a PING on as a 2-frame message: kvshmd logged "invalid zmq replay request: ignored frames=2" every 5 s and never
 // answered; zmq4's PUB stopped reading a subscriber after its 10th PING, subscriptions included.)
 //
-// # Connections (every bound, and what exceeding it does)
+// # Bounds (every one a peer meets, what going past it does, its test)
 //
-// Every connection has a queue and a writer goroutine of its own; a write by Publish never waits (non-blocking,
-// only when the queue is empty), the writer's waits at most Config.StallTimeout (default 2 s). So one peer that
-// stops reading costs only its own queue and never delays another peer.
+// The sockets face the cluster network without authentication (vLLM's convention is tcp://*:5557), so every byte
+// a remote peer can make kvshmd hold is counted against a bound per connection, and each connection against its
+// remote address's share; a peer past a bound is cut (its connection closed), never the daemon, and counted in
+// Stats.PeersCut by reason (CutReasons; kvshmd: kvshm_zmq_peers_cut_total{reason}). Every connection has a queue
+// and a writer goroutine of its own; a write by Publish never waits (non-blocking, only when the queue is empty),
+// the writer's waits at most Config.StallTimeout (default 2 s). So one peer that stops reading costs only its own
+// queue and never delays another peer.
 //
-//   - A subscriber is cut (its connection closed, counted in Stats.Cut) when its queue would exceed
-//     Config.SubscriberBacklog bytes (default 16 MiB) or Config.HWM messages (0: no message bound; libzmq drops
-//     past its per-peer HWM instead), or a write to it blocks for the stall timeout. Its libzmq peer reconnects by
-//     itself and sees a seq gap, which it can fill from the replay socket. Ingest is never affected.
-//   - A replay client's reply is paced by its own queue (SubscriberBacklog bytes: the reply goroutine waits for room,
-//     so a large reply is never cut for its size); a client whose write blocks for the stall timeout is cut
-//     (Stats.ReplayCut). 8 clients that request the whole buffer and never read leave a healthy client's replay
-//     unaffected (TestStuckReplayClientsCostOnlyThemselves; with zmq4's ROUTER they denied it for 40-60 s).
-//   - Handshakes run in a goroutine per connection with the stall timeout as deadline, at most 128 at once per
-//     socket (one more is closed at once); a connection whose handshake fails (garbage, a stall, a wrong socket
-//     type: a PUB accepts SUB and XSUB, the replay socket DEALER, REQ and ROUTER) is closed
-//     (TestStalledConnectionsDoNotBlockNewPeers, TestFailedHandshakesAreClosed). A socket keeps at most 1024
-//     connections; one more is closed after its handshake. A frame a peer sends is at most 64 KiB (requests,
-//     subscriptions and commands are small); a larger one disconnects it.
+//	what a peer does                                   what happens (reason)                  tested by
+//	a subscriber's queue past Config.SubscriberBacklog cut; it reconnects by itself and        TestStuckSubscriber*
+//	bytes (default 16 MiB) or Config.HWM messages      replays the seq gap (backlog); libzmq
+//	(0: no message bound)                              drops past its HWM instead
+//	the queues of its address's connections past       the connection a message would take    TestAddrBacklog
+//	Config.AddrBacklog bytes together (default 4       over is cut (addr_backlog); a reply
+//	subscriber backlogs)                               waits for its own queue first
+//	a write blocked for the stall timeout              cut (stalled)                          TestStuckReplayClients*
+//	a PING whose context is over 16 bytes (ZMTP 3.1)   cut, as libzmq does (ping)             TestPingContextBound
+//	PINGs faster than it reads PONGs                   one PONG held at most: a PING while    TestPingFloodHoldsOnePong
+//	                                                   one waits is answered by it
+//	a SUBSCRIBE of one more than 1024 held             cut (subscriptions)                    TestSubscriptionFloodIsCut
+//	a replay request of more than 16 frames            cut, counted BadRequests (request)     TestLongRequestIsCut
+//	a frame over 64 KiB, bad frame flags, a malformed  cut (protocol)                         FuzzZMTPDecoders
+//	command
+//	a connection from an address (IPv4; IPv6: its /64) closed at accept (addr_conns)         TestConnsPerAddress
+//	that holds Config.ConnsPerAddr (default 64;
+//	kvshmd --zmq-conns-per-addr), handshakes included
+//	a connection while 128 handshakes are under way    closed at accept (handshakes)          TestStalledConnections*
+//	a connection that finishes its handshake while the closed after its handshake (conns)    TestConnsPerAddress
+//	socket holds 1024
+//	a handshake not done within the stall timeout,     closed (not counted: never a peer)     TestFailedHandshakes*
+//	garbage, a wrong socket type
+//
+// What a peer's connection holds, then: during its handshake, its READY (at most 64 KiB; at most 128 handshakes
+// under way); after it, its queue (the bounds above; the payloads in it are the publisher's, shared by every queue
+// and the replay buffer, never copied), one PONG, a 4 KiB read buffer, and of what it sends only what
+// the reader needs: a frame is read into at most 1 + 255 (a command's name) + len(topic) + 1 bytes on the PUB, or a
+// request's 8-byte seq on the replay socket, the rest discarded as it arrives (readPrefix). So an unfinished
+// request pins nothing however many and large its frames (before, a body was allocated whole from its header: 200
+// clients holding 15 frames of 60 KiB pinned 180 MiB), and a subscriber's subscriptions are a set as libzmq's PUB
+// keeps them (a repeated SUBSCRIBE changes nothing, one CANCEL removes it; before, kvshm counted repeats): a
+// publisher has one topic, so one that can match is kept as the length of the topic's prefix it is, any other as a
+// hash, at most 1024 in all (SUBSCRIBE and CANCEL cost O(their length); before, every change rescanned a map of
+// every topic: 40,000 took 10 s of CPU).
+// With the per-address share, what one address can make a socket hold is its share of connections times that,
+// its queues together bounded by Config.AddrBacklog.
+//
+// Replies: a replay client's reply is paced by its own queue (SubscriberBacklog bytes: the reply goroutine waits
+// for room, so a large reply is never cut for its size); a client whose write blocks for the stall timeout is cut
+// (Stats.ReplayCut). 8 clients that request the whole buffer and never read leave a healthy client's replay
+// unaffected (TestStuckReplayClientsCostOnlyThemselves; with zmq4's ROUTER they denied it for 40-60 s).
+//
+// The per-address share is what keeps one host from denying another: 1,100 idle connections from one address
+// (handshakes done, a topic that never matches) leave every other address's room (before, they took the socket's
+// 1,024 and locked every router out). A router on the same host as an attacker shares that host's address and so
+// its share: the attacker can hold all of it and the router is closed at accept (counted addr_conns) until the
+// attacker's connections end; on kvshmd's own node, the router can use the ipc:// endpoint instead (0600: only the
+// daemon's user reaches it; ipc sockets have no per-address share, only the socket's 1,024). Enough distinct
+// addresses (1024 / the share; 16 at the default) can still fill a socket: the share bounds what one host takes,
+// not a distributed flood (a firewall's job).
 //
 // Endpoints: bound when the endpoint contains "*" or "::" or is ipc:// (vLLM's rule), connected otherwise (in
 // the background, again 100 ms after every failure or disconnection, as libzmq connects); inproc:// is refused
@@ -126,10 +167,11 @@
 // # Errors
 //
 // New fails with ErrEndpoint (refused endpoint, nothing opened), ErrBind (bind or chmod failed; the message names
-// the endpoint and the errno) or ErrConfig (a negative hwm, buffer_steps, buffer bytes, stall timeout or subscriber
-// backlog); on error nothing stays open. After New nothing fails: a subscriber or a replay client that cannot be
-// written to is cut and counted. Close hands what is queued to the subscribers' queues and gives them at most 1 s
-// (or the stall timeout, if shorter) to be written; it is idempotent; Publish after Close drops (closed).
+// the endpoint and the errno) or ErrConfig (a negative hwm, buffer_steps, buffer bytes, stall timeout, subscriber
+// backlog or connections per address); on error nothing stays open. After New nothing fails: a subscriber or a
+// replay client that cannot be written to, or goes past a bound, is cut and counted. Close hands what is queued to
+// the subscribers' queues and gives them at most 1 s (or the stall timeout, if shorter) to be written; it is
+// idempotent; Publish after Close drops (closed).
 //
 // # Concurrency
 //

@@ -10,6 +10,6 @@ var (
 	// fails; the wrapped error carries the OS errno where there is one.
 	ErrBind = errors.New("kvshm/zmqpub: bind failed")
 	// ErrConfig is returned by New for a config whose numbers are out of range (a negative hwm, buffer_steps,
-	// buffer bytes, stall timeout or subscriber backlog).
+	// buffer bytes, stall timeout, subscriber backlog or connections per address).
 	ErrConfig = errors.New("kvshm/zmqpub: bad config")
 )

@@ -2,6 +2,7 @@ package zmqpub
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -35,7 +36,21 @@ type Config struct {
 	// queued reply (a reply waits for room there: it is never cut for its size); 0 means DefaultSubscriberBacklog.
 	// Not part of the ATTACH request.
 	SubscriberBacklog int
+	// ConnsPerAddr bounds the connections one remote address (an IPv4 address, an IPv6 /64) may have on each
+	// socket, handshakes under way included: its share of the socket's 1,024, so that one host's connections
+	// leave room for every other host's (doc.go, "Bounds"); one more is closed at accept. 0 means
+	// DefaultConnsPerAddr; ipc:// sockets have none. Not part of the ATTACH request (the daemon's --zmq-conns-per-addr).
+	ConnsPerAddr int
+	// AddrBacklog bounds, in bytes, what the connections of one remote address may have queued on each socket
+	// together (subscribers on the PUB, replies on the replay socket); the connection whose message would go past
+	// it is cut (a reply waits for its own queue first). 0 means DefaultAddrBacklogs subscriber backlogs; ipc://
+	// sockets have none. Not part of the ATTACH request.
+	AddrBacklog int
 }
+
+// DefaultAddrBacklogs is the default Config.AddrBacklog in Config.SubscriberBacklogs: an address's connections may
+// queue as much together as this many of them can each.
+const DefaultAddrBacklogs = 4
 
 // DefaultBufferBytes is the default Config.BufferBytes.
 const DefaultBufferBytes = 64 << 20
@@ -60,6 +75,9 @@ type Stats struct {
 	Replayed       uint64           // batches sent on the replay socket (end markers not counted)
 	Cut            uint64           // subscribers cut: past their bound (bytes or hwm messages) or stalled
 	ReplayCut      uint64           // replay clients cut: stalled (a write blocked for the stall timeout)
+	// PeersCut counts the peers of either socket cut for a bound, by CutReasons (bounds.go): connections closed
+	// for what their peer did or did not do, and connections refused at accept or after their handshake.
+	PeersCut [numCutReasons]uint64
 	// ReplayIncomplete counts replies that could not hold everything from the requested seq: it is before the
 	// oldest buffered batch and that batch is not a reset batch (the buffer rolled over, or the daemon restarted
 	// since the incarnation began).
@@ -89,6 +107,9 @@ func (s *Stats) AddCounts(o Stats) {
 	s.ReplayGapped += o.ReplayGapped
 	for i := range s.Snapshots {
 		s.Snapshots[i] += o.Snapshots[i]
+	}
+	for i := range s.PeersCut {
+		s.PeersCut[i] += o.PeersCut[i]
 	}
 }
 
@@ -146,6 +167,7 @@ type Publisher struct {
 	published, replayReqs, badReqs, replayed, incomplete, cut, replayCut atomic.Uint64
 	filled, gapped                                                       atomic.Uint64
 	dropped                                                              [numDrops]atomic.Uint64
+	peersCut                                                             [numCutReasons]atomic.Uint64
 	incompleteLog, badReqLog, snapLog                                    rateLog
 
 	bufMu sync.Mutex // protects buf
@@ -178,9 +200,11 @@ func checkEndpoint(ep string) error {
 // New makes the sockets (binding or starting the connection at once, so that a bind failure is the caller's
 // error).
 func New(cfg Config, log *slog.Logger) (*Publisher, error) {
-	if cfg.HWM < 0 || cfg.BufferSteps < 0 || cfg.BufferBytes < 0 || cfg.StallTimeout < 0 || cfg.SubscriberBacklog < 0 {
-		return nil, fmt.Errorf("%w: hwm %d, buffer_steps %d, buffer bytes %d, stall timeout %v, subscriber backlog %d",
-			ErrConfig, cfg.HWM, cfg.BufferSteps, cfg.BufferBytes, cfg.StallTimeout, cfg.SubscriberBacklog)
+	if cfg.HWM < 0 || cfg.BufferSteps < 0 || cfg.BufferBytes < 0 || cfg.StallTimeout < 0 || cfg.SubscriberBacklog < 0 ||
+		cfg.ConnsPerAddr < 0 || cfg.AddrBacklog < 0 {
+		return nil, fmt.Errorf("%w: hwm %d, buffer_steps %d, buffer bytes %d, stall timeout %v, subscriber backlog %d, "+
+			"connections per address %d, address backlog %d", ErrConfig, cfg.HWM, cfg.BufferSteps, cfg.BufferBytes,
+			cfg.StallTimeout, cfg.SubscriberBacklog, cfg.ConnsPerAddr, cfg.AddrBacklog)
 	}
 	if err := checkEndpoint(cfg.Endpoint); err != nil {
 		return nil, err
@@ -207,10 +231,18 @@ func New(cfg Config, log *slog.Logger) (*Publisher, error) {
 	if p.backlog == 0 {
 		p.backlog = DefaultSubscriberBacklog
 	}
+	perAddr := cmp.Or(cfg.ConnsPerAddr, DefaultConnsPerAddr)
+	addrBacklog := cmp.Or(cfg.AddrBacklog, DefaultAddrBacklogs*p.backlog)
+	cut := func(r cutReason) { p.peersCut[r].Add(1) }
 	p.pubs = peerSet{ctx: ctx, timeout: p.timeout, mine: "PUB", peers: []string{"SUB", "XSUB"}, serve: p.serveSubscriber,
-		newConn: func(nc net.Conn, r *bufio.Reader) *conn {
+		perAddr: perAddr, addrBacklog: addrBacklog, cut: cut, newConn: func(nc net.Conn, r *bufio.Reader) *conn {
 			c := newConn(nc, r, p.timeout, p.backlog, cfg.HWM)
-			c.onCut = func() { p.cut.Add(1) }
+			c.onCut = func(r cutReason) {
+				cut(r)
+				if r == cutBacklog || r == cutAddrBacklog || r == cutStalled {
+					p.cut.Add(1)
+				}
+			}
 			return c
 		}}
 	ep, err := p.open(&p.pubs, cfg.Endpoint, isBind(cfg.Endpoint))
@@ -221,9 +253,15 @@ func New(cfg Config, log *slog.Logger) (*Publisher, error) {
 	p.endpoint = ep
 	if cfg.ReplayEndpoint != "" {
 		p.router = &peerSet{ctx: ctx, timeout: p.timeout, mine: "ROUTER", peers: []string{"DEALER", "REQ", "ROUTER"},
-			serve: p.serveReplayClient, newConn: func(nc net.Conn, r *bufio.Reader) *conn {
+			serve: p.serveReplayClient, perAddr: perAddr, addrBacklog: addrBacklog, cut: cut,
+			newConn: func(nc net.Conn, r *bufio.Reader) *conn {
 				c := newConn(nc, r, p.timeout, p.backlog, 0)
-				c.onCut = func() { p.replayCut.Add(1) }
+				c.onCut = func(r cutReason) {
+					cut(r)
+					if r == cutStalled {
+						p.replayCut.Add(1)
+					}
+				}
 				return c
 			}}
 		if p.replayEP, err = p.open(p.router, cfg.ReplayEndpoint, true); err != nil {
@@ -355,43 +393,49 @@ func (p *Publisher) publish(e entry, kind itemKind) bool {
 }
 
 // serveSubscriber reads a subscriber's subscriptions (messages [0x01 topic] and [0x00 topic], as ZMTP 3.0 peers send
-// them, or SUBSCRIBE and CANCEL commands, ZMTP 3.1) and answers its PINGs, until the connection ends.
-func (p *Publisher) serveSubscriber(c *conn) {
-	subs := map[string]int{}
-	update := func(add bool, topic []byte) {
-		if add {
-			subs[string(topic)]++
-		} else if subs[string(topic)]--; subs[string(topic)] <= 0 {
-			delete(subs, string(topic))
-		}
-		match := false
-		for t := range subs {
-			match = match || strings.HasPrefix(string(p.topic), t)
-		}
-		c.subscribed.Store(match)
-	}
-	var frames int
+// them, or SUBSCRIBE and CANCEL commands, ZMTP 3.1) and answers its PINGs, until the connection ends (the read error,
+// or a *cutError for a bound the peer went past). Of each frame it keeps what matching needs: a command's name and
+// one byte more than the topic (a longer subscription cannot match), so a frame costs O(len(topic)) however large.
+func (p *Publisher) serveSubscriber(c *conn) error {
+	subs := newSubscriptions(p.topic)
+	keep := 1 + maxCommandName + len(p.topic) + 1
+	var buf []byte
+	frames := 0 // of the message being read
 	for {
-		flags, body, err := readFrame(c.r, maxCommand)
+		flags, size, err := readHeader(c.r, maxCommand)
 		if err != nil {
-			return
+			return err
+		}
+		if buf, err = readPrefix(c.r, size, keep, buf); err != nil {
+			return err
 		}
 		if flags&flagCommand != 0 {
-			name, data, ok := c.command(body)
-			if !ok {
-				return
+			name, data, err := parseCommand(buf)
+			if err != nil {
+				return err
 			}
-			if name == "SUBSCRIBE" || name == "CANCEL" {
-				update(name == "SUBSCRIBE", data)
+			dataLen := size - 1 - len(name)
+			switch name {
+			case "SUBSCRIBE", "CANCEL":
+				err = subs.update(name == "SUBSCRIBE", data, dataLen)
+			default:
+				err = c.command(name, data, dataLen)
 			}
+			if err != nil {
+				return err
+			}
+			c.subscribed.Store(subs.matches())
 			continue
 		}
 		frames++
 		if flags&flagMore != 0 {
 			continue
 		}
-		if frames == 1 && len(body) > 0 && body[0] <= 1 { // a subscription message; anything else is ignored
-			update(body[0] == 1, body[1:])
+		if frames == 1 && size > 0 && buf[0] <= 1 { // a subscription message; anything else is ignored
+			if err := subs.update(buf[0] == 1, buf[1:], size-1); err != nil {
+				return err
+			}
+			c.subscribed.Store(subs.matches())
 		}
 		frames = 0
 	}
@@ -408,6 +452,9 @@ func (p *Publisher) Stats() Stats {
 	}
 	for i := range s.Snapshots {
 		s.Snapshots[i] = p.snap.outcomes[i].Load()
+	}
+	for i := range s.PeersCut {
+		s.PeersCut[i] = p.peersCut[i].Load()
 	}
 	return s
 }

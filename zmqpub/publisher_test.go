@@ -38,11 +38,21 @@ func subscribe(t *testing.T, p *Publisher, ep string) zmq4.Socket {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	sub := zmq4.NewSub(ctx)
-	t.Cleanup(func() { _ = sub.Close() })
-	if err := sub.Dial(ep); err != nil {
-		t.Fatal(err)
+	// zmq4's Dial runs the handshake once: a publisher whose stall timeout (its handshake deadline) is a few ms,
+	// as TestStuckSubscriberIsCut's, may close it under load (broken pipe); libzmq would reconnect, so dial again.
+	var sub zmq4.Socket
+	for attempt := 1; ; attempt++ {
+		sub = zmq4.NewSub(ctx)
+		err := sub.Dial(ep)
+		if err == nil {
+			break
+		}
+		_ = sub.Close()
+		if attempt == 10 {
+			t.Fatal(err)
+		}
 	}
+	t.Cleanup(func() { _ = sub.Close() })
 	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
 		t.Fatal(err)
 	}

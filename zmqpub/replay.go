@@ -8,59 +8,79 @@ import (
 // endSeq is vLLM's END_SEQ: -1 as 8 signed big-endian bytes.
 var endSeq = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
-// maxRequestFrames bounds a replay request's frames (a valid one has 2); a peer sending more in one message is a
-// protocol error and is disconnected.
+// maxRequestFrames bounds a replay request's frames (a valid one has 2); a peer sending more in one message is cut
+// (errRequest).
 const maxRequestFrames = 16
+
+// maxSeqBytes is the longest start seq kvshm reads (vLLM reads any length; kvshm a u64).
+const maxSeqBytes = 8
 
 // replyChunk is how many batches a reply takes from the buffer per lock.
 const replyChunk = 64
 
-// serveReplayClient reads one replay client's requests and PINGs until the connection ends. Each client has a
-// connection of its own, a reply goroutine of its own and a bounded queue: a client that does not read holds only
-// its own reply (paced by its queue, cut by the stall timeout), never another client's.
-func (p *Publisher) serveReplayClient(c *conn) {
+// serveReplayClient reads one replay client's requests and PINGs until the connection ends (the read error, or a
+// *cutError). Each client has a connection of its own, a reply goroutine of its own and a bounded queue: a client
+// that does not read holds only its own reply (paced by its queue, cut by the stall timeout), never another
+// client's. Of a request's frames only what a valid one needs is kept (the second frame's seq, at most 8 bytes):
+// an unfinished request holds no more, however many and large its frames (at most maxRequestFrames of at most
+// maxCommand bytes each).
+func (p *Publisher) serveReplayClient(c *conn) error {
 	reqs := make(chan uint64, 4) // a client that floods requests waits for its own replies: its reads stop
 	go p.replyLoop(c, reqs)
 	defer close(reqs)
-	var frames [][]byte
+	var buf []byte
+	frames, seqLen := 0, 0 // of the request being read
+	var start uint64       // its second frame as a big-endian integer, when at most 8 bytes
 	for {
-		flags, body, err := readFrame(c.r, maxCommand)
+		flags, size, err := readHeader(c.r, maxCommand)
 		if err != nil {
-			return
+			return err
+		}
+		keep := maxSeqBytes
+		if flags&flagCommand != 0 {
+			keep = 1 + maxCommandName + 2 + maxPingContext
+		}
+		if buf, err = readPrefix(c.r, size, keep, buf); err != nil {
+			return err
 		}
 		if flags&flagCommand != 0 { // commands (PING) are not requests
-			if _, _, ok := c.command(body); !ok {
-				return
+			name, data, err := parseCommand(buf)
+			if err != nil {
+				return err
+			}
+			if err := c.command(name, data, size-1-len(name)); err != nil {
+				return err
 			}
 			continue
 		}
-		if frames = append(frames, body); flags&flagMore != 0 {
-			if len(frames) >= maxRequestFrames {
+		if frames++; frames == 2 {
+			seqLen, start = size, 0
+			for _, b := range buf {
+				start = start<<8 | uint64(b)
+			}
+		}
+		if flags&flagMore != 0 {
+			if frames >= maxRequestFrames {
 				p.badReqs.Add(1)
-				p.badReqLog.warn(p.log, "invalid zmq replay request: too many frames, client disconnected",
-					"frames", len(frames))
-				return
+				p.badReqLog.warn(p.log, "invalid zmq replay request: too many frames, client cut", "frames", frames)
+				return errRequest
 			}
 			continue
 		}
 		// [identity, "", start_seq] on vLLM's ROUTER, so ["", start_seq] here (no identity frame: each client is
 		// its own connection). vLLM checks the frame count only and reads the seq as a big-endian integer; kvshm
 		// also requires 1..8 seq bytes.
-		if len(frames) != 2 || len(frames[1]) == 0 || len(frames[1]) > 8 {
+		n := frames
+		frames = 0
+		if n != 2 || seqLen == 0 || seqLen > maxSeqBytes {
 			p.badReqs.Add(1)
-			p.badReqLog.warn(p.log, "invalid zmq replay request: ignored", "frames", len(frames)+1)
-			frames = frames[:0]
+			p.badReqLog.warn(p.log, "invalid zmq replay request: ignored", "frames", n+1)
 			continue
 		}
-		var start uint64
-		for _, b := range frames[1] {
-			start = start<<8 | uint64(b)
-		}
-		frames = frames[:0]
 		select {
 		case reqs <- start:
 		case <-c.done:
-			return
+			return nil
 		}
 	}
 }

@@ -15,7 +15,7 @@ import (
 
 // kvshm speaks ZMTP itself (zmtp.go) on plain tcp and unix connections: each connection has a writer goroutine of
 // its own and a bounded queue, so one peer that stops reading delays nobody else and costs at most its bounds (doc.go,
-// "Connections"). zmq4 v0.17.0, used before, wrote a PUB's messages to its subscribers one after the other from one
+// "Bounds"). zmq4 v0.17.0, used before, wrote a PUB's messages to its subscribers one after the other from one
 // goroutine, routed a ROUTER's replies under one lock, ran each accepted connection's handshake inline in its accept
 // loop, never closed a connection whose handshake failed and never answered a ROUTER peer's PING; see doc.go.
 
@@ -35,12 +35,6 @@ const maxConns = 1024
 
 // reconnectInterval is how long a connect endpoint waits before it dials again (libzmq's ZMQ_RECONNECT_IVL default).
 const reconnectInterval = 100 * time.Millisecond
-
-// errBacklog is the cause of a connection closed because its peer fell more than its bound behind.
-var errBacklog = errors.New("kvshm/zmqpub: peer fell behind by more than its bound (bytes or hwm messages): connection closed")
-
-// errStalled is the cause of a connection closed because a write was blocked for the stall timeout.
-var errStalled = errors.New("kvshm/zmqpub: peer stopped reading (write blocked for the stall timeout): connection closed")
 
 // errClosed is the cause of a write to a closed connection.
 var errClosed = errors.New("kvshm/zmqpub: connection closed")
@@ -72,8 +66,10 @@ type conn struct {
 	done    chan struct{} // closed when the connection is closed
 	drained *sync.Cond    // signalled when written grows or err is set
 
-	onCut      func()      // called once when the peer is cut (errBacklog, errStalled); set before use
-	subscribed atomic.Bool // PUB: the peer's subscriptions match the topic
+	pongAt     uint64          // the queued PONG is message pongAt (enq's count): pending while written < pongAt
+	share      *addrShare      // the remote address's share (nil: none, a unix socket or a dialed peer); under mu
+	onCut      func(cutReason) // called once when the peer is cut (a *cutError closed it); set before use
+	subscribed atomic.Bool     // PUB: the peer's subscriptions match the topic
 }
 
 func newConn(nc net.Conn, r *bufio.Reader, timeout time.Duration, maxBytes, maxMsgs int) *conn {
@@ -91,60 +87,98 @@ func newConn(nc net.Conn, r *bufio.Reader, timeout time.Duration, maxBytes, maxM
 
 // put writes or queues one message. It never waits: with nothing queued it writes what the socket takes at once
 // and queues the rest; a message past the bounds cuts the connection (errBacklog), unless force (a PONG: a few
-// bytes, one per PING read). m's slices are not modified (they are shared with other subscribers' queues).
+// bytes, at most one queued). m's slices are not modified (they are shared with other subscribers' queues).
 func (c *conn) put(m net.Buffers, force bool) error {
+	c.mu.Lock()
+	queued, err := c.putLocked(m, force)
+	c.mu.Unlock()
+	if queued {
+		c.wakeWriter()
+	}
+	return err
+}
+
+// putLocked is put under c.mu; queued: the writer must be woken (after c.mu is released).
+func (c *conn) putLocked(m net.Buffers, force bool) (queued bool, err error) {
 	n := 0
 	for _, b := range m {
 		n += len(b)
 	}
-	c.mu.Lock()
 	if c.err != nil {
-		c.mu.Unlock()
-		return errClosed
+		return false, errClosed
 	}
 	if !force && (c.qBytes+n > c.maxBytes || c.maxMsgs > 0 && c.qMsgs >= c.maxMsgs) {
 		c.closeLocked(errBacklog)
-		c.mu.Unlock()
-		return errBacklog
+		return false, errBacklog
+	}
+	if !force && c.share.over(n) {
+		c.closeLocked(errAddrBacklog)
+		return false, errAddrBacklog
 	}
 	if c.qMsgs == 0 && c.raw != nil {
 		rest, err := c.raw(m, n)
 		if err != nil {
 			c.closeLocked(err)
-			c.mu.Unlock()
-			return err
+			return false, err
 		}
 		if len(rest) == 0 {
 			c.enq++
 			c.written++
 			c.drained.Broadcast()
-			c.mu.Unlock()
-			return nil
+			return false, nil
 		}
 		m, n = rest, 0
 		for _, b := range rest {
 			n += len(b)
 		}
 	}
-	c.enqueueLocked(m, n)
+	c.queueLocked(m, n)
+	return true, nil
+}
+
+func (c *conn) wakeWriter() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// command handles a ZMTP command after the handshake (name, and data: its first bytes, of dataLen in all): a PING
+// is answered with PONG (libzmq's heartbeat: Dynamo's DEALER sends one every 5 s and drops a connection that
+// answers nothing within its timeout); others are ignored. A PING whose context is over maxPingContext bytes cuts
+// the peer (errPing; it echoed before: 60 KiB contexts, never read, grew the daemon by 1.3 GiB in 4 s).
+func (c *conn) command(name string, data []byte, dataLen int) error {
+	if name != "PING" {
+		return nil
+	}
+	var ctx []byte // after the TTL (2 bytes)
+	if dataLen > 2 {
+		if dataLen-2 > maxPingContext {
+			return errPing
+		}
+		ctx = data[2:]
+	}
+	c.pong(ctx)
 	return nil
 }
 
-// putWait queues one message once the queue has room for it (a message larger than the bound waits for an empty
-// queue); it returns errClosed when the connection closes first (a peer that does not read is cut by its stall
-// timeout). Used for replies: a reply is paced by its own client and never cut for its size.
-// command parses a ZMTP command frame and answers a PING with PONG (libzmq's heartbeat: Dynamo's DEALER sends one
-// every 5 s and drops a connection that answers nothing within its timeout). It returns the command for the caller;
-// false for a malformed one, which ends the connection.
-func (c *conn) command(body []byte) (name string, data []byte, ok bool) {
-	name, data, err := parseCommand(body)
-	if err != nil {
-		return "", nil, false
+// pong queues the PONG echoing ctx, past the byte bound (a few bytes) but at most one at a time: a PING that comes
+// while a PONG waits to be written is answered by that PONG (libzmq keeps one pending PONG too), so a peer that
+// floods PINGs and never reads holds one PONG, not one per PING.
+func (c *conn) pong(ctx []byte) {
+	c.mu.Lock()
+	if c.written < c.pongAt {
+		c.mu.Unlock()
+		return
 	}
-	if name == "PING" {
-		_ = c.put(net.Buffers{pong(data)}, true)
+	queued, _ := c.putLocked(net.Buffers{command("PONG", ctx)}, true)
+	if queued {
+		c.pongAt = c.enq
 	}
-	return name, data, true
+	c.mu.Unlock()
+	if queued {
+		c.wakeWriter()
+	}
 }
 
 func (c *conn) putWait(m net.Buffers) error {
@@ -153,28 +187,29 @@ func (c *conn) putWait(m net.Buffers) error {
 		n += len(b)
 	}
 	c.mu.Lock()
-	for c.err == nil && c.qBytes > 0 && c.qBytes+n > c.maxBytes {
+	for c.err == nil && c.qBytes > 0 && (c.qBytes+n > c.maxBytes || c.share.over(n)) {
 		c.drained.Wait()
+	}
+	if c.err == nil && c.share.over(n) { // its own queue is empty: the address's other connections hold the bound
+		c.closeLocked(errAddrBacklog)
 	}
 	if c.err != nil {
 		c.mu.Unlock()
 		return errClosed
 	}
-	c.enqueueLocked(m, n)
+	c.queueLocked(m, n)
+	c.mu.Unlock()
+	c.wakeWriter()
 	return nil
 }
 
-// enqueueLocked appends m (n bytes) and unlocks c.mu.
-func (c *conn) enqueueLocked(m net.Buffers, n int) {
+// queueLocked appends m (n bytes) to the queue; c.mu is held. The writer is woken by the caller.
+func (c *conn) queueLocked(m net.Buffers, n int) {
 	c.q = append(c.q, m)
 	c.qBytes += n
 	c.qMsgs++
 	c.enq++
-	c.mu.Unlock()
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
+	c.share.add(n)
 }
 
 // closeLocked closes the connection with cause err (once); c.mu is held.
@@ -183,9 +218,11 @@ func (c *conn) closeLocked(err error) {
 		return
 	}
 	c.err = err
-	if (err == errBacklog || err == errStalled) && c.onCut != nil {
-		c.onCut()
+	var ce *cutError
+	if errors.As(err, &ce) && c.onCut != nil {
+		c.onCut(ce.reason)
 	}
+	c.share.add(-c.qBytes)
 	c.q, c.qBytes, c.qMsgs = nil, 0, 0
 	_ = c.nc.Close()
 	close(c.done)
@@ -224,6 +261,7 @@ func (c *conn) writeLoop() {
 				}
 				c.mu.Lock()
 				c.qBytes -= n
+				c.share.add(-n)
 				c.qMsgs--
 				c.written++
 				c.drained.Broadcast()
@@ -305,22 +343,31 @@ func parseEndpoint(ep string) endpoint {
 type peerSet struct {
 	ctx     context.Context
 	timeout time.Duration
-	mine    string      // socket type announced
-	peers   []string    // socket types accepted
-	serve   func(*conn) // runs a connection's reader until it ends (in its own goroutine)
+	mine    string            // socket type announced
+	peers   []string          // socket types accepted
+	serve   func(*conn) error // runs a connection's reader until it ends (in its own goroutine); a *cutError cuts
 	newConn func(net.Conn, *bufio.Reader) *conn
-	mu      sync.Mutex
-	conns   map[*conn]struct{}
-	list    atomic.Pointer[[]*conn] // conns as a slice, replaced on every change (Publish reads it per message)
-	pending chan struct{}
-	ln      net.Listener
-	wg      sync.WaitGroup
+	perAddr int // connections one remote address may have (accepted: in the handshake or after)
+	// addrBacklog bounds the bytes queued to one remote address's connections (addrShare).
+	addrBacklog int
+	cut         func(cutReason) // counts a peer refused at accept or after its handshake
+	mu          sync.Mutex
+	conns       map[*conn]struct{}
+	addrs       map[string]*addrShare   // per addrKey
+	list        atomic.Pointer[[]*conn] // conns as a slice, replaced on every change (Publish reads it per message)
+	pending     chan struct{}
+	ln          net.Listener
+	wg          sync.WaitGroup
 }
 
 func (s *peerSet) add(c *conn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.ctx.Err() != nil || len(s.conns) >= maxConns {
+	if s.ctx.Err() != nil {
+		return false
+	}
+	if len(s.conns) >= maxConns {
+		s.cut(cutConns)
 		return false
 	}
 	if s.conns == nil {
@@ -356,7 +403,7 @@ func (s *peerSet) snapshot() []*conn {
 
 // run hands an open connection through the handshake and, on success, to serve until it ends; it returns when the
 // connection is closed.
-func (s *peerSet) run(nc net.Conn) {
+func (s *peerSet) run(nc net.Conn, share *addrShare) {
 	stop := context.AfterFunc(s.ctx, func() { _ = nc.Close() }) // Close does not wait out a stalled handshake
 	r, err := handshake(nc, s.timeout, s.mine, s.peers...)
 	if !stop() || err != nil {
@@ -367,13 +414,59 @@ func (s *peerSet) run(nc net.Conn) {
 		nc = rc.Conn // its place is released (the handshake cleared the deadline); writev needs the bare conn
 	}
 	c := s.newConn(nc, r)
+	c.mu.Lock()
+	c.share = share
+	c.mu.Unlock()
 	if !s.add(c) {
 		c.close(errClosed)
 		return
 	}
-	s.serve(c)
-	c.close(errClosed)
+	err = s.serve(c)
+	var ce *cutError
+	if errors.Is(err, errProtocol) {
+		err = &cutError{cutProtocol, strings.TrimPrefix(err.Error(), "kvshm/zmqpub: ")}
+	}
+	if !errors.As(err, &ce) {
+		err = errClosed
+	}
+	c.close(err)
 	s.remove(c)
+}
+
+// admitAddr counts a connection accepted from key against its address's share and returns the share (nil for a
+// unix socket's peer, key ""); false (nothing counted): the address holds its share of connections already.
+func (s *peerSet) admitAddr(key string) (*addrShare, bool) {
+	if key == "" {
+		return nil, true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.addrs[key]
+	if a == nil {
+		a = &addrShare{max: int64(s.addrBacklog)}
+		if s.addrs == nil {
+			s.addrs = map[string]*addrShare{}
+		}
+		s.addrs[key] = a
+	}
+	if a.conns >= s.perAddr {
+		return nil, false
+	}
+	a.conns++
+	return a, true
+}
+
+func (s *peerSet) releaseAddr(key string) {
+	if key == "" {
+		return
+	}
+	s.mu.Lock()
+	if a := s.addrs[key]; a != nil {
+		if a.conns--; a.conns <= 0 {
+			delete(s.addrs, key)
+		}
+	}
+	s.mu.Unlock()
 }
 
 // listen binds ep and starts the accept loop.
@@ -404,15 +497,25 @@ func (s *peerSet) acceptLoop() {
 			}
 			continue
 		}
+		key := addrKey(nc.RemoteAddr())
+		share, ok := s.admitAddr(key)
+		if !ok {
+			_ = nc.Close()
+			s.cut(cutAddrConns)
+			continue
+		}
 		select {
 		case s.pending <- struct{}{}:
 			s.wg.Add(1)
 			go func() {
 				defer s.wg.Done()
-				s.run(&releaseOnReady{Conn: nc, release: func() { <-s.pending }})
+				defer s.releaseAddr(key)
+				s.run(&releaseOnReady{Conn: nc, release: func() { <-s.pending }}, share)
 			}()
 		default:
+			s.releaseAddr(key)
 			_ = nc.Close()
+			s.cut(cutHandshakes)
 		}
 	}
 }
@@ -444,7 +547,7 @@ func (s *peerSet) dial(ep endpoint) {
 		var d net.Dialer
 		for s.ctx.Err() == nil {
 			if nc, err := d.DialContext(s.ctx, ep.network, ep.address); err == nil {
-				s.run(nc)
+				s.run(nc, nil)
 			}
 			select {
 			case <-s.ctx.Done():

@@ -14,6 +14,7 @@ import (
 // boundsOpts are serve's per-producer bounds (daemon.Bounds) and --max-memory.
 type boundsOpts struct {
 	steps, hwm, streams, conns     int
+	zmqConnsPerAddr                int
 	ringBytes, bufBytes, maxMemory string
 	gcHeadroom                     string
 }
@@ -29,6 +30,7 @@ func (o *boundsOpts) register(fs *flag.FlagSet, num func(string, int) int) {
 	fs.IntVar(&o.streams, "max-streams-per-peer", num("KVSHMD_MAX_STREAMS_PER_PEER", d.MaxStreamsPerPeer), "streams one producer process (uid+pid) may have attached at once; beyond it the ATTACH is refused with limit (env KVSHMD_MAX_STREAMS_PER_PEER)")
 	fs.IntVar(&o.conns, "max-conns-per-peer", num("KVSHMD_MAX_CONNS_PER_PEER", d.MaxConnsPerPeer), "socket connections one process (uid+pid) may have open at once, within --max-conns; beyond it the connection gets limit and is closed (env KVSHMD_MAX_CONNS_PER_PEER)")
 	fs.StringVar(&o.bufBytes, "zmq-buffer-bytes", envOr(formatSize(uint64(d.ZmqBufferBytes)), "KVSHMD_ZMQ_BUFFER_BYTES"), "each publishing stream's replay buffer holds at most this many payload bytes (and at most buffer_steps batches); the oldest are evicted, and a replay from before them is counted incomplete (env KVSHMD_ZMQ_BUFFER_BYTES)")
+	fs.IntVar(&o.zmqConnsPerAddr, "zmq-conns-per-addr", num("KVSHMD_ZMQ_CONNS_PER_ADDR", d.ZmqConnsPerAddr), "connections one remote address (an IPv4 address, an IPv6 /64) may have open on each ZMQ PUB and replay socket, handshakes included: its share of the socket's 1024, so one host's connections leave room for every other host's routers; one more is closed at accept and counted in kvshm_zmq_peers_cut_total{reason=\"addr_conns\"}; ipc:// sockets have none (zmqpub/doc.go) (env KVSHMD_ZMQ_CONNS_PER_ADDR)")
 	fs.StringVar(&o.gcHeadroom, "gc-headroom", envOr(formatSize(defaultGCHeadroom), "KVSHMD_GC_HEADROOM"), "garbage the collector lets the heap grow by over its live data (bytes, or with KiB/MiB/GiB): GOGC is set after each collection to about this, within 12..50 (so between 1/8 and 1/2 of the live heap); 0 or a GOGC environment variable: Go's GOGC alone (env KVSHMD_GC_HEADROOM)")
 	fs.StringVar(&o.maxMemory, "max-memory", envOr("", "KVSHMD_MAX_MEMORY"), "the Go runtime's soft memory limit (debug.SetMemoryLimit): the GC works harder near it instead of letting the heap double; set it below the daemon's cgroup limit. Empty: GOMEMLIMIT if set, else none (env KVSHMD_MAX_MEMORY)")
 }
@@ -66,13 +68,13 @@ func (o *boundsOpts) bounds() (b daemon.Bounds, mem int64, err error) {
 		name string
 		v    int
 	}{{"--max-buffer-steps", o.steps}, {"--max-hwm", o.hwm}, {"--max-streams-per-peer", o.streams},
-		{"--max-conns-per-peer", o.conns}} {
+		{"--max-conns-per-peer", o.conns}, {"--zmq-conns-per-addr", o.zmqConnsPerAddr}} {
 		if f.v <= 0 {
 			return b, 0, fmt.Errorf("%s %d: want a positive number", f.name, f.v)
 		}
 	}
 	return daemon.Bounds{MaxBufferSteps: o.steps, MaxHWM: o.hwm, MaxRingBytes: ring, MaxStreamsPerPeer: o.streams,
-		MaxConnsPerPeer: o.conns, ZmqBufferBytes: int(buf)}, mem, nil
+		MaxConnsPerPeer: o.conns, ZmqBufferBytes: int(buf), ZmqConnsPerAddr: o.zmqConnsPerAddr}, mem, nil
 }
 
 // applyMemoryLimit sets the runtime's soft memory limit when --max-memory was given (it overrides GOMEMLIMIT, which

@@ -48,14 +48,16 @@ func TestServeBoundsUsage(t *testing.T) {
 		{boundsOpts{steps: 1, hwm: 1, streams: 1, conns: 1, ringBytes: "1", bufBytes: "1", maxMemory: "lots"}, "--max-memory"},
 		{boundsOpts{steps: 0, hwm: 1, streams: 1, conns: 1, ringBytes: "1", bufBytes: "1"}, "--max-buffer-steps"},
 		{boundsOpts{steps: 1, hwm: 1, streams: 1, conns: -1, ringBytes: "1", bufBytes: "1"}, "--max-conns-per-peer"},
+		{boundsOpts{steps: 1, hwm: 1, streams: 1, conns: 1, ringBytes: "1", bufBytes: "1"}, "--zmq-conns-per-addr 0"},
 	} {
 		if _, _, err := c.o.bounds(); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want an error naming %s", c.o, err, c.want)
 		}
 	}
 	b, mem, err := (&boundsOpts{steps: 10, hwm: 20, streams: 3, conns: 4, ringBytes: "1GiB", bufBytes: "8MiB",
-		maxMemory: "2GiB"}).bounds()
-	if err != nil || b.MaxRingBytes != 1<<30 || b.ZmqBufferBytes != 8<<20 || mem != 2<<30 || b.MaxStreamsPerPeer != 3 {
+		maxMemory: "2GiB", zmqConnsPerAddr: 5}).bounds()
+	if err != nil || b.MaxRingBytes != 1<<30 || b.ZmqBufferBytes != 8<<20 || mem != 2<<30 || b.MaxStreamsPerPeer != 3 ||
+		b.ZmqConnsPerAddr != 5 {
 		t.Fatalf("bounds %+v, mem %d, %v", b, mem, err)
 	}
 }

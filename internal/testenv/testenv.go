@@ -6,6 +6,8 @@ package testenv
 
 import (
 	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 )
 
@@ -20,4 +22,19 @@ func Require(t testing.TB, err error, what, how string) {
 		t.Fatalf("this test needs %s: %v (%s)", what, err, how)
 	}
 	t.Skipf("needs %s: %v (%s; required when CI or KVSHM_REQUIRE_TOOLS is set)", what, err, how)
+}
+
+// VenvPython returns the dev venv's Python (.venv at the repository root, rel from the test's package directory,
+// e.g. "../.venv/bin/python") once it imports every module of imports (e.g. "zmq, msgspec"), or skips/fails as
+// Require says.
+func VenvPython(t testing.TB, rel, imports string) string {
+	t.Helper()
+	py, err := filepath.Abs(rel)
+	if err == nil {
+		if _, err = os.Stat(py); err == nil {
+			err = exec.Command(py, "-c", "import "+imports).Run()
+		}
+	}
+	Require(t, err, "the dev venv with "+imports, "make venv")
+	return py
 }
