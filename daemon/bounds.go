@@ -8,7 +8,7 @@ import (
 	"github.com/kvshm/kvshm/zmqpub"
 )
 
-// Bounds are what one producer may ask of a shared daemon (issue 19: one producer's config must not take the node's
+// Bounds are what one producer may ask of a shared daemon (one producer's config must not take the node's
 // daemon down, or crowd out the others). A peer is a uid+pid (SO_PEERCRED). An ATTACH beyond a bound is refused
 // with sock.CodeLimit and a message naming the bound and the kvshmd flag that raises it; a connection beyond
 // MaxConnsPerPeer gets a limit frame (kind 0) at accept and is closed. The defaults pass vLLM's defaults by far

@@ -145,7 +145,7 @@ def publish_batches(ix: kvshm.LocalIndexer, gen: StreamGen, vs: Any, n: int, pac
             else:
                 ours.append(ke.AllBlocksCleared())
                 theirs.append(vs.AllBlocksCleared())
-        if rng.random() < 0.1:  # a CPU-tier store: published on ZMQ, never indexed (decision 4)
+        if rng.random() < 0.1:  # a CPU-tier store: published on ZMQ, never indexed (the device-tree filter)
             h, toks = rng.randrange(1, 1 << 64), [rng.randrange(0, 1 << 17) for _ in range(bs)]
             ours.append(ke.BlockStored([h], None, toks, bs, None, "CPU", None))
             theirs.append(vs.BlockStored([h], None, toks, bs, None, "CPU", None))

@@ -1,4 +1,4 @@
-"""Scenario zmq (issue 12): kvshmd's ZMQ publisher (PUB + replay ROUTER) under hostile peers, judged by a healthy
+"""Scenario zmq: kvshmd's ZMQ publisher (PUB + replay ROUTER) under hostile peers, judged by a healthy
 subscriber and a healthy replay DEALER against msgspec's encoding of what the producer published, under kvshmd's
 wire seqs (docs/lifecycle.md: its own counter, its own heartbeats and incarnation Cleareds in the stream)."""
 

@@ -1,4 +1,4 @@
-"""kvshm soak: the reliability campaign of issue 10 as a bounded, seeded, repeatable suite.
+"""kvshm soak: the reliability campaign as a bounded, seeded, repeatable suite.
 
 Run by ``make soak`` (``SOAK_TIME``, default 30m) and ``make soak-short`` (<= 3 min) with the Python of a venv
 holding the installed wheel. Everything runs on this machine: kvshmd on a Unix socket in a private temp dir and

@@ -1,4 +1,4 @@
-"""apply_batch and publish= through a real kvshmd (issue 12): the ZMQ stream a pyzmq subscriber receives is
+"""apply_batch and publish= through a real kvshmd: the ZMQ stream a pyzmq subscriber receives is
 byte-identical to what vLLM's publisher sends for the same batches (msgspec over vLLM 0.33.0-shaped Structs) under
 kvshmd's strictly increasing wire seqs (docs/lifecycle.md), the index numbers every event of a batch with the batch's
 wire seq (the engine's seq on a stream kvshmd does not publish), stats pass the daemon's zmq counters through, and the
@@ -74,7 +74,7 @@ def test_publish_batches_vllm_wire(make_indexer: Any, short_dir: Path) -> None:
             assert topic == b"kv"
             assert payload == vllm_payload(ts, theirs, 0), (msgspec.msgpack.decode(payload), theirs)
             wires.append(wire)
-        # The index holds the batch's events under its wire seq (the CPU event excluded, decision 4).
+        # The index holds the batch's events under its wire seq (the CPU event excluded: the device-tree filter).
         resp = query(ix, wires[0])
         assert variant(resp) == "Events"
         w0, w1, w2 = wires
