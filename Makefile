@@ -8,9 +8,10 @@ PYTHON  ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 FLATC   := $(VENV)/bin/flatc
-GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' -not -path './build/*')
+GOFILES := $(shell find . \( -path ./.venv -o -path ./build \) -prune -o -name '*.go' -print)
 
 .PHONY: venv generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
+	wheel-amd64 wheel-arm64 test-arm64 arm64-setup arm64-go arm64-py \
 	vllm-plugin-test e2e e2e-run e2e-router \
 	conformance conformance-run conformance-cxx conformance-traces \
 	soak soak-short soakenv soakcheck \
@@ -136,25 +137,52 @@ bench-ref:
 	fi
 
 # --- Python ------------------------------------------------------------------------------------------------
-# Builds the wheel (with a static kvshmd inside), installs it into a fresh virtual environment and runs the
-# Python suite against the installed package (owned by the pybind/ work; see pybind/README section in README.md).
-# The wheel is py3-none-manylinux_2_17_x86_64...musllinux_1_1_x86_64 (see pybind/setup.py) and carries a static
-# kvshmd in kvshm/_bin. Built offline (--no-isolation) with the pinned build tools of the dev venv.
-# The suite runs against the wheel installed into a fresh venv (no system site-packages), from the repo root, so
-# pybind/src is never on sys.path (tests/test_packaging.py checks kvshm.__file__ when KVSHM_TEST_INSTALLED=1).
+# Builds the platform wheels (pybind/setup.py): for each ARCH (GOARCH names; default both, this machine's last so the
+# source tree's kvshm/_bin/kvshmd is this machine's), a static kvshmd and the abi3 C extension kvshm._ringsync
+# (cross-compiled with Debian's gcc-aarch64-linux-gnu / gcc-x86-64-linux-gnu, installed with apt-get when missing),
+# then checks the extension's and the daemon's CPU with `file`. `make wheel ARCH=arm64` builds one. Each wheel is
+# cp311-abi3-manylinux_2_17_<cpu>...musllinux_1_1_<cpu>, built offline (--no-isolation) with the pinned build tools
+# of the dev venv. The suite runs against this machine's wheel installed into a fresh venv (no system
+# site-packages), from the repo root, so pybind/src is never on sys.path (tests/test_packaging.py checks
+# kvshm.__file__ when KVSHM_TEST_INSTALLED=1).
 PYPKG       := pybind
 KVSHMD_PKG  := $(PYPKG)/src/kvshm/_bin/kvshmd
-WHEEL_GLOB  := dist/kvshm-*-py3-none-*.whl
+HOST_ARCH   := $(if $(filter aarch64 arm64,$(shell uname -m)),arm64,amd64)
+ARCH        ?= $(filter-out $(HOST_ARCH),amd64 arm64) $(HOST_ARCH)
+CPU_amd64   := x86_64
+CPU_arm64   := aarch64
+FILE_amd64  := x86-64
+FILE_arm64  := ARM aarch64
+CC_amd64    := gcc-x86-64-linux-gnu
+CC_arm64    := gcc-aarch64-linux-gnu
+WHEEL_GLOB  := dist/kvshm-*-cp311-abi3-*_$(CPU_$(HOST_ARCH)).whl
+ARM64_WHEEL := dist/kvshm-*-cp311-abi3-*_aarch64.whl
 TESTENV     := build/testenv
 PYVERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' $(PYPKG)/pyproject.toml)
 PYTEST_ARGS ?=
 wheel: venv
-	rm -rf $(PYPKG)/build $(PYPKG)/src/*.egg-info $(WHEEL_GLOB)
-	mkdir -p $(dir $(KVSHMD_PKG)) dist
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w -X main.version=v$(PYVERSION)' -o $(KVSHMD_PKG) ./cmd/kvshmd
-	$(VPY) -m build --wheel --no-isolation --outdir dist $(PYPKG)
-	rm -rf $(PYPKG)/build $(PYPKG)/src/*.egg-info
-	@ls -l $(WHEEL_GLOB)
+	@mkdir -p dist build
+	@for a in $(ARCH); do $(MAKE) --no-print-directory wheel-$$a; done
+	@ls -l $(foreach a,$(ARCH),dist/kvshm-*-cp311-abi3-*_$(CPU_$(a)).whl)
+
+wheel-amd64 wheel-arm64: wheel-%: venv
+	@cc=$(if $(filter $*,$(HOST_ARCH)),cc,$(CPU_$*)-linux-gnu-gcc); \
+	if ! command -v $$cc >/dev/null 2>&1; then \
+	  pkg=$(if $(filter $*,$(HOST_ARCH)),gcc,$(CC_$*)); \
+	  echo "make wheel: no C compiler for $(CPU_$*) ($$cc): installing $$pkg with apt-get"; \
+	  export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq --no-install-recommends $$pkg >/dev/null; \
+	fi; \
+	rm -rf $(PYPKG)/build $(PYPKG)/src/*.egg-info dist/kvshm-*_$(CPU_$*).whl; mkdir -p $(dir $(KVSHMD_PKG)); \
+	CGO_ENABLED=0 GOARCH=$* $(GO) build -trimpath -ldflags='-s -w -X main.version=v$(PYVERSION)' -o $(KVSHMD_PKG) ./cmd/kvshmd; \
+	KVSHM_WHEEL_ARCH=$(CPU_$*) KVSHM_CC=$$cc $(VPY) -m build --wheel --no-isolation --outdir dist $(PYPKG) >build/wheel-$*.log 2>&1 \
+	  || { cat build/wheel-$*.log; exit 1; }; \
+	rm -rf $(PYPKG)/build $(PYPKG)/src/*.egg-info; \
+	tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
+	$(VPY) -m zipfile -e dist/kvshm-*-cp311-abi3-*_$(CPU_$*).whl $$tmp; \
+	for f in kvshm/_ringsync.abi3.so kvshm/_bin/kvshmd; do \
+	  file -b $$tmp/$$f | grep -q '$(FILE_$*)' || { echo "make wheel: $$f is not $(CPU_$*): $$(file -b $$tmp/$$f)"; exit 1; }; \
+	  echo "make wheel: $(CPU_$*) $$f: $$(file -b $$tmp/$$f | cut -d, -f1-2)"; \
+	done
 
 pytest: wheel
 	rm -rf $(TESTENV)

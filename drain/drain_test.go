@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvshm/kvshm/internal/testenv"
 	"github.com/kvshm/kvshm/shm"
 )
 
@@ -367,11 +368,12 @@ func TestHotPolicy(t *testing.T) {
 	}
 }
 
-// waitAsleep waits until a thread of this process sleeps in futex_waitv (syscall 449 on x86-64) or in a shared
-// FUTEX_WAIT (202 with op 0: only Reader.Park uses one; the runtime's own futexes are private), read from
-// /proc/self/task/*/syscall. Skips the test where that file is unreadable.
+// waitAsleep waits until a thread of this process sleeps in futex_waitv or in a shared FUTEX_WAIT (futex(2) with op
+// 0: only Reader.Park uses one; the runtime's own futexes are private), read from /proc/self/task/*/syscall, whose
+// numbers are the kernel's CPU's (testenv.KernelSyscalls). Skips the test where that file is unreadable.
 func waitAsleep(t *testing.T) {
 	t.Helper()
+	nr := testenv.KernelSyscalls()
 	waitFor(t, "worker asleep in the kernel", func() bool {
 		tasks, _ := filepath.Glob("/proc/self/task/*/syscall")
 		readable := false
@@ -382,7 +384,7 @@ func waitAsleep(t *testing.T) {
 			}
 			readable = true
 			fs := strings.Fields(string(b))
-			if len(fs) >= 3 && (fs[0] == "449" || fs[0] == "202" && fs[2] == "0x0") {
+			if len(fs) >= 3 && (fs[0] == nr.FutexWaitv || fs[0] == nr.Futex && fs[2] == "0x0") {
 				return true
 			}
 		}

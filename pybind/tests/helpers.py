@@ -19,7 +19,7 @@ import pytest
 from kvshm import LocalIndexer
 from kvshm._client import Client, ClientError
 from kvshm._launcher import find_kvshmd
-from kvshm._ring import proc_stat
+from kvshm._proc import proc_stat
 
 REPO = Path(__file__).resolve().parents[2]
 TESTDATA = REPO / "testdata"
