@@ -11,7 +11,7 @@ FLATC   := $(VENV)/bin/flatc
 GOFILES := $(shell find . \( -path ./.venv -o -path ./build \) -prune -o -name '*.go' -print)
 
 .PHONY: venv generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
-	wheel-amd64 wheel-arm64 test-arm64 arm64-setup arm64-go arm64-py \
+	wheel-amd64 wheel-arm64 pyext test-arm64 arm64-run arm64-go arm64-py grace-stress \
 	vllm-plugin-test e2e e2e-run e2e-router \
 	conformance conformance-run conformance-cxx conformance-traces \
 	soak soak-short soakenv soakcheck \
@@ -67,7 +67,7 @@ build:
 # The second run checks the index tree's invariants after every applied event (index/tree_check.go).
 # The cross-process stress tests run 2M events from a Python producer and 3M records from a Go writer process
 # through small rings (many wraparounds); the Python one needs the dev venv.
-gotest: venv
+gotest: venv pyext
 	KVSHM_REQUIRE_TOOLS=1 KVSHM_STRESS_EVENTS=2000000 KVSHM_STRESS_RECORDS=3000000 $(GO) test -race -count=1 -timeout 20m ./...
 	$(GO) test -tags invariants -count=1 ./index/ ./daemon/
 
@@ -160,6 +160,13 @@ ARM64_WHEEL := dist/kvshm-*-cp311-abi3-*_aarch64.whl
 TESTENV     := build/testenv
 PYVERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' $(PYPKG)/pyproject.toml)
 PYTEST_ARGS ?=
+# The ring writer's C extension built into the source tree (pybind/src/kvshm, gitignored), so that the Go tests'
+# Python producers (run from pybind/src) publish through it, as the wheel does.
+PYEXT := $(PYPKG)/src/kvshm/_ringsync.abi3.so
+$(PYEXT): $(PYPKG)/csrc/_ringsync.c $(PYPKG)/setup.py | $(VENV)/.stamp
+	cd $(PYPKG) && ../$(VPY) setup.py -q build_ext --inplace >/dev/null && rm -rf build
+pyext: $(PYEXT)
+
 wheel: venv
 	@mkdir -p dist build
 	@for a in $(ARCH); do $(MAKE) --no-print-directory wheel-$$a; done
@@ -410,6 +417,68 @@ cluster: cluster-prep
 
 cluster-short: cluster-prep
 	@start=$$(date +%s); $(CLUSTER_RUN) --short $(CLUSTER_ARGS); echo "make cluster-short: $$(( $$(date +%s) - start )) s"
+
+# --- aarch64 (Grace nodes) under emulation: `make test-arm64` (not in `make test`; README "Grace nodes") ----------
+# Everything it needs is installed by arm64/setup.sh (Debian packages with apt-get, an arm64 trixie root with
+# mmdebstrap under build/_arm64root, cached; the first run takes ~10 min more). The root is built in the background
+# while the Go half runs: each Go package's tests as a GOARCH=arm64 test binary run by qemu-user through binfmt_misc
+# (-race cannot run under qemu), then the Python suite inside the root against the arm64 wheel, its kvshmd and real
+# rings. Emulation shows the code runs on aarch64 (syscall numbers, page sizes the kernel gives, the wheel's
+# binaries); it cannot show ordering bugs (qemu runs the guest with the host's x86 ordering): arm64/stress.py on a
+# real Grace node does. ARM64_PYTEST_ARGS picks tests (default: the whole suite); ARM64_TIMEOUT bounds each stage.
+ARM64_GO_PKGS     := shm index zmqpub vllmwire proto/fbs proto/sock drain daemon
+ARM64_OUT         := build/arm64
+ARM64_TIMEOUT     ?= 1800
+ARM64_PYTEST_ARGS ?=
+test-arm64:
+	@start=$$(date +%s); rc=0; $(MAKE) --no-print-directory arm64-run || rc=$$?; \
+	echo "make test-arm64: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
+
+arm64-run: venv
+	@mkdir -p $(ARM64_OUT); arm64/setup.sh host
+	@echo "make test-arm64: building the arm64 root in the background (log: $(ARM64_OUT)/root.log)"; \
+	arm64/setup.sh root >$(ARM64_OUT)/root.log 2>&1 & rootpid=$$!; \
+	trap 'kill $$rootpid 2>/dev/null || true' EXIT; \
+	rc=0; $(MAKE) --no-print-directory wheel ARCH=arm64 && $(MAKE) --no-print-directory arm64-go || rc=$$?; \
+	if ! wait $$rootpid; then cat $(ARM64_OUT)/root.log; exit 1; fi; trap - EXIT; \
+	$(MAKE) --no-print-directory arm64-py || rc=$$?; exit $$rc
+
+# The Go half: one arm64 test binary per package, run from its package directory (as go test does), each bounded.
+arm64-go:
+	@rm -f $(ARM64_OUT)/*.test; fail=; \
+	for p in $(ARM64_GO_PKGS); do \
+	  bin=$(CURDIR)/$(ARM64_OUT)/$$(echo $$p | tr / _).test; \
+	  GOARCH=arm64 CGO_ENABLED=0 $(GO) test -c -o $$bin ./$$p/; \
+	  s=$$(date +%s); \
+	  if (cd $$p && timeout $(ARM64_TIMEOUT) $$bin -test.count=1 -test.timeout=$$(( $(ARM64_TIMEOUT) - 30 ))s -test.v \
+	      >$$bin.log 2>&1); then r=ok; else r=FAIL; fail="$$fail $$p"; fi; \
+	  echo "arm64 go $$p: $$r in $$(( $$(date +%s) - s )) s, $$(grep -c '^--- SKIP' $$bin.log) skipped (log: $$bin.log)"; \
+	  [ $$r = ok ] || grep -E '^(--- FAIL|panic|FAIL)' $$bin.log | head -20; \
+	done; \
+	grep -h -A1 '^--- SKIP' $(ARM64_OUT)/*.test.log | grep -E 'emulation artifact|qemu|futex_waitv' | sed 's/^ */  skipped: /' | sort | uniq -c || true; \
+	[ -z "$$fail" ] || { echo "arm64 go: failed:$$fail"; exit 1; }
+
+# The Python half: the arm64 wheel installed into the root's venv, the suite run there from the checkout (bound at
+# /src) with the wheel's arm64 kvshmd.
+arm64-py:
+	@s=$$(date +%s); \
+	arm64/setup.sh run sh -c 'cd /src && /opt/venv/bin/python -m pip install -q --no-deps --force-reinstall $(ARM64_WHEEL) && \
+	  PYTHONDONTWRITEBYTECODE=1 KVSHM_TEST_INSTALLED=1 timeout $(ARM64_TIMEOUT) /opt/venv/bin/python -m pytest \
+	    -p no:cacheprovider -q -ra --strict-markers --strict-config $(or $(ARM64_PYTEST_ARGS),pybind/tests)' \
+	  2>&1 | tee $(ARM64_OUT)/pytest.log; rc=$${PIPESTATUS[0]}; \
+	echo "arm64 python: exit $$rc in $$(( $$(date +%s) - s )) s (log: $(ARM64_OUT)/pytest.log)"; exit $$rc
+
+# The port check on a real aarch64 machine (README, "Grace nodes"): Python producers through the C extension against
+# Go Readers, every byte checked, the doorbell under contention (shm/doorbell_stress_test.go), then the single
+# producer stress and kill tests. GRACE_STRESS_PRODUCERS / GRACE_STRESS_EVENTS size it (events per producer).
+GRACE_STRESS_PRODUCERS ?= 4
+GRACE_STRESS_EVENTS    ?= 1000000
+grace-stress: venv pyext
+	@start=$$(date +%s); \
+	KVSHM_REQUIRE_TOOLS=1 KVSHM_STRESS_PRODUCERS=$(GRACE_STRESS_PRODUCERS) KVSHM_STRESS_PRODUCER_EVENTS=$(GRACE_STRESS_EVENTS) \
+	KVSHM_STRESS_EVENTS=$(GRACE_STRESS_EVENTS) $(GO) test -count=1 -timeout 60m -v \
+	  -run 'TestPythonProducersDoorbellStress|TestPythonProducerStress|TestPythonProducerKilled' ./shm/ | grep -E '^(---|ok|FAIL|PASS)|stress_test'; \
+	echo "make grace-stress: $$(uname -m), $$(getconf PAGESIZE)-byte pages, $$(( $$(date +%s) - start )) s"
 
 # --- the whole suite ---------------------------------------------------------------------------------------
 test: venv check-generate fmt vet lint gotest pytest soak-short
