@@ -266,6 +266,7 @@ func TestCloseStopsRemaining(t *testing.T) {
 // TestFaultContained: a ring truncated to nothing under its worker faults on the worker's next access (SIGBUS,
 // made a panic by SetPanicOnFault); only that stream gets Fault, the others sharing its worker go on.
 func TestFaultContained(t *testing.T) {
+	testenv.SkipIfEmulated(t, testenv.SIGBUSAddress)
 	forModes(t, func(t *testing.T, cfg Config) {
 		s := New(cfg)
 		defer s.Close()

@@ -50,3 +50,7 @@ func SkipIfEmulated(t testing.TB, artifact string) {
 		t.Skipf("emulation artifact (%s on a %s kernel): %s", runtime.GOARCH, kernelArch(), artifact)
 	}
 }
+
+// SIGBUSAddress is the artifact that keeps the memory-fault tests from running emulated.
+const SIGBUSAddress = "qemu-user delivers the SIGBUS of a truncated mapping with address 0, which the Go runtime " +
+	"reports as a nil dereference, not as a memory fault with the faulting address"
