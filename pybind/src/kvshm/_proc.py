@@ -4,6 +4,8 @@ taken for the producer."""
 
 from __future__ import annotations
 
+import os
+
 __all__ = ["proc_stat", "process_running", "start_time"]
 
 
@@ -11,9 +13,15 @@ def proc_stat(pid: int | str = "self") -> tuple[bytes, int] | None:
     """``(state, start_time)`` of ``/proc/<pid>/stat``: field 3 (the state letter, e.g. ``b"Z"`` for a zombie) and
     field 22 (start time, clock ticks since boot, what the ring header's ``producer_start_time`` holds). ``None``
     when the process does not exist; other ``OSError``s propagate. The command name (field 2) may contain spaces and
-    parentheses, so fields are counted after the last ``)``."""
+    parentheses, so fields are counted after the last ``)``.
+
+    The own process's is read through its main thread, ``/proc/self/task/<pid>/stat``: the same start time, and a
+    path a user-mode emulator leaves to the kernel (qemu-user answers ``/proc/self/stat`` itself, with a start time
+    of its own that kvshmd, reading the kernel's, would take for another process)."""
+    own = os.getpid()
+    path = f"/proc/self/task/{own}/stat" if pid in ("self", own) else f"/proc/{pid}/stat"
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
+        with open(path, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
         return None
