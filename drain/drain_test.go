@@ -163,7 +163,7 @@ func forModes(t *testing.T, fn func(t *testing.T, cfg Config)) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
 			if !m.cfg.NoWaitv && !shm.WaitvSupported() {
-				t.Skip("futex_waitv needs Linux 5.16 or later")
+				t.Skip(testenv.WaitvMissing())
 			}
 			fn(t, m.cfg)
 		})

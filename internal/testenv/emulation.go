@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"fmt"
 	"os"
 	"runtime"
 	"strings"
@@ -54,3 +55,13 @@ func SkipIfEmulated(t testing.TB, artifact string) {
 // SIGBUSAddress is the artifact that keeps the memory-fault tests from running emulated.
 const SIGBUSAddress = "qemu-user delivers the SIGBUS of a truncated mapping with address 0, which the Go runtime " +
 	"reports as a nil dereference, not as a memory fault with the faulting address"
+
+// WaitvMissing says why a test of futex_waitv cannot run (call it when the kernel refused the call): qemu-user does
+// not emulate it, or the kernel predates it.
+func WaitvMissing() string {
+	if Emulated() {
+		return fmt.Sprintf("emulation artifact (%s on a %s kernel): qemu-user does not emulate futex_waitv "+
+			"(ENOSYS); the daemon's per-ring fallback runs instead and is tested as such", runtime.GOARCH, kernelArch())
+	}
+	return "futex_waitv needs Linux 5.16 or later"
+}
