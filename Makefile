@@ -149,6 +149,7 @@ PYPKG       := pybind
 KVSHMD_PKG  := $(PYPKG)/src/kvshm/_bin/kvshmd
 HOST_ARCH   := $(if $(filter aarch64 arm64,$(shell uname -m)),arm64,amd64)
 ARCH        ?= $(filter-out $(HOST_ARCH),amd64 arm64) $(HOST_ARCH)
+WHEEL_ARCHES = $(patsubst x86_64,amd64,$(patsubst aarch64,arm64,$(ARCH)))  # the CPUs' other names work too
 CPU_amd64   := x86_64
 CPU_arm64   := aarch64
 FILE_amd64  := x86-64
@@ -169,8 +170,8 @@ pyext: $(PYEXT)
 
 wheel: venv
 	@mkdir -p dist build
-	@for a in $(ARCH); do $(MAKE) --no-print-directory wheel-$$a; done
-	@ls -l $(foreach a,$(ARCH),dist/kvshm-*-cp311-abi3-*_$(CPU_$(a)).whl)
+	@for a in $(WHEEL_ARCHES); do $(MAKE) --no-print-directory wheel-$$a; done
+	@ls -l $(foreach a,$(WHEEL_ARCHES),dist/kvshm-*-cp311-abi3-*_$(CPU_$(a)).whl)
 
 wheel-amd64 wheel-arm64: wheel-%: venv
 	@cc=$(if $(filter $*,$(HOST_ARCH)),cc,$(CPU_$*)-linux-gnu-gcc); \

@@ -104,7 +104,7 @@ def test_extension_construction_and_release() -> None:
         with pytest.raises(ValueError):
             _words.NATIVE(mm, tail, parked)
     with pytest.raises(BufferError):
-        _words.NATIVE(bytes(4096), OFF_TAIL, OFF_PARKED)  # read-only
+        _words.NATIVE(bytes(4096), OFF_TAIL, OFF_PARKED)  # type: ignore[arg-type]  # read-only
     w = _words.NATIVE(mm, OFF_TAIL, OFF_PARKED)
     with pytest.raises(BufferError):
         mm.close()  # the export pins the mapping

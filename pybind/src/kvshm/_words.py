@@ -20,7 +20,7 @@ import mmap
 import platform
 import struct
 import sys
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 if TYPE_CHECKING:
     from kvshm import _ringsync
@@ -33,17 +33,6 @@ __all__ = ["NATIVE", "PyWords", "Words", "make_words", "unsupported"]
 _SYS_FUTEX_X86_64: Final = 202
 _FUTEX_WAKE: Final = 1
 _INT_MAX: Final = (1 << 31) - 1
-
-
-class Words(Protocol):
-    """What RingWriter needs from the header (kvshm._ringsync.Words and PyWords both have it)."""
-
-    def publish(self, tail: int, /) -> int: ...
-    def wake(self) -> int: ...
-    def load_acquire(self, offset: int, /) -> int: ...
-    def store_release(self, offset: int, value: int, /) -> None: ...
-    def store_release32(self, offset: int, value: int, /) -> None: ...
-    def release(self) -> None: ...
 
 
 def _load_native() -> type[_ringsync.Words] | None:
@@ -72,6 +61,10 @@ def unsupported(native: bool) -> str | None:
     return (f"kvshm: the ring writer's C extension kvshm._ringsync is not installed, and on {where} the pure-Python "
             "publication (a plain 8-byte store, a release only under x86-TSO) would let the reader see the tail "
             "before the record bytes: install the kvshm wheel for this platform")
+
+
+# What RingWriter needs from the header: the extension's Words, or the fallback with the same methods.
+Words: TypeAlias = "_ringsync.Words | PyWords"
 
 
 def make_words(mm: mmap.mmap, tail_offset: int, parked_offset: int, native: bool) -> Words:
