@@ -421,7 +421,8 @@ cluster-short: cluster-prep
 
 # --- aarch64 (Grace nodes) under emulation: `make test-arm64` (not in `make test`; README "Grace nodes") ----------
 # Everything it needs is installed by arm64/setup.sh (Debian packages with apt-get, an arm64 trixie root with
-# mmdebstrap under build/_arm64root, cached; the first run takes ~10 min more). The root is built in the background
+# mmdebstrap under build/_arm64root, cached; the first run takes ~10 min more on an idle machine, over an hour on a
+# busy one). The root is built in the background
 # while the Go half runs: each Go package's tests as a GOARCH=arm64 test binary run by qemu-user through binfmt_misc
 # (-race cannot run under qemu), then the Python suite inside the root against the arm64 wheel, its kvshmd and real
 # rings. Emulation shows the code runs on aarch64 (syscall numbers, page sizes the kernel gives, the wheel's
