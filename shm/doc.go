@@ -64,7 +64,7 @@
 //
 // Identity: the header names the producer by pid and start time (field 22 of /proc/<pid>/stat), so a recycled pid is
 // not taken for the producer. ReadProcStat is the one parser of that file in Go (the daemon uses it for its pid
-// checks; Python's is kvshm._ring.proc_stat).
+// checks; Python's is kvshm._proc.proc_stat).
 //
 // # Usage
 //
