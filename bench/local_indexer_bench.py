@@ -8,7 +8,7 @@ REPEATS interleaved rounds of the mean per-call time of N calls:
 * ``LocalIndexer.apply_*``: what the engine pays (argument checks, lock, encode, one tail store);
 * ``RingWriter.publish_*``: the ring writer alone on the same ring (no lock, no LocalIndexer checks);
 * floor (Stored only): ``array('I', tokens)`` + ``array('Q', hashes)`` + one copy of each into a mapping
-  (issue 3's baseline).
+  (the ring's first baseline).
 
 Token ids and hashes are Python lists, as the engine has them; hashes are signed 64-bit (half negative). When
 numpy is installed, one more case publishes the same event from numpy arrays (int64 tokens and hashes, a numpy

@@ -1,4 +1,4 @@
-"""Issue 17's "node" section of RESULTS.md: what kvshm costs the whole node (engine process + kvshmd) against what
+"""The "Node" section of RESULTS.md: what kvshm costs the whole node (engine process + kvshmd) against what
 it replaces, each goal with its baseline from the same run, PASS or MISS, and for a MISS the measured figures that
 bound it. Every figure comes from recovery_bench.py's JSON (sections zmq, workers, publish, queries, scale) and the
 Go benchmarks' output; nothing is measured here.
@@ -22,7 +22,7 @@ EVENTS_LIMIT = 1.5  # get_events_json, 10 recent events / reference
 DUMP_LIMIT = 1.0  # TreeDump 100k blocks, fresh / reference
 
 # "Today" for the engine-side goal: the same-run ratios in bench/RESULTS.md of 2026-12-01 (commit e31c451), the
-# run issue 17 was filed against. apply_stored is compared with the floor (array conversion + one copy, measured in
+# run the node goals were set against. apply_stored is compared with the floor (array conversion + one copy, measured in
 # every run beside it), apply_batch with (a), the engine's own msgspec + pyzmq publisher + the reference indexer
 # (inline, all work on the timing thread). A run's ratio may be at most APPLY_SLACK x today's: the machine's speed
 # cancels out, a change in kvshm's own cost does not.
@@ -197,7 +197,7 @@ def _queries(d: dict[str, Any]) -> list[Goal]:
 
 def node_goals(d: dict[str, Any], heap_per_block: float | None = None,
                wake_floor_us: dict[float, float] | None = None) -> list[Goal]:
-    """Issue 17's goal rows, in the issue's order. wake_floor_us: BenchmarkWakeFloor's consumer CPU per wakeup by
+    """The node goal rows, in a fixed order. wake_floor_us: BenchmarkWakeFloor's consumer CPU per wakeup by
     rate (batches/s), from the Go benchmarks of the same run."""
     return [*_node_cpu(d, wake_floor_us), *_workers(d), *_latency(d), *_apply(d), *_memory(d, heap_per_block),
             *_queries(d)]
@@ -210,7 +210,7 @@ def node_section(d: dict[str, Any], heap_per_block: float | None = None,
         return []
     z = d.get("zmq") or {}
     w = d.get("workers") or {}
-    L = ["## Node (issue 17)", "",
+    L = ["## Node", "",
          "What kvshm costs the node against what it replaces: the reference engine is vLLM's way (msgspec + a pyzmq "
          "publisher thread + the in-process LocalKvIndexer, side (a) of [kvshmd as the publisher]"
          "(#kvshmd-as-the-publisher-issue-12)); kvshm's side is the engine process plus kvshmd. CPU is counted from "

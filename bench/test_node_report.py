@@ -1,4 +1,4 @@
-"""Tests of issue 17's node section (node_report.py): each goal is a ratio or a figure against its same-run
+"""Tests of the node section (node_report.py): each goal is a ratio or a figure against its same-run
 baseline, PASS exactly at the limit, skipped (never PASS) when a side was not measured, and a MISS names its
 figures."""
 
@@ -126,7 +126,7 @@ def test_section_lists_every_miss_with_its_figures() -> None:
     d = results()
     d["queries"]["summary"]["events10/kvshm"] = s(31.0)
     text = "\n".join(nr.node_section(d))
-    assert "## Node (issue 17)" in text
+    assert "## Node" in text
     assert text.count("**MISS**") == 1 and "* `get_events_json`, 10 recent events: kvshm is 11.00 µs slower" in text
     assert nr.node_section({}) == []
 

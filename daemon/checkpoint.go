@@ -61,8 +61,7 @@ func ckptName(k streamKey, epoch uint64) string {
 }
 
 // prepareStateDir creates dir 0700 when missing and checks that it is a directory owned by the daemon's user with no
-// group/other permissions (a checkpoint holds every worker's block hashes). Leftover temporary files of a write that
-// was interrupted by a crash are removed.
+// group/other permissions (a checkpoint holds every worker's block hashes).
 func prepareStateDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create state directory %s: %w", dir, err)
@@ -79,11 +78,16 @@ func prepareStateDir(dir string) error {
 	case st.Mode&0o077 != 0:
 		return fmt.Errorf("state directory %s has mode %04o (want 0700): %w", dir, st.Mode&0o7777, ErrUnsafeStateDir)
 	}
+	return nil
+}
+
+// removeTempCheckpoints removes the leftover temporary files of a write a crash interrupted (under the state
+// directory's lock: no other daemon is writing them).
+func removeTempCheckpoints(dir string) {
 	tmps, _ := filepath.Glob(filepath.Join(dir, "w*"+ckptSuffix+".tmp*"))
 	for _, p := range tmps {
 		_ = os.Remove(p)
 	}
-	return nil
 }
 
 // ckptStore is the checkpoint files of one --state-dir (an empty dir: none). The server hands it to each

@@ -79,6 +79,9 @@
 //	FORGET of a detached/dead stream               dropped with its metric series     not_found from then on; a
 //	                                               and its checkpoints                later attach starts a new stream
 //	FORGET while a producer is attached            kept (refused)                     conflict
+//	dead (no attachment, no pid watch) and not     dropped as by FORGET (reap.go);    not_found from then on
+//	asked for in --dead-stream-retention (10 min),  a never-ended incarnation ends
+//	or beyond --max-dead-streams (256)             first (its Cleared)
 //	SIGTERM / SIGINT / parent gone                 rings drained, head stored, then   exit 0 (parent gone: every
 //	                                               (--state-dir) each stream attached incarnation ends first)
 //	                                               at the stop is checkpointed (with
@@ -89,7 +92,7 @@
 // (with --checkpoint-interval after writing a checkpoint of it) and unmaps the ring; the head persisted in the ring
 // is where a later daemon resumes.
 //
-// Incarnations (LIFECYCLE.md is the contract; incarnation.go): an incarnation is one producer's life on a stream. It
+// Incarnations (docs/lifecycle.md is the contract; incarnation.go): an incarnation is one producer's life on a stream. It
 // begins at the first attach of a ring epoch the stream has not followed (a first attach at head 0 too: the ring
 // then holds the whole incarnation), or at a reattach of an epoch whose incarnation was seen to end; a first attach
 // at head > 0 (a daemon restart) continues it. It ends, after the final drain and before the final checkpoint, on
@@ -102,7 +105,7 @@
 //
 // # Checkpoints (--state-dir)
 //
-// "Checkpoint plus the ring as the log", first step: a planned restart loses nothing. At a graceful shutdown, after
+// A planned restart loses nothing (the checkpoint plus the ring as the log). At a graceful shutdown, after
 // the final drain of every stream that had a producer attached when the shutdown began, the index is written with
 // index.WriteCheckpoint to <state-dir>/w<worker_id>-<ring epoch>.ckpt for an ALL stream, or
 // w<worker_id>r<dp_rank>-<ring epoch>.ckpt for a per-rank stream (temporary 0600 file, fsync, rename, fsync of
@@ -114,7 +117,7 @@
 // and the reason is logged. Either way every checkpoint of that worker is then deleted (consumed or stale), as on a
 // stream reset (new epoch) or FORGET, so a checkpoint is never applied twice: a head only grows, so a file whose head
 // is behind the ring can never become valid again. A crash (SIGKILL, OOM) writes nothing: the next daemon reports
-// unknown history, as before. Write and read failures are logged and counted, never stop a shutdown or an attach;
+// unknown history. Write and read failures are logged and counted, never stop a shutdown or an attach;
 // an unsafe state directory (not ours, or any group/other permission) stops Listen with ErrUnsafeStateDir, and
 // leftover temporary files of an interrupted write are removed at Listen. It is off by default: it writes ~53 bytes
 // per resident block per worker (53 MB for 1M blocks; ~0.2 s to write, ~0.3 s to read), which an operator should
@@ -122,8 +125,8 @@
 //
 // # Continuous checkpoints (--checkpoint-interval D, requires --state-dir)
 //
-// The second step: a crash loses nothing either. The drain goroutine applies records as always, but no longer
-// releases the ring head after each pass: it releases only after a checkpoint whose recorded head is exactly the
+// A crash loses nothing either. The drain goroutine applies records as always, but does not release the ring
+// head after each pass: it releases only after a checkpoint whose recorded head is exactly the
 // position it releases has been durably written (as above: temporary file, fsync, rename, directory fsync). So at
 // every moment the head persisted in the ring is at or behind the head recorded in the newest checkpoint file
 // (behind between the rename and the release: restore then moves the reader forward, see the table above), and the
@@ -148,7 +151,7 @@
 // the producer drops events, counted and reported as always. The "final" and "corruption" checkpoints and a ring
 // fault first wait for the one in flight (so files are renamed in the order of their heads and no write outlives
 // the attachment), and "final" and "corruption" are written on the drain goroutine, which then releases the read
-// position. So applying pauses only for the copy, and a query's read-your-writes barrier no longer waits for the
+// position. So applying pauses only for the copy, and a query's read-your-writes barrier does not wait for the
 // write. Barriers and the final drain measure progress by
 // the read position (applied), not the released head; STATS' ring head is the released one, so it lags the applied
 // records by up to half the ring.
@@ -186,16 +189,14 @@
 // publishing stream and every second otherwise; the worker coalesces the deadlines of its streams into one
 // wakeup. The period also bounds a doorbell the Python producer loses (it cannot fence; see shm/FORMAT.md,
 // "Doorbell"): such a record waits at most until the next deadline. Without futex_waitv (Linux < 5.16, or
-// Config.Drain.NoWaitv) each ring gets a worker of its own that waits with Reader.Park. Measured on a 2-vCPU VM
-// (bench/, same run, before → after): 64 idle streams 2.6 → 0.21% of a core; 64 streams at 10 events/s 36 → 5.8%
-// of a core above the publishers' own CPU; a recovery query under 64 streams at 400 events/s p50 20 ms → 64 µs,
-// p99 51 → 1.7 ms (BenchmarkDaemonIdleCPU, BenchmarkDaemonStreamsCPU, BenchmarkDaemonQueryUnderLoad).
+// Config.Drain.NoWaitv) each ring gets a worker of its own that waits with Reader.Park. What it costs is measured by
+// BenchmarkDaemonIdleCPU, BenchmarkDaemonStreamsCPU and BenchmarkDaemonQueryUnderLoad (bench/RESULTS.md).
 //
 // Lazy streams (idle.go, lazyLevelMax): a stream that is not published is read only by queries, whose barriers
 // wake the worker themselves, so its producer rings only when 64 KiB (at most a quarter of the ring) are unread
 // (a doorbell level: shm.Reader.SetDoorbellLevel, shm/FORMAT.md "Doorbell"); below that its records wait for the
-// worker's next wakeup, at the latest its deadline (1 s). A wakeup, not the work, is what such a stream cost:
-// 64 streams at 10 events/s 8.0 → 0.36% of the kvshmd process (BenchmarkDaemonProcCPU).
+// worker's next wakeup, at the latest its deadline (1 s). A wakeup, not the work, is what such a stream costs
+// (BenchmarkDaemonProcCPU).
 
 // # Losses
 //
@@ -216,7 +217,7 @@
 //	                                           lines were suppressed
 //	STATS / kvshmd stats                       "incomplete": true, "lost_ranges", "lost_events" (until a Cleared)
 //
-// A loss the producer has counted but not yet reported (issue 10): a producer that finds the ring full counts the
+// A loss the producer has counted but not yet reported: a producer that finds the ring full counts the
 // drop in the ring header (loss_pending, loss_first_seq..loss_last_seq) and writes the LOSS record only with its
 // next event that fits; an engine that goes idle never writes it. So a drain pass that finds the ring empty marks
 // the header's pending range lost itself (the header is loaded before the pass and the tail by the pass's last
@@ -239,7 +240,7 @@
 //	GET /kv_recover?start=&end=[&worker_id=][&dp_rank=]       what the consumer calls; resolved as below
 //	GET /workers/{worker_id}/kv_recover?start=&end=           for /register of one worker on a shared daemon
 //	GET /workers/{worker_id}/dp/{dp_rank}/kv_recover?...       one (worker, rank)
-//	GET /metrics, GET /healthz
+//	GET /metrics, GET /healthz                                (and HEAD; another method: 405)
 //
 //	worker  dp_rank  answer (resolveLocked)
 //	-       -        the only stream; 409 listing every stream's URL when there are several; 404 when none
@@ -263,7 +264,7 @@
 // The frame format, the request and reply bodies, stream selection by worker_id and dp_rank, and the error codes
 // are specified in proto/sock/PROTOCOL.md (package sock holds the codec, the types and the Go client); this
 // package serves them (server.go, handlers.go). FORGET drops the stream's index, counters and every metric series
-// labelled with its worker_id and dp_rank, so a shared daemon does not keep the state of departed workers forever;
+// labelled with its worker_id and dp_rank (the reaper does the same by itself for dead streams: reap.go);
 // a later ATTACH of that worker starts a new stream (stream_epoch 1). FORGET of a stream whose producer is
 // detaching forgets it after its final drain.
 //
@@ -305,26 +306,20 @@
 //	FlatBuffer or Meta, seqs or dp_ranks differ)      batch skipped (nothing applied, nothing published)
 //	ATTACH publish endpoint refused or not bindable   bad_request naming the endpoint and errno; nothing attached (a
 //	                                                  stream's previous publisher with another config is closed)
-//	ZMQ subscriber slow, stuck or gone                ingest never waits: Publish writes to a subscriber that keeps
-//	                                                  up with one non-blocking writev and queues only the rest;
-//	                                                  one too far behind (16 MiB or hwm messages), or that takes no
-//	                                                  write for 2 s, is disconnected (it reconnects and replays the
-//	                                                  gap), the others go on; nothing is dropped
+//	a ZMQ peer (subscriber, replay client, or         only that peer: refused, cut and counted by reason; ingest and
+//	anything that reaches the sockets): slow, stuck,  every other peer never wait (zmqpub/doc.go, "Bounds", has each
+//	hostile, or past a bound                          bound, its refusal and its test; zmqpub/FORMAT.md the bytes)
 //	engine dies (pid gone, DETACH, CLOSED) or         its incarnation ends: Cleared applied to the index and, when
 //	restarts (new ring epoch)                         publishing, published with the next wire seq as a replay
-//	                                                  reset (LIFECYCLE.md); a restart then begins with another
+//	                                                  reset (docs/lifecycle.md); a restart then begins with another
 //	producer connection breaks, pid alive             not an end; the pid is watched until it reattaches or dies
-//	--cleanup-dir not ours, not 0700, not a directory not removed (ErrUnsafeCleanupDir), logged; exit as usual
-//	ZMQ subscriber more than 16 MiB or hwm messages   that subscriber is cut (zmqpub Stats.Cut); it reconnects and
-//	behind                                            replays the gap; the others and ingest never wait
-//	replay client that requests and never reads       costs only itself: its reply waits in its own queue (16 MiB),
-//	                                                  cut when a write blocks 2 s (Stats.ReplayCut); every other
-//	                                                  client is answered meanwhile
-//	invalid replay request (frames, seq length)       logged (at most once per 10 s) and ignored; no reply
-//	ZMTP PING (libzmq heartbeats: Dynamo's DEALER     answered with PONG; not a request, not logged
-//	and SUB every 5 s)
-//	replay from before the replay buffer (rolled      what the buffer holds, then the end marker; counted
-//	over, or daemon restarted mid-incarnation)        (zmqpub Stats.ReplayIncomplete), logged at most once per 10 s
+//	--cleanup-dir not 0700 or not ours, or without    Listen fails with ErrUnsafeCleanupDir (serve exits 1):
+//	the launcher's token (--cleanup-token)            nothing removed (owndir.go)
+//	the same found at exit (replaced, token gone)     not removed (ErrUnsafeCleanupDir), logged; exit as usual
+//	--state-dir locked by another live kvshmd         Listen fails with ErrStateDirLocked naming its pid and
+//	                                                  socket (serve exits 1); its files are left alone
+//	HTTP method other than GET or HEAD on /metrics,   405, Allow: GET, HEAD
+//	/healthz
 //	ATTACH ring capacity > --max-ring-bytes (4 GiB)   limit: "ring capacity N bytes is beyond this daemon's bound of
 //	                                                  M (kvshmd serve --max-ring-bytes or KVSHMD_MAX_RING_BYTES
 //	                                                  raises it; the producer sets it with KVSHM_RING_BYTES)"
@@ -345,7 +340,7 @@
 //	panic while decoding/applying a record (a bug)    recovered; same as a malformed event (logged with the stack)
 //	LOSS record (producer found the ring full)        index.MarkLost(first, last): exactly those ids are lost (the
 //	                                                  part already marked from the header is not marked again)
-//	ring header shows a pending loss, ring empty      the header's range is marked lost at once (issue 10): the
+//	ring header shows a pending loss, ring empty      the header's range is marked lost at once: the
 //	(the engine went idle after the drops)            next answer is incomplete (best-effort) or Error (strict)
 //	an answer misses lost events                      --on-loss=best-effort: the best state, Kvshm-State and
 //	                                                  Kvshm-Lost-Events headers, counted, logged (rate-limited);
@@ -389,7 +384,7 @@
 //	                                                  history ({result=missing})
 //	--checkpoint-interval without --state-dir, or < 0 New fails with ErrCheckpointInterval (serve: usage error)
 //
-// # Per-producer bounds (issue 19, bounds.go)
+// # Per-producer bounds (bounds.go)
 //
 // A shared daemon serves every engine of a node: no producer's config may take it down or crowd the others out. A
 // peer is a uid+pid (SO_PEERCRED). What a peer may ask is bounded, each bound a serve flag with a KVSHMD_* variable
@@ -413,14 +408,13 @@
 // within GOGC 12..50 (cmd/kvshmd/gcpolicy.go; off with 0 or when GOGC is set): at millions of blocks the live data
 // is the indexes, pointer-free arrays the collector barely scans, and doubling them (GOGC=100) doubled the daemon.
 // An answer of 32 MiB or more (a TreeDump of ~400 k blocks) is followed, once written, by one debug.FreeOSMemory
-// (memory.go): the runtime's scavenger would return its pages only over seconds to minutes. Measured
-// (bench/recovery_bench.py --only scale, RssAnon growth per resident block, the reference's process in the same
-// run): 1 M blocks 648 B before, 118 B after (reference 270); 10 M 582 → 98 (221); 100 k 408 before, 434-543 after
-// over four runs (reference 536): at that size the daemon holds ~50 MB in all and the figure is mostly the
-// collector's cycle at the moment of sampling plus the log's and runtime's fixed costs. Per block: the index 96 B,
+// (memory.go): the runtime's scavenger would return its pages only over seconds to minutes. RssAnon per resident
+// block against the reference's process is measured by bench/recovery_bench.py (--only scale; bench/RESULTS.md);
+// at 100 k blocks the daemon holds ~50 MB in all and that figure is mostly the collector's cycle at the moment of
+// sampling plus the log's and runtime's fixed costs. Per block: the index 96 B,
 // the cached dump 16 B (index/doc.go, "Memory"), the event log a few MB per stream whatever the tree's size.
 //
-// # Publishing on ZMQ (issue 12)
+// # Publishing on ZMQ
 //
 // A producer may ask, in its ATTACH (sock.AttachRequest.Publish), that kvshmd publish the stream on ZMQ in vLLM's
 // KV-event wire format (package vllmwire; sockets in package zmqpub). The publisher belongs to the stream, not to
@@ -431,7 +425,7 @@
 //
 // The drain goroutine handles the records:
 //
-//	EVENT record   applied as before; published as a one-event batch [now, [event], dp_rank] with seq = its id,
+//	EVENT record   applied as without publishing; published as a one-event batch [now, [event], dp_rank] with seq = its id,
 //	               medium "GPU", lora_id None, block_size = the stream's kv_block_size
 //	BATCH record   validated whole first (shm.Record.ParseBatch, every FlatBuffer and Meta, one seq and dp_rank);
 //	               then each event's Meta (if any) decides whether it is indexed (below); the indexed ones are
@@ -439,8 +433,8 @@
 //	               or not, is published in order as one batch [ts or now, [events], dp_rank] with seq = the id
 //	               (ts 0 from the producer means unknown: the daemon's clock)
 //
-// The index gets an event only if Dynamo's worker side would put it in the device tree (the contract's decision 4,
-// following Dynamo 1.6.1's zmq_wire normalizer): a Meta medium other than "GPU" (reason medium), a
+// The index gets an event only if Dynamo's worker side would put it in the device tree (the device-tree
+// filter, docs/decisions.md, following Dynamo 1.6.1's zmq_wire normalizer; indexfilter.go): a Meta medium other than "GPU" (reason medium), a
 // kv_cache_spec_kind that is not main attention (full_attention, mla_attention, sink_full_attention;
 // kv_cache_spec_kind), a group_idx other than 0 not learned as main attention, or learned as not
 // (group_idx: a Stored event carrying both group_idx and kind teaches the kind of (dp_rank, group), as Dynamo
@@ -459,7 +453,7 @@
 // queued for that subscriber's writer); zmqpub/doc.go says what a slow subscriber or replay client costs (only
 // itself). Publish fails only after the publisher is closed (counted closed).
 //
-// Wire seqs are kvshmd's, not the engine's (LIFECYCLE.md, "Wire seqs"): one counter per publishing stream
+// Wire seqs are kvshmd's, not the engine's (docs/lifecycle.md, "Wire seqs"): one counter per publishing stream
 // (stream.wire), +1 per published batch, continued at max(last + 1, Config.Clock in µs) when this daemon starts
 // the stream (or starts publishing it, or restores its checkpoint: never below the restored index's last id) and
 // when an incarnation begins. The drain goroutine gives each EVENT or BATCH record the next seq before applying
@@ -480,7 +474,7 @@
 // PublishHeartbeat (live only, not in the replay buffer, not in the index: an id gap there). It is checked on the
 // stream's housekeeping (due every 10 ms on a publishing stream, coalesced with the other streams of its worker).
 //
-// Replay snapshots (snapshot.go; SNAPSHOT.md; default on, --zmq-snapshots=false off): a publishing stream's index
+// Replay snapshots (snapshot.go; docs/replay-snapshots.md; default on, --zmq-snapshots=false off): a publishing stream's index
 // keeps token windows (index.Config.KeepTokens; an index made for an ATTACH without publish gets EnableTokens when
 // publishing starts), and its publisher gets a Snapshotter: a replay the buffer cannot answer completely gets, per
 // dp_rank the stream has carried, [now, [AllBlocksCleared, BlockStored...], rank] under seq L = the index's last id
@@ -495,9 +489,9 @@
 // comes without its Cleareds (zmqpub.Snapshot.Fresh) for a reply from seq 0, whose consumer holds nothing.
 //
 // Contiguous replies (--zmq-replay-fill, Config.ZMQReplayFill, kvshmd serve's default 65,536): the publisher's
-// filler is the heartbeat batch (emptyBatch), so a reply carries every seq from the requested one (SNAPSHOT.md).
+// filler is the heartbeat batch (emptyBatch), so a reply carries every seq from the requested one (docs/replay-snapshots.md).
 // --zmq-seq-base zero (Config.ZMQSeqZero) makes wireFloor 0: seqs from 1, for llm-d's consumer, which replays from
-// seq 0 (LIFECYCLE.md).
+// seq 0 (docs/lifecycle.md).
 //
 // A restarted daemon replays only what it has published since it started (the replay buffer is in memory), and
 // batches in the ring that it drains again after an unclean stop (from the persisted head) are published again
@@ -511,9 +505,9 @@
 // exits; where the kernel has no pidfd, /proc is polled every Config.ParentPoll. When the --parent-pid process is
 // gone the daemon shuts down as on SIGTERM, except that every stream's
 // incarnation ends (its Cleared is published and flushed before the sockets close). Then, with Config.CleanupDir
-// (--cleanup-dir), after everything is closed, the directory is removed recursively only if it is a directory (not
-// a symlink) owned by the daemon's uid with mode exactly 0700: the private directory the Python launcher made;
-// anything else is refused (ErrUnsafeCleanupDir) and logged.
+// (--cleanup-dir), after everything is closed, the directory is removed recursively, only if it is still the one
+// the launcher made for this daemon, proven by its --cleanup-token (owndir.go: checked at Listen, which refuses to
+// start otherwise, and again before the removal).
 //
 // # Metrics
 //
@@ -533,18 +527,19 @@
 // figures (perf).
 // With --checkpoint-interval a ring holds up to half its capacity of applied-but-unreleased records (see
 // "Continuous checkpoints"), and applying pauses while a checkpoint is written.
-// Checkpoints: use one --state-dir per daemon (files are named by worker id, scope and ring epoch only, and a
-// stream reset deletes every file of its stream). Only streams with an attached producer at the stop are checkpointed; a file
-// whose producer never comes back stays until an operator removes it (FORGET reaches only streams the running
-// daemon knows). A restored index has no dump cache, so its first dump is built from the tree: equivalent to, but
-// not always byte-equal with, a cached dump the old daemon had extended with the log tail (the same difference any
-// cache invalidation makes).
+// Checkpoints: one --state-dir per daemon (files are named by worker id, scope and ring epoch only, and a stream
+// reset deletes every file of its stream): a second daemon on it refuses to start (owndir.go). Only streams with
+// an attached producer at the stop are checkpointed; a file whose producer never comes back stays until an
+// operator removes it (FORGET and the reaper reach only streams the running daemon knows). A restored index has no
+// dump cache, so its first dump is built from the tree: equivalent to, but not always byte-equal with, a cached
+// dump the old daemon had extended with the log tail (the same difference any cache invalidation makes).
 // An idle stream costs one housekeeping call per second (coalesced per worker: one wakeup per worker per second),
 // so idle CPU grows slowly with the number of idle streams (README, "Performance", has the measured figures). The
 // pid backstop is only armed when the attaching process is the ring's producer_pid (same pid namespace); otherwise socket EOF is the only death
 // signal, so its end is seen only at DETACH or CLOSED (and a broken connection looks like an end never). A
-// stream's index is kept while the daemon runs until an operator sends FORGET (`kvshmd forget`); a
-// recovery query that selected the stream just before FORGET may re-create its recovery_* series once. Panic
+// stream's index is kept while the daemon runs until an operator sends FORGET (`kvshmd forget`) or the reaper drops
+// it (reap.go); a recovery query that selected the stream just before it was dropped may re-create its recovery_*
+// series once. Panic
 // containment relies on the index releasing its lock when a panic unwinds through it (its writer paths unlock
 // with defer), so the following MarkUnknownHistory can take the lock again.
 package daemon

@@ -88,7 +88,11 @@ func (s *Server) dispatch(cc *conn, kind sock.Kind, body []byte) ([]byte, error)
 func (s *Server) selectStream(worker *uint64, rank *uint32) (target, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.resolveLocked(worker, rank)
+	t, err := s.resolveLocked(worker, rank)
+	if err == nil {
+		t.st.touch(s.mono()) // a consumer asked for it (reap.go)
+	}
+	return t, err
 }
 
 // wireRanges converts the index's lost ranges to the STATS wire type (never nil: JSON [] not null).

@@ -1,10 +1,7 @@
 package daemon
 
 import (
-	"errors"
 	"fmt"
-	"os"
-	"syscall"
 	"time"
 
 	"github.com/kvshm/kvshm/index"
@@ -12,7 +9,7 @@ import (
 	"github.com/kvshm/kvshm/zmqpub"
 )
 
-// Incarnations, wire seqs and heartbeats: LIFECYCLE.md is the contract; doc.go ("Streams and their lifecycle",
+// Incarnations, wire seqs and heartbeats: docs/lifecycle.md is the contract; doc.go ("Streams and their lifecycle",
 // "Publishing on ZMQ") says how this package keeps it.
 //
 // Ownership of a stream's wire counter (stream.wire) and incarnation state (stream.live): the drain goroutine of
@@ -85,7 +82,7 @@ func (st *stream) resetIncarnation(ix *index.Indexer) uint64 {
 	return id
 }
 
-// endIncarnationLocked ends the stream's live incarnation (LIFECYCLE.md, "Incarnations": the end Cleared on the
+// endIncarnationLocked ends the stream's live incarnation (docs/lifecycle.md, "Incarnations": the end Cleared on the
 // wire and in the index). Called with st.mu held by the wire counter's owner.
 func (st *stream) endIncarnationLocked(why string, log func(msg string, args ...any)) {
 	if !st.live {
@@ -122,13 +119,22 @@ func (a *attachment) incarnationEnds() (ends, watch bool) {
 }
 
 // watchDetached follows the pid of a producer whose connection broke while it lived: when the pid is gone before
-// the stream is attached again (or forgotten), the incarnation ends. It polls every 5 ms for the first second (a
+// the stream is attached again (or forgotten), the incarnation ends. Its caller counted it in st.watchers. It polls every 5 ms for the first second (a
 // dying process closes its descriptors before it is reaped: the common case of a SIGKILL) and every
 // PIDCheckInterval after that, and stops with the daemon.
 func (s *Server) watchDetached(st *stream, epoch uint64, pid uint32, start uint64) {
 	began := time.Now()
 	t := time.NewTimer(5 * time.Millisecond)
 	defer t.Stop()
+	defer func() { // the stream may be dead from now on (reap.go)
+		st.mu.Lock()
+		st.watchers--
+		if st.att == nil {
+			st.deadSince = s.mono()
+		}
+		st.mu.Unlock()
+		s.wakeReaper()
+	}()
 	for {
 		select {
 		case <-s.ctx.Done():
@@ -165,29 +171,4 @@ func (a *attachment) heartbeat(pub *zmqpub.Publisher) {
 // heartbeat's seq is what was published there). Its layout is the same in every wire.
 func emptyBatch(rank uint32) []byte {
 	return vllmwire.AppendBatchTrailer(vllmwire.AppendBatchHeader(nil, batchTS(0), 0), int64(rank))
-}
-
-// ErrUnsafeCleanupDir is wrapped by cleanupDir's error when the directory is not one the daemon may remove.
-var ErrUnsafeCleanupDir = errors.New("kvshm/daemon: refusing to remove the cleanup directory")
-
-// cleanupDir removes dir recursively if it is a directory (not a symlink) owned by the daemon's uid with mode
-// exactly 0700: the private directory the Python launcher made for this daemon. Anything else is refused.
-func cleanupDir(dir string) error {
-	fi, err := os.Lstat(dir)
-	if err != nil {
-		return fmt.Errorf("cleanup directory %s: %w", dir, err)
-	}
-	sys, ok := fi.Sys().(*syscall.Stat_t)
-	switch {
-	case !fi.IsDir():
-		return fmt.Errorf("%s is not a directory (mode %s): %w", dir, fi.Mode(), ErrUnsafeCleanupDir)
-	case !ok || int(sys.Uid) != os.Getuid():
-		return fmt.Errorf("%s is not owned by uid %d: %w", dir, os.Getuid(), ErrUnsafeCleanupDir)
-	case fi.Mode().Perm() != 0o700 || fi.Mode()&(os.ModeSetuid|os.ModeSetgid|os.ModeSticky) != 0:
-		return fmt.Errorf("%s has mode %s, not 0700: %w", dir, fi.Mode(), ErrUnsafeCleanupDir)
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("remove cleanup directory %s: %w", dir, err)
-	}
-	return nil
 }

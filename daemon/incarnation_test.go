@@ -22,7 +22,7 @@ import (
 	"github.com/kvshm/kvshm/vllmwire"
 )
 
-// Incarnations, wire seqs and heartbeats (LIFECYCLE.md; incarnation.go).
+// Incarnations, wire seqs and heartbeats (docs/lifecycle.md; incarnation.go).
 
 // procProducer is a producer process (producerMain) publishing on ZMQ through the daemon.
 type procProducer struct {
@@ -292,8 +292,9 @@ func TestPrivateDaemonExit(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(private, "daemon.log"), []byte("x"), 0o600); err != nil {
 				t.Fatal(err)
 			}
+			token := writeToken(t, private)
 			ts := startServer(t, func(c *Config) {
-				c.ParentPID, c.ParentPoll, c.CleanupDir = parent.Process.Pid, 10*time.Millisecond, private
+				c.ParentPID, c.ParentPoll, c.CleanupDir, c.CleanupToken = parent.Process.Pid, 10*time.Millisecond, private, token
 			})
 			p := newProducer(t, ts.SocketPath(), 6, 4, 1<<20)
 			ep := "ipc://" + filepath.Join(t.TempDir(), "pub.sock")
@@ -327,52 +328,6 @@ func TestPrivateDaemonExit(t *testing.T) {
 				t.Fatalf("--cleanup-dir after exit: %v, want removed", err)
 			}
 		})
-	}
-}
-
-// TestCleanupDir: only a directory owned by the daemon's uid with mode 0700 is removed.
-func TestCleanupDir(t *testing.T) {
-	base := t.TempDir()
-	mk := func(name string, mode os.FileMode) string {
-		p := filepath.Join(base, name)
-		if err := os.Mkdir(p, mode); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chmod(p, mode); err != nil { // past the umask
-			t.Fatal(err)
-		}
-		return p
-	}
-	ok := mk("ok", 0o700)
-	_ = os.WriteFile(filepath.Join(ok, "f"), nil, 0o600)
-	file := filepath.Join(base, "file")
-	_ = os.WriteFile(file, nil, 0o700)
-	link := filepath.Join(base, "link")
-	if err := os.Symlink(mk("target", 0o700), link); err != nil {
-		t.Fatal(err)
-	}
-	cases := []struct {
-		name, path string
-		unsafe     bool // refused as unsafe (else removed)
-	}{
-		{"private dir", ok, false},
-		{"group readable", mk("g", 0o750), true},
-		{"sticky", mk("sticky", 0o700|os.ModeSticky), true},
-		{"regular file", file, true},
-		{"symlink to a private dir", link, true},
-	}
-	for _, c := range cases {
-		err := cleanupDir(c.path)
-		_, statErr := os.Lstat(c.path)
-		if c.unsafe != errors.Is(err, ErrUnsafeCleanupDir) || c.unsafe == errors.Is(statErr, os.ErrNotExist) {
-			t.Errorf("%s: cleanupDir = %v, then stat %v", c.name, err, statErr)
-		}
-	}
-	if err := cleanupDir(filepath.Join(base, "missing")); err == nil || errors.Is(err, ErrUnsafeCleanupDir) {
-		t.Errorf("missing directory: %v, want a stat error", err)
-	}
-	if _, err := os.Stat(filepath.Join(base, "target")); err != nil {
-		t.Errorf("a symlink's target was touched: %v", err)
 	}
 }
 

@@ -10,7 +10,7 @@ import (
 	"github.com/kvshm/kvshm/shm"
 )
 
-// TestClosedStateWhileLeased is issue 10's defect 2: a live producer's stream ended without the producer knowing,
+// TestClosedStateWhileLeased is a defect the soak found: a live producer's stream ended without the producer knowing,
 // so it published into a ring nobody read (it still reported attached). Only the producer ends its stream (another
 // client's DETACH is refused: TestStreams, TestPerRankProducers), and a ring state word that reads CLOSED while
 // the producer's connection is open does not end it.

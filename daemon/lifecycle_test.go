@@ -240,7 +240,7 @@ func TestOtherUID(t *testing.T) {
 	}
 }
 
-// TestClientRefusesImpostor is issue 10's defect 3: a client must not talk to a socket another user controls. (a)
+// TestClientRefusesImpostor is a defect the soak found: a client must not talk to a socket another user controls. (a)
 // The socket directory belongs to another user (who made the per-user temp directory first): Dial refuses before
 // connecting. (b) The directory is ours but the listener is another user's process (it called listen(2) on a
 // socket we bound and handed over, the only way it can sit in our private directory): SO_PEERCRED names it, and

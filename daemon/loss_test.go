@@ -38,7 +38,7 @@ func dropUntil(t *testing.T, p *producer, seq uint64, drops int) (next, first, l
 	return seq, first, last
 }
 
-// stalledLoss builds the state of issue 10, item 1: a producer whose daemon stopped draining (DETACH here, SIGSTOP
+// stalledLoss builds the state the soak found first: a producer whose daemon stopped draining (DETACH here, SIGSTOP
 // there) fills its 64 KiB ring, drops events, and publishes nothing more after the daemon drains again: the LOSS
 // record that would report the drops comes only with the next event, which never comes.
 func stalledLoss(t *testing.T, ts *testServer, policy index.LossPolicy) (p *producer, first, last uint64) {
@@ -59,7 +59,7 @@ func stalledLoss(t *testing.T, ts *testServer, policy index.LossPolicy) (p *prod
 	return p, first, last
 }
 
-// TestKnownLossInNextAnswer (issue 10, item 1): a loss the ring header already reports (loss_pending, the seq range)
+// TestKnownLossInNextAnswer (found by the soak): a loss the ring header already reports (loss_pending, the seq range)
 // shows in the very next answer, without waiting for a next publish that would carry its LOSS record: STATS says
 // incomplete with the lost range, a dump is marked incomplete (best effort) or is the Error variant (strict). It
 // failed before the drain marked header losses: STATS said loss_pending, tainted false, and the dump was a plain
@@ -252,7 +252,7 @@ func TestHeaderLossGrowsThenReported(t *testing.T) {
 	}
 }
 
-// TestKnownLossAfterSIGSTOP is issue 10 item 1 as reported, with the real kvshmd: a shared daemon is stopped
+// TestKnownLossAfterSIGSTOP is the soak's first finding as reported, with the real kvshmd: a shared daemon is stopped
 // (SIGSTOP), the producer fills its 64 KiB ring and drops 50 events, the daemon continues (SIGCONT) and nothing more
 // is published. The very next /kv_recover answer says the dump misses those events (before the fix: a silent
 // TreeDump and stats with loss_pending true, tainted false, indefinitely).

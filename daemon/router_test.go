@@ -21,7 +21,7 @@ import (
 	"github.com/kvshm/kvshm/proto/sock"
 )
 
-// The end-to-end proof of replay snapshots (SNAPSHOT.md) with the real consumer: Dynamo 1.6.1's standalone
+// The end-to-end proof of replay snapshots (docs/replay-snapshots.md) with the real consumer: Dynamo 1.6.1's standalone
 // indexer (the conformance crate's `standalone` binary), registered on a real kvshmd's ZMQ publisher with a replay
 // buffer of 8 batches. Its state (GET /dump: block hash and its own tokens hash, computed from the token ids it
 // received) must equal the producer's truth exactly after (a) it was down while far more than 8 batches were
@@ -431,7 +431,7 @@ func logReplays(t *testing.T, r *router, offset int, what string) {
 	}
 }
 
-// TestRouterSnapshotScale (KVSHM_SNAPSHOT_SCALE=1; a measurement for issue 18's restart figures, not a gate): a
+// TestRouterSnapshotScale (KVSHM_SNAPSHOT_SCALE=1; a measurement behind the cluster's restart figures, not a gate): a
 // stream of 100 k resident blocks (block size 16, chains of 32), the router restarted: how long until its state is
 // exact through one snapshot reply.
 func TestRouterSnapshotScale(t *testing.T) {

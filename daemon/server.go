@@ -46,32 +46,39 @@ type Config struct {
 	// (idle.go, lazyLevelMax). For benchmarks of the doorbell path and for reading a stream's metrics at
 	// sub-second resolution without queries; it costs a wakeup per record burst on streams nobody subscribes to.
 	EagerDrain bool
-	// CleanupDir, when set, is removed recursively when Serve returns, only if it is a directory owned by the
-	// daemon's uid with mode 0700 (the private directory the Python launcher made); anything else is refused and
-	// logged (--cleanup-dir).
-	CleanupDir string
+	// CleanupDir, when set, is removed recursively when Serve returns (--cleanup-dir): only a directory made for
+	// this daemon, proven by CleanupToken (--cleanup-token) in its CleanupTokenFile; Listen refuses anything else
+	// (owndir.go).
+	CleanupDir   string
+	CleanupToken string
+	// DeadRetention: a stream whose producer is gone and that no consumer asked for during this long is
+	// forgotten (--dead-stream-retention; reap.go says what counts and why the default, DefaultDeadRetention).
+	DeadRetention time.Duration
+	// MaxDeadStreams: beyond this many dead streams, the ones longest not asked for are forgotten at once
+	// (--max-dead-streams; 0 = DefaultMaxDeadStreams).
+	MaxDeadStreams int
 	// ZMQHeartbeat > 0: a publishing stream that published nothing for this long publishes an empty batch with the
-	// next wire seq (--zmq-heartbeat; LIFECYCLE.md, "Heartbeats"). 0 = off.
+	// next wire seq (--zmq-heartbeat; docs/lifecycle.md, "Heartbeats"). 0 = off.
 	ZMQHeartbeat time.Duration
 	// ZMQNoSnapshots turns replay snapshots off (--zmq-snapshots=false): a publishing stream's index keeps no
-	// tokens and a replay older than the buffer gets the buffer only, as from vLLM's publisher (SNAPSHOT.md).
+	// tokens and a replay older than the buffer gets the buffer only, as from vLLM's publisher (docs/replay-snapshots.md).
 	ZMQNoSnapshots bool
 	// ZMQSnapshotBuilds bounds the replay snapshots built at once, daemon-wide (--zmq-snapshot-builds); 0 =
 	// DefaultSnapshotBuilds. A build beyond it waits for a slot.
 	ZMQSnapshotBuilds int
 	// ZMQSnapshotChunk > 0 splits a replay snapshot's batch of a rank into batches of about this many bytes of
-	// events, all under the snapshot's seq (--zmq-snapshot-chunk; SNAPSHOT.md, "Chunks"). 0: one batch per rank.
+	// events, all under the snapshot's seq (--zmq-snapshot-chunk; docs/replay-snapshots.md, "Chunks"). 0: one batch per rank.
 	ZMQSnapshotChunk int
 	// ZMQReplayFill > 0 makes replay replies carry every seq from the requested one, filling the seqs of heartbeats,
 	// of a wiped incarnation and before a snapshot with empty batches, at most this many per reply
-	// (--zmq-replay-fill; SNAPSHOT.md, "Contiguous replies"). 0: off, the buffer's seqs as kept.
+	// (--zmq-replay-fill; docs/replay-snapshots.md, "Contiguous replies"). 0: off, the buffer's seqs as kept.
 	ZMQReplayFill int
-	// ZMQSeqZero numbers a stream's wire seqs from 1 in each daemon (--zmq-seq-base zero; LIFECYCLE.md, "Wire
+	// ZMQSeqZero numbers a stream's wire seqs from 1 in each daemon (--zmq-seq-base zero; docs/lifecycle.md, "Wire
 	// seqs"), continuing across incarnations and restored checkpoints, instead of from the clock in µs: what
 	// llm-d's replay consumer needs (it replays from seq 0 on connect). A daemon that restarts without its state
 	// starts again from 1, which llm-d takes for a publisher restart and Dynamo's listener drops as stale.
 	ZMQSeqZero bool
-	// Clock is the wall clock wire seqs start from (unix µs; LIFECYCLE.md, "Wire seqs"). nil = time.Now; tests
+	// Clock is the wall clock wire seqs start from (unix µs; docs/lifecycle.md, "Wire seqs"). nil = time.Now; tests
 	// inject one.
 	Clock    func() time.Time
 	StateDir string // "" = no checkpoints; else indexes are checkpointed here at shutdown (created 0700)
@@ -115,6 +122,8 @@ func DefaultConfig() Config {
 		OnLoss:            index.LossBestEffort,
 		DumpShape:         index.DumpChains,
 		ZMQHeartbeat:      time.Second,
+		DeadRetention:     DefaultDeadRetention,
+		MaxDeadStreams:    DefaultMaxDeadStreams,
 		ZMQReplayFill:     DefaultReplayFill,
 		Bounds:            DefaultBounds(),
 		Version:           "dev",
@@ -135,7 +144,7 @@ func (c *Config) fill() {
 	for _, f := range []struct {
 		v   *int
 		def int
-	}{{&c.MaxConns, d.MaxConns}, {&c.HTTPMaxConns, d.HTTPMaxConns}} {
+	}{{&c.MaxConns, d.MaxConns}, {&c.HTTPMaxConns, d.HTTPMaxConns}, {&c.MaxDeadStreams, d.MaxDeadStreams}} {
 		if *f.v <= 0 {
 			*f.v = f.def
 		}
@@ -145,7 +154,7 @@ func (c *Config) fill() {
 		def time.Duration
 	}{{&c.HTTPHeaderTimeout, d.HTTPHeaderTimeout}, {&c.HTTPIdleTimeout, d.HTTPIdleTimeout}, {&c.IdleTimeout, d.IdleTimeout},
 		{&c.FrameTimeout, d.FrameTimeout}, {&c.WriteTimeout, d.WriteTimeout}, {&c.QueryTimeout, d.QueryTimeout},
-		{&c.PIDCheckInterval, d.PIDCheckInterval}, {&c.ParentPoll, d.ParentPoll}} {
+		{&c.PIDCheckInterval, d.PIDCheckInterval}, {&c.ParentPoll, d.ParentPoll}, {&c.DeadRetention, d.DeadRetention}} {
 		if *f.v <= 0 {
 			*f.v = f.def
 		}
@@ -180,6 +189,8 @@ type Server struct {
 	httpSem   chan struct{} // one token per open HTTP connection, shared by --http and the rank ports
 	rankPorts rankPorts
 	ckpt      *ckptStore
+	stateLock *os.File         // the --state-dir's flock, held until Serve returns (owndir.go)
+	cleanup   *cleanupClaim    // the --cleanup-dir claimed at Listen
 	sched     *drain.Scheduler // the drain workers of every attachment
 	nconns    atomic.Int64     // open connections. Updated atomically.
 	peers     peerConns        // open connections per peer (bounds.go)
@@ -187,6 +198,11 @@ type Server struct {
 	// parentGone is set when the --parent-pid process is gone (before the shutdown it causes): the streams'
 	// incarnations end with the daemon (a private daemon's engine is its parent). Updated atomically.
 	parentGone atomic.Bool
+
+	born     time.Time     // the origin of mono (reap.go)
+	reapWake chan struct{} // wakes the reaper (an attachment ended)
+	monoSkew atomic.Int64  // added to mono (tests)
+	reapMu   sync.Mutex    // one reaper sweep at a time
 
 	ctx    context.Context // canceled at shutdown: aborts queries in flight
 	cancel context.CancelFunc
@@ -205,7 +221,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("checkpoint interval %v: %w", cfg.CheckpointInterval, ErrCheckpointInterval)
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, uid: os.Getuid(), streams: map[streamKey]*stream{}, conns: map[*conn]struct{}{},
-		httpSem: make(chan struct{}, cfg.HTTPMaxConns)}
+		httpSem: make(chan struct{}, cfg.HTTPMaxConns), born: time.Now(), reapWake: make(chan struct{}, 1)}
 	if cfg.ZMQSnapshotBuilds <= 0 {
 		cfg.ZMQSnapshotBuilds = DefaultSnapshotBuilds
 	}
@@ -235,6 +251,13 @@ func New(cfg Config) (*Server, error) {
 
 // Listen binds the Unix socket (and the HTTP address when configured). After it returns, clients can connect.
 func (s *Server) Listen() error {
+	if s.cfg.CleanupDir != "" {
+		c, err := claimCleanupDir(s.cfg.CleanupDir, s.cfg.CleanupToken)
+		if err != nil {
+			return err
+		}
+		s.cleanup = c
+	}
 	if s.cfg.StateDir != "" {
 		if err := prepareStateDir(s.cfg.StateDir); err != nil {
 			return err
@@ -244,6 +267,13 @@ func (s *Server) Listen() error {
 	if err != nil {
 		return err
 	}
+	if s.cfg.StateDir != "" {
+		if s.stateLock, err = lockStateDir(s.cfg.StateDir, s.cfg.SocketPath); err != nil {
+			_ = ln.Close()
+			return err
+		}
+		removeTempCheckpoints(s.cfg.StateDir)
+	}
 	if stale {
 		s.log.Info("removed stale socket file", "socket", s.cfg.SocketPath)
 	}
@@ -252,6 +282,7 @@ func (s *Server) Listen() error {
 		hl, err := net.Listen("tcp", s.cfg.HTTPAddr)
 		if err != nil {
 			_ = ln.Close()
+			s.unlockState()
 			return fmt.Errorf("listen http %s: %w", s.cfg.HTTPAddr, err)
 		}
 		s.httpLn = &limitListener{Listener: hl, sem: s.httpSem, s: s}
@@ -292,6 +323,8 @@ func (s *Server) Serve(ctx context.Context) error {
 	if s.cfg.ParentPID > 0 {
 		go s.watchParent(ctx, cancel)
 	}
+	reaped := make(chan struct{})
+	go s.reapLoop(ctx, reaped)
 	s.log.Info("kvshmd serving", "socket", s.cfg.SocketPath, "http", s.HTTPAddr(), "version", s.cfg.Version, "parent_pid", s.cfg.ParentPID, "state_dir", s.cfg.StateDir,
 		"on_loss", s.cfg.OnLoss.String(), "dump_shape", s.cfg.DumpShape.String(), "rank_ports", s.cfg.RankPortsBase)
 	var err error
@@ -299,15 +332,26 @@ func (s *Server) Serve(ctx context.Context) error {
 	case <-ctx.Done():
 	case err = <-errc:
 	}
+	cancel()
+	<-reaped // no stream is reclaimed during the shutdown
 	s.shutdown()
-	if s.cfg.CleanupDir != "" {
-		if cerr := cleanupDir(s.cfg.CleanupDir); cerr != nil {
+	s.unlockState()
+	if s.cleanup != nil {
+		if cerr := s.cleanup.remove(); cerr != nil {
 			s.log.Error("cleanup directory not removed", "err", cerr)
 		} else {
 			s.log.Info("cleanup directory removed", "dir", s.cfg.CleanupDir)
 		}
 	}
 	return err
+}
+
+// unlockState releases the state directory's lock (closing the file drops the flock).
+func (s *Server) unlockState() {
+	if s.stateLock != nil {
+		_ = s.stateLock.Close()
+		s.stateLock = nil
+	}
 }
 
 // watchParent shuts the daemon down (cancel) once the --parent-pid process is gone: waited on through a pidfd, or,

@@ -41,7 +41,7 @@ type stream struct {
 	batches     atomic.Uint64
 	resets      atomic.Uint64
 	lossRecords atomic.Uint64
-	notIndexed  [numNotIndexed]atomic.Uint64 // events published but not indexed (decision 4), by reason
+	notIndexed  [numNotIndexed]atomic.Uint64 // events published but not indexed (the device-tree filter), by reason
 
 	// pub is the stream's ZMQ publisher (nil: not publishing). Stored by ATTACH (s.mu held, no drain goroutine
 	// running), FORGET and shutdown; loaded by the drain goroutine once per record. Updated atomically.
@@ -52,7 +52,7 @@ type stream struct {
 	// groups are the KV-cache group kinds learned from the stream's events (indexReason). Owned by the current
 	// attachment's drain goroutine (attachments of a stream run one after the other).
 	groups map[groupKey]bool
-	// wire is the last wire seq published on the stream (0: none yet; LIFECYCLE.md, "Wire seqs"), rank the dp_rank
+	// wire is the last wire seq published on the stream (0: none yet; docs/lifecycle.md, "Wire seqs"), rank the dp_rank
 	// of its last published batch (heartbeats and Cleared batches carry it). Owned as incarnation.go says: the
 	// current attachment's drain goroutine, or the holder of mu while no attachment is installed. Updated
 	// atomically (readers: STATS, tests).
@@ -80,7 +80,14 @@ type stream struct {
 	// speaks wire seqs): the next attachment's loss bookkeeping continues from it.
 	engSeen bool
 	engLast uint64
-	gone    bool // forgotten (FORGET): a pid watcher stops
+	gone    bool // forgotten (FORGET, the reaper): a pid watcher stops
+	// The reaper's view (reap.go): deadSince is when the last attachment ended (s.mono), watchers the pid watches
+	// following a producer whose connection broke while it lived (the stream is not dead while one runs).
+	deadSince int64
+	watchers  int
+
+	asked       atomic.Int64 // s.mono when a consumer last asked for the stream (reap.go). Updated atomically.
+	replaysSeen uint64       // the publisher's replay requests the reaper last saw; protected by the server's reapMu
 }
 
 // attachment is one producer's ring, followed by a drain worker (package drain: it is a drain.Stream). "The drain
@@ -393,7 +400,7 @@ func (a *attachment) closeDone() {
 // drainBatch applies up to maxBatch records and releases them with one head store. It returns the number of
 // records consumed.
 //
-// Known losses (issue 10): a producer that finds the ring full counts the drop in the header (loss_pending, the
+// Known losses: a producer that finds the ring full counts the drop in the header (loss_pending, the
 // seq range) and reports it with a LOSS record only with its next event that fits. If the engine then goes idle,
 // the LOSS record never comes; so the drain marks the header's range lost itself once the ring is empty: the
 // header was loaded before the pass and the tail after it (Next's ErrEmpty), so every record published before the
@@ -601,9 +608,10 @@ func (a *attachment) ringFault(r any) {
 	st := a.st
 	st.mu.Lock()
 	if st.att == a {
-		st.att, st.alive = nil, false
+		st.att, st.alive, st.deadSince = nil, false, a.srv.mono()
 	}
 	st.mu.Unlock()
+	a.srv.wakeReaper()
 	if a.lease != nil {
 		_ = a.lease.c.Close()
 	}
@@ -804,15 +812,21 @@ func (a *attachment) finalDrain() {
 	a.finalHead = rs.Head
 	a.closeRing()
 	st.mu.Lock()
+	watched := false
 	if st.att == a {
 		st.att = nil
 		st.alive = false
 		st.engSeen, st.engLast = a.seqSeen, a.lastSeq
+		st.deadSince = a.srv.mono()
+		if watched = watch && !ends; watched {
+			st.watchers++ // before the lock is released: the reaper never sees a watched stream as dead
+		}
 	}
 	st.mu.Unlock()
+	a.srv.wakeReaper()
 	a.log.Info("producer detached; ring drained, index stays queryable", "reason", why, "head", rs.Head, "tail", rs.Tail,
 		"incarnation_ended", ends)
-	if watch && !ends {
+	if watched {
 		go a.srv.watchDetached(st, a.hdr.Epoch, a.hdr.ProducerPID, a.hdr.ProducerStartTime)
 	}
 }
@@ -845,7 +859,7 @@ func (a *attachment) periodicCheckpoint(now time.Time) {
 // (the copy and the encoding: ~55 ms at 100 k blocks), re-applying a record ~1 µs per ~100-150 bytes, so below this
 // a restart would replay the records faster than the checkpoint took to write. Without it an idle stream that
 // only sees a probe now and then (a router's, an engine's health traffic) rewrote its whole index every interval:
-// a third of 64 idle daemons' CPU at 100 k blocks each (CLUSTER.md). The ring still holds every record not
+// a third of 64 idle daemons' CPU at 100 k blocks each (docs/deploy.md). The ring still holds every record not
 // checkpointed, and the half-ring trigger bounds how many.
 const ckptBytesPerNode = 16
 

@@ -104,7 +104,7 @@ func TestProducerLifecycle(t *testing.T) {
 		t.Fatalf("stats after restart = %+v", s)
 	}
 
-	// DETACH is the producer's own (issue 10, defect 2: another client could end a live producer's stream, which
+	// DETACH is the producer's own (a defect the soak found: another client could end a live producer's stream, which
 	// then published into a ring nobody read): from another client it is forbidden; on the producer's ATTACH
 	// connection it drains and keeps the index.
 	p.mustPublish(stored(1, 0, u64p(77), []uint64{78}, tokens(81, 1, 4)))
@@ -117,7 +117,7 @@ func TestProducerLifecycle(t *testing.T) {
 	if err := p.conn.Detach(ctxT(t), 1); err != nil {
 		t.Fatal(err)
 	}
-	// DETACH ends the producer's incarnation: a Cleared after its last event (LIFECYCLE.md).
+	// DETACH ends the producer's incarnation: a Cleared after its last event (docs/lifecycle.md).
 	p.applyOracle(cleared(2))
 	if s := stats(); s.Attached || s.LastEventID == nil || *s.LastEventID != 2 || s.ResidentBlocks != 0 {
 		t.Fatalf("stats after detach = %+v, want the end Cleared at id 2 and no block", s)

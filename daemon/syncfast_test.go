@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// TestSyncFastPath (issue 9): a query finds everything published already applied and answers without a round trip
+// TestSyncFastPath: a query finds everything published already applied and answers without a round trip
 // to the drain goroutine; while a published record is not yet applied it still waits for it (read-your-writes).
 func TestSyncFastPath(t *testing.T) {
 	ts := startServer(t, nil)

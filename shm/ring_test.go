@@ -647,7 +647,7 @@ func TestCreateWithoutFallocate(t *testing.T) {
 	}
 }
 
-// TestCorruptTailAheadHeals is issue 10's defect 8: a tail word scribbled to a value ahead of the producer's tail
+// TestCorruptTailAheadHeals is a defect the soak found: a tail word scribbled to a value ahead of the producer's tail
 // must not wedge the stream. Beyond head+capacity SkipToTail stays put and the producer's next publish rewrites the
 // word. Within it SkipToTail moves head there (it cannot tell the word from a real tail); the reader then refuses
 // the producer's smaller tails (never re-reading old bytes) until the producer, finding its ring full, re-bases at

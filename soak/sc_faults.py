@@ -86,7 +86,7 @@ def sc_ring_truncate(ctx: Ctx) -> None:
         os.truncate(ring, new)
         delay = rng.uniform(0, 2)
         ctx.fault(f"ring truncated to {new} bytes")
-        time.sleep(delay)  # the producer's supervisor checks the file size every second (issue 10 #5 fix)
+        time.sleep(delay)  # the producer's supervisor checks the file size every second (the truncated-ring fix)
         ctx.scenario = "ring_truncate:publish"  # only the producer's death here is the known failure
         r = p.pub(w, 50)
         time.sleep(0.5)
@@ -157,7 +157,7 @@ def _state_files(path: str) -> dict[str, int] | None:
 
 def sc_daemon_stop(ctx: Ctx) -> None:
     """SIGSTOP the daemon, publish into a 64 KiB ring until events drop, SIGCONT, publish nothing more: the very
-    next answer must report the loss (issue 10 #1); a Cleared then re-bases the stream to a complete answer."""
+    next answer must report the loss; a Cleared then re-bases the stream to a complete answer."""
     d = ctx.daemon
     assert d is not None
     with producer(ctx, 1, ring_bytes=64 << 10) as p:
@@ -186,7 +186,7 @@ def sc_daemon_stop(ctx: Ctx) -> None:
 
 def sc_producer_kill(ctx: Ctx) -> None:
     """SIGKILL a producer mid-publish: the dead stream stays queryable and, once kvshmd saw the pid gone, ends its
-    incarnation with a Cleared under the id after the last event it drained (LIFECYCLE.md: none of its blocks);
+    incarnation with a Cleared under the id after the last event it drained (docs/lifecycle.md: none of its blocks);
     then start its successor for the same worker (a new epoch: the worker's cache starts empty)."""
     rng = ctx.rng
     ws = [ctx.new_worker()]
@@ -294,7 +294,7 @@ def sc_tmpfs_state(ctx: Ctx) -> None:
 
 def sc_ckpt_corrupt(ctx: Ctx, base: Producer) -> None:
     """SIGKILL the daemon and replace its checkpoints by a symlink to /dev/zero, a FIFO, garbage or a truncated
-    copy (issue 10 #7), then restart it: it must come up at once and answer right or say what it lost."""
+    copy, then restart it: it must come up at once and answer right or say what it lost."""
     d = ctx.daemon
     assert d is not None
     rng = ctx.rng

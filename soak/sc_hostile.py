@@ -141,7 +141,7 @@ def sc_socket_hostile(ctx: Ctx) -> None:
 
 
 def _must_refuse(frame: bytes) -> bool:
-    """A body every strict decoder refuses (issue 10 #9): not an object, a key in another case, a duplicate key,
+    """A body every strict decoder refuses: not an object, a key in another case, a duplicate key,
     a number out of range, trailing bytes, bad JSON. (Unknown keys are not in the list: the protocol may ignore
     them.)"""
     body = frame[8:]
@@ -160,7 +160,7 @@ def _must_refuse(frame: bytes) -> bool:
 
 
 def sc_hostile_detach(ctx: Ctx) -> None:
-    """Another same-uid client sends DETACH for a live producer's worker (issue 10 #2): the producer goes on
+    """Another same-uid client sends DETACH for a live producer's worker: the producer goes on
     publishing; the consumer must get every event or be told of the loss."""
     d = ctx.daemon
     assert d is not None

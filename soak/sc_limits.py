@@ -1,5 +1,5 @@
-"""Scenarios of issue 19: one producer's configuration never takes the shared kvshmd down (``limits``), and replay
-clients that never read never deny a healthy replay (``replay_stuck``).
+"""The per-producer bounds' scenarios: one producer's configuration never takes the shared kvshmd down
+(``limits``), and replay clients that never read never deny a healthy replay (``replay_stuck``).
 
 ``limits``: while a healthy producer publishes on ZMQ (judged by a healthy SUB and a replay, and by the recovery
 judge), children ask the same shared daemon, as a producer would, for ``buffer_steps`` 2^31-1, ``hwm`` 2^31-1, a
@@ -12,7 +12,7 @@ kernel buffer); a healthy DEALER's replay must then complete within ``REPLAY_DEA
 buffer holds, in order, byte-identical.
 
 Both judge batches by their payloads (in order, seqs strictly increasing), never by seq == engine seq: kvshmd
-numbers the wire (LIFECYCLE.md)."""
+numbers the wire (docs/lifecycle.md)."""
 
 from __future__ import annotations
 

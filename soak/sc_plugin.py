@@ -1,4 +1,4 @@
-"""Scenario plugin (issue 19): kvshm's vLLM plugin (``KvshmEventPublisher``) in a child process on the shared
+"""Scenario plugin: kvshm's vLLM plugin (``KvshmEventPublisher``) in a child process on the shared
 kvshmd, fed good vLLM-shaped batches with bad ones mixed in (``plugin_child.py``: not events, an older vLLM's event
 lacking fields, not batches, bad timestamps, another dp rank, bad token ids, hashes out of range). Judged: no
 exception ever reaches the caller (vLLM's scheduler), every bad batch is counted (``errors``), a healthy replay

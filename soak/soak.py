@@ -13,7 +13,7 @@ answer's ``last_event_id``, and hold every event the producer acknowledged; or t
 ``Kvshm-State: incomplete``. A complete answer with another state is a wrong answer; an answer still behind or
 still ``Error`` at the deadline is a wrong answer (silent loss) or a hang.
 
-Figures (printed, and written between the markers of RELIABILITY.md with ``--report``): faults injected, bad
+Figures (printed, and written between the markers of soak/README.md with ``--report``): faults injected, bad
 inputs tried, wrong answers, hangs, crashes, leaks, known failures (each naming its defect), worst publish latency.
 Exit status 1 when any wrong answer, hang, crash or leak was seen outside the known failures.
 """
@@ -40,6 +40,7 @@ from harness import (  # noqa: E402
     publish_some,
     restart_daemon,
 )
+from sc_cycle import sc_cycle  # noqa: E402
 from sc_faults import (  # noqa: E402
     sc_ckpt_corrupt,
     sc_daemon_kill,
@@ -81,6 +82,7 @@ SCENARIOS: list[tuple[str, Callable[..., None], bool]] = [  # name, function, ta
     ("limits", sc_limits, False),
     ("replay_stuck", sc_replay_stuck, False),
     ("plugin", sc_plugin, False),
+    ("cycle", sc_cycle, False),
 ]
 
 

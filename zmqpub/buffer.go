@@ -4,7 +4,7 @@ import "sort"
 
 // replayBuffer holds the batches kept for replay, oldest first: at most steps batches and at most maxBytes payload
 // bytes (the oldest are evicted first). It grows as used: nothing is allocated for the steps not yet filled, so a
-// huge buffer_steps costs nothing until batches arrive (issue 19: a 2^31-entry ring allocated up front killed the
+// huge buffer_steps costs nothing until batches arrive (a 2^31-entry ring allocated up front once killed the
 // daemon). Not safe for concurrent use (Publisher.bufMu).
 type replayBuffer struct {
 	steps, maxBytes int

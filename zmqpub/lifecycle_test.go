@@ -184,7 +184,7 @@ func TestReplayIncomplete(t *testing.T) {
 }
 
 // TestBufferGrowsAsUsed: buffer_steps 2^31-1 allocated 2^31 entries (64 GiB) up front and killed the daemon
-// (issue 19); the buffer now grows as batches arrive.
+// (before the per-producer bounds); the buffer now grows as batches arrive.
 func TestBufferGrowsAsUsed(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()

@@ -130,7 +130,7 @@ func TestSubscriberPing(t *testing.T) {
 
 // Replay clients that send a valid request for the whole buffer and never read: zmq4's ROUTER wrote replies under
 // one lock, so each stuck client held every other reply until its write stalled out (1 delayed a healthy replay
-// by 1.5 s, 8 denied it 40-60 s, issue 19). Each client has a connection, a reply goroutine and a queue of its own
+// by 1.5 s, 8 denied it 40-60 s, before the per-producer bounds). Each client has a connection, a reply goroutine and a queue of its own
 // now: the healthy reply completes while the 8 stuck clients still hold their connections (the stall timeout is
 // far beyond the test: nobody is cut).
 func TestStuckReplayClientsCostOnlyThemselves(t *testing.T) {

@@ -107,7 +107,7 @@ func TestSnapshotReply(t *testing.T) {
 }
 
 // TestSnapshotMidIncarnation: a publisher that began mid-incarnation (no reset batch: a restarted daemon) with an
-// empty buffer answered nothing, complete, to a router restarted after it (issue 18); it now answers the
+// empty buffer answered nothing, complete, to a router restarted after it; it now answers the
 // snapshot. A consumer already past the snapshot's seq gets an empty, complete reply.
 func TestSnapshotMidIncarnation(t *testing.T) {
 	rep := ipcEndpoint(t, "replay")

@@ -42,6 +42,8 @@ func TestUsage(t *testing.T) {
 		{[]string{"serve", "--state-dir", missing, "--checkpoint-interval", "-1s"}, exitUsage, "--checkpoint-interval -1s"},
 		{[]string{"serve", "--help"}, exitOK, "KVSHMD_CHECKPOINT_INTERVAL"},
 		{[]string{"serve", "--zmq-heartbeat", "-1s"}, exitUsage, "--zmq-heartbeat -1s"},
+		{[]string{"serve", "--dead-stream-retention", "0s"}, exitUsage, "--dead-stream-retention 0s"},
+		{[]string{"serve", "--max-dead-streams", "0"}, exitUsage, "--max-dead-streams 0: want a positive duration and count"},
 		{[]string{"serve", "--zmq-seq-base", "epoch"}, exitUsage, "--zmq-seq-base \"epoch\": want clock or zero"},
 		{[]string{"serve", "--zmq-replay-fill", "-1"}, exitUsage, "--zmq-replay-fill -1"},
 		{[]string{"serve", "--help"}, exitOK, "KVSHMD_ZMQ_HEARTBEAT"},

@@ -21,7 +21,9 @@ import (
 
 type serveOpts struct {
 	socket, http, mode, logLevel, logFormat, stateDir   string
-	cleanupDir                                          string
+	cleanupDir, cleanupToken                            string
+	deadRetention                                       time.Duration
+	maxDead                                             int
 	zmqHeartbeat                                        time.Duration
 	zmqSnapshots                                        bool
 	zmqSnapshotBuilds, zmqSnapshotChunk, zmqReplayFill  int
@@ -65,13 +67,16 @@ func serve(args []string, stderr io.Writer) int {
 	fs.StringVar(&o.http, "http", envOr("", "KVSHMD_HTTP"), "HTTP listen address for /kv_recover, /metrics, /healthz, e.g. 127.0.0.1:9400; off when empty (env KVSHMD_HTTP)")
 	fs.StringVar(&o.stateDir, "state-dir", envOr(defaultStateDir, "KVSHMD_STATE_DIR"), "directory for index checkpoints: written at SIGTERM/SIGINT after the final drain, restored when a producer reattaches the same ring, so a planned restart loses nothing; created 0700, must be owned by you with no group/other permissions; the default is on tmpfs (with another --socket: <socket>.state beside it, so two daemons never share one) and comes with --checkpoint-interval "+defaultCkptInterval.String()+"; --state-dir '' turns checkpoints off (env KVSHMD_STATE_DIR)")
 	fs.DurationVar(&o.ckptInterval, "checkpoint-interval", dur("KVSHMD_CHECKPOINT_INTERVAL", 0), "with --state-dir: also checkpoint each stream while it runs, when this long has passed since its last checkpoint with records applied since, or when they fill half its ring, and release the ring head only up to a written checkpoint, so a crash (SIGKILL, OOM) loses nothing either; 0 = only at shutdown; default "+defaultCkptInterval.String()+" with the default --state-dir, else 0 (env KVSHMD_CHECKPOINT_INTERVAL)")
-	fs.DurationVar(&o.zmqHeartbeat, "zmq-heartbeat", dur("KVSHMD_ZMQ_HEARTBEAT", def.ZMQHeartbeat), "a stream published on ZMQ that published nothing for this long publishes an empty batch with the next seq, so an idle engine's restarted router finds its gap and replays (LIFECYCLE.md); 0 = off (env KVSHMD_ZMQ_HEARTBEAT)")
-	fs.BoolVar(&o.zmqSnapshots, "zmq-snapshots", envOr("true", "KVSHMD_ZMQ_SNAPSHOTS") != "false", "a publishing stream keeps its blocks' tokens (~(block_size+2)*4 bytes per block) and answers a replay request older than its replay buffer with the state as of its last batch, then the batches after it, so a router that was away longer than the buffer converges (SNAPSHOT.md); false = the buffer only, as vLLM's publisher (env KVSHMD_ZMQ_SNAPSHOTS)")
+	fs.DurationVar(&o.zmqHeartbeat, "zmq-heartbeat", dur("KVSHMD_ZMQ_HEARTBEAT", def.ZMQHeartbeat), "a stream published on ZMQ that published nothing for this long publishes an empty batch with the next seq, so an idle engine's restarted router finds its gap and replays (docs/lifecycle.md); 0 = off (env KVSHMD_ZMQ_HEARTBEAT)")
+	fs.BoolVar(&o.zmqSnapshots, "zmq-snapshots", envOr("true", "KVSHMD_ZMQ_SNAPSHOTS") != "false", "a publishing stream keeps its blocks' tokens (~(block_size+2)*4 bytes per block) and answers a replay request older than its replay buffer with the state as of its last batch, then the batches after it, so a router that was away longer than the buffer converges (docs/replay-snapshots.md); false = the buffer only, as vLLM's publisher (env KVSHMD_ZMQ_SNAPSHOTS)")
 	fs.IntVar(&o.zmqSnapshotChunk, "zmq-snapshot-chunk", num("KVSHMD_ZMQ_SNAPSHOT_CHUNK", 0), "split a replay snapshot's batch of a rank into batches of about this many bytes, all under its seq (Dynamo 1.6.1 applies them all; a consumer that keeps one batch per seq would not); 0: one batch per rank (env KVSHMD_ZMQ_SNAPSHOT_CHUNK)")
-	fs.IntVar(&o.zmqReplayFill, "zmq-replay-fill", num("KVSHMD_ZMQ_REPLAY_FILL", def.ZMQReplayFill), "a replay reply carries every seq from the requested one to the newest, as vLLM's do: the seqs of heartbeats, of a wiped incarnation and before a snapshot go as empty batches, at most this many per reply (a reply needing more keeps its gaps, counted); llm-d's replay consumer refuses a reply with a gap (SNAPSHOT.md); 0 = off (env KVSHMD_ZMQ_REPLAY_FILL)")
-	fs.StringVar(&o.zmqSeqBase, "zmq-seq-base", envOr("clock", "KVSHMD_ZMQ_SEQ_BASE"), "where a stream's wire seqs start in this daemon: clock = above the clock in µs (and again at each engine incarnation), so no restart of anything reuses a seq (Dynamo's routers); zero = from 1, continuing across incarnations and restored checkpoints, as llm-d's replay consumer needs (it asks from seq 0 on connect); a daemon restarted without its state then starts from 1 again (LIFECYCLE.md) (env KVSHMD_ZMQ_SEQ_BASE)")
+	fs.IntVar(&o.zmqReplayFill, "zmq-replay-fill", num("KVSHMD_ZMQ_REPLAY_FILL", def.ZMQReplayFill), "a replay reply carries every seq from the requested one to the newest, as vLLM's do: the seqs of heartbeats, of a wiped incarnation and before a snapshot go as empty batches, at most this many per reply (a reply needing more keeps its gaps, counted); llm-d's replay consumer refuses a reply with a gap (docs/replay-snapshots.md); 0 = off (env KVSHMD_ZMQ_REPLAY_FILL)")
+	fs.StringVar(&o.zmqSeqBase, "zmq-seq-base", envOr("clock", "KVSHMD_ZMQ_SEQ_BASE"), "where a stream's wire seqs start in this daemon: clock = above the clock in µs (and again at each engine incarnation), so no restart of anything reuses a seq (Dynamo's routers); zero = from 1, continuing across incarnations and restored checkpoints, as llm-d's replay consumer needs (it asks from seq 0 on connect); a daemon restarted without its state then starts from 1 again (docs/lifecycle.md) (env KVSHMD_ZMQ_SEQ_BASE)")
 	fs.IntVar(&o.zmqSnapshotBuilds, "zmq-snapshot-builds", num("KVSHMD_ZMQ_SNAPSHOT_BUILDS", daemon.DefaultSnapshotBuilds), "replay snapshots built at once across all streams; a replay needing one beyond it waits for a slot, and replies on one stream share one build while its buffer covers the batches after it (env KVSHMD_ZMQ_SNAPSHOT_BUILDS)")
-	fs.StringVar(&o.cleanupDir, "cleanup-dir", envOr("", "KVSHMD_CLEANUP_DIR"), "at exit, after everything is closed, remove this directory recursively, only if it is a directory owned by you with mode 0700 (the private directory the Python launcher made); anything else is refused and logged (env KVSHMD_CLEANUP_DIR)")
+	fs.StringVar(&o.cleanupDir, "cleanup-dir", envOr("", "KVSHMD_CLEANUP_DIR"), "at exit, after everything is closed, remove this directory recursively: only a directory made for this daemon (the Python launcher's private directory), owned by you, mode 0700, holding the file "+daemon.CleanupTokenFile+" whose content is --cleanup-token; without that the daemon refuses to start and deletes nothing (env KVSHMD_CLEANUP_DIR)")
+	fs.StringVar(&o.cleanupToken, "cleanup-token", envOr("", "KVSHMD_CLEANUP_TOKEN"), "the token --cleanup-dir's "+daemon.CleanupTokenFile+" must hold (at least 16 characters) (env KVSHMD_CLEANUP_TOKEN)")
+	fs.DurationVar(&o.deadRetention, "dead-stream-retention", dur("KVSHMD_DEAD_STREAM_RETENTION", def.DeadRetention), "a stream whose producer is gone and that no consumer asked for (a recovery or match query, a ZMQ replay request) during this long is forgotten as by FORGET: its ZMQ ports closed, its index, metric series and checkpoints dropped (env KVSHMD_DEAD_STREAM_RETENTION)")
+	fs.IntVar(&o.maxDead, "max-dead-streams", num("KVSHMD_MAX_DEAD_STREAMS", def.MaxDeadStreams), "dead streams kept at most; beyond it the ones longest not asked for are forgotten at once (env KVSHMD_MAX_DEAD_STREAMS)")
 	fs.StringVar(&o.onLoss, "on-loss", envOr(def.OnLoss.String(), "KVSHMD_ON_LOSS"), "answer to a recovery query that misses events kvshm lost (ring full, corrupt record, unknown history): best-effort = what Dynamo would answer from the events applied, marked with the Kvshm-State: incomplete and Kvshm-Lost-Events headers, counted and logged; error = the Error variant naming the loss until a Cleared (env KVSHMD_ON_LOSS)")
 	fs.StringVar(&o.dumpShape, "dump-shape", envOr(def.DumpShape.String(), "KVSHMD_DUMP_SHAPE"), "TreeDump shape: chains = Dynamo 1.6.1's merged chains with reset_scope and residency_domain; blocks = one single-block Stored event per block, as older Dynamo (env KVSHMD_DUMP_SHAPE)")
 	fs.IntVar(&o.rankPorts, "rank-ports", num("KVSHMD_RANK_PORTS", 0), "with --http: port BASE+r on the --http host answers /kv_recover for dp_rank r of the only worker (what pod discovery calls: recover_port + dp_rank), opened when the daemon first holds a stream covering r; a bind failure is logged and counted; 0 = off (env KVSHMD_RANK_PORTS)")
@@ -109,7 +114,7 @@ Engines: when a producer's engine ends (DETACH, ring CLOSED, its pid gone; a new
 its stream's index applies a Cleared, and a stream published on ZMQ publishes [AllBlocksCleared] with the next seq
 and again when a new engine starts on it. Seqs on the wire are kvshmd's (+1 per batch, starting above the clock in
 µs), an idle stream heartbeats (--zmq-heartbeat), and with --parent-pid gone every engine's end is published and
-flushed before exit. LIFECYCLE.md is the contract.
+flushed before exit. docs/lifecycle.md is the contract.
 
 Restarts: a new daemon resumes each ring at the head the old one stored. By default the state directory is on
 tmpfs with --checkpoint-interval 10s (see --state-dir), so nothing is lost. Without --state-dir ('') the index
@@ -177,6 +182,10 @@ Flags:
 		fmt.Fprintf(stderr, "kvshmd serve: --zmq-heartbeat %v: want 0 (off) or a positive duration\n", o.zmqHeartbeat)
 		return exitUsage
 	}
+	if o.deadRetention <= 0 || o.maxDead <= 0 {
+		fmt.Fprintf(stderr, "kvshmd serve: --dead-stream-retention %v, --max-dead-streams %d: want a positive duration and count\n", o.deadRetention, o.maxDead)
+		return exitUsage
+	}
 	if o.zmqSeqBase != "clock" && o.zmqSeqBase != "zero" {
 		fmt.Fprintf(stderr, "kvshmd serve: --zmq-seq-base %q: want clock or zero\n", o.zmqSeqBase)
 		return exitUsage
@@ -230,8 +239,8 @@ Flags:
 		StateDir: o.stateDir, CheckpointInterval: o.ckptInterval, OnLoss: onLoss, DumpShape: shape, RankPortsBase: o.rankPorts,
 		ZMQHeartbeat: o.zmqHeartbeat, ZMQNoSnapshots: !o.zmqSnapshots, ZMQSnapshotBuilds: o.zmqSnapshotBuilds,
 		ZMQSnapshotChunk: o.zmqSnapshotChunk, ZMQReplayFill: o.zmqReplayFill, ZMQSeqZero: o.zmqSeqBase == "zero",
-		CleanupDir: o.cleanupDir,
-		Bounds:     bounds, Version: buildVersion(), Logger: log,
+		CleanupDir: o.cleanupDir, CleanupToken: o.cleanupToken, DeadRetention: o.deadRetention, MaxDeadStreams: o.maxDead,
+		Bounds: bounds, Version: buildVersion(), Logger: log,
 	})
 	if err != nil {
 		log.Error("cannot start", "err", err)
@@ -246,6 +255,10 @@ Flags:
 			hint = "use a directory you own with mode 0700 (or let kvshmd create it)"
 		case errors.Is(err, daemon.ErrUnsafeStateDir):
 			hint = "--state-dir must be a directory you own with mode 0700 (or let kvshmd create it)"
+		case errors.Is(err, daemon.ErrStateDirLocked):
+			hint = "another kvshmd uses this --state-dir: stop it, or give this daemon its own --state-dir"
+		case errors.Is(err, daemon.ErrUnsafeCleanupDir):
+			hint = "--cleanup-dir removes only a directory made for this daemon (the Python launcher passes it with its --cleanup-token); drop --cleanup-dir"
 		case errors.Is(err, daemon.ErrNotSocket):
 			hint = "the path is a regular file or directory; remove it or choose another --socket"
 		}
@@ -267,7 +280,7 @@ const defaultCkptInterval = 10 * time.Second
 // defaultStateDir stands for "the default" in --state-dir's flag value; stateDefaults resolves it.
 const defaultStateDir = "(tmpfs default)"
 
-// stateDefaults resolves the default state directory (LIFECYCLE.md, "Daemon modes": a shared kvshmd keeps
+// stateDefaults resolves the default state directory (docs/lifecycle.md, "Daemon modes": a shared kvshmd keeps
 // checkpoints on tmpfs, so a SIGKILLed daemon's successor restores the index): $XDG_RUNTIME_DIR/kvshm/state, else
 // /dev/shm/kvshm-<uid>/state, for the default socket; <socket>.state for any other, so that two daemons (tests,
 // several shared daemons) never share one. With it, --checkpoint-interval defaults to 10 s. Its parent, when

@@ -278,7 +278,7 @@ fn reference_refuses_block_size_zero_and_events_after_shutdown() {
     assert!(refused, "apply after shutdown never failed");
 }
 
-/// Contract decision 3 pinned against the real crate: a re-stored block under a new hash
+/// The stale-block-hash decision (docs/decisions.md) pinned against the real crate: a re-stored block under a new hash
 /// replaces the old hash in the dump.
 #[test]
 fn reference_dump_carries_the_new_hash_of_a_restored_block() {

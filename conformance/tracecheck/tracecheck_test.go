@@ -208,7 +208,7 @@ func TestModel(t *testing.T) {
 			want: "rank 0 watermark 0(false): [1]=101\n",
 		},
 		{
-			// Issue 8 (3): store 101; 102 (parent 101, T); remove 102; 103 (parent 101, T): 103 resolves.
+			// The stale-block-hash decision: store 101; 102 (parent 101, T); remove 102; 103 (parent 101, T): 103 resolves.
 			name: "stale hash: the new hash takes the path",
 			live: []RouterEvent{
 				stored(0, nil, 101, 1), stored(0, u64(101), 102, 7),

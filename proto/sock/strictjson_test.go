@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// TestDecodeStrict pins the request-body rules (issue 10, defect 9: encoding/json alone matched keys without
+// TestDecodeStrict pins the request-body rules (a defect the soak found: encoding/json alone matched keys without
 // case, took null as {} and kept the last of duplicate keys).
 func TestDecodeStrictKeys(t *testing.T) {
 	u := func(v uint64) *uint64 { return &v }

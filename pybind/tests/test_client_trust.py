@@ -1,4 +1,4 @@
-"""The client talks only to a socket its own user serves (issue 10, defect 3): another user who created the socket
+"""The client talks only to a socket its own user serves (a defect the soak found): another user who created the socket
 directory first, or listens on the path, gets refused before anything is sent."""
 
 from __future__ import annotations

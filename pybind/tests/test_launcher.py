@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -17,7 +18,7 @@ import pytest
 import zmq
 from vllm_shapes import AllBlocksCleared, BlockStored, decode, recv_batch, vllm_payload
 
-from kvshm._launcher import PrivateDaemon
+from kvshm._launcher import TOKEN_NAME, PrivateDaemon
 from kvshm._proc import proc_stat
 
 from conftest import IndexerFactory
@@ -71,6 +72,30 @@ def test_daemon_killed_by_a_signal_is_reported() -> None:
     finally:
         d.stop()
     assert not os.path.exists(d.dir)
+
+
+def test_private_dir_carries_the_cleanup_token() -> None:
+    """The launcher writes the random token it passes as ``--cleanup-token`` into the private directory (a 0600
+    file), and the daemon, SIGTERMed, removes the directory itself. Fails before: there was no token (and kvshmd
+    deleted whatever 0700 directory ``--cleanup-dir`` named)."""
+    d = PrivateDaemon()
+    try:
+        d.start()
+        argv = d.argv()
+        token = argv[argv.index("--cleanup-token") + 1]
+        path = os.path.join(d.dir, TOKEN_NAME)
+        st = os.lstat(path)
+        assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+        with open(path) as f:
+            assert f.read() == token + "\n" and len(token) >= 32
+        pid = d.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not d.alive(), "the SIGTERMed daemon to exit")
+        assert d.returncode() == 0
+        assert not os.path.exists(d.dir)  # removed by the daemon (stop() has not run)
+    finally:
+        d.stop()
 
 
 ENGINE = textwrap.dedent(
@@ -139,7 +164,7 @@ def test_engine_sigkill_daemon_drains_then_leaves_nothing(ring_dir: Path, short_
                 seqs.append(int.from_bytes(seq, "big"))
         assert got == want, f"{len(got)} of {len(want)} batches published after the engine's SIGKILL"
         assert seqs == sorted(set(seqs))
-        # Then the end of the incarnation (LIFECYCLE.md): one [AllBlocksCleared] batch with the next wire seq,
+        # Then the end of the incarnation (docs/lifecycle.md): one [AllBlocksCleared] batch with the next wire seq,
         # flushed before the daemon exits.
         _, _, payload = recv_batch(sub, seqs[-1])
         assert payload == vllm_payload(decode(payload)[0], [AllBlocksCleared()], 0), decode(payload)

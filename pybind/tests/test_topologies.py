@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 from kvshm._client import Client
+from kvshm_testkit import free_port
 
 from conftest import IndexerFactory
 from helpers import (
     SharedDaemon,
     dump_blocks,
     event_ids,
-    free_ports,
     http_get,
     query,
     toks,
@@ -43,7 +43,7 @@ def start_daemon(short_dir: Path, *args: str) -> SharedDaemon:
 @pytest.fixture
 def http_daemon(short_dir: Path) -> Iterator[tuple[SharedDaemon, int]]:
     """A shared kvshmd with --http on a free loopback port."""
-    port = free_ports(1)
+    port = free_port(1)
     d = start_daemon(short_dir, "--http", f"127.0.0.1:{port}")
     wait_for(lambda: http_get(port, "/healthz").status == 200, "the HTTP listener")
     yield d, port
@@ -106,10 +106,10 @@ def test_shared_daemon_two_workers_per_worker_urls(
 def test_vllm_per_rank_producers_share_a_worker_id(short_dir: Path, make_indexer: IndexerFactory) -> None:
     """vLLM: one LocalIndexer per dp rank of one worker_id, each with its own seq space, sharing one kvshmd; each
     rank is reachable by its URL and by its rank port (recover_port + dp_rank, pod discovery)."""
-    port = free_ports(1)
-    base = free_ports(2)
+    port = free_port(1)
+    base = free_port(2)
     while base <= port < base + 2:
-        base = free_ports(2)
+        base = free_port(2)
     d = start_daemon(short_dir, "--http", f"127.0.0.1:{port}", "--rank-ports", str(base))
     try:
         wait_for(lambda: http_get(port, "/healthz").status == 200, "the HTTP listener")
@@ -152,6 +152,7 @@ def test_vllm_per_rank_producers_share_a_worker_id(short_dir: Path, make_indexer
         assert r1.stats(daemon=False)["published_events"] == published
 
         st = r1.stats()
+        assert st["daemon_stream"] is not None, st
         assert st["dp_rank"] == 1 and st["daemon_stream"]["dp_rank"] == 1 and st["incomplete"] is False, st
         assert "dp_rank=1" in repr(r1)
 
@@ -161,7 +162,7 @@ def test_vllm_per_rank_producers_share_a_worker_id(short_dir: Path, make_indexer
         assert not dst["attached"] and "conflict" in (dst["last_error"] or ""), dst
         dup.shutdown()
 
-        # Shutting rank 0 down detaches exactly its stream and ends its incarnation (LIFECYCLE.md): it stays
+        # Shutting rank 0 down detaches exactly its stream and ends its incarnation (docs/lifecycle.md): it stays
         # queryable, with a Cleared under the id after its last (none of its blocks); rank 1 is untouched.
         r0.shutdown()
         with Client(d.socket_path, timeout=10) as c:

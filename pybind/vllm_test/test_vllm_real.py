@@ -8,7 +8,7 @@ vLLM's own `ZmqEventPublisher`, fed the same batches side by side: every payload
 and every replay frame, must be byte-identical to vLLM's for the installed release (its BlockStored differs between
 0.32.0 and 0.33.0), with bytes block hashes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) among them.
 
-Seqs: kvshmd numbers its wire (LIFECYCLE.md: its own counter, a Cleared batch when an incarnation starts, empty
+Seqs: kvshmd numbers its wire (docs/lifecycle.md: its own counter, a Cleared batch when an incarnation starts, empty
 heartbeats), so the comparison is by payload and order, not by seq value: each test batch must arrive once, in
 order, with increasing seqs; a replay from the first one's seq gives the same (seq, payload) pairs; the only other
 batches allowed are kvshmd's own (empty heartbeats, Cleared). The recovery index holds the events under the seqs
@@ -117,7 +117,7 @@ def join(publish: Callable[[Any], object], sub: zmq.Socket[bytes]) -> None:
 
 
 def kvshmd_own(payload: bytes) -> bool:
-    """A batch kvshmd publishes on its own (LIFECYCLE.md): an empty heartbeat, or a Cleared."""
+    """A batch kvshmd publishes on its own (docs/lifecycle.md): an empty heartbeat, or a Cleared."""
     _, events, _ = msgspec.msgpack.decode(payload)
     return bool(events == [] or events == [{"type": "AllBlocksCleared"}])
 

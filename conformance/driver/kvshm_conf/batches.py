@@ -1,11 +1,11 @@
 """Batches side by side: several events under one event id, as Dynamo's ZMQ listener feeds a worker's indexer.
 
-A ZMQ batch's seq is the event id of every event in it (contract decision 1): 1.6.1's listener hands each event of
-batch ``seq`` to the worker's ``LocalKvIndexer`` with ``event_id = seq``, so its buffer holds several events with one
-id and ``get_events_json`` answers by id. The streams here are :func:`gen.generate` streams regrouped into batches
-(1..4 consecutive events of one dp rank; a query closes the open batch), renumbered one seq per batch (with a skipped
-seq now and then when the profile skips ids), their queries mapped onto the new numbering (a seq inside a batch to
-the batch's, one past the newest stays past the newest).
+A ZMQ batch's seq is the event id of every event in it (the batch-seq decision, docs/decisions.md): 1.6.1's listener
+hands each event of batch ``seq`` to the worker's ``LocalKvIndexer`` with ``event_id = seq``, so its buffer holds
+several events with one id and ``get_events_json`` answers by id. The streams here are :func:`gen.generate` streams
+regrouped into batches (1..4 consecutive events of one dp rank; a query closes the open batch), renumbered one seq per
+batch (with a skipped seq now and then when the profile skips ids), their queries mapped onto the new numbering (a seq
+inside a batch to the batch's, one past the newest stays past the newest).
 
 Each batch goes to kvshm as ONE call, ``LocalIndexer.apply_batch(seq, events, dp_rank=r)`` with vLLM-shaped events
 (:mod:`vllm_ref`'s msgspec Structs, as vLLM's own pass; every other batch as ``kvshm.events``' dataclasses), and to

@@ -129,8 +129,8 @@ def run_stream(stream: Stream, row: Row, log: Callable[[str], None]) -> None:
 
 
 
-#: Arguments the old extension took or refused (issue 8, "input"): each call goes to both sides; both must accept
-#: or both refuse it (TypeError for bytes, str and dict as hash lists; ValueError/OverflowError out of range).
+#: Arguments the old extension took or refused (the drop-in's input contract): each call goes to both sides; both must
+#: accept or both refuse it (TypeError for bytes, str and dict as hash lists; ValueError/OverflowError out of range).
 INPUT_CALLS: tuple[tuple[str, tuple[Any, ...]], ...] = (
     ("apply_stored", (0, [1, 2], [5])),
     ("apply_stored", (1, [3, 4], b"a")),

@@ -12,7 +12,7 @@ with medium None gets an empty META (every field None).
 What goes into Meta: ``medium``, ``lora_id``, ``block_size`` only when it differs from the stream's
 ``kv_block_size``, ``extra_keys``, ``group_idx``, ``kv_cache_spec_kind``, ``kv_cache_spec_sliding_window``. vLLM's
 newer trailing fields (``locality``, ``ownership``, ``session_id``, ``lookahead_token_ids``) have no place in the
-ring format of issue 12: an event that sets one is published without it and counted (``fields_dropped``).
+BATCH ring format: an event that sets one is published without it and counted (``fields_dropped``).
 
 Bytes block hashes (vLLM with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`` sends ``bytes``, sha256 digests by
 default): an event whose first block hash is ``bytes`` has all of them ``bytes`` of one length (else TypeError /
@@ -34,7 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ._encode import Prepared, build_meta, prepare_cleared, prepare_removed, prepare_stored
+from ._batchrec import build_meta
+from ._encode import Prepared, prepare_cleared, prepare_removed, prepare_stored
 
 __all__ = ["WIRES", "ZmqPublish", "offset_endpoint_port", "BatchBuilder"]
 
@@ -284,8 +285,8 @@ class BatchBuilder:
         return subs, with_meta
 
     def indexed(self, e: Any) -> bool:
-        """Whether kvshmd would apply ``e`` to the index (contract decision 4, the part a per-event fallback can
-        check: medium absent or GPU, block_size the stream's, group 0 or absent)."""
+        """Whether kvshmd would apply ``e`` to the index (the device-tree filter, docs/decisions.md: the part a
+        per-event fallback can check: medium absent or GPU, block_size the stream's, group 0 or absent)."""
         name = e.__class__.__name__
         if name == "AllBlocksCleared":
             return True

@@ -7,8 +7,11 @@ A :class:`PrivateDaemon` is a kvshmd owned by one Python process. It lives in a 
 :func:`tempfile.mkdtemp` (``$TMPDIR/kvshm-<pid>-XXXX``, mode 0700, so no other user can reach its socket) holding
 ``kvshmd.sock`` and ``kvshmd.log`` (the daemon's stdout and stderr). It is started as::
 
-    kvshmd serve --socket DIR/kvshmd.sock --parent-pid <this process's pid> --cleanup-dir DIR \
+    kvshmd serve --socket DIR/kvshmd.sock --parent-pid <this process's pid> --cleanup-dir DIR --cleanup-token T \
         --state-dir DIR/state --checkpoint-interval 10s      # $KVSHM_CHECKPOINT_INTERVAL overrides 10s
+
+``T`` is a random token also written to ``DIR/kvshmd.cleanup-token`` (0600): kvshmd deletes DIR only when the file
+there holds the token it was given, so it deletes nothing it did not get from this launcher.
 
 **detached**: ``/bin/sh`` started in a new session forks a waiter subshell, which starts kvshmd, writes its pid to
 a pipe, waits for it and writes its exit status to the same pipe; the first shell exits at once, so the waiter and
@@ -21,13 +24,13 @@ and a Ctrl-C or SIGKILL aimed at the engine's process group does not reach it. k
 (the pipe stays silent until it exits) and its exit status. :meth:`PrivateDaemon.start` returns only once the daemon
 answers HEALTH, or raises :class:`LauncherError` carrying the tail of the daemon's log and its exit status.
 :meth:`PrivateDaemon.stop` sends SIGTERM (the daemon drains and exits), escalates to SIGKILL after a grace period,
-and removes the directory. A kvshmd without ``--cleanup-dir`` (an older binary) is started again without it
-(logged once); the directory is then removed by :meth:`PrivateDaemon.stop`, or, after a SIGKILLed engine, by the
-next PrivateDaemon (:func:`sweep_stale_dirs`). ``--state-dir``/``--checkpoint-interval`` make the daemon checkpoint its
-index every 10 s while records arrive (``$KVSHM_CHECKPOINT_INTERVAL``, a Go duration, overrides it; ``0`` turns
-it off) and whenever they fill half the ring, and hand ring space back to this process only up to a checkpoint on
-disk, so a private daemon that crashes and is restarted by the client restores the checkpoint and replays the
-ring: nothing is lost (the price: up to half the ring holds records already applied, so a dead daemon is
+and removes the directory. A kvshmd without ``--cleanup-dir`` or ``--cleanup-token`` (an older binary) is started
+again without them (logged once); the directory is then removed by :meth:`PrivateDaemon.stop`, or, after a
+SIGKILLed engine, by the next PrivateDaemon (:func:`sweep_stale_dirs`). ``--state-dir``/``--checkpoint-interval`` make
+the daemon checkpoint its index every 10 s while records arrive (``$KVSHM_CHECKPOINT_INTERVAL``, a Go duration,
+overrides it; ``0`` turns it off) and whenever they fill half the ring, and hand ring space back to this process only up
+to a checkpoint on disk, so a private daemon that crashes and is restarted by the client restores the checkpoint and
+replays the ring: nothing is lost (the price: up to half the ring holds records already applied, so a dead daemon is
 absorbed by less ring before events are dropped). The environment is passed through, so ``KVSHMD_*`` variables
 (for example ``KVSHMD_HTTP``) configure the private daemon too, except those of the flags above, which win.
 
@@ -39,6 +42,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import secrets
 import select
 import shutil
 import signal
@@ -65,6 +69,7 @@ STATE_NAME: Final = "state"  # the daemon's --state-dir inside the private direc
 CHECKPOINT_INTERVAL_ENV: Final = "KVSHM_CHECKPOINT_INTERVAL"
 DEFAULT_CHECKPOINT_INTERVAL: Final = "10s"
 LOG_NAME: Final = "kvshmd.log"
+TOKEN_NAME: Final = "kvshmd.cleanup-token"  # kvshmd's daemon.CleanupTokenFile: proves DIR is for --cleanup-dir
 _LOG_TAIL_BYTES: Final = 4000
 _STALE_DIR_AGE: Final = 60.0  # seconds a dead process's daemon directory is left alone
 _KILL_WAIT: Final = 5.0  # seconds to wait for a SIGKILLed daemon's exit to be reported
@@ -164,7 +169,8 @@ _SPAWN: Final = """exec 3>&1 1>&2 </dev/null
   echo "$?" >&3
 ) &
 """
-_UNKNOWN_FLAG: Final = "flag provided but not defined: -cleanup-dir"
+# An older kvshmd without --cleanup-dir, or with it but without --cleanup-token.
+_UNKNOWN_FLAG: Final = re.compile(r"flag provided but not defined: -cleanup-(dir|token)")
 _NO_CLEANUP_FLAG: set[str] = set()  # kvshmd binaries that refused --cleanup-dir (asked once per process)
 
 
@@ -277,6 +283,7 @@ class PrivateDaemon:
         self.dir = tempfile.mkdtemp(prefix=f"kvshm-{os.getpid()}-")  # 0700, owned by us
         self.socket_path = os.path.join(self.dir, SOCKET_NAME)
         self.log_path = os.path.join(self.dir, LOG_NAME)
+        self._token = secrets.token_hex(16)  # --cleanup-token, also in DIR/TOKEN_NAME
         self.owner_pid = os.getpid()
         self.starts = 0
         self.cleanup_flag = self.binary not in _NO_CLEANUP_FLAG  # pass --cleanup-dir (False: this kvshmd refused it)
@@ -304,7 +311,7 @@ class PrivateDaemon:
         """The daemon's command line."""
         argv = [self.binary, "serve", "--socket", self.socket_path, "--parent-pid", str(self.owner_pid)]
         if self.cleanup_flag:
-            argv += ["--cleanup-dir", self.dir]
+            argv += ["--cleanup-dir", self.dir, "--cleanup-token", self._token]
         return argv + [
             "--state-dir", os.path.join(self.dir, STATE_NAME), "--checkpoint-interval",
             os.environ.get(CHECKPOINT_INTERVAL_ENV) or DEFAULT_CHECKPOINT_INTERVAL,
@@ -315,7 +322,8 @@ class PrivateDaemon:
         try:
             self._start()
         except _Exit:
-            # An older kvshmd without --cleanup-dir: once more without it (stop() removes the directory then).
+            # An older kvshmd without --cleanup-dir or --cleanup-token: once more without them (stop() removes the
+            # directory then).
             self.cleanup_flag = False
             _NO_CLEANUP_FLAG.add(self.binary)
             log.warning("kvshm: %s has no --cleanup-dir; a SIGKILLed engine's daemon directory is removed by the "
@@ -328,6 +336,7 @@ class PrivateDaemon:
         if self._proc is not None:
             self._kill()
         os.makedirs(self.dir, mode=0o700, exist_ok=True)  # a /tmp cleaner may have removed it
+        self._write_token()
         try:
             os.unlink(self.socket_path)  # stale socket of a dead daemon
         except FileNotFoundError:
@@ -337,6 +346,14 @@ class PrivateDaemon:
             self._proc = _Detached(self.argv(), log_file.fileno(), self.ready_timeout)
         self.starts += 1
         self._wait_ready(log_offset)
+
+    def _write_token(self) -> None:
+        """Write the cleanup token into the private directory (0600, never through a symlink)."""
+        fd = os.open(os.path.join(self.dir, TOKEN_NAME), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, (self._token + "\n").encode("ascii"))
+        finally:
+            os.close(fd)
 
     def _wait_ready(self, log_offset: int) -> None:
         proc = self._proc
@@ -352,7 +369,7 @@ class PrivateDaemon:
                 self._proc = None
                 self._last_status = proc.status
                 tail = self._log_tail(log_offset)
-                if self.cleanup_flag and _UNKNOWN_FLAG in self._log_head(log_offset):
+                if self.cleanup_flag and _UNKNOWN_FLAG.search(self._log_head(log_offset)):
                     raise _Exit(proc.status)
                 raise LauncherError(
                     f"kvshm: kvshmd exited with status {proc.status} before becoming ready; its output:\n" + tail
