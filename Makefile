@@ -465,7 +465,7 @@ arm64-go:
 arm64-py:
 	@s=$$(date +%s); \
 	arm64/setup.sh run sh -c 'cd /src && /opt/venv/bin/python -m pip install -q --no-deps --force-reinstall $(ARM64_WHEEL) && \
-	  PYTHONDONTWRITEBYTECODE=1 KVSHM_TEST_INSTALLED=1 timeout $(ARM64_TIMEOUT) /opt/venv/bin/python -m pytest \
+	  PYTHONDONTWRITEBYTECODE=1 KVSHM_TEST_INSTALLED=1 PYTHONPATH=/src/testkit timeout $(ARM64_TIMEOUT) /opt/venv/bin/python -m pytest \
 	    -p no:cacheprovider -q -ra --strict-markers --strict-config $(or $(ARM64_PYTEST_ARGS),pybind/tests)' \
 	  2>&1 | tee $(ARM64_OUT)/pytest.log; rc=$${PIPESTATUS[0]}; \
 	echo "arm64 python: exit $$rc in $$(( $$(date +%s) - s )) s (log: $(ARM64_OUT)/pytest.log)"; exit $$rc
