@@ -10,9 +10,10 @@ VPY     := $(VENV)/bin/python
 FLATC   := $(VENV)/bin/flatc
 # kvshm_testkit, the kit every Python harness imports (PYTHONPATH; testkit/README.md).
 TESTKIT := $(CURDIR)/testkit
-GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' -not -path './build/*')
+GOFILES := $(shell find . \( -path ./.venv -o -path ./build \) -prune -o -name '*.go' -print)
 
 .PHONY: venv testkit generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
+	wheel-amd64 wheel-arm64 pyext test-arm64 arm64-run arm64-go arm64-py grace-stress \
 	vllm-plugin-test e2e e2e-run e2e-router dynenv e2e-dynamo e2e-dynamo-run \
 	conformance conformance-run conformance-cxx conformance-traces \
 	soak soak-short soakenv soakcheck \
@@ -71,7 +72,7 @@ build:
 # The second run checks the index tree's invariants after every applied event (index/tree_check.go).
 # The cross-process stress tests run 2M events from a Python producer and 3M records from a Go writer process
 # through small rings (many wraparounds); the Python one needs the dev venv.
-gotest: venv
+gotest: venv pyext
 	KVSHM_REQUIRE_TOOLS=1 KVSHM_STRESS_EVENTS=2000000 KVSHM_STRESS_RECORDS=3000000 $(GO) test -race -count=1 -timeout 20m ./...
 	$(GO) test -tags invariants -count=1 ./index/ ./daemon/
 
@@ -141,25 +142,60 @@ bench-ref:
 	fi
 
 # --- Python ------------------------------------------------------------------------------------------------
-# Builds the wheel (with a static kvshmd inside), installs it into a fresh virtual environment and runs the
-# Python suite against the installed package (owned by the pybind/ work; see pybind/README section in README.md).
-# The wheel is py3-none-manylinux_2_17_x86_64...musllinux_1_1_x86_64 (see pybind/setup.py) and carries a static
-# kvshmd in kvshm/_bin. Built offline (--no-isolation) with the pinned build tools of the dev venv.
-# The suite runs against the wheel installed into a fresh venv (no system site-packages), from the repo root, so
-# pybind/src is never on sys.path (tests/test_packaging.py checks kvshm.__file__ when KVSHM_TEST_INSTALLED=1).
+# Builds the platform wheels (pybind/setup.py): for each ARCH (GOARCH names; default both, this machine's last so the
+# source tree's kvshm/_bin/kvshmd is this machine's), a static kvshmd and the abi3 C extension kvshm._ringsync
+# (cross-compiled with Debian's gcc-aarch64-linux-gnu / gcc-x86-64-linux-gnu, installed with apt-get when missing),
+# then checks the extension's and the daemon's CPU with `file`. `make wheel ARCH=arm64` builds one. Each wheel is
+# cp311-abi3-manylinux_2_17_<cpu>...musllinux_1_1_<cpu>, built offline (--no-isolation) with the pinned build tools
+# of the dev venv. The suite runs against this machine's wheel installed into a fresh venv (no system
+# site-packages), from the repo root, so pybind/src is never on sys.path (tests/test_packaging.py checks
+# kvshm.__file__ when KVSHM_TEST_INSTALLED=1).
 PYPKG       := pybind
 KVSHMD_PKG  := $(PYPKG)/src/kvshm/_bin/kvshmd
-WHEEL_GLOB  := dist/kvshm-*-py3-none-*.whl
+HOST_ARCH   := $(if $(filter aarch64 arm64,$(shell uname -m)),arm64,amd64)
+ARCH        ?= $(filter-out $(HOST_ARCH),amd64 arm64) $(HOST_ARCH)
+WHEEL_ARCHES = $(patsubst x86_64,amd64,$(patsubst aarch64,arm64,$(ARCH)))  # the CPUs' other names work too
+CPU_amd64   := x86_64
+CPU_arm64   := aarch64
+FILE_amd64  := x86-64
+FILE_arm64  := ARM aarch64
+CC_amd64    := gcc-x86-64-linux-gnu
+CC_arm64    := gcc-aarch64-linux-gnu
+WHEEL_GLOB  := dist/kvshm-*-cp311-abi3-*_$(CPU_$(HOST_ARCH)).whl
+ARM64_WHEEL := dist/kvshm-*-cp311-abi3-*_aarch64.whl
 TESTENV     := build/testenv
 PYVERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' $(PYPKG)/pyproject.toml)
 PYTEST_ARGS ?=
+# The ring writer's C extension built into the source tree (pybind/src/kvshm, gitignored), so that the Go tests'
+# Python producers (run from pybind/src) publish through it, as the wheel does.
+PYEXT := $(PYPKG)/src/kvshm/_ringsync.abi3.so
+$(PYEXT): $(PYPKG)/csrc/_ringsync.c $(PYPKG)/setup.py | $(VENV)/.stamp
+	cd $(PYPKG) && ../$(VPY) setup.py -q build_ext --inplace >/dev/null && rm -rf build
+pyext: $(PYEXT)
+
 wheel: venv
-	rm -rf $(PYPKG)/build $(PYPKG)/src/*.egg-info $(WHEEL_GLOB)
-	mkdir -p $(dir $(KVSHMD_PKG)) dist
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w -X main.version=v$(PYVERSION)' -o $(KVSHMD_PKG) ./cmd/kvshmd
-	$(VPY) -m build --wheel --no-isolation --outdir dist $(PYPKG)
-	rm -rf $(PYPKG)/build $(PYPKG)/src/*.egg-info
-	@ls -l $(WHEEL_GLOB)
+	@mkdir -p dist build
+	@for a in $(WHEEL_ARCHES); do $(MAKE) --no-print-directory wheel-$$a; done
+	@ls -l $(foreach a,$(WHEEL_ARCHES),dist/kvshm-*-cp311-abi3-*_$(CPU_$(a)).whl)
+
+wheel-amd64 wheel-arm64: wheel-%: venv
+	@cc=$(if $(filter $*,$(HOST_ARCH)),cc,$(CPU_$*)-linux-gnu-gcc); \
+	if ! command -v $$cc >/dev/null 2>&1; then \
+	  pkg=$(if $(filter $*,$(HOST_ARCH)),gcc,$(CC_$*)); \
+	  echo "make wheel: no C compiler for $(CPU_$*) ($$cc): installing $$pkg with apt-get"; \
+	  export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq --no-install-recommends $$pkg >/dev/null; \
+	fi; \
+	rm -rf $(PYPKG)/build $(PYPKG)/src/*.egg-info dist/kvshm-*_$(CPU_$*).whl; mkdir -p $(dir $(KVSHMD_PKG)); \
+	CGO_ENABLED=0 GOARCH=$* $(GO) build -trimpath -ldflags='-s -w -X main.version=v$(PYVERSION)' -o $(KVSHMD_PKG) ./cmd/kvshmd; \
+	KVSHM_WHEEL_ARCH=$(CPU_$*) KVSHM_CC=$$cc $(VPY) -m build --wheel --no-isolation --outdir dist $(PYPKG) >build/wheel-$*.log 2>&1 \
+	  || { cat build/wheel-$*.log; exit 1; }; \
+	rm -rf $(PYPKG)/build $(PYPKG)/src/*.egg-info; \
+	tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
+	$(VPY) -m zipfile -e dist/kvshm-*-cp311-abi3-*_$(CPU_$*).whl $$tmp; \
+	for f in kvshm/_ringsync.abi3.so kvshm/_bin/kvshmd; do \
+	  file -b $$tmp/$$f | grep -q '$(FILE_$*)' || { echo "make wheel: $$f is not $(CPU_$*): $$(file -b $$tmp/$$f)"; exit 1; }; \
+	  echo "make wheel: $(CPU_$*) $$f: $$(file -b $$tmp/$$f | cut -d, -f1-2)"; \
+	done
 
 pytest: wheel
 	$(call make-venv,$(TESTENV),-c $(PYPKG)/requirements-dev.txt $(WHEEL_GLOB) pytest flatbuffers numpy msgspec pyzmq)
@@ -422,6 +458,71 @@ cluster: cluster-prep
 
 cluster-short: cluster-prep
 	@start=$$(date +%s); $(CLUSTER_RUN) --short $(CLUSTER_ARGS); echo "make cluster-short: $$(( $$(date +%s) - start )) s"
+
+# --- aarch64 (Grace nodes) under emulation: `make test-arm64` (not in `make test`; README "Grace nodes") ----------
+# Everything it needs is installed by arm64/setup.sh (Debian packages with apt-get, an arm64 trixie root with
+# mmdebstrap under build/_arm64root, cached; the first run takes ~10 min more on an idle machine, over an hour on a
+# busy one). The root is built in the background while the Go half runs: each Go package's tests as a GOARCH=arm64 test binary run by qemu-user through binfmt_misc
+# (-race cannot run under qemu), then the Python suite inside the root against the arm64 wheel, its kvshmd and real
+# rings. Emulation shows the code runs on aarch64 (syscall numbers, page sizes the kernel gives, the wheel's
+# binaries); it cannot show ordering bugs (qemu runs the guest with the host's x86 ordering): make grace-stress on a
+# real Grace node does. ARM64_PYTEST_ARGS picks tests (default: the whole suite); ARM64_TIMEOUT bounds each stage.
+ARM64_GO_PKGS     := shm index zmqpub vllmwire proto/fbs proto/sock drain daemon
+ARM64_OUT         := build/arm64
+ARM64_TIMEOUT     ?= 1800
+ARM64_PYTEST_ARGS ?=
+test-arm64:
+	@start=$$(date +%s); rc=0; $(MAKE) --no-print-directory arm64-run || rc=$$?; \
+	echo "make test-arm64: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
+
+arm64-run: venv
+	@mkdir -p $(ARM64_OUT); arm64/setup.sh host
+	@echo "make test-arm64: building the arm64 root in the background (log: $(ARM64_OUT)/root.log)"; \
+	arm64/setup.sh root >$(ARM64_OUT)/root.log 2>&1 & rootpid=$$!; \
+	trap 'kill $$rootpid 2>/dev/null || true' EXIT; \
+	rc=0; $(MAKE) --no-print-directory wheel ARCH=arm64 && $(MAKE) --no-print-directory arm64-go || rc=$$?; \
+	if ! wait $$rootpid; then cat $(ARM64_OUT)/root.log; exit 1; fi; trap - EXIT; \
+	$(MAKE) --no-print-directory arm64-py || rc=$$?; exit $$rc
+
+# The Go half: one arm64 test binary per package, run from its package directory (as go test does), each bounded,
+# with -short: emulation is 10-50x slower, and -short sizes the stress and scale tests down (their full sizes run
+# natively: make test, make grace-stress).
+arm64-go:
+	@rm -f $(ARM64_OUT)/*.test; fail=; \
+	for p in $(ARM64_GO_PKGS); do \
+	  bin=$(CURDIR)/$(ARM64_OUT)/$$(echo $$p | tr / _).test; \
+	  GOARCH=arm64 CGO_ENABLED=0 $(GO) test -c -o $$bin ./$$p/; \
+	  s=$$(date +%s); \
+	  if (cd $$p && timeout $(ARM64_TIMEOUT) $$bin -test.count=1 -test.short -test.timeout=$$(( $(ARM64_TIMEOUT) - 30 ))s -test.v \
+	      >$$bin.log 2>&1); then r=ok; else r=FAIL; fail="$$fail $$p"; fi; \
+	  echo "arm64 go $$p: $$r in $$(( $$(date +%s) - s )) s, $$(grep -c -- '--- SKIP' $$bin.log) skipped (log: $$bin.log)"; \
+	  [ $$r = ok ] || grep -E '^(--- FAIL|panic|FAIL)' $$bin.log | head -20; \
+	done; \
+	echo "arm64 go: tests skipped as emulation artifacts (count, reason):"; \
+	grep -h 'emulation artifact' $(ARM64_OUT)/*.test.log | sed 's/^ *[a-z_]*\.go:[0-9]*: //' | sort | uniq -c || true; \
+	[ -z "$$fail" ] || { echo "arm64 go: failed:$$fail"; exit 1; }
+
+# The Python half: the arm64 wheel installed into the root's venv, the suite run there from the checkout (bound at
+# /src) with the wheel's arm64 kvshmd.
+arm64-py:
+	@s=$$(date +%s); \
+	arm64/setup.sh run sh -c 'cd /src && /opt/venv/bin/python -m pip install -q --no-deps --force-reinstall $(ARM64_WHEEL) && \
+	  PYTHONDONTWRITEBYTECODE=1 KVSHM_TEST_INSTALLED=1 PYTHONPATH=/src/testkit timeout $(ARM64_TIMEOUT) /opt/venv/bin/python -m pytest \
+	    -p no:cacheprovider -q -ra --strict-markers --strict-config $(or $(ARM64_PYTEST_ARGS),pybind/tests)' \
+	  2>&1 | tee $(ARM64_OUT)/pytest.log; rc=$${PIPESTATUS[0]}; \
+	echo "arm64 python: exit $$rc in $$(( $$(date +%s) - s )) s (log: $(ARM64_OUT)/pytest.log)"; exit $$rc
+
+# The port check on a real aarch64 machine (README, "Grace nodes"): Python producers through the C extension against
+# Go Readers, every byte checked, the doorbell under contention (shm/doorbell_stress_test.go), then the single
+# producer stress and kill tests. GRACE_STRESS_PRODUCERS / GRACE_STRESS_EVENTS size it (events per producer).
+GRACE_STRESS_PRODUCERS ?= 4
+GRACE_STRESS_EVENTS    ?= 1000000
+grace-stress: venv pyext
+	@start=$$(date +%s); \
+	KVSHM_REQUIRE_TOOLS=1 KVSHM_STRESS_PRODUCERS=$(GRACE_STRESS_PRODUCERS) KVSHM_STRESS_PRODUCER_EVENTS=$(GRACE_STRESS_EVENTS) \
+	KVSHM_STRESS_EVENTS=$(GRACE_STRESS_EVENTS) $(GO) test -count=1 -timeout 60m -v \
+	  -run 'TestPythonProducersDoorbellStress|TestPythonProducerStress|TestPythonProducerKilled' ./shm/ | grep -E '^(---|ok|FAIL|PASS)|stress_test'; \
+	echo "make grace-stress: $$(uname -m), $$(getconf PAGESIZE)-byte pages, $$(( $$(date +%s) - start )) s"
 
 # --- the harnesses' shared kit (testkit/README.md) ----------------------------------------------------------
 # kvshm_testkit: processes with bounded waits, HTTP, kvshmd serve, the engine-served /kv_recover, the judge, tables.

@@ -11,8 +11,12 @@ Events (token ids and hashes are Python lists of ints, as an engine has them; ha
 
 Implementations timed per event kind:
 
-* ``kvshm``: ``RingWriter.publish_*`` (argument conversion, encoding straight into the ring, one tail store). The
-  benchmark plays the consumer between timed batches (stores head = tail), so nothing is dropped.
+* ``kvshm``: ``RingWriter.publish_*`` (argument conversion, encoding straight into the ring, one tail store through
+  the C extension kvshm._ringsync: a release plus the doorbell's fence). The benchmark plays the consumer between
+  timed batches (stores head = tail), so nothing is dropped.
+* ``kvshm-py`` (x86-64, with the extension installed): the same writer with the pure-Python publication
+  (``native=False``: one memoryview store, no fence), the writer as it was before the extension: the baseline of
+  the goal "the extension does not make publishing slower".
 * ``floor``: the least any design must do: ``array('I', token_ids)`` + ``array('Q', block_hashes)`` and one copy of
   each into a shared mapping of the same size, at positions advancing through it like the ring's (Cleared: one
   ``pack_into`` of seq and dp_rank).
@@ -22,8 +26,9 @@ Implementations timed per event kind:
   encoded with a reused ``msgpack.Packer`` and appended to a ``deque(maxlen=10000)``.
 
 The box is noisy, so implementations are interleaved (the order rotates every round) and each figure is the
-minimum over the rounds of the mean cost per call of one batch. Goals (issue 3): Stored <= 1.3x floor and >= 3x
-faster than msgpack. Prints PASS/MISS per goal; exits non-zero only on errors (an exception, a dropped event).
+minimum over the rounds of the mean cost per call of one batch. Goals: Stored <= 1.3x floor and >= 3x faster than
+msgpack; kvshm within 1.05x of kvshm-py for every event kind (the extension costs nothing measurable). Prints
+PASS/MISS per goal; exits non-zero only on errors (an exception, a dropped event).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pybind" / "src")) 
 
 import msgpack  # noqa: E402
 
+from kvshm import _words  # noqa: E402
 from kvshm._ring import RingWriter  # noqa: E402
 
 Batch = Callable[[int], None]  # runs n calls
@@ -156,8 +162,8 @@ class Msgpack:
 
 
 class Kvshm:
-    def __init__(self, d: str, capacity: int) -> None:
-        self.w = RingWriter.create(d, 1, 32, 10000, capacity)
+    def __init__(self, d: str, capacity: int, native: bool = True) -> None:
+        self.w = RingWriter.create(d, 1, 32, 10000, capacity, native=native)
         self.seq = 0
         # Plays the consumer: a second mapping of the file to store head.
         self.f = open(self.w.path, "r+b")
@@ -240,6 +246,8 @@ def main() -> int:
     tokens, hashes, parent = make_event(random.Random(1))
     tmp = tempfile.mkdtemp(prefix="kvshm-bench-", dir=args.dir)
     kv = Kvshm(tmp, args.capacity)
+    # The same-run baseline of the extension: the pure-Python publication, where it exists (x86-64) and differs.
+    kvpy = Kvshm(tmp, args.capacity, native=False) if _words.NATIVE and _words.unsupported(False) is None else None
     floor = Floor(os.path.join(tmp, "floor"), args.capacity, hot=False)
     hot = Floor(os.path.join(tmp, "floor-hot"), 1 << 16, hot=True)
     mp = Msgpack()
@@ -252,13 +260,25 @@ def main() -> int:
             "cleared": {"kvshm": kv.cleared(), "floor": floor.cleared(), "floor-hot": hot.cleared(),
                         "msgpack": mp.cleared()},
         }
+        if kvpy is not None:
+            kinds["stored 32x32"]["kvshm-py"] = kvpy.stored(tokens, hashes, parent)
+            kinds["removed 32"]["kvshm-py"] = kvpy.removed(hashes)
+            kinds["cleared"]["kvshm-py"] = kvpy.cleared()
+
+        def consume() -> None:
+            kv.consume()
+            if kvpy is not None:
+                kvpy.consume()
+
         print(f"python {sys.version.split()[0]}, ring {args.capacity >> 20} MiB in {args.dir}, "
               f"{args.rounds} rounds x {args.n} calls, min (median) ns per call")
         print(f"{'event':<14}{'impl':<11}{'ns/call':>9}{'median':>9}{'x floor':>9}{'msgpack/x':>11}")
         results: dict[str, dict[str, float]] = {}
         for kind, batches in kinds.items():
-            s = measure(batches, args.n, args.rounds, kv.consume)
+            s = measure(batches, args.n, args.rounds, consume)
             kv.check()
+            if kvpy is not None:
+                kvpy.check()
             best = {k: min(v) for k, v in s.items()}
             results[kind] = best
             for name in batches:
@@ -271,8 +291,16 @@ def main() -> int:
         print(f"goal stored 32x32 <= 1.3x floor:        {ratio:.2f}x   {'PASS' if ratio <= 1.3 else 'MISS'}")
         print(f"goal stored 32x32 >= 3x faster msgpack: {speedup:.2f}x   {'PASS' if speedup >= 3 else 'MISS'}")
         print(f"(information: {st['kvshm'] / st['floor-hot']:.2f}x the cache-hot floor)")
+        if kvpy is None:
+            print("goal extension vs pure-Python publication: SKIPPED (needs x86-64 and the built kvshm._ringsync)")
+        for kind, best in results.items():
+            if "kvshm-py" in best:
+                r = best["kvshm"] / best["kvshm-py"]
+                print(f"goal {kind:<13} extension <= 1.05x pure Python: {r:.3f}x   {'PASS' if r <= 1.05 else 'MISS'}")
     finally:
         kv.close()
+        if kvpy is not None:
+            kvpy.close()
         floor.close()
         hot.close()
         for f in os.listdir(tmp):

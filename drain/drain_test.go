@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvshm/kvshm/internal/testenv"
 	"github.com/kvshm/kvshm/shm"
 )
 
@@ -162,7 +163,7 @@ func forModes(t *testing.T, fn func(t *testing.T, cfg Config)) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
 			if !m.cfg.NoWaitv && !shm.WaitvSupported() {
-				t.Skip("futex_waitv needs Linux 5.16 or later")
+				t.Skip(testenv.WaitvMissing())
 			}
 			fn(t, m.cfg)
 		})
@@ -265,6 +266,7 @@ func TestCloseStopsRemaining(t *testing.T) {
 // TestFaultContained: a ring truncated to nothing under its worker faults on the worker's next access (SIGBUS,
 // made a panic by SetPanicOnFault); only that stream gets Fault, the others sharing its worker go on.
 func TestFaultContained(t *testing.T) {
+	testenv.SkipIfEmulated(t, testenv.SIGBUSAddress)
 	forModes(t, func(t *testing.T, cfg Config) {
 		s := New(cfg)
 		defer s.Close()
@@ -367,11 +369,12 @@ func TestHotPolicy(t *testing.T) {
 	}
 }
 
-// waitAsleep waits until a thread of this process sleeps in futex_waitv (syscall 449 on x86-64) or in a shared
-// FUTEX_WAIT (202 with op 0: only Reader.Park uses one; the runtime's own futexes are private), read from
-// /proc/self/task/*/syscall. Skips the test where that file is unreadable.
+// waitAsleep waits until a thread of this process sleeps in futex_waitv or in a shared FUTEX_WAIT (futex(2) with op
+// 0: only Reader.Park uses one; the runtime's own futexes are private), read from /proc/self/task/*/syscall, whose
+// numbers are the kernel's CPU's (testenv.KernelSyscalls). Skips the test where that file is unreadable.
 func waitAsleep(t *testing.T) {
 	t.Helper()
+	nr := testenv.KernelSyscalls()
 	waitFor(t, "worker asleep in the kernel", func() bool {
 		tasks, _ := filepath.Glob("/proc/self/task/*/syscall")
 		readable := false
@@ -382,7 +385,7 @@ func waitAsleep(t *testing.T) {
 			}
 			readable = true
 			fs := strings.Fields(string(b))
-			if len(fs) >= 3 && (fs[0] == "449" || fs[0] == "202" && fs[2] == "0x0") {
+			if len(fs) >= 3 && (fs[0] == nr.FutexWaitv || fs[0] == nr.Futex && fs[2] == "0x0") {
 				return true
 			}
 		}

@@ -27,8 +27,10 @@
 // Publication: the producer writes a record's payload, then its header, then stores the tail. The tail is the only
 // commit word, so whatever lies past it (a half-written record of a producer that died) is invisible. One tail
 // store may publish many records (Append several times, then Publish). The Go side uses atomic.StoreUint64 /
-// LoadUint64 (release / acquire); the Python writer uses one aligned 8-byte store, a release only under x86-TSO,
-// so it refuses other architectures. A record never straddles the end of the
+// LoadUint64 (release / acquire: STLR / LDAR on arm64); the Python writer stores it through its C extension
+// (kvshm._ringsync: XCHG on x86-64, STLR on aarch64), or, only on x86-64 without it, with one aligned 8-byte store,
+// a release under x86-TSO. FORMAT.md argues both memory models; the layout does not depend on the page size
+// (4 or 64 KiB: the file is mapped whole, never madvised in parts). A record never straddles the end of the
 // data area: a PADDING record fills the rest and the record starts at index 0; the free-space check includes the
 // padding.
 //
@@ -51,9 +53,10 @@
 // consumer_parked = 1 (0x208), re-checks the tail, and sleeps in FUTEX_WAIT (shared, not private: the producer is
 // another process) on the low 32 bits of the tail word, with a timeout; Reader.Wake, from any goroutine, interrupts
 // it. After each tail store a producer loads consumer_parked and, only when it is set, calls FUTEX_WAKE on the tail
-// word (Writer.Publish; the Python writer likewise through ctypes). Between Go peers no wakeup is lost (Go's atomic
-// stores are full fences on amd64); the Python writer cannot fence between its tail store and its load of the flag,
-// so its wakeup can be lost, and the Park timeout bounds that delay. FORMAT.md, "Doorbell", has the argument.
+// word (Writer.Publish; the Python writer likewise through its extension). No wakeup is lost between the Go Reader
+// and a Go Writer or the Python writer's extension: each side's store is ordered before its load (XCHG on amd64,
+// STLR then LDAR on arm64); the x86-64 pure-Python fallback cannot fence between its tail store and its load of the
+// flag, so its wakeup can be lost, and the Park timeout bounds that delay. FORMAT.md, "Doorbell", has the argument.
 // A consumer of many rings arms each (Reader.Arm: Park's first half, the flag then the tail reload) and sleeps on
 // all of them at once with Doorbells.Wait (futex_waitv, Linux >= 5.16: up to MaxDoorbells rings plus a private
 // wake word that Doorbells.Wake rings); producers cannot tell the difference. Without futex_waitv Wait returns
@@ -61,7 +64,7 @@
 //
 // Identity: the header names the producer by pid and start time (field 22 of /proc/<pid>/stat), so a recycled pid is
 // not taken for the producer. ReadProcStat is the one parser of that file in Go (the daemon uses it for its pid
-// checks; Python's is kvshm._ring.proc_stat).
+// checks; Python's is kvshm._proc.proc_stat).
 //
 // # Usage
 //
@@ -108,7 +111,8 @@
 //     (naming both versions) or ErrHeader.
 //   - Second producer on the same file: Create refuses with ErrLocked (ErrExist for a stale file nobody holds).
 //   - File system full (tmpfs): Create refuses with ErrNoSpace; the file is preallocated, so no SIGBUS later.
-//   - A lost doorbell (Python producer, see above): the parked consumer reaches the record when Park times out.
+//   - A lost doorbell (the x86-64 pure-Python fallback, see above): the parked consumer reaches the record when Park
+//     times out.
 //     A consumer that died parked leaves consumer_parked = 1 (one futex call per publication) until Open resets it.
 //
 // # Caveats

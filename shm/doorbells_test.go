@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/kvshm/kvshm/internal/testenv"
 )
 
 // waitvAsync runs Doorbells.Wait on a new goroutine (which owns the rings until the result arrives).
@@ -34,7 +36,7 @@ func waitInWaitv(t *testing.T, d *Doorbells) {
 func requireWaitv(t *testing.T) {
 	t.Helper()
 	if !WaitvSupported() {
-		t.Skip("futex_waitv needs Linux 5.16 or later")
+		t.Skip(testenv.WaitvMissing())
 	}
 }
 
@@ -183,7 +185,7 @@ func TestDoorbellsErrors(t *testing.T) {
 //	go test -run '^$' -bench DoorbellsWait ./shm/
 func BenchmarkDoorbellsWait(b *testing.B) {
 	if !WaitvSupported() {
-		b.Skip("no futex_waitv")
+		b.Skip(testenv.WaitvMissing())
 	}
 	for _, n := range []int{0, 8, 64, 127} {
 		b.Run(fmt.Sprintf("rings=%d", n), func(b *testing.B) {

@@ -61,10 +61,15 @@ type ProcStat struct {
 }
 
 // ReadProcStat reads /proc/<pid>/stat (pid 0: the calling process). A process that does not exist yields an error
-// wrapping os.ErrNotExist. This is kvshm's one /proc/<pid>/stat parser in Go (Python: kvshm._ring.proc_stat).
+// wrapping os.ErrNotExist. This is kvshm's one /proc/<pid>/stat parser in Go (Python: kvshm._proc.proc_stat).
+//
+// The calling process reads its own through its main thread, /proc/self/task/<pid>/stat: the same start time, and a
+// path a user-mode emulator leaves to the kernel, whereas qemu-user answers /proc/self/stat and /proc/<own pid>/stat
+// itself (state "0" and a start time of its own, which the daemon, reading the kernel's, would take for another
+// process).
 func ReadProcStat(pid int) (ProcStat, error) {
-	if pid == 0 {
-		return readProcStat("/proc/self/stat")
+	if self := os.Getpid(); pid == 0 || pid == self {
+		return readProcStat("/proc/self/task/" + strconv.Itoa(self) + "/stat")
 	}
 	return readProcStat("/proc/" + strconv.Itoa(pid) + "/stat")
 }

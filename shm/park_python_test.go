@@ -28,7 +28,7 @@ w.close()
 `
 
 // TestParkWokenByPythonPublish: the Go Reader parked on a ring written by the Python RingWriter in another process
-// is woken by the writer's doorbell (ctypes FUTEX_WAKE on the shared mapping), not by the Park timeout.
+// is woken by the writer's doorbell (FUTEX_WAKE on the shared mapping, through kvshm._ringsync or ctypes), not by the Park timeout.
 func TestParkWokenByPythonPublish(t *testing.T) {
 	py := os.Getenv("KVSHM_PYTHON")
 	if py == "" {

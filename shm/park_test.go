@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvshm/kvshm/internal/testenv"
 )
 
 // parkTimeout is long enough that a Park which has to run into its timeout fails the test's assertion on
@@ -41,7 +43,8 @@ func waitParked(t *testing.T, m []byte, futexAddr *uint32) {
 	for loadParked(m) == 0 {
 		time.Sleep(100 * time.Microsecond)
 	}
-	waitInSyscall(fmt.Sprintf("202 %#x 0x0 ", uintptrOf(futexAddr))) // SYS_futex (x86-64), addr, FUTEX_WAIT
+	// futex(2) by the kernel's numbering (under qemu-user the host's), addr, FUTEX_WAIT
+	waitInSyscall(fmt.Sprintf("%s %#x 0x0 ", testenv.KernelSyscalls().Futex, uintptrOf(futexAddr)))
 }
 
 // waitInSyscall waits until a thread of this process is blocked in the system call /proc/self/task/*/syscall shows

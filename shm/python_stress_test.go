@@ -57,6 +57,7 @@ type producer struct {
 	cmd    *exec.Cmd
 	path   string
 	pid    int
+	native bool // the producer publishes through kvshm._ringsync (else the x86-64 pure-Python fallback)
 	stdout *bufio.Reader
 	stderr bytes.Buffer
 	done   chan struct{} // closed when the process has exited
@@ -81,8 +82,9 @@ func startProducer(t *testing.T, args ...string) *producer {
 		<-p.done
 	})
 	type hello struct {
-		Path string `json:"path"`
-		PID  int    `json:"pid"`
+		Path   string `json:"path"`
+		PID    int    `json:"pid"`
+		Native bool   `json:"native"`
 	}
 	lines := make(chan string, 1)
 	go func() {
@@ -99,7 +101,7 @@ func startProducer(t *testing.T, args ...string) *producer {
 			<-p.done
 			t.Fatalf("Python producer did not announce its ring (%q): %v\nstderr:\n%s", line, err, p.stderr.String())
 		}
-		p.path, p.pid = h.Path, h.PID
+		p.path, p.pid, p.native = h.Path, h.PID, h.Native
 	case <-time.After(60 * time.Second):
 		t.Fatalf("Python producer did not start within 60 s\nstderr:\n%s", p.stderr.String())
 	}

@@ -356,9 +356,10 @@ func (r *Reader) Heartbeat(unixNano int64) {
 // The doorbell (FORMAT.md, "Doorbell"): Park stores consumer_parked = 1, loads the tail again, and only if nothing
 // new is there sleeps in FUTEX_WAIT on the low 32 bits of the tail word, expecting the value it loaded; then it
 // stores consumer_parked = 0. A producer loads consumer_parked after each tail store and, when it is set, calls
-// FUTEX_WAKE on the tail word. The Go Writer's tail store and Park's parked store are both full fences on amd64,
-// so between Go peers no wakeup is lost; the Python writer cannot fence (its store(tail) -> load(parked) may be
-// reordered), so a wakeup can be lost, and timeout is what bounds that delay. An invalid tail word (corruption)
+// FUTEX_WAKE on the tail word. Each side's store is ordered before its following load (XCHG on amd64, STLR then
+// LDAR on arm64: the Go Writer, Park, and the Python writer's extension), so no wakeup is lost between them; the
+// x86-64 pure-Python fallback cannot fence (its store(tail) -> load(parked) may be reordered), so its wakeup can be
+// lost, and timeout is what bounds that delay. An invalid tail word (corruption)
 // does not count as new records: Park waits for the producer to change it.
 func (r *Reader) Park(timeout time.Duration) bool {
 	woken, _ := r.park(timeout)

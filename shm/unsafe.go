@@ -17,8 +17,9 @@ import (
 //
 // Ordering. Go's sync/atomic operations are sequentially consistent, which is at least release for stores and
 // acquire for loads; on amd64 they compile to plain MOVs (x86-TSO already orders them) plus a compiler barrier, on
-// arm64 to STLR/LDAR. The other process (the Python producer) relies on x86-TSO for its one 8-byte store; see
-// FORMAT.md. Each helper below names the edge it creates.
+// arm64 to STLR/LDAR. The other process (the Python producer) stores the tail through its C extension (XCHG on
+// x86-64, STLR on aarch64; only on x86-64 without it, a plain store that TSO makes a release); see FORMAT.md. Each
+// helper below names the edge it creates.
 
 // word64 returns the 8-byte word at off. checkAtomicAlignment has proved off+8 <= len(m) and 8-byte alignment.
 func word64(m []byte, off int) *uint64 {

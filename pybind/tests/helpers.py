@@ -15,7 +15,7 @@ import pytest
 from kvshm import LocalIndexer
 from kvshm._client import Client
 from kvshm._launcher import find_kvshmd
-from kvshm._ring import proc_stat
+from kvshm._proc import proc_stat
 from kvshm_testkit import Kvshmd, Response
 from kvshm_testkit import http_get as kit_http_get
 

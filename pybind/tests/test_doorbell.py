@@ -12,6 +12,7 @@ import ctypes
 import errno
 import mmap
 import os
+import platform
 import threading
 import time
 from collections.abc import Iterator
@@ -19,13 +20,21 @@ from pathlib import Path
 
 import pytest
 
+from kvshm import _words
 from kvshm._ring import RingWriter
 
-# Independent statement of the layout and of futex(2) on x86-64 (not imported from _ring).
+# Independent statement of the layout and of futex(2) (not imported from kvshm).
 OFF_TAIL = 0x080
 OFF_HEAD = 0x100
 OFF_PARKED = 0x208
-SYS_FUTEX = 202
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}  # 202 is aarch64's accept(2)
+SYS_FUTEX = _SYS_FUTEX[platform.machine()]
+# /proc/<pid>/task/<tid>/syscall shows the kernel's numbering: under qemu-user (an aarch64 Python on an x86-64
+# kernel) the host's futex number, not this CPU's.
+try:
+    KERNEL_SYS_FUTEX = _SYS_FUTEX[Path("/proc/sys/kernel/arch").read_text().strip()]
+except (OSError, KeyError):
+    KERNEL_SYS_FUTEX = SYS_FUTEX
 FUTEX_WAIT = 0
 WAIT_TIMEOUT = 5.0  # a missed wake shows up as ETIMEDOUT, not as a slow test
 
@@ -62,7 +71,7 @@ class Consumer:
         val = self.words[OFF_TAIL >> 2]
         th = threading.Thread(target=lambda: self.result.append(_futex_wait(self.tail_addr, val, timeout)))
         th.start()
-        want = f"{SYS_FUTEX} {self.tail_addr:#x} 0x0 "
+        want = f"{KERNEL_SYS_FUTEX} {self.tail_addr:#x} 0x0 "
         deadline = time.monotonic() + 10
         while th.native_id is None:
             time.sleep(0.0001)
@@ -91,9 +100,16 @@ class Consumer:
         os.close(self._fd)
 
 
-@pytest.fixture
-def ring(tmp_path: Path) -> Iterator[tuple[RingWriter, Consumer]]:
-    w = RingWriter.create(str(tmp_path), worker_id=1, kv_block_size=4, max_buffer_size=100, capacity=64 << 10)
+@pytest.fixture(params=[True, False], ids=["extension", "x86-64-fallback"])
+def ring(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[RingWriter, Consumer]]:
+    """A writer with either publication (kvshm._words): the C extension, or the pure-Python one where it is allowed."""
+    native: bool = request.param
+    if native and _words.NATIVE is None:
+        pytest.skip("kvshm._ringsync is not built (a source tree: `make wheel` builds it)")
+    if not native and _words.unsupported(False) is not None:
+        pytest.skip(f"no pure-Python publication on {platform.machine()}")
+    w = RingWriter.create(str(tmp_path), worker_id=1, kv_block_size=4, max_buffer_size=100, capacity=64 << 10,
+                          native=native)
     c = Consumer(w.path)
     yield w, c
     c.close()

@@ -19,7 +19,7 @@ import zmq
 from vllm_shapes import AllBlocksCleared, BlockStored, decode, recv_batch, vllm_payload
 
 from kvshm._launcher import TOKEN_NAME, PrivateDaemon
-from kvshm._ring import proc_stat
+from kvshm._proc import proc_stat
 
 from conftest import IndexerFactory
 from helpers import pid_gone, wait_for

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import platform
 import struct
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 
 import kv_local_indexer
 import kvshm
+from kvshm import _words
 from kvshm._launcher import packaged_kvshmd
 
 from helpers import REPO
@@ -36,18 +38,51 @@ def test_tests_import_the_installed_wheel() -> None:
     assert any(str(f).endswith("_bin/kvshmd") for f in dist.files or [])
 
 
-def program_header_types(path: Path) -> list[int]:
-    """ELF64 little-endian program header types of ``path``."""
+# ELF e_machine of the CPUs kvshm ships wheels for.
+E_MACHINE = {"x86_64": 62, "aarch64": 183}
+PT_DYNAMIC_TAG_NEEDED = 1
+
+
+def program_headers(path: Path) -> list[tuple[int, int, int]]:
+    """ELF64 little-endian program headers of ``path`` as (type, file offset, file size), checked to be for this
+    CPU (the wheel's binaries are the platform tag's)."""
     data = path.read_bytes()
     assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, "not an ELF64 little-endian file"
     (machine,) = struct.unpack_from("<H", data, 18)
-    assert machine == 62, f"e_machine {machine} is not x86-64"
+    assert machine == E_MACHINE[platform.machine()], f"e_machine {machine} is not {platform.machine()}"
     phoff, = struct.unpack_from("<Q", data, 32)
     phentsize, phnum = struct.unpack_from("<HH", data, 54)
-    return [struct.unpack_from("<I", data, phoff + i * phentsize)[0] for i in range(phnum)]
+    out = []
+    for i in range(phnum):
+        p_type, _, p_offset = struct.unpack_from("<IIQ", data, phoff + i * phentsize)
+        (p_filesz,) = struct.unpack_from("<Q", data, phoff + i * phentsize + 32)
+        out.append((p_type, p_offset, p_filesz))
+    return out
 
 
-def test_packaged_kvshmd_is_a_static_x86_64_executable() -> None:
+def program_header_types(path: Path) -> list[int]:
+    return [t for t, _, _ in program_headers(path)]
+
+
+def test_ring_extension_needs_no_libc() -> None:
+    """kvshm._ringsync is installed with the wheel and links no library (no DT_NEEDED): one file serves glibc
+    (manylinux) and musl (musllinux) interpreters alike."""
+    if _words.NATIVE is None:
+        assert not INSTALLED, "the installed wheel has no kvshm._ringsync"
+        pytest.skip("source checkout without `make wheel` / `make pyext`: no kvshm._ringsync")
+    from kvshm import _ringsync
+
+    path = Path(_ringsync.__file__ or "")
+    assert path.name == "_ringsync.abi3.so", path
+    data = path.read_bytes()
+    dynamic = [(off, size) for t, off, size in program_headers(path) if t == PT_DYNAMIC]
+    assert len(dynamic) == 1
+    off, size = dynamic[0]
+    tags = [struct.unpack_from("<qQ", data, off + i)[0] for i in range(0, size, 16)]
+    assert PT_DYNAMIC_TAG_NEEDED not in tags, "kvshm._ringsync links a shared library"
+
+
+def test_packaged_kvshmd_is_a_static_executable() -> None:
     binary = packaged_kvshmd()
     if not binary.exists():
         pytest.skip("source checkout without `make wheel`: no packaged kvshmd")

@@ -11,6 +11,7 @@ import fcntl
 import json
 import mmap
 import os
+import platform
 import random
 import stat
 import struct
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from kvshm import _encode, _ring
+from kvshm import _encode, _proc, _ring, _words
 from kvshm._ring import (
     RingClosedError,
     RingForkedError,
@@ -132,6 +133,17 @@ def new_writer(d: str, capacity: int = 64 << 10, **kw: Any) -> RingWriter:
     return RingWriter.create(d, 7, 16, 1000, capacity, **kw)
 
 
+@pytest.fixture(params=[True, False], ids=["extension", "x86-64-fallback"])
+def native(request: pytest.FixtureRequest) -> bool:
+    """Both publications (kvshm._words): the C extension, and the pure-Python one where it is allowed (x86-64)."""
+    want: bool = request.param
+    if want and _words.NATIVE is None:
+        pytest.skip("kvshm._ringsync is not built (a source tree: `make wheel` builds it)")
+    if not want and _words.unsupported(False) is not None:
+        pytest.skip(f"no pure-Python publication on {platform.machine()}")
+    return want
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Go-written images read by this parser
 
@@ -200,7 +212,7 @@ def test_header_and_vectors(ring_dir: str) -> None:
         assert (h["capacity"], h["max_record"], h["flags"], h["state"]) == (1 << 16, 8192, 0, 1)
         assert (h["worker_id"], h["kv_block_size"], h["max_buffer_size"]) == (2**64 - 1, 32, 12345)
         assert h["producer_pid"] == os.getpid() and h["epoch"] == w.epoch and w.epoch > 0
-        proc = Path("/proc/self/stat").read_bytes()
+        proc = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/stat").read_bytes()  # the kernel's, also under qemu
         assert h["producer_start_time"] == int(proc[proc.rindex(b")") + 1:].split()[19])
         assert h["dropped_events"] == 0 and h["loss_pending"] == 0
         assert [r["payload"] for r in ring.records] == [
@@ -231,11 +243,11 @@ def test_default_dir_and_mode(ring_dir: str, monkeypatch: pytest.MonkeyPatch) ->
     assert _ring.default_dir() == ("/dev/shm" if os.path.isdir("/dev/shm") else __import__("tempfile").gettempdir())
 
 
-def test_wraparound_many_times(ring_dir: str) -> None:
+def test_wraparound_many_times(ring_dir: str, native: bool) -> None:
     """Random sizes through a 64 KiB ring with a consumer: contiguous seqs, exact payloads, padding at the end."""
     seed = random.randrange(1 << 32)
     rng = random.Random(seed)
-    w = new_writer(ring_dir)
+    w = new_writer(ring_dir, native=native)
     c = Consumer(w.path)
     try:
         seq = 0
@@ -262,8 +274,8 @@ def test_wraparound_many_times(ring_dir: str) -> None:
         w.close()
 
 
-def test_ring_full_drops_and_reports_loss(ring_dir: str) -> None:
-    w = new_writer(ring_dir)
+def test_ring_full_drops_and_reports_loss(ring_dir: str, native: bool) -> None:
+    w = new_writer(ring_dir, native=native)
     c = Consumer(w.path)
     try:
         toks, hashes = list(range(64)), list(range(4))
@@ -312,11 +324,11 @@ def test_ring_full_drops_and_reports_loss(ring_dir: str) -> None:
 
 
 @pytest.mark.parametrize("ahead,rebased", [(1 << 20, False), ((64 << 10) + 4, False), (64 << 10, True)])
-def test_rebases_at_a_head_ahead_of_the_tail(ring_dir: str, ahead: int, rebased: bool) -> None:
+def test_rebases_at_a_head_ahead_of_the_tail(ring_dir: str, ahead: int, rebased: bool, native: bool) -> None:
     """Issue 10, defect 8: a consumer that skipped to a corrupt tail word ahead of ours stores it as head. The
     writer re-bases there (dropping and reporting one event) instead of treating the ring as full for good; a head
     more than a ring ahead, or misaligned, is still never trusted."""
-    w = new_writer(ring_dir)
+    w = new_writer(ring_dir, native=native)
     c = Consumer(w.path)
     try:
         cap = w.stats()["capacity"]
@@ -347,9 +359,9 @@ def test_rebases_at_a_head_ahead_of_the_tail(ring_dir: str, ahead: int, rebased:
         w.close()
 
 
-def test_loss_record_and_event_both_need_room(ring_dir: str) -> None:
+def test_loss_record_and_event_both_need_room(ring_dir: str, native: bool) -> None:
     """With a loss pending, the LOSS record and the event are published together or not at all."""
-    w = new_writer(ring_dir)
+    w = new_writer(ring_dir, native=native)
     c = Consumer(w.path)
     try:
         big = list(range(1000))
@@ -461,11 +473,22 @@ def test_forked_child_refused(ring_dir: str) -> None:
         w.close()
 
 
-def test_refuses_non_x86(ring_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_ring.platform, "machine", lambda: "aarch64")
+def test_refuses_an_unsafe_publication(ring_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off x86-64 only the C extension publishes: without it (native=False stands for a missing build) the writer
+    refuses before it creates anything."""
+    monkeypatch.setattr(_words.platform, "machine", lambda: "aarch64")
     with pytest.raises(RingPlatformError, match="x86-TSO"):
-        new_writer(ring_dir)
+        new_writer(ring_dir, native=False)
     assert os.listdir(ring_dir) == []
+    if _words.NATIVE is not None:
+        w = new_writer(ring_dir)
+        try:
+            assert w.publish_cleared(1, 0)
+        finally:
+            w.close()
+    monkeypatch.setattr(_words.sys, "byteorder", "big")
+    with pytest.raises(RingPlatformError, match="little-endian"):
+        new_writer(ring_dir)
 
 
 def test_no_space_fails_at_creation(ring_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -507,10 +530,10 @@ def test_constructor_is_private() -> None:
         RingWriter()
 
 
-def test_head_from_a_broken_consumer_is_not_trusted(ring_dir: str) -> None:
+def test_head_from_a_broken_consumer_is_not_trusted(ring_dir: str, native: bool) -> None:
     """A head no consumer can store (misaligned, more than a ring ahead) makes the ring look full: drops, never
     overwrites."""
-    w = new_writer(ring_dir)
+    w = new_writer(ring_dir, native=native)
     c = Consumer(w.path)
     try:
         while w.publish_cleared(1, 0):
@@ -530,12 +553,12 @@ def test_head_from_a_broken_consumer_is_not_trusted(ring_dir: str) -> None:
 def test_proc_stat() -> None:
     """The one /proc/<pid>/stat parser: our state and start time (checked against an independent parse), None
     for a pid that does not exist."""
-    st = _ring.proc_stat(os.getpid())
+    st = _proc.proc_stat(os.getpid())
     assert st is not None
-    raw = Path("/proc/self/stat").read_bytes()
+    raw = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/stat").read_bytes()  # the kernel's, also under qemu-user
     assert st == (raw[raw.rindex(b")") + 2 : raw.rindex(b")") + 3], int(raw[raw.rindex(b")") + 1 :].split()[19]))
-    assert _ring.proc_stat() == st
-    assert _ring.proc_stat(2**22 + 1) is None  # above pid_max's ceiling: never a process
+    assert _proc.proc_stat() == st
+    assert _proc.proc_stat(2**22 + 1) is None  # above pid_max's ceiling: never a process
 
 
 def test_ring_error_is_a_kvshm_error() -> None:

@@ -1,12 +1,13 @@
-"""The producer side of a kvshm ring, in pure Python: events go straight into shared memory, no syscall, no lock.
+"""The producer side of a kvshm ring: events go straight into shared memory, no lock, no system call (but the
+doorbell's).
 
-A ring is an mmap'd regular file (layout version 1, shm/FORMAT.md): a 4096-byte header page, then a
-power-of-two data area of 8-byte-aligned records ``[u32 length][u32 type][payload]``. The producer writes a record's
-payload, then its header, then publishes it with ONE aligned 8-byte store of the tail word through
-``memoryview.cast('Q')``; the Go reader (kvshmd) trusts everything before the tail. On x86-64 that store is a release
-(x86-TSO keeps stores in program order, and each Python-level store is a separate C call the compiler cannot
-reorder; glibc's memcpy fences its non-temporal large-copy path with sfence); on ARM64 and others it is not, so
-:meth:`RingWriter.create` refuses to run anywhere but 64-bit CPython on x86-64.
+A ring is an mmap'd regular file (layout version 1, shm/FORMAT.md; the numbers in :mod:`kvshm._layout`): a 4096-byte
+header page, then a power-of-two data area of 8-byte-aligned records ``[u32 length][u32 type][payload]``. The
+producer writes a record's payload, then its header, with plain stores, then publishes it with ONE store of the tail
+word, a store-release: the Go reader (kvshmd) trusts everything before the tail. The ordered accesses are
+:mod:`kvshm._words`'s: the C extension on every CPU (STLR on aarch64, XCHG on x86-64), or, only on x86-64 where the
+extension is missing, a plain memoryview store (a release under x86-TSO). Without either, :meth:`RingWriter.create`
+refuses (:class:`RingPlatformError`).
 
 Usage contract (stable; kvshm's LocalIndexer is the caller)::
 
@@ -24,7 +25,7 @@ Usage contract (stable; kvshm's LocalIndexer is the caller)::
   ``O_EXCL`` and exactly ``mode``, locked with ``flock(LOCK_EX|LOCK_NB)`` for the writer's lifetime (a second producer
   on the same file is refused with :class:`RingLockedError`), preallocated with ``posix_fallocate`` (a full /dev/shm
   fails here with :class:`RingSpaceError` instead of a SIGBUS later), and its header is complete before the state
-  word becomes READY.
+  word becomes READY (a release).
 * ``publish_*`` never block: they return True when the event is published, False when it was dropped because the
   ring is full or the record is larger than ``max_record``. A drop is counted in the header (dropped_events,
   dropped_bytes = payload bytes, and the pending loss seq range) where the daemon sees it, and the next event that fits
@@ -38,36 +39,28 @@ Usage contract (stable; kvshm's LocalIndexer is the caller)::
   across the several stores of one publish).
 
 Hot path of a publish: the encoder converts the lists (``array('I')``/``array('Q')``), one ``pack_into`` writes the
-record header and every non-vector byte, slice copies write the vectors, one 8-byte store publishes, one 8-byte load
-checks the doorbell. The head word (the consumer's) is read only when the cached head says the ring is full, or
-when a lazy consumer's doorbell level may be reached (below).
+record header and every non-vector byte, slice copies write the vectors, one call of the extension stores the tail
+and loads ``consumer_parked`` (the fallback: one memoryview store and one load). The head word (the consumer's) is
+read only when the cached head says the ring is full, or when a lazy consumer's doorbell level may be reached.
 
 Doorbell (FORMAT.md, "Doorbell"): a consumer with nothing to read for a while stores ``consumer_parked = 1`` (u32 at
-0x208), re-checks the tail and sleeps in ``FUTEX_WAIT`` on the low 32 bits of the tail word, with a timeout. After
-each tail store the writer loads ``consumer_parked`` (one memoryview item read) and, only when it is set, calls
-``FUTEX_WAKE`` on the tail word through ``ctypes`` (``syscall(SYS_futex=202, addr, FUTEX_WAKE=1, ...)``, ~1-2 µs;
-shared, not FUTEX_PRIVATE: the consumer is another process). A value above 1 is a doorbell level: ring only when
-the bytes published past the consumer's head reach it (a consumer that drains on its own deadline and on queries,
-and needs the doorbell only before its ring fills). That is the classic Dekker pair: store(tail) then
-load(parked) here against store(parked) then load(tail) in the consumer. x86-TSO may reorder a store with a later
-load (the store waits in the store buffer) and Python cannot issue a fence, so both sides can miss each other: the
-consumer sleeps although the record is published. The consumer therefore always parks with a timeout (kvshmd:
-10 ms for a stream it publishes, 1 s otherwise), which bounds that rare delay; no record is ever lost, only reached
-late. Where ``ctypes`` or ``syscall`` is unavailable the writer never rings and the timeout is the only wakeup.
+0x208), re-checks the tail and sleeps in ``FUTEX_WAIT`` on the low 32 bits of the tail word, with a timeout. The
+writer's tail store and its load of ``consumer_parked`` are separated by a full fence (the extension), so this Dekker
+pair (store tail, load parked; against the consumer's store parked, load tail, fenced by Go's seq-cst atomics) never
+misses: when the flag is set the writer calls ``FUTEX_WAKE`` (shared, not FUTEX_PRIVATE: the consumer is another
+process). A value above 1 is a doorbell level: ring only when the bytes published past the consumer's head reach it.
+The x86-64 fallback has no fence, so its wakeup can be missed; the consumer always parks with a timeout (kvshmd:
+10 ms for a stream it publishes, 1 s otherwise), which bounds that delay: no record is ever lost, only reached late.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import logging
 import mmap
 import os
-import platform
-import re
 import struct
-import sys
 import tempfile
 import time
 import weakref
@@ -75,6 +68,33 @@ from typing import Any, Final, SupportsIndex
 
 from kvshm._encode import Prepared, check_seq_dp, prepare_cleared, prepare_removed, prepare_stored
 from kvshm._errors import KvshmError
+from kvshm._layout import (
+    HEADER,
+    HEADER_SIZE,
+    LOSS_RECORD,
+    MAGIC,
+    MAX_CAPACITY,
+    MIN_CAPACITY,
+    OFF_DROPPED_BYTES,
+    OFF_DROPPED_EVENTS,
+    OFF_HEAD,
+    OFF_HEARTBEAT,
+    OFF_LOSS_FIRST,
+    OFF_LOSS_LAST,
+    OFF_LOSS_PENDING,
+    OFF_PARKED,
+    OFF_STATE,
+    OFF_TAIL,
+    RECORD_HEADER,
+    STATE_CLOSED,
+    STATE_READY,
+    TYPE_LOSS,
+    TYPE_PADDING,
+    VERSION,
+)
+from kvshm._proc import start_time
+from kvshm._sweep import ring_file_name, sweep_stale_rings
+from kvshm._words import PyWords, Words, make_words, unsupported
 
 log = logging.getLogger("kvshm")
 
@@ -87,67 +107,15 @@ __all__ = [
     "RingSpaceError",
     "RingWriter",
     "default_dir",
-    "proc_stat",
     "ring_file_name",
     "sweep_stale_rings",
 ]
 
-# Wire format: never change without bumping VERSION (mirrors shm/layout.go).
-MAGIC: Final = b"KVSHMRG\x00"
-VERSION: Final = 1
-HEADER_SIZE: Final = 4096
-OFF_STATE: Final = 0x048  # u32
-OFF_TAIL: Final = 0x080  # u64, producer: the commit word
-OFF_HEAD: Final = 0x100  # u64, consumer
-OFF_DROPPED_EVENTS: Final = 0x180
-OFF_DROPPED_BYTES: Final = 0x188
-OFF_LOSS_FIRST: Final = 0x190
-OFF_LOSS_LAST: Final = 0x198
-OFF_LOSS_PENDING: Final = 0x1A0
-OFF_HEARTBEAT: Final = 0x200
-OFF_PARKED: Final = 0x208  # u32, consumer: the doorbell flag (the u64 at 0x208 is the flag plus 4 zero bytes)
-STATE_INIT: Final = 0
-STATE_READY: Final = 1
-STATE_CLOSED: Final = 2
-TYPE_EVENT: Final = 1
-TYPE_LOSS: Final = 2
-TYPE_PADDING: Final = 0xFFFFFFFF
-RECORD_HEADER: Final = 8
-LOSS_RECORD: Final = RECORD_HEADER + 24
-MIN_CAPACITY: Final = 64 << 10
-MAX_CAPACITY: Final = 4 << 30
-# Static header fields 0x000..0x048: magic, version, header_size, capacity, max_record, flags, pid, reserved,
-# producer_start_time, epoch, worker_id, kv_block_size, max_buffer_size.
-_HEADER: Final = struct.Struct("<8sIIQIIIIQQQII")
 _RECORD_HEADER: Final = struct.Struct("<II")
 _LOSS: Final = struct.Struct("<IIQQQ")
 
 _U32: Final = (1 << 32) - 1
 _U64: Final = (1 << 64) - 1
-
-# futex(2) on x86-64 (the only platform RingWriter runs on): SYS_futex = 202, FUTEX_WAKE = 1 (no FUTEX_PRIVATE_FLAG:
-# the waiter is another process sharing the mapping).
-SYS_FUTEX: Final = 202
-FUTEX_WAKE: Final = 1
-_INT_MAX: Final = (1 << 31) - 1
-
-
-def _load_syscall() -> Any:
-    """libc's ``syscall`` through ctypes (it releases the GIL during the call), or None where it is unavailable."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).syscall
-    except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_long
-    return fn
-
-
-_SYSCALL: Final = _load_syscall()
-# The arguments of the FUTEX_WAKE call, as full 64-bit C longs (syscall() is variadic and reads longs).
-_C_SYS_FUTEX: Final = ctypes.c_long(SYS_FUTEX)
-_C_FUTEX_WAKE: Final = ctypes.c_long(FUTEX_WAKE)
-_C_WAKE_ALL: Final = ctypes.c_long(_INT_MAX)
-_C_ZERO: Final = ctypes.c_long(0)
 
 
 class RingError(KvshmError):
@@ -155,7 +123,8 @@ class RingError(KvshmError):
 
 
 class RingPlatformError(RingError):
-    """The machine is not x86-64: a plain 8-byte store from Python is not a release there."""
+    """No safe publication here: not a 64-bit little-endian CPython, or the C extension kvshm._ringsync is missing
+    on a CPU other than x86-64 (where a plain 8-byte store from Python is not a release)."""
 
 
 class RingLockedError(RingError):
@@ -199,43 +168,13 @@ def default_dir() -> str:
     return tempfile.gettempdir()
 
 
-def check_platform() -> None:
-    """Raises RingPlatformError unless this is a 64-bit little-endian x86-64 CPython (whose memoryview item store
-    is one aligned 8-byte memcpy, i.e. one mov)."""
-    machine = platform.machine().lower()
-    if (machine not in ("x86_64", "amd64") or sys.byteorder != "little" or struct.calcsize("P") != 8
-            or sys.implementation.name != "cpython"):
-        raise RingPlatformError(
-            f"kvshm: the pure-Python ring writer needs 64-bit CPython on x86-64, this is "
-            f"{sys.implementation.name} on {platform.machine() or 'unknown'} ({struct.calcsize('P') * 8}-bit, "
-            f"{sys.byteorder}-endian): it publishes records with a plain 8-byte "
-            "store, which is a release only under x86-TSO; on other CPUs the reader could see the tail before the "
-            "record bytes"
-        )
-
-
-def proc_stat(pid: int | str = "self") -> tuple[bytes, int] | None:
-    """``(state, start_time)`` of ``/proc/<pid>/stat``: field 3 (the state letter, e.g. ``b"Z"`` for a zombie) and
-    field 22 (start time, clock ticks since boot, what the ring header's ``producer_start_time`` holds). ``None``
-    when the process does not exist; other ``OSError``s propagate. The command name (field 2) may contain spaces and
-    parentheses, so fields are counted after the last ``)``. This is kvshm's one ``/proc/<pid>/stat`` parser in
-    Python (Go: shm.ReadProcStat)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        return None
-    fields = raw[raw.rindex(b")") + 1 :].split()
-    return fields[0], int(fields[19])
-
-
-def _start_time() -> int:
-    """Field 22 of /proc/self/stat (clock ticks since boot); 0 where /proc is missing."""
-    try:
-        st = proc_stat()
-    except OSError:
-        return 0
-    return 0 if st is None else st[1]
+def check_platform(native: bool = True) -> None:
+    """Raises RingPlatformError unless this interpreter can publish into a ring (:func:`kvshm._words.unsupported`):
+    64-bit little-endian CPython, with the C extension, or without it (``native`` False, or not installed) on
+    x86-64."""
+    why = unsupported(native)
+    if why is not None:
+        raise RingPlatformError(why)
 
 
 # Live writers, marked in a forked child by the at-fork hook (cheaper than os.getpid(), a syscall, per publish).
@@ -257,8 +196,7 @@ class RingWriter:
     __slots__ = (
         "_mm", "_q", "_cap", "_mask", "_max_record", "_tail", "_head_cache", "_forked", "_closed",
         "_loss_pending", "_loss_first", "_loss_last", "_loss_count", "_dropped_events", "_dropped_bytes",
-        "_too_large", "_published", "_truncated", "_fd", "_pid", "_tail_word", "_tail_addr", "path", "epoch",
-        "worker_id",
+        "_too_large", "_published", "_truncated", "_fd", "_pid", "_words", "_sync", "path", "epoch", "worker_id",
         "kv_block_size", "max_buffer_size", "__weakref__",
     )
     _mm: mmap.mmap
@@ -281,8 +219,8 @@ class RingWriter:
     _truncated: bool  # the file was cut short under us: never touch the mapping again (see check_file)
     _fd: int  # holds the flock
     _pid: int  # creating process
-    _tail_word: ctypes.c_char | None  # exports mm (the tail word's address for FUTEX_WAKE); dropped before close
-    _tail_addr: ctypes.c_void_p
+    _words: Words  # the ordered accesses (kvshm._words); exports mm, released before close
+    _sync: Any  # _words.publish when native; None: the x86-64 fallback's inline store and load
     path: str
     epoch: int
     worker_id: int
@@ -305,6 +243,7 @@ class RingWriter:
         max_record: int | None = None,
         name: str | None = None,
         memfd: bool = False,
+        native: bool = True,
     ) -> RingWriter:
         """Creates, preallocates, locks and maps a new ring file and returns its writer.
 
@@ -315,11 +254,13 @@ class RingWriter:
 
         ``capacity`` is the data area size (a power of two in [64 KiB, 4 GiB]); ``max_record`` (bytes including the
         8-byte record header, a multiple of 8 in [32, capacity/8]) defaults to capacity/8; ``name`` defaults to
-        ``kvshm-w<worker_id>-<pid>-<epoch>.ring``. Raises ValueError for invalid arguments, RingPlatformError off
-        x86-64, RingLockedError when a live producer holds an existing file of that name, FileExistsError when a
+        ``kvshm-w<worker_id>-<pid>-<epoch>.ring``. ``native`` False uses the pure-Python publication even when the
+        C extension is installed (x86-64 only: for tests and for the benchmark's same-run baseline). Raises
+        ValueError for invalid arguments, RingPlatformError where there is no safe publication (check_platform),
+        RingLockedError when a live producer holds an existing file of that name, FileExistsError when a
         stale file has that name, RingSpaceError when the file system is full, OSError otherwise.
         """
-        check_platform()
+        check_platform(native)
         for what, v, hi in (("worker_id", worker_id, _U64), ("kv_block_size", kv_block_size, _U32),
                             ("max_buffer_size", max_buffer_size, _U32), ("capacity", capacity, MAX_CAPACITY)):
             if not isinstance(v, int) or isinstance(v, bool):
@@ -372,8 +313,8 @@ class RingWriter:
                 os.unlink(path)
             raise
         # The file is fresh (fallocate zero-fills): tail, head, the counters and the state (INIT) are 0.
-        _HEADER.pack_into(mm, 0, MAGIC, VERSION, HEADER_SIZE, capacity, max_record, 0, pid, 0, _start_time(), epoch,
-                          worker_id, kv_block_size, max_buffer_size)
+        HEADER.pack_into(mm, 0, MAGIC, VERSION, HEADER_SIZE, capacity, max_record, 0, pid, 0, start_time(), epoch,
+                         worker_id, kv_block_size, max_buffer_size)
         w = object.__new__(cls)
         w._mm = mm
         w._q = memoryview(mm).cast("Q")
@@ -390,14 +331,14 @@ class RingWriter:
         w._dropped_events = w._dropped_bytes = w._too_large = w._published = 0
         w._fd = fd
         w._pid = pid
-        w._tail_word = ctypes.c_char.from_buffer(mm, OFF_TAIL)
-        w._tail_addr = ctypes.c_void_p(ctypes.addressof(w._tail_word))
+        w._words = make_words(mm, OFF_TAIL, OFF_PARKED, native)
+        w._sync = None if isinstance(w._words, PyWords) else w._words.publish
         w.path = path
         w.epoch = epoch
         w.worker_id = worker_id
         w.kv_block_size = kv_block_size
         w.max_buffer_size = max_buffer_size
-        w._store_state(STATE_READY)  # release: after every header byte above
+        w._words.store_release32(OFF_STATE, STATE_READY)  # release: after every header byte above
         _WRITERS.add(w)
         return w
 
@@ -469,9 +410,13 @@ class RingWriter:
             _RECORD_HEADER.pack_into(mm, HEADER_SIZE + idx, pad, TYPE_PADDING)
             idx = 0
         p[1](mm, HEADER_SIZE + idx, p)  # payload and record header
-        q = self._q
-        q[16] = end  # OFF_TAIL / 8. Release (x86-TSO): publishes the bytes written above.
-        parked = q[65]  # OFF_PARKED / 8: the consumer sleeps on the doorbell (see the module docstring)
+        sync = self._sync
+        if sync is not None:
+            parked = sync(end)  # the tail store (release, then a full fence) and the load of consumer_parked
+        else:  # the x86-64 fallback (kvshm._words): release under x86-TSO, no fence
+            q = self._q
+            q[16] = end  # OFF_TAIL / 8
+            parked = q[65]  # OFF_PARKED / 8: the flag and 4 zero bytes
         if parked:
             self._ring_doorbell(end, parked)
         self._tail = end
@@ -484,16 +429,15 @@ class RingWriter:
         consumer). The cached head is older than the header's, so a backlog below the level by it is below for sure;
         otherwise the head is loaded once (not cached: the cache belongs to the free-space check). Errors are
         ignored (the consumer's park timeout is the fallback)."""
-        if level != 1 and (end - self._head_cache < level or end - self._q[32] < level):  # OFF_HEAD / 8
+        if level != 1 and (end - self._head_cache < level or end - self._words.load_acquire(OFF_HEAD) < level):
             return
-        if _SYSCALL is not None:
-            _SYSCALL(_C_SYS_FUTEX, self._tail_addr, _C_FUTEX_WAKE, _C_WAKE_ALL, _C_ZERO, _C_ZERO, _C_ZERO)
+        self._words.wake()
 
     def _refresh_head(self, end: int) -> bool:
-        """Loads the consumer's head (acquire on x86) and says whether ``end`` fits. A head ahead of the tail by at
+        """Loads the consumer's head (acquire) and says whether ``end`` fits. A head ahead of the tail by at
         most a ring re-bases the writer there (shm/FORMAT.md, "Failure outcomes"); any other head no correct
         consumer stores (further ahead, misaligned, moving back) is treated as a full ring, never trusted."""
-        head = self._q[32]  # OFF_HEAD / 8
+        head = self._words.load_acquire(OFF_HEAD)
         if head > self._tail and not head & 7 and head - self._tail <= self._cap:
             # The consumer skipped to a corrupt tail word that lay ahead of ours: it abandoned every position
             # before ``head``, so write from there on. This event is dropped (counted, reported by the next LOSS
@@ -539,9 +483,7 @@ class RingWriter:
                         self._loss_count)
         idx, end = r
         p[1](self._mm, HEADER_SIZE + idx, p)
-        q = self._q
-        q[16] = end  # Release: publishes the LOSS record and the event.
-        parked = q[OFF_PARKED >> 3]
+        parked = self._words.publish(end)  # publishes the LOSS record and the event
         if parked:
             self._ring_doorbell(end, parked)
         self._tail = end
@@ -549,7 +491,7 @@ class RingWriter:
         # After the tail store: the LOSS record in the stream is authoritative, the header fields are gauges.
         self._loss_pending = False
         self._loss_count = 0
-        q[OFF_LOSS_PENDING >> 3] = 0
+        self._words.store_release(OFF_LOSS_PENDING, 0)
         return True
 
     def _drop(self, p: Prepared, too_large: bool) -> None:
@@ -575,7 +517,7 @@ class RingWriter:
         q[OFF_DROPPED_BYTES >> 3] = self._dropped_bytes
         if not self._loss_pending:
             self._loss_pending = True
-            q[OFF_LOSS_PENDING >> 3] = 1  # after loss_first_seq and loss_last_seq
+            self._words.store_release(OFF_LOSS_PENDING, 1)  # after loss_first_seq and loss_last_seq
 
     def _refuse(self) -> None:
         if self._closed:
@@ -611,13 +553,6 @@ class RingWriter:
         self._truncated = True
         self._max_record = -1  # every publish now takes the drop path: no extra check on the hot path
         return False
-
-    def _store_state(self, state: int) -> None:
-        words = memoryview(self._mm).cast("I")
-        try:
-            words[OFF_STATE >> 2] = state  # one aligned 4-byte store; release on x86
-        finally:
-            words.release()
 
     def stats(self) -> dict[str, Any]:
         """A snapshot of the ring: positions, usage and drop counters (head and heartbeat are the consumer's)."""
@@ -655,9 +590,9 @@ class RingWriter:
         _WRITERS.discard(self)
         owner = not self._forked and os.getpid() == self._pid
         if owner and not self._truncated:
-            self._store_state(STATE_CLOSED)
+            self._words.store_release32(OFF_STATE, STATE_CLOSED)  # after the last tail store
         self._q.release()  # mmap.close() refuses while a memoryview is exported
-        self._tail_word = None  # the ctypes object exports the buffer too
+        self._words.release()  # so does the extension's buffer export
         self._mm.close()
         os.close(self._fd)  # releases the flock (in a child: only the child's descriptor)
 
@@ -682,74 +617,6 @@ class RingWriter:
 
     def __repr__(self) -> str:
         return f"<RingWriter {self.path} capacity={self._cap} tail={self._tail}{' closed' if self._closed else ''}>"
-
-
-# Ring files kvshm names (ring_file_name): kvshm-w<worker_id>-<pid>-<epoch>.ring.
-_RING_NAME: Final = re.compile(r"kvshm-w\d+-(\d+)-\d+\.ring")
-_RING_IDENTITY: Final = struct.Struct("<8s24xIIQ")  # magic .. producer_pid (0x20) .. producer_start_time (0x28)
-
-
-def ring_file_name(worker_id: int, pid: int, epoch: int) -> str:
-    """The file name RingWriter.create gives a ring by default (sweep_stale_rings only considers such names)."""
-    return f"kvshm-w{worker_id}-{pid}-{epoch}.ring"
-
-
-def sweep_stale_rings(directory: str) -> list[str]:
-    """Remove ring files (``kvshm-w<worker>-<pid>-<epoch>.ring``, ours) whose producer is gone, return their paths.
-
-    A file is stale when its header is complete (magic written), its producer process no longer runs (pid gone or
-    reused: start time differs) and nobody holds its flock (a live RingWriter always does). Unlinking is safe for a
-    daemon still draining it: its mapping outlives the name. Best effort: errors skip the file.
-    """
-    removed: list[str] = []
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return removed
-    uid = os.getuid()
-    for name in names:
-        if not _RING_NAME.fullmatch(name):
-            continue
-        path = os.path.join(directory, name)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            st = os.fstat(fd)
-            if st.st_uid != uid or not (st.st_mode & 0o170000 == 0o100000):
-                continue
-            header = os.pread(fd, _RING_IDENTITY.size, 0)
-            if len(header) < _RING_IDENTITY.size:
-                continue
-            magic, pid, _, start_time = _RING_IDENTITY.unpack(header)
-            if magic != MAGIC or _process_running(pid, start_time):
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                continue  # a live producer holds it
-            os.unlink(path)
-            removed.append(path)
-            log.info("kvshm: removed the stale ring %s of dead producer pid %d", path, pid)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-    return removed
-
-
-def _process_running(pid: int, start_time: int) -> bool:
-    """Whether ``pid`` runs and (when ``start_time`` is known) is the process that started at that time."""
-    if pid <= 0:
-        return False
-    try:
-        st = proc_stat(pid)
-    except OSError:
-        return True  # cannot tell: keep the file
-    if st is None or st[0] in (b"Z", b"X"):
-        return False
-    return start_time == 0 or st[1] == start_time
 
 
 def _raise_existing(path: str) -> None:

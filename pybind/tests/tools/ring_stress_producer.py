@@ -2,10 +2,11 @@
 
 Usage::
 
-    ring_stress_producer.py --dir DIR --events N [--capacity BYTES] [--seed S]   # stress stream
+    ring_stress_producer.py --dir DIR --events N [--capacity BYTES] [--burst B --pause-us U]   # stress stream
     ring_stress_producer.py --dir DIR --vectors testdata/events                  # each shared vector once
 
-Prints one JSON line ``{"path": ..., "epoch": ..., "pid": ...}`` on stdout as soon as the ring exists, then
+Prints one JSON line ``{"path": ..., "epoch": ..., "pid": ..., "native": ...}`` (native: the C extension
+publishes, else the x86-64 pure-Python fallback) on stdout as soon as the ring exists, then
 publishes, closes the ring (state CLOSED) and prints ``{"done": N, "dropped_events": D}``. It never unlinks the
 ring (the Go test owns the directory).
 
@@ -20,6 +21,9 @@ Stress events are derived from their seq (1, 2, 3, ...) so the reader can check 
 
 When the ring is full the producer retries the same seq (after ``time.sleep(0)``), so the event stream stays
 contiguous and every retry shows up as a LOSS record ``{seq, seq, retries}`` in front of that event.
+
+With ``--burst B --pause-us U`` the producer sleeps a random 0..U µs after every B events, so a reader that keeps up
+runs dry and parks on the doorbell again and again: every publication after a pause must ring it.
 """
 
 from __future__ import annotations
@@ -27,23 +31,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))  # pybind/src, when not installed
 
+from kvshm import _words  # noqa: E402
 from kvshm._ring import RingWriter  # noqa: E402
 
 BLOCK = 4
 SIZES = [((i * 2654435761) & 0xFFFFFFFF) >> 26 for i in range(1 << 16)]  # nb(seq) = SIZES[seq & 0xFFFF]
 
 
-def stress(w: RingWriter, n: int) -> int:
+def stress(w: RingWriter, n: int, burst: int = 0, pause_us: int = 0) -> int:
     retries = 0
     stored, removed, cleared = w.publish_stored, w.publish_removed, w.publish_cleared
     sleep = time.sleep
+    rng = random.Random(os.getpid())
     for seq in range(1, n + 1):
+        if burst and seq % burst == 0:
+            sleep(rng.randrange(pause_us + 1) / 1e6)
         nb = SIZES[seq & 0xFFFF]
         h0 = (seq << 16) | ((1 << 63) if seq & 1 else 0)
         dp = seq % 3
@@ -92,13 +101,16 @@ def main() -> None:
     ap.add_argument("--capacity", type=int, default=64 << 10)
     ap.add_argument("--vectors", type=Path)
     ap.add_argument("--worker-id", type=int, default=11)
+    ap.add_argument("--burst", type=int, default=0, help="pause after every BURST events (0: never)")
+    ap.add_argument("--pause-us", type=int, default=200, help="longest pause, in µs")
     args = ap.parse_args()
     w = RingWriter.create(args.dir, args.worker_id, BLOCK, 1000, args.capacity)
-    print(json.dumps({"path": w.path, "epoch": w.epoch, "pid": os.getpid()}), flush=True)
+    native = _words.NATIVE is not None  # RingWriter.create's default: the extension when it is built
+    print(json.dumps({"path": w.path, "epoch": w.epoch, "pid": os.getpid(), "native": native}), flush=True)
     if args.vectors is not None:
         done = vectors(w, args.vectors)
     else:
-        stress(w, args.events)
+        stress(w, args.events, args.burst, args.pause_us)
         done = args.events
     st = w.stats()
     w.close()
