@@ -112,6 +112,8 @@ func FuzzDecode(f *testing.F) {
 			if b.Events[i].ExtraKeys != nil {
 				b.Events[i].ExtraKeys = append([]byte{}, b.Events[i].ExtraKeys...)
 			}
+			e := &b.Events[i] // SGLang's fields: vLLM's layouts do not carry them (FuzzDecodeSGLang does)
+			e.HasCacheSalt, e.CacheSalt, e.HasSessionID, e.SessionID = false, "", false, ""
 		}
 		for _, w := range wires {
 			q := AppendBatchHeader(nil, b.TS, len(b.Events))
