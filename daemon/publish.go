@@ -330,7 +330,8 @@ func (a *attachment) wireEvent(v *fbs.EventView, m *fbs.MetaView) *vllmwire.Even
 		e.HasKVCacheSpecKind, e.KVCacheSpecKind = m.HasKind, string(m.Kind)
 		e.HasSlidingWindow, e.KVCacheSpecSlidingWindow = m.HasSlidingWindow, m.SlidingWindow
 		e.HashBytes, e.ParentBytes = m.HashBytes, m.ParentBytes // checked against the keys (checkHashBytes)
-		if m.HasCacheSalt { // SGLang's; a copy only when present
+		// SGLang's cache_salt and session_id: a copy only when present.
+		if m.HasCacheSalt {
 			e.HasCacheSalt, e.CacheSalt = true, string(m.CacheSalt)
 		}
 		if m.HasSessionID {
