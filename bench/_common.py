@@ -5,14 +5,12 @@ Nothing here measures by itself; see recovery_bench.py.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import resource
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -88,30 +86,6 @@ def proc_cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def proc_rss(pid: int, field: str = "RssAnon") -> int:
-    """Resident memory of a process in bytes: RssAnon (default: its heap, without shared-memory rings or mapped
-    files) or VmRSS (everything resident, rings included)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise ValueError(f"no {field} in /proc/{pid}/status")
-
-
-def http_get(host: str, port: int, path: str, timeout: float = 120.0) -> tuple[int, bytes, float]:
-    """One GET on a new connection (as a recovering consumer does); (status, body, seconds)."""
-    t0 = time.perf_counter_ns()
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        r = conn.getresponse()
-        body = r.read()
-        status = r.status
-    finally:
-        conn.close()
-    return status, body, (time.perf_counter_ns() - t0) / 1e9
 
 
 def variant(body: bytes | str) -> str:

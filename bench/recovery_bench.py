@@ -18,7 +18,7 @@ Sections (each can be skipped with --only):
   ingest rate (daemon stopped, a burst published, time to apply it) at growing resident blocks.
 * workers: one shared kvshmd with 1/8/64 attached workers publishing at a paced rate: per-worker ingest, daemon
   CPU and RSS, Events latency over HTTP while all publish.
-* zmq (issue 12, zmq_bench.py): the engine's cost per KV-event batch with its own msgspec + pyzmq publisher and
+* zmq (zmq_bench.py): the engine's cost per KV-event batch with its own msgspec + pyzmq publisher and
   the reference or kvshm as the indexer, against kvshmd publishing (apply_batch); publish-to-subscriber latency.
 
 Without the reference module (kvshm_conformance not importable) the comparisons are skipped and listed as such.
@@ -35,7 +35,6 @@ import platform
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,23 +49,23 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "pybind" / "src"))
+sys.path.insert(0, str(ROOT / "testkit"))
 import zmq_bench  # noqa: E402
 from _common import (  # noqa: E402
     BS,
     ChainGen,
     JsonChild,
     busy_pct,
-    http_get,
     last_event_id,
     machine_ticks,
     proc_cpu_s,
-    proc_rss,
     same_reply,
     summary,
     variant,
 )
 
 from kvshm import LocalIndexer  # noqa: E402
+from kvshm_testkit import Kvshmd, free_port, http_get, rss_bytes  # noqa: E402
 
 try:
     import kvshm_conformance
@@ -116,12 +115,6 @@ def machine() -> dict[str, Any]:
     }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Child(JsonChild):
     """A _child.py process (its subcommand and flags in ``args``)."""
 
@@ -129,32 +122,10 @@ class Child(JsonChild):
         super().__init__([*CHILD, *args])
 
 
-class Daemon:
-    """A shared `kvshmd serve` with --http, for the deployment and the workers scale."""
-
-    def __init__(self, binary: str) -> None:
-        self.dir = tempfile.mkdtemp(prefix="kvshm-bench-")
-        os.chmod(self.dir, 0o700)
-        self.socket = os.path.join(self.dir, "kvshmd.sock")
-        self.port = free_port()
-        self.log = open(os.path.join(self.dir, "kvshmd.log"), "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([binary, "serve", "--socket", self.socket, "--http", f"127.0.0.1:{self.port}"],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if http_get("127.0.0.1", self.port, "/healthz", timeout=1)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise RuntimeError(f"kvshmd did not come up; see {self.log.name}")
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=30)
-        self.log.close()
+def shared_daemon(binary: str) -> Kvshmd:
+    """A shared `kvshmd serve` with --http in a fresh 0700 directory, for the deployment, scale and workers
+    sections; healthy within 10 s."""
+    return Kvshmd(binary, Path(tempfile.mkdtemp(prefix="kvshm-bench-"))).start(10.0)
 
 
 def timed_ns(fn: Callable[[], object]) -> int:
@@ -314,9 +285,9 @@ class Traffic(threading.Thread):
     """A recovering consumer: paced GETs of /kv_recover (Events for the 10 newest ids; every dump_every-th a
     TreeDump), each on a new connection."""
 
-    def __init__(self, port: int, rate: float, dump_every: int, seconds: float, last: int) -> None:
+    def __init__(self, addr: str, rate: float, dump_every: int, seconds: float, last: int) -> None:
         super().__init__(daemon=True)
-        self.port, self.rate, self.dump_every, self.seconds, self.last = port, rate, dump_every, seconds, last
+        self.addr, self.rate, self.dump_every, self.seconds, self.last = addr, rate, dump_every, seconds, last
         self.lat: dict[str, list[int]] = {"Events": [], "TreeDump": []}
         self.other: dict[str, int] = {}
         self.dump_bytes = 0
@@ -335,13 +306,13 @@ class Traffic(threading.Thread):
             dump = i % self.dump_every == self.dump_every - 1
             i += 1
             path = "/kv_recover" if dump else f"/kv_recover?start={self.last - 9}&end={self.last}"
-            status, body, sec = http_get("127.0.0.1", self.port, path)
-            v = variant(body) if status == 200 else f"HTTP {status}"
+            r = http_get(f"http://{self.addr}{path}", 120.0)
+            v = variant(r.body) if r.status == 200 else f"HTTP {r.status}"
             if v in self.lat:
-                self.lat[v].append(int(sec * 1e9))
-                self.last = max(self.last, last_event_id(body))
+                self.lat[v].append(int(r.seconds * 1e9))
+                self.last = max(self.last, last_event_id(r.body))
                 if v == "TreeDump":
-                    self.dump_bytes = len(body)
+                    self.dump_bytes = len(r.body)
             else:
                 self.other[v] = self.other.get(v, 0) + 1
 
@@ -350,37 +321,37 @@ def deployment(cfg: argparse.Namespace) -> dict[str, Any]:
     if not REF:
         SKIPPED.append("deployment (engine-served /kv_recover from the reference): kvshm side only")
     log(f"deployment: kvshmd --http vs engine-served ThreadingHTTPServer, {cfg.deploy_blocks} resident blocks")
-    d = Daemon(cfg.kvshmd)
-    engines: dict[str, tuple[Child, int]] = {}
+    d = shared_daemon(cfg.kvshmd)
+    engines: dict[str, tuple[Child, str]] = {}  # name -> (engine, the address answering its /kv_recover)
     try:
-        kv = Child("engine", "--kind", "kvshm", "--socket", d.socket, "--blocks", str(cfg.deploy_blocks))
-        engines["kvshm"] = (kv, d.port)
+        kv = Child("engine", "--kind", "kvshm", "--socket", str(d.socket), "--blocks", str(cfg.deploy_blocks))
+        engines["kvshm"] = (kv, d.http)
         if REF:
             port = free_port()
             ref = Child("engine", "--kind", "ref", "--port", str(port), "--blocks", str(cfg.deploy_blocks))
-            engines["ref"] = (ref, port)
+            engines["ref"] = (ref, f"127.0.0.1:{port}")
         res: dict[str, Any] = {name: {"quiet": [], "traffic": [], "lat": {"Events": [], "TreeDump": []},
                                       "other": {}, "daemon_cpu_s": {"quiet": 0.0, "traffic": 0.0}}
                                for name in engines}
         # idle latency, requests alternating between the two endpoints
         idle: dict[str, list[int]] = {}
         for i in range(cfg.deploy_idle_n):
-            for name, (child, port) in engines.items():
+            for name, (child, addr) in engines.items():
                 last = int(child.first["last"])
                 path = "/kv_recover" if i % 10 == 9 else f"/kv_recover?start={last - 9}&end={last}"
-                status, body, sec = http_get("127.0.0.1", port, path)
-                idle.setdefault(f"{variant(body)}/{name}", []).append(int(sec * 1e9))
+                r = http_get(f"http://{addr}{path}", 120.0)
+                idle.setdefault(f"{variant(r.body)}/{name}", []).append(int(r.seconds * 1e9))
                 if i == cfg.deploy_idle_n - 1:
-                    res[name]["dump_bytes"] = len(http_get("127.0.0.1", port, "/kv_recover")[1])
+                    res[name]["dump_bytes"] = len(http_get(f"http://{addr}/kv_recover", 120.0).body)
         names = list(engines)
         for rnd in range(cfg.deploy_rounds):
             order = names[rnd % len(names):] + names[: rnd % len(names)]
             for name in order:
-                child, port = engines[name]
+                child, addr = engines[name]
                 for phase in ("quiet", "traffic"):
                     last = int(child.call({"op": "last"})["last"])
-                    tr = Traffic(port, cfg.deploy_qps, cfg.deploy_dump_every, cfg.deploy_seconds, last)
-                    c0 = proc_cpu_s(d.proc.pid)
+                    tr = Traffic(addr, cfg.deploy_qps, cfg.deploy_dump_every, cfg.deploy_seconds, last)
+                    c0 = proc_cpu_s(d.pid)
                     m0 = machine_ticks()
                     child.send({"op": "publish", "seconds": cfg.deploy_seconds, "rate": cfg.deploy_pub_rate})
                     if phase == "traffic":
@@ -392,7 +363,7 @@ def deployment(cfg: argparse.Namespace) -> dict[str, Any]:
                             res[name]["lat"][k].extend(v)
                         for k2, c in tr.other.items():
                             res[name]["other"][k2] = res[name]["other"].get(k2, 0) + c
-                    res[name]["daemon_cpu_s"][phase] += proc_cpu_s(d.proc.pid) - c0
+                    res[name]["daemon_cpu_s"][phase] += proc_cpu_s(d.pid) - c0
                     out["machine_busy_pct"] = busy_pct(m0, machine_ticks())
                     res[name][phase].append(out)
         summ: dict[str, Any] = {}
@@ -415,10 +386,10 @@ def deployment(cfg: argparse.Namespace) -> dict[str, Any]:
     finally:
         for child, _ in engines.values():
             child.close()
-        d.stop()
+        d.stop(30.0)
 
 
-# --- zmq (issue 12) -------------------------------------------------------------------------------------------
+# --- zmq ---------------------------------------------------------------------------------------------------------
 def zmq(cfg: argparse.Namespace) -> dict[str, Any]:
     log("zmq: engine cost per KV-event batch (a) own publisher + reference, (b) own publisher + kvshm, (c) kvshmd "
         "publishing; publish-to-subscriber latency")
@@ -449,8 +420,8 @@ def ingest_rate(kv: Any, pid: int, seq: int, n_events: int) -> tuple[float, int]
 def scale(cfg: argparse.Namespace) -> dict[str, Any]:
     sizes = [int(s) for s in cfg.scale_sizes.split(",")]
     log(f"scale: resident blocks {sizes}")
-    d = Daemon(cfg.kvshmd)  # shared, so its /metrics tells the Go heap apart from RSS
-    kv = LocalIndexer(13, BS, ring_bytes=256 << 20, socket_path=d.socket)
+    d = shared_daemon(cfg.kvshmd)  # shared, so its /metrics tells the Go heap apart from RSS
+    kv = LocalIndexer(13, BS, ring_bytes=256 << 20, socket_path=str(d.socket))
     ring = kv._ring  # noqa: SLF001 - the bench reads the ring's fill
 
     def pace(seq: int) -> None:
@@ -460,9 +431,9 @@ def scale(cfg: argparse.Namespace) -> dict[str, Any]:
         while (st := ring.stats())["used"] > st["capacity"] * 3 // 4:
             time.sleep(0.005)
     holder = Child("holder") if REF else None
-    pid = d.proc.pid
+    pid = d.pid
     time.sleep(0.2)
-    base_rss = proc_rss(pid)
+    base_rss = rss_bytes(pid, "RssAnon")
     gen = ChainGen(256, 1)
     seq, blocks = 1, 0
     points: list[dict[str, Any]] = []
@@ -521,10 +492,10 @@ def scale(cfg: argparse.Namespace) -> dict[str, Any]:
                                 seq += 2
                                 kv.get_events_json(seq - 1, seq - 1)  # applied, so the GET times the dump alone
                             t0n = time.perf_counter_ns()
-                            status, body_b, _ = http_get("127.0.0.1", d.port, "/kv_recover")
+                            got = http_get(d.url("/kv_recover"), 120.0)
                             dumps.setdefault(key, []).append(time.perf_counter_ns() - t0n)
-                            assert status == 200, status
-                            del body_b
+                            assert got.status == 200, (got.status, got.error)
+                            del got
                         else:
                             assert holder is not None
                             r = holder.call({"op": "dump", "fresh": fresh})
@@ -533,8 +504,8 @@ def scale(cfg: argparse.Namespace) -> dict[str, Any]:
             p["dump"] = {k: summary(v) for k, v in dumps.items()}
             gc.collect()
             time.sleep(0.2)
-            p["rss_kvshm"] = proc_rss(pid)
-            metrics = http_get("127.0.0.1", d.port, "/metrics")[1].decode()
+            p["rss_kvshm"] = rss_bytes(pid, "RssAnon")
+            metrics = http_get(d.metrics_url, 120.0).text
             for name in ("go_memstats_heap_alloc_bytes", "go_memstats_heap_inuse_bytes"):
                 m = re.search(rf"^{name} (\S+)$", metrics, re.M)
                 p[name] = float(m.group(1)) if m else float("nan")
@@ -549,7 +520,7 @@ def scale(cfg: argparse.Namespace) -> dict[str, Any]:
             log(f"scale: {n:,} blocks done in {p['step_s']:.1f} s")
     finally:
         kv.shutdown()
-        d.stop()
+        d.stop(30.0)
         if holder:
             holder.close()
     return {"sizes": sizes, "points": points, "daemon_base_rss": base_rss, "ingest_events": cfg.ingest_events}
@@ -559,9 +530,9 @@ def scale(cfg: argparse.Namespace) -> dict[str, Any]:
 class WorkerQueries(threading.Thread):
     """Events queries for the 10 newest ids of a random worker, over HTTP, while the workers publish."""
 
-    def __init__(self, port: int, wids: list[int], qps: float, stop: threading.Event) -> None:
+    def __init__(self, addr: str, wids: list[int], qps: float, stop: threading.Event) -> None:
         super().__init__(daemon=True)
-        self.port, self.wids, self.qps, self.stop = port, wids, qps, stop
+        self.addr, self.wids, self.qps, self.stop = addr, wids, qps, stop
         self.lat: list[int] = []
         self.other: dict[str, int] = {}
 
@@ -572,25 +543,25 @@ class WorkerQueries(threading.Thread):
             w = rng.choice(self.wids)
             last = known.get(w)
             start = 1 << 40 if last is None else max(1, last - 9)
-            status, body, sec = http_get("127.0.0.1", self.port, f"/workers/{w}/kv_recover?start={start}")
-            if status != 200:
-                self.other[f"HTTP {status}"] = self.other.get(f"HTTP {status}", 0) + 1
+            r = http_get(f"http://{self.addr}/workers/{w}/kv_recover?start={start}", 120.0)
+            if r.status != 200:
+                self.other[f"HTTP {r.status}"] = self.other.get(f"HTTP {r.status}", 0) + 1
                 continue
-            obj = json.loads(body)
+            obj = r.json()
             v = next(iter(obj))
             if v == "TooNew":
                 known[w] = int(obj[v]["newest_available"])
             elif v == "Events":
                 known[w] = int(obj[v]["last_event_id"])
                 if last is not None:
-                    self.lat.append(int(sec * 1e9))
+                    self.lat.append(int(r.seconds * 1e9))
             else:
                 self.other[v] = self.other.get(v, 0) + 1
 
 
 def workers(cfg: argparse.Namespace) -> dict[str, Any]:
     """One shared kvshmd per run: ``workers`` attached streams publishing at ``rate`` events/s each while a consumer
-    queries; then, without queries (issue 17: what the streams themselves cost kvshmd), the most workers at the low
+    queries; then, without queries (what the streams themselves cost kvshmd), the most workers at the low
     rate and attached idle (rate 0), each after kvshmd's own CPU with nothing attached, measured in the same daemon
     for ``--worker-empty-seconds`` (the baseline)."""
     counts = [int(s) for s in cfg.worker_counts.split(",")]
@@ -602,27 +573,27 @@ def workers(cfg: argparse.Namespace) -> dict[str, Any]:
     if cfg.worker_idle:  # many streams attached that publish nothing
         runs.append((max(counts), 0.0))
     for w, rate in runs:
-        d = Daemon(cfg.kvshmd)
+        d = shared_daemon(cfg.kvshmd)
         pubs: list[Child] = []
         queries = rate == cfg.worker_rate
         try:
             empty_pct = None
             if not queries:
                 time.sleep(0.3)
-                c0, t0 = proc_cpu_s(d.proc.pid), time.perf_counter()
+                c0, t0 = proc_cpu_s(d.pid), time.perf_counter()
                 time.sleep(cfg.worker_empty_seconds)
-                empty_pct = 100 * (proc_cpu_s(d.proc.pid) - c0) / (time.perf_counter() - t0)
+                empty_pct = 100 * (proc_cpu_s(d.pid) - c0) / (time.perf_counter() - t0)
             procs = min(w, cfg.worker_procs)
             wids = list(range(100, 100 + w))
             for i in range(procs):
                 mine = wids[i::procs]
-                pubs.append(Child("publisher", "--socket", d.socket, "--workers", ",".join(map(str, mine)),
+                pubs.append(Child("publisher", "--socket", str(d.socket), "--workers", ",".join(map(str, mine)),
                                   "--ring-bytes", str(cfg.worker_ring_bytes)))
             time.sleep(0.3)
-            rss0 = proc_rss(d.proc.pid)
+            rss0 = rss_bytes(d.pid, "RssAnon")
             stop = threading.Event()
-            q = WorkerQueries(d.port, wids, cfg.worker_qps, stop)
-            c0 = proc_cpu_s(d.proc.pid)
+            q = WorkerQueries(d.http, wids, cfg.worker_qps, stop)
+            c0 = proc_cpu_s(d.pid)
             m0 = machine_ticks()
             t0 = time.perf_counter()
             for pb in pubs:
@@ -637,10 +608,10 @@ def workers(cfg: argparse.Namespace) -> dict[str, Any]:
             # every published event applied? (a query's barrier waits for the drain)
             from kvshm._client import Client
 
-            with Client(d.socket) as c:
+            with Client(str(d.socket)) as c:
                 st = c.stats(None)["streams"]
             wall = time.perf_counter() - t0
-            cpu = proc_cpu_s(d.proc.pid) - c0
+            cpu = proc_cpu_s(d.pid) - c0
             events = sum(sum(o["events"]) for o in outs)
             applied = sum(int(s["events_received"]) for s in st)
             pub_wall = max(o["wall_s"] for o in outs)
@@ -650,8 +621,8 @@ def workers(cfg: argparse.Namespace) -> dict[str, Any]:
                 "dropped": sum(o["dropped"] for o in outs), "max_behind_s": max(o["max_behind_s"] for o in outs),
                 "publisher_cpu_pct": 100 * sum(o["cpu_s"] for o in outs) / pub_wall,
                 "daemon_cpu_pct": 100 * cpu / wall, "daemon_cpu_us_per_event": 1e6 * cpu / max(1, applied),
-                "rss_start": rss0, "rss_end": proc_rss(d.proc.pid), "ring_bytes": cfg.worker_ring_bytes,
-                "vmrss_end": proc_rss(d.proc.pid, "VmRSS"),
+                "rss_start": rss0, "rss_end": rss_bytes(d.pid, "RssAnon"), "ring_bytes": cfg.worker_ring_bytes,
+                "vmrss_end": rss_bytes(d.pid, "VmRSS"),
                 "query": summary(q.lat), "query_other": q.other, "machine_busy_pct": busy, "queries": queries,
                 "empty_daemon_cpu_pct": empty_pct,
             })
@@ -659,7 +630,7 @@ def workers(cfg: argparse.Namespace) -> dict[str, Any]:
         finally:
             for pb in pubs:
                 pb.close()
-            d.stop()
+            d.stop(30.0)
     return {"rate": cfg.worker_rate, "seconds": cfg.worker_seconds, "qps": cfg.worker_qps, "points": points}
 
 

@@ -141,7 +141,7 @@ def zmq_results(a_us: float | None, c_us: float | None, c_p99_lat: float = 500.0
                                  "engine_cpu_pct": 0.0, "raw_engine_cpu_us": 20.0, "scheduler_cpu_us": 0.0,
                                  "publisher_cpu_us": 0.0, "other_cpu_us": 0.0, "daemon_cpu_us": None, "dropped": 0,
                                  "publish_call": s(1.0), "latency": s(1.0)}
-    skipped = [] if c_us is not None else ["issue 12 side (c), kvshmd publishing: no apply_batch"]
+    skipped = [] if c_us is not None else ["ZMQ side (c), kvshmd publishing: no apply_batch"]
     return {"zmq": {"sides": [k for k, v in sides.items() if v is not None], "skipped": skipped, "rounds": 10,
                     "n": 200, "rate": 1000.0, "seconds": 2.0, "threaded_rounds": 3, "elapsed_s": 60.0,
                     "inline_s": 20.0,
@@ -187,7 +187,7 @@ def test_zmq_section_renders_with_and_without_kvshm_publishing() -> None:
     assert "| 32×32 Stored | kvshmd | 250 µs | 500 µs | 2,000 / 2,000 | 4,645 B |" in full
     assert full.count("**PASS**") == 6
     partial = "\n".join(rr.zmq_section(zmq_results(100.0, None)))
-    assert "SKIPPED: issue 12 side (c)" in partial and "kvshmd |" not in partial
+    assert "SKIPPED: ZMQ side (c)" in partial and "kvshmd |" not in partial
     assert partial.count("| skipped |") == 6
     assert rr.zmq_section({}) == []
 

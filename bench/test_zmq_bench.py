@@ -1,4 +1,4 @@
-"""Tests of the issue-12 benchmark's own logic: the vLLM-shaped batches, their wire shape, the subscriber's ts reader
+"""Tests of the ZMQ benchmark's own logic: the vLLM-shaped batches, their wire shape, the subscriber's ts reader
 and the old-API indexer feed (make bench runs these first)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 12's measurements: what an engine pays per KV-event batch, and how fast a subscriber sees it.
+"""The ZMQ publishing measurements: what an engine pays per KV-event batch, and how fast a subscriber sees it.
 
     PYTHONPATH=pybind/src KVSHMD_BIN=build/kvshmd .venv/bin/python bench/zmq_bench.py --out build/bench/zmq.json
 
@@ -29,12 +29,12 @@ Measurements:
   the engine process's CPU (all threads, libzmq's I/O thread included) and the scheduler and publisher threads'
   CPU (pthread CPU clocks) per batch, minus an idle engine running the same pacing loop; kvshmd's CPU for (b)/(c)
   (its threads' schedstat, ns). Again for (a) and (c) at ``--zmq-node-rates`` (default 100 batches/s), the
-  headline workload only: issue 17's node figure, engine + kvshmd against (a), at both rates.
+  headline workload only: the node figure, engine + kvshmd against (a), at both rates.
 * latency: during the threaded runs a pyzmq SUB in another process (``zmq_bench.py sub``) stamps each message's
   arrival with time.time() and subtracts the batch's ts from its payload (the engine's time.time() when it built the
   batch: the same clock across processes).
 
-Without kvshm_conformance, (a) is skipped; without ``kvshm.ZmqPublish``/``apply_batch`` (a kvshm before issue 12),
+Without kvshm_conformance, (a) is skipped; without ``kvshm.ZmqPublish``/``apply_batch`` (a kvshm before ZMQ publishing),
 (c) is skipped; the report says so.
 """
 
@@ -45,7 +45,6 @@ import gc
 import json
 import os
 import queue
-import socket
 import struct
 import sys
 import threading
@@ -61,6 +60,7 @@ import msgspec
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "pybind" / "src"))
+sys.path.insert(0, str(HERE.parent / "testkit"))
 from _common import JsonChild, commands, cpu_self, proc_cpu_s, reply, summary  # noqa: E402
 from _vllm import (  # noqa: E402
     AllBlocksCleared,
@@ -72,6 +72,7 @@ from _vllm import (  # noqa: E402
 )
 
 import kvshm  # noqa: E402
+from kvshm_testkit import free_port  # noqa: E402
 
 SIDES = ("a", "b", "c")
 WORKLOADS = ("headline", "mix")
@@ -80,12 +81,6 @@ DP_RANK = 0  # vLLM's publisher stamps its rank on a batch that has none
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] zmq: {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def reference() -> tuple[Any, str]:
@@ -97,11 +92,11 @@ def reference() -> tuple[Any, str]:
 
 
 def kvshm_publishes() -> str:
-    """Empty when this kvshm has issue 12's publishing API, else why not."""
+    """Empty when this kvshm has the ZMQ publishing API, else why not."""
     missing = [n for n in ("ZmqPublish",) if not hasattr(kvshm, n)]
     if not hasattr(kvshm.LocalIndexer, "apply_batch"):
         missing.append("LocalIndexer.apply_batch")
-    return f"this kvshm has no {', '.join(missing)} (issue 12's publishing API)" if missing else ""
+    return f"this kvshm has no {', '.join(missing)} (the ZMQ publishing API)" if missing else ""
 
 
 # --- the sides ------------------------------------------------------------------------------------------------------
@@ -393,13 +388,13 @@ def available() -> tuple[list[str], list[str]]:
     sides, skipped = [], []
     ref, why = reference()
     if ref is None:
-        skipped.append(f"issue 12 side (a), the engine's own publisher + the reference indexer: {why}")
+        skipped.append(f"ZMQ side (a), the engine's own publisher + the reference indexer: {why}")
     else:
         sides.append("a")
     sides.append("b")
     why = kvshm_publishes()
     if why:
-        skipped.append(f"issue 12 side (c), kvshmd publishing: {why}")
+        skipped.append(f"ZMQ side (c), kvshmd publishing: {why}")
     else:
         sides.append("c")
     return sides, skipped
@@ -419,7 +414,7 @@ def wait_subscribed(sub_child: Child, fire: Callable[[str], object], sides: list
 
 
 def unheard(side: str, seconds: float = 10.0) -> str:
-    return (f"issue 12 side ({side}): the subscriber received nothing from its endpoint within {seconds:.0f} s"
+    return (f"ZMQ side ({side}): the subscriber received nothing from its endpoint within {seconds:.0f} s"
             + (" (kvshmd does not publish: is the daemon's publisher, stream pub, in this build?)" if side == "c"
                else ""))
 
@@ -434,7 +429,7 @@ def inline(cfg: argparse.Namespace, sides: list[str], skipped: list[str]) -> dic
             objs[s] = Side(s, f"tcp://*:{ports[s]}", s, 30 + i)
         except Exception as e:  # reported as skipped, with its reason
             sides.remove(s)
-            skipped.append(f"issue 12 side ({s}) could not start: {type(e).__name__}: {e}")
+            skipped.append(f"ZMQ side ({s}) could not start: {type(e).__name__}: {e}")
     subc = Child("sub", "--connect", ",".join(f"tcp://127.0.0.1:{ports[s]}" for s in sides))
     samples: dict[str, list[int]] = {}
     nbytes: dict[str, list[int]] = {}
@@ -574,7 +569,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--zmq-seconds", type=float, default=float(env("ZMQ_SECONDS", "2")))
     p.add_argument("--zmq-threaded-rounds", type=int, default=int(env("ZMQ_THREADED_ROUNDS", "3")))
     p.add_argument("--zmq-node-rates", default=env("ZMQ_NODE_RATES", "100"),
-                   help="other rates (batches/s) at which (a) and (c) are measured for issue 17's node figure")
+                   help="other rates (batches/s) at which (a) and (c) are measured for the node figure")
     p.add_argument("--zmq-node-seconds", type=float, default=float(env("ZMQ_NODE_SECONDS", "3")))
 
 

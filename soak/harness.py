@@ -1,33 +1,41 @@
 """The soak's harness: its figures and context, kvshmd and producer processes, raw socket and HTTP clients, and the
 judge (a consumer's rebuilt state against the engine's true state, ``model.Truth``). Scenarios live in ``sc_*.py``;
-``soak.py`` runs them."""
+``soak.py`` runs them.
+
+The plumbing is kvshm_testkit's (testkit/README.md): each kvshmd life is a ``Kvshmd``, each child a ``Proc`` with
+JSON-line pipes, HTTP its ``http_get``. Requests kvshm's own client speaks (HEALTH) go through ``kvshm._client``;
+the raw frames here (:func:`rpc`, :func:`read_frame`) are for what it does not: hostile frames and FORGET."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import queue
 import random
 import signal
 import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "testkit"))
 from model import AnswerError, StreamGen, Tree, Truth, consume  # noqa: E402
 
+from kvshm._client import Client, ClientError, FrameError, Kind, RemoteError, encode_frame  # noqa: E402
+from kvshm_testkit import Kvshmd, Proc, Timeout, rss_bytes  # noqa: E402
+from kvshm_testkit import http_get as kit_http_get  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-FRAME = struct.Struct("<IBBH")
-K_ATTACH, K_DETACH, K_EVENTS, K_DUMP, K_STATS, K_MATCH, K_HEALTH, K_FORGET = range(1, 9)
+FRAME = struct.Struct("<IBBH")  # the frame header (proto/sock/PROTOCOL.md), for the hostile frames
+K_ATTACH, K_DETACH, K_EVENTS, K_DUMP, K_STATS, K_MATCH, K_HEALTH = (int(k) for k in Kind)
+K_FORGET = 8  # not a kind of kvshm's client (an operator's request): only raw frames ask it
 BLOCK = 4
 VERBOSE = os.environ.get("SOAK_VERBOSE") == "1"
 JUDGE_DEADLINE = 20.0  # seconds a consumer may take to converge after a fault before it counts as a hang
@@ -35,7 +43,7 @@ JUDGE_DEADLINE = 20.0  # seconds a consumer may take to converge after a fault b
 # Scenarios whose failures are a defect already filed and not yet fixed on the merged code: their failures are
 # counted apart (known) and do not fail the run; SOAK_STRICT=1 counts them as failures. Each names its defect.
 KNOWN: dict[str, str] = {
-    "ring_truncate:publish": "issue 10 #5, producer side, file rings only (LocalIndexer(ring_dir=...) or "
+    "ring_truncate:publish": "a truncated ring file, producer side, file rings only (LocalIndexer(ring_dir=...) or "
     "KVSHM_RING_DIR): a publish into a truncated ring file kills the engine process with SIGBUS (exit -7) when it "
     "comes before the supervisor's next size check (1 s cadence). The default ring, a sealed memfd, cannot be "
     "truncated; "
@@ -148,63 +156,64 @@ def stop_pid(p: subprocess.Popen[Any], *, grace: float = 10.0) -> int | None:
 
 
 class Daemon:
-    """One kvshmd life (restarts make new objects sharing the socket and state dir)."""
+    """One kvshmd life (restarts make new objects sharing the socket and state dir), a ``Kvshmd`` of its own log
+    (``kvshmd-<µs>.log`` in the work dir) healthy within 15 s; its process is counted in ctx.procs."""
 
     def __init__(self, ctx: Ctx, sock: str, state_dir: str, ckpt: str, extra: list[str] | None = None) -> None:
         self.ctx = ctx
         self.sock = sock
         self.state_dir = state_dir
         self.log_path = os.path.join(ctx.work, f"kvshmd-{int(time.time() * 1e6)}.log")
-        args = [ctx.kvshmd, "serve", "--socket", sock, "--http", "127.0.0.1:0", "--log-format", "json",
-                "--frame-timeout", "2s", "--idle-timeout", "20s", "--write-timeout", "5s",
-                "--pid-check-interval", "200ms"]
+        flags = ["--log-format", "json", "--frame-timeout", "2s", "--idle-timeout", "20s", "--write-timeout", "5s",
+                 "--pid-check-interval", "200ms"]
         if state_dir:
-            args += ["--state-dir", state_dir]
+            flags += ["--state-dir", state_dir]
             if ckpt:
-                args += ["--checkpoint-interval", ckpt]
-        args += extra or []
-        self.log = open(self.log_path, "wb")
-        self.p = subprocess.Popen(args, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
-        ctx.procs.append(self.p)
+                flags += ["--checkpoint-interval", ckpt]
+        flags += extra or []
+        self.k = Kvshmd(ctx.kvshmd, Path(sock).parent, socket=Path(sock), log=Path(self.log_path), flags=flags,
+                        runtime_dir=False)
+        try:
+            self.k.start(15.0)
+        except Timeout as e:
+            raise RuntimeError(f"kvshmd did not come up: {self.log_text()[-2000:]}") from e
+        finally:
+            if self.k.proc is not None:
+                ctx.procs.append(self.k.proc.popen)
+        assert self.k.proc is not None
+        self.p = self.k.proc.popen
         self.pid = self.p.pid
-        self.http = ""
+        self.http = self.k.http
         self.expected_exit = False
-        t_end = time.monotonic() + 15
-        while time.monotonic() < t_end and not self.http:
-            if self.p.poll() is not None:
-                raise RuntimeError(f"kvshmd exited {self.p.returncode} at start: {self.log_text()[-2000:]}")
-            for line in self.log_text().splitlines():
-                if '"kvshmd serving"' in line:
-                    self.http = json.loads(line).get("http", "")
-            time.sleep(0.02)
-        if not self.http:
-            raise RuntimeError(f"kvshmd did not come up: {self.log_text()[-2000:]}")
         self.base_fds: int | None = None
         self.base_rss: int | None = None
         self.seen: dict[str, int] = {}
 
     def log_text(self) -> str:
-        with open(self.log_path, "rb") as f:
-            return f.read().decode(errors="replace")
+        return self.k.log_text()
 
     def alive(self) -> bool:
-        return self.p.poll() is None
+        return self.k.alive()
 
     def signal(self, sig: int) -> None:
-        if self.alive():
-            os.kill(self.pid, sig)
         if sig == signal.SIGKILL:
             self.expected_exit = True
-            self.p.wait()
+            self.k.kill()  # and reaped
+        elif self.alive():
+            self.k.send(signal.Signals(sig))
 
     def stop(self) -> None:
         self.expected_exit = True
-        rc = stop_pid(self.p)
+        rc = self.k.stop(10.0)
         if rc is None:
             self.ctx.fail("hangs", f"kvshmd {self.pid} ignored SIGTERM for 10 s")
         elif rc != 0:
             self.ctx.fail("crashes", f"kvshmd {self.pid} exited {rc} at SIGTERM: {self.log_text()[-1500:]}")
-        self.log.close()
+
+    def reap(self) -> None:
+        """Release a life that ended by itself (its log, its entry among the kit's live children)."""
+        if self.k.proc is not None and not self.alive():
+            self.k.proc.reap()
 
     def check(self) -> bool:
         """False when the daemon is gone; a death the soak did not cause counts one crash (with its log tail), and
@@ -230,33 +239,33 @@ class Daemon:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
 
     def rss(self) -> int:
-        with open(f"/proc/{self.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-        return 0
+        return rss_bytes(self.pid)
 
 
 class Piped:
-    """A child process of the soak speaking JSON lines on stdout (read by a thread into ``lines``), its stderr in a
-    log file of the work dir; counted in ctx.procs so the leak check finds it."""
+    """A child process of the soak speaking JSON lines (a kit ``Proc`` with pipes), its stderr in a log file of the
+    work dir; counted in ctx.procs so the leak check finds it."""
 
     def _start(self, ctx: Ctx, argv: list[str], errlog: str, env: dict[str, str] | None) -> None:
-        self.errlog = open(errlog, "wb")
-        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errlog, env=env)
+        self.proc = Proc(os.path.basename(argv[1]) if len(argv) > 1 else argv[0], argv, Path(errlog), env=env,
+                         pipes=True)
+        self.p = self.proc.popen
         ctx.procs.append(self.p)
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
 
-    def _read(self) -> None:
-        assert self.p.stdout is not None
-        for line in self.p.stdout:
-            self.lines.put(line.decode())
-        self.lines.put(None)
+    def _line(self, timeout: float) -> dict[str, Any] | None:
+        """The next JSON line within ``timeout`` s; None when the child closed its stdout (exited). Raises Timeout."""
+        try:
+            return self.proc.ask(None, timeout)
+        except RuntimeError:
+            return None
+
+    def _write(self, line: str) -> None:
+        assert self.p.stdin is not None
+        self.p.stdin.write((line + "\n").encode())
+        self.p.stdin.flush()
 
     def stderr(self) -> str:
-        with open(self.errlog.name, "rb") as f:
-            return f.read().decode(errors="replace")
+        return self.proc.log_text()
 
 
 class Producer(Piped):
@@ -294,20 +303,16 @@ class Producer(Piped):
 
     def _get(self, timeout: float) -> dict[str, Any] | None:
         try:
-            line = self.lines.get(timeout=timeout)
-        except queue.Empty:
+            out = self._line(timeout)
+        except Timeout:
             self.ctx.fail("hangs", f"producer {self.pid} gave no reply in {timeout} s")
             return None
-        if line is None:
+        if out is None:
             self.check()
-            return None
-        out: dict[str, Any] = json.loads(line)
         return out
 
     def send(self, cmd: dict[str, Any]) -> None:
-        assert self.p.stdin is not None
-        self.p.stdin.write((json.dumps(cmd) + "\n").encode())
-        self.p.stdin.flush()
+        self._write(json.dumps(cmd))
         self.outstanding += 1
 
     def call(self, cmd: dict[str, Any], timeout: float = 60) -> dict[str, Any] | None:
@@ -373,8 +378,8 @@ class Producer(Piped):
         """SIGKILL by pid (a fault): the streams keep the events the process published before."""
         self.dead = True
         self.ctx.dead_rings.update(os.path.basename(r) for r in self.rings.values())
-        os.kill(self.pid, signal.SIGKILL)
-        self.p.wait()
+        self.proc.send(signal.SIGKILL)
+        self.proc.reap()
         for w in self.workers:
             self.ctx.acked[w] = None  # unknown: the judge takes the answer's last_event_id
             self.ctx.ended.add(w)
@@ -382,6 +387,7 @@ class Producer(Piped):
     def quit(self) -> None:
         if self.dead:
             stop_pid(self.p, grace=2)
+            self.proc.reap()
             return
         r = self.call({"op": "quit"}, timeout=30)
         self.dead = True
@@ -391,16 +397,17 @@ class Producer(Piped):
         rc = stop_pid(self.p, grace=10)
         if rc not in (0, None) and rc != -signal.SIGTERM:
             self.ctx.fail("crashes", f"producer {self.pid} exited {rc} at quit: {self.stderr()[-1500:]}")
-        self.errlog.close()
+        self.proc.reap()
 
 
 # ---------------------------------------------------------------------------------------------------- clients
 def rpc(sock: str, kind: int, body: bytes, timeout: float = 10.0) -> tuple[int, int, int, bytes]:
-    """One raw request on a fresh connection; returns (version, kind, status, body) of the reply."""
+    """One raw request (kvshm's own frame, ``encode_frame``) on a fresh connection; returns (version, kind, status,
+    body) of the reply as it came, unchecked: for the kinds and replies kvshm's client does not speak or accept."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         s.connect(sock)
-        s.sendall(FRAME.pack(len(body) + 4, 1, kind, 0) + body)
+        s.sendall(encode_frame(kind, body))
         return read_frame(s)
 
 
@@ -428,25 +435,22 @@ def healthy(ctx: Ctx, what: str, timeout: float = 10.0) -> bool:
     assert d is not None
     t0 = time.monotonic()
     try:
-        v, k, st, _ = rpc(d.sock, K_HEALTH, b"{}", timeout)
-        if (v, k, st) != (1, K_HEALTH, 0):
-            ctx.fail("wrong_answers", f"HEALTH after {what} replied version {v} kind {k} status {st}")
+        with Client(d.sock, connect_timeout=timeout, timeout=timeout) as c:
+            c.health()
         return True
-    except (OSError, ValueError, ConnectionError) as e:
+    except (RemoteError, FrameError) as e:  # an answer, and a wrong one
+        ctx.fail("wrong_answers", f"HEALTH after {what}: {e}")
+        return True
+    except (ClientError, OSError) as e:
         if d.check():
             ctx.fail("hangs", f"HEALTH after {what} failed after {time.monotonic() - t0:.1f} s: {e!r}")
         return False
 
 
 def http_get(addr: str, path: str, timeout: float = 15.0) -> tuple[int, dict[str, str], bytes]:
-    host, port = addr.rsplit(":", 1)
-    c = http.client.HTTPConnection(host, int(port), timeout=timeout)
-    try:
-        c.request("GET", path)
-        r = c.getresponse()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
-    finally:
-        c.close()
+    """GET ``path`` of ``addr`` (host:port): (status, lower-cased headers, body); status 0 when nothing answered."""
+    r = kit_http_get(f"http://{addr}{path}", timeout)
+    return r.status, r.headers, r.body if r.status else r.error.encode()
 
 
 # ---------------------------------------------------------------------------------------------------- the judge
@@ -473,10 +477,7 @@ def _judge_one(ctx: Ctx, w: int, what: str, cold: bool, deadline: float) -> None
         start = 0 if state.last is None else state.last + 1
         path = (f"/workers/{w}/kv_recover?start={start}" if ctx.rng.random() < 0.5
                 else f"/kv_recover?start={start}&worker_id={w}")
-        try:
-            status, hdrs, body = http_get(d.http, path)
-        except (OSError, http.client.HTTPException) as e:
-            status, hdrs, body = 0, {}, repr(e).encode()
+        status, hdrs, body = http_get(d.http, path)
         if status != 200:
             problem = f"GET {path}: HTTP {status} {body[:300]!r}"
         else:
@@ -599,10 +600,7 @@ def publish_some(ctx: Ctx, p: Producer, n: int, pace_us: int = 0) -> None:
 
 def restart_daemon(ctx: Ctx, old: Daemon) -> None:
     old.check()
-    try:
-        old.log.close()
-    except OSError:
-        pass
+    old.reap()
     ctx.daemon = Daemon(ctx, old.sock, old.state_dir, "200ms")
     healthy(ctx, "restart")
 
@@ -619,23 +617,19 @@ class Child(Piped):
     def get(self, timeout: float = 60) -> dict[str, Any] | None:
         """The next reply, or None (a hang or a death, counted, with the child's stderr)."""
         try:
-            line = self.lines.get(timeout=timeout)
-        except queue.Empty:
+            out = self._line(timeout)
+        except Timeout:
             self.ctx.fail("hangs", f"{self.name} {self.p.pid} gave no reply in {timeout} s")
             return None
-        if line is None:
+        if out is None:
             self.p.wait()
             self.ctx.fail("crashes", f"{self.name} {self.p.pid} died with {self.p.returncode}: "
                           f"{self.stderr()[-1500:]}")
-            return None
-        out: dict[str, Any] = json.loads(line)
         return out
 
     def call(self, cmd: dict[str, Any] | str, timeout: float = 60) -> dict[str, Any] | None:
-        assert self.p.stdin is not None
         try:
-            self.p.stdin.write(((cmd if isinstance(cmd, str) else json.dumps(cmd)) + "\n").encode())
-            self.p.stdin.flush()
+            self._write(cmd if isinstance(cmd, str) else json.dumps(cmd))
         except (BrokenPipeError, OSError):
             pass
         return self.get(timeout)
@@ -654,4 +648,4 @@ class Child(Piped):
             rc = stop_pid(self.p, grace=5)
         if rc not in (0, None):
             self.ctx.fail("crashes", f"{self.name} {self.p.pid} exited {rc}: {self.stderr()[-1500:]}")
-        self.errlog.close()
+        self.proc.reap()

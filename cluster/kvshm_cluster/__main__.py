@@ -13,7 +13,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from . import faults, net, procs
+from kvshm_testkit import kill_live, markdown_table
+
+from . import faults, net
 from .cluster import Cluster, Config
 from .faults import must_converge
 from .router import KINDS
@@ -24,8 +26,7 @@ def _term(signum: int, frame: FrameType | None) -> None:
 
 
 def cleanup(n: net.Net | None) -> None:
-    for p in list(procs.LIVE.values()):
-        p.kill()
+    kill_live()
     if n is not None:
         n.down()
 
@@ -71,11 +72,9 @@ def table(rows: list[faults.Row]) -> str:
         f = _key(k[0])
         return (order.index(f) if f in order else 99, ROUTER_ORDER.get(k[1], 9), k[1], k[2])
 
-    head = "| fault | router | " + " | ".join(f"{p}: extra / missing, converged" for p in pubs) + " |\n"
-    head += "|---|---|" + "---|" * len(pubs) + "\n"
-    lines = [f"| {f} | {f'{kind} {rt}' if named else rt} | " + " | ".join(cells[(f, kind, rt)].get(p, "") for p in pubs)
-             + " |" for f, kind, rt in sorted(cells, key=sort_key)]
-    return head + "\n".join(lines)
+    return markdown_table(["fault", "router", *(f"{p}: extra / missing, converged" for p in pubs)],
+                          [[f, f"{kind} {rt}" if named else str(rt), *(cells[(f, kind, rt)].get(p, "") for p in pubs)]
+                           for f, kind, rt in sorted(cells, key=sort_key)])
 
 
 ROUTER_ORDER = {"dynamo": 0, "llmd": 1}

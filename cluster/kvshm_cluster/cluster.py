@@ -10,7 +10,6 @@ truth, taken when the producers go idle (they then publish only probes, which le
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 import time
@@ -18,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvshm_testkit import Kvshmd, Proc, cpu_seconds, extra_missing_keyed
+
 from .gen import BLOCK_SIZE
 from .net import Net
-from .procs import Proc, cpu_seconds, http_get, wait_until
 from .router import Key, Router, llmd_topic
 
 PUB_BASE = 5600
@@ -77,8 +77,7 @@ class Node:
     ns: str
     ip: str
     dir: Path
-    kvshmd: Proc | None = None
-    kvshmd_starts: int = 0
+    kvshmd: Kvshmd | None = None  # made at its first start
     producers: dict[Key, Producer] = field(default_factory=dict)
 
     @property
@@ -122,18 +121,14 @@ class Cluster:
             self.start_router(rt)
 
     def start_kvshmd(self, n: Node) -> None:
-        env = dict(os.environ, XDG_RUNTIME_DIR=str(n.dir / "xdg"))
-        (n.dir / "xdg").mkdir(mode=0o700, exist_ok=True)
-        argv = [*self.net.exec(n.ns), str(self.cfg.kvshmd), "serve", "--socket", str(n.socket), "--http",
-                f"{n.ip}:{KVSHMD_HTTP_PORT}"]
-        if "llmd" in self.cfg.kinds:
+        """The node's kvshmd (XDG_RUNTIME_DIR in the node's dir), started or started again, healthy within 30 s."""
+        if n.kvshmd is None:
             # llm-d's replay consumer asks from seq 0 when it has none and takes only a reply that starts there: wire
             # seqs from 1, kept across the daemon's restarts by its state dir, and contiguous replies (the default).
-            argv += ["--zmq-seq-base", "zero"]
-        n.kvshmd = Proc(f"kvshmd {n.index}", argv, n.dir / "kvshmd.log", env=env)
-        n.kvshmd_starts += 1
-        url = f"http://{n.ip}:{KVSHMD_HTTP_PORT}/healthz"
-        wait_until(f"kvshmd {n.index} /healthz", lambda: http_get(url, 1.0)[0] == 200, 30.0)
+            flags = ["--zmq-seq-base", "zero"] if "llmd" in self.cfg.kinds else []
+            n.kvshmd = Kvshmd(self.cfg.kvshmd, n.dir, http=f"{n.ip}:{KVSHMD_HTTP_PORT}", flags=flags,
+                              socket=n.socket, prefix=self.net.exec(n.ns), name=f"kvshmd {n.index}")
+        n.kvshmd.start(30.0)
 
     def worker_id(self, n: Node, w: int) -> int:
         return 100 * n.index + w
@@ -218,9 +213,7 @@ class Cluster:
                 if state is None:
                     last[rt.ns_index] = (-1, -1, "/dump failed")
                     continue
-                extra = sum(len(state.get(k, set()) - t) for k, t in self.truth.items())
-                extra += sum(len(v) for k, v in state.items() if k not in self.truth)
-                missing = sum(len(t - state.get(k, set())) for k, t in self.truth.items())
+                extra, missing = extra_missing_keyed(state, self.truth)
                 last[rt.ns_index] = (extra, missing, "")
                 if extra == 0 and missing == 0:
                     done[rt.ns_index] = Verdict(rt.index, 0, 0, True, max(0.0, asked - since), kind=rt.kind)

@@ -26,6 +26,8 @@ import threading
 import time
 from typing import Any, Final
 
+from kvshm_testkit import serve_kv_recover
+
 from .gen import BLOCK_SIZE, Cache, Event, Removed, Stored
 
 PROBE_S: Final = 0.5
@@ -57,7 +59,7 @@ class Publisher:
                                                      buffer_steps=a.buffer_steps, topic=a.topic)
 
         # The engine-served /kv_recover of vLLM's deepinfra fork: Dynamo's LocalKvIndexer in the engine process
-        # (the conformance crate's module), fed the same events, served over HTTP (bench/_child.py's serve_ref).
+        # (the conformance crate's module), fed the same events, served over HTTP (kvshm_testkit.serve_kv_recover).
         self.ref: Any = None
         self.ref_seq = 0
         if a.ref_http:
@@ -65,7 +67,7 @@ class Publisher:
 
             self.ref = kvshm_conformance.LocalIndexer(a.worker, BLOCK_SIZE)
             host, port = a.ref_http.rsplit(":", 1)
-            _serve_ref(self.ref, host, int(port))
+            serve_kv_recover(self.ref, host, int(port))
 
     def _feed_ref(self, events: list[Event]) -> None:
         for e in events:
@@ -111,34 +113,6 @@ class Publisher:
             self.ix.shutdown()
         else:
             self.vp.shutdown()
-
-
-def _serve_ref(ix: Any, host: str, port: int) -> None:
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-    from urllib.parse import parse_qs, urlparse
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            url = urlparse(self.path)
-            if url.path != "/kv_recover":
-                self.send_error(404)
-                return
-            q = parse_qs(url.query)
-            start = int(q["start"][0]) if "start" in q else None
-            end = int(q["end"][0]) if "end" in q else None
-            body = ix.get_events_json(start, end).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
-            pass
-
-    srv = ThreadingHTTPServer((host, port), Handler)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
 
 
 def _unoffset(endpoint: str, rank: int) -> str:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .procs import Proc, http_get, http_post, wait_until
+from kvshm_testkit import Proc, http_get, http_post, wait_until
 
 MODEL = "cluster"
 Key = tuple[int, int]  # (worker_id, dp_rank)
@@ -71,7 +71,7 @@ class Router:
                          self.log)
         self.starts += 1
         wait_until(f"{self.kind} router {self.index} /health",
-                   lambda: http_get(self.url + "/health", 1.0)[0] == 200, 30.0)
+                   lambda: http_get(self.url + "/health", 1.0).status == 200, 30.0)
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -80,20 +80,20 @@ class Router:
 
     def signal(self, sig: signal.Signals) -> None:
         if self.proc is not None:
-            self.proc.signal(sig)
+            self.proc.send(sig, group=True)
 
     def register(self, worker: int, rank: int, endpoint: str, replay: str, block_size: int) -> None:
         body = {"instance_id": worker, "endpoint": endpoint, "replay_endpoint": replay, "model_name": MODEL,
                 "block_size": block_size, "dp_rank": rank}
-        status, text = http_post(self.url + "/register", json.dumps(body).encode())
-        if status // 100 != 2:
-            raise RuntimeError(f"{self.kind} router {self.index} /register: {status} {text[:300]!r}")
+        r = http_post(self.url + "/register", json.dumps(body).encode())
+        if not r.ok:
+            raise RuntimeError(f"{self.kind} router {self.index} /register: {r.status} {(r.text or r.error)[:300]!r}")
 
     def state(self, timeout: float = 30.0) -> tuple[dict[Key, set[int]] | None, int, float]:
         """(state or None when /dump fails, body bytes, seconds the dump took)."""
         t0 = time.monotonic()
-        status, body = http_get(self.url + "/dump", timeout)
+        r = http_get(self.url + "/dump", timeout)
         dt = time.monotonic() - t0
-        if status != 200:
+        if r.status != 200:
             return None, 0, dt
-        return dump_state(json.loads(body)), len(body), dt
+        return dump_state(r.json()), len(r.body), dt

@@ -15,10 +15,11 @@ import json
 import time
 from typing import Any
 
-from . import net, procs
+from kvshm_testkit import Timeout, cpu_seconds, http_get, http_post, kill_live, wait_until
+
+from . import net
 from .cluster import KVSHMD_HTTP_PORT, REF_HTTP_PORT, Cluster, Config
 from .gen import BLOCK_SIZE
-from .procs import http_get, http_post
 from .router import MODEL, Router
 
 TIMEOUT = 300.0
@@ -30,11 +31,10 @@ def _full(rt: Router, probes: dict[int, list[int]]) -> bool:
     """Whether the router scores every worker's last segment whole."""
     # One query per worker: the segments differ, and a worker's score is its own.
     for w, tokens in probes.items():
-        status, body = http_post(rt.url + "/query", json.dumps({"token_ids": tokens, "model_name": MODEL}).encode(),
-                                 10.0)
-        if status != 200:
+        r = http_post(rt.url + "/query", json.dumps({"token_ids": tokens, "model_name": MODEL}).encode(), 10.0)
+        if r.status != 200:
             return False
-        got = json.loads(body).get("scores", {}).get(str(w), {}).get("0", 0)
+        got = r.json().get("scores", {}).get(str(w), {}).get("0", 0)
         if got < len(tokens):
             return False
     return True
@@ -52,11 +52,11 @@ def _fetch_all(urls: list[str]) -> tuple[float, int]:
     t0 = time.monotonic()
     got = 0
     for url in urls:
-        status, body = http_get(url, 120.0)
-        if status != 200:
-            raise procs.Timeout(f"{url}: HTTP {status}")
-        got += len(body)
-        json.loads(body)
+        r = http_get(url, 120.0)
+        if r.status != 200:
+            raise Timeout(f"{url}: HTTP {r.status} {r.error}")
+        got += len(r.body)
+        r.json()
     return round(time.monotonic() - t0, 2), got
 
 
@@ -79,7 +79,7 @@ def one(nodes: int, blocks: int, publisher: str, a: argparse.Namespace, seed: in
         for p in c.producers():
             p.proc.ask({"op": "idle"}, TIMEOUT)  # probes every 0.5 s: a restarted router sees each stream
         rt = c.routers[0]
-        procs.wait_until("first router holds every cache", lambda: _full(rt, probes), TIMEOUT, 0.5)
+        wait_until("first router holds every cache", lambda: _full(rt, probes), TIMEOUT, 0.5)
         rns = n.router_ns(1)
         # kvshmd's CPU while nothing but probes flows (heartbeats, probes, checkpoints): the storm's baseline.
         cpu0, t0 = c.kvshmd_cpu(), time.monotonic()
@@ -92,10 +92,10 @@ def one(nodes: int, blocks: int, publisher: str, a: argparse.Namespace, seed: in
             t0 = time.monotonic()
             rt.kill()
             c.start_router(rt)
-            procs.wait_until("restarted router holds every cache", lambda: _full(rt, probes), TIMEOUT, 0.1)
+            wait_until("restarted router holds every cache", lambda: _full(rt, probes), TIMEOUT, 0.1)
             run = {"restart_s": round(time.monotonic() - t0, 2)}
             assert rt.proc is not None
-            run["router_cpu_s"] = round(procs.cpu_seconds(rt.proc.pid), 2)
+            run["router_cpu_s"] = round(cpu_seconds(rt.proc.pid), 2)
             rx1, pk1 = n.rx(rns)
             run["wire_bytes"], run["wire_packets"] = rx1 - rx0, pk1 - pk0
             if publisher == "kvshm":
@@ -120,11 +120,10 @@ def one(nodes: int, blocks: int, publisher: str, a: argparse.Namespace, seed: in
             cpu1 = c.kvshmd_cpu() if publisher == "kvshm" else c.producers_cpu()
             out["kv_recover_server_cpu_s"] = round(cpu1 - cpu0, 2)
         c.stop()
-    except procs.Timeout as e:
+    except Timeout as e:
         out["error"] = str(e)
     finally:
-        for child in list(procs.LIVE.values()):
-            child.kill()
+        kill_live()
         n.down()
     print(f"  scale {publisher:<6} {nodes:>3} nodes x {blocks} blocks: {out}", flush=True)
     return out

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .procs import Proc, Timeout, http_get, http_post, wait_until
+from kvshm_testkit import Proc, Timeout, http_get, http_post, wait_until
 
 BLOCK_SIZE = 32
 NUM_BLOCKS = 64
@@ -91,7 +91,7 @@ class Engine:
             if not proc.alive():
                 tail = self.log.read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"engine exited with {proc.popen.returncode} while starting:\n{tail}")
-            return http_get(self.url + "/health", 2.0)[0] == 200
+            return http_get(self.url + "/health", 2.0).status == 200
 
         wait_until("engine /health", ready, READY_TIMEOUT, 1.0)
 
@@ -118,8 +118,7 @@ class Engine:
         for _ in range(n):
             prompt = rng.choice(prefixes) + [rng.randrange(VOCAB) for _ in range(2 * BLOCK_SIZE + 5)]
             body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "temperature": 0.0}
-            status, _ = http_post(self.url + "/v1/completions", json.dumps(body).encode(), timeout=60.0)
-            ok += status == 200
+            ok += http_post(self.url + "/v1/completions", json.dumps(body).encode(), timeout=60.0).status == 200
         return ok
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import zmq
 
-from .procs import Proc, http_get, http_post, wait_until
+from kvshm_testkit import Proc, http_get, http_post, wait_until
 
 MODEL_NAME = "e2e"
 
@@ -24,11 +24,6 @@ class State:
 
     hashes: frozenset[int]
     note: str = ""  # "down" (nothing answers), "incomplete" (kvshmd's Kvshm-State), an error
-
-
-def diff(got: State, truth: frozenset[int]) -> tuple[int, int]:
-    """(extra, missing) block counts of ``got`` against the truth."""
-    return len(got.hashes - truth), len(truth - got.hashes)
 
 
 class Router:
@@ -66,7 +61,7 @@ class Router:
     def start(self) -> None:
         self.proc = Proc("router", [str(self.binary), "--port", str(self.port)], self.log)
         self.starts += 1
-        wait_until("router /health", lambda: http_get(self.url + "/health", 1.0)[0] == 200, 20.0)
+        wait_until("router /health", lambda: http_get(self.url + "/health", 1.0).status == 200, 20.0)
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -76,15 +71,15 @@ class Router:
     def register(self, worker_id: int, endpoint: str, replay_endpoint: str, block_size: int) -> None:
         body = {"instance_id": worker_id, "endpoint": endpoint, "replay_endpoint": replay_endpoint,
                 "model_name": MODEL_NAME, "block_size": block_size, "dp_rank": 0}
-        status, text = http_post(self.url + "/register", json.dumps(body).encode())
-        if status // 100 != 2:
-            raise RuntimeError(f"router /register: {status} {text[:300]!r}")
+        r = http_post(self.url + "/register", json.dumps(body).encode())
+        if not r.ok:
+            raise RuntimeError(f"router /register: {r.status} {(r.body or r.error.encode())[:300]!r}")
 
     def state(self, worker_id: int) -> State:
-        status, _, body = http_get(self.url + "/dump")
-        if status != 200:
-            return State(frozenset(), f"/dump {status or 'down'}")
-        doc: dict[str, Any] = json.loads(body)
+        r = http_get(self.url + "/dump")
+        if r.status != 200:
+            return State(frozenset(), f"/dump {r.status or 'down'}")
+        doc: dict[str, Any] = r.json()
         hashes: set[int] = set()
         for entry in doc.values():
             for ev in entry.get("events", []):
@@ -110,19 +105,19 @@ def _apply(hashes: set[int], data: Any) -> None:
         hashes.clear()
 
 
-class Kvshmd:
+class KvshmdJudge:
     """kvshmd's HTTP ``/kv_recover?start=0`` for one worker: the events (or tree dump) applied in order."""
 
     def __init__(self, http: str) -> None:
         self.http = http
 
     def state(self, worker_id: int) -> State:
-        status, headers, body = http_get(f"http://{self.http}/workers/{worker_id}/kv_recover?start=0")
-        if status == 0:
+        r = http_get(f"http://{self.http}/workers/{worker_id}/kv_recover?start=0", 5.0)
+        if r.status == 0:
             return State(frozenset(), "down")
-        if status != 200:
-            return State(frozenset(), f"{status}")
-        doc = json.loads(body)
+        if r.status != 200:
+            return State(frozenset(), f"{r.status}")
+        doc = r.json()
         hashes: set[int] = set()
         # Dynamo's WorkerKvQueryResponse: {"Events": {"events": [...], ...}} or {"TreeDump": {"events": [...]}}.
         variant = next((doc[k] for k in ("Events", "TreeDump") if isinstance(doc, dict) and k in doc), None)
@@ -132,7 +127,7 @@ class Kvshmd:
             return State(frozenset(), f"answer {str(doc)[:60]}")
         for ev in events:
             _apply(hashes, ev["event"]["data"])
-        note = "incomplete" if headers.get("Kvshm-State", "") == "incomplete" else ""
+        note = "incomplete" if r.headers.get("kvshm-state", "") == "incomplete" else ""
         return State(frozenset(hashes), note)
 
 

@@ -9,16 +9,16 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvshm_testkit import Kvshmd, extra_missing, wait_until
+
 from . import truth
 from .engine import BLOCK_SIZE, Engine, Ports
-from .judges import Kvshmd, Router, State, WireRecorder, diff
-from .procs import Proc, http_get, wait_until
+from .judges import KvshmdJudge, Router, State, WireRecorder
 from .table import CONVERGE_TIMEOUT, Check, Judged, Mode, Row
 
 WORKER_ID = 7
@@ -55,15 +55,15 @@ class ModeRun:
         self.tmp = self.dir / "tmp"  # the engine's TMPDIR: where a private kvshmd's directory lives
         self.tmp.mkdir()
         self.truth_path = self.dir / "truth.json"
-        self.socket = self.dir / "kvshmd.sock"
-        self.daemon: Proc | None = None
-        self.daemon_starts = 0
+        # The shared daemon (XDG_RUNTIME_DIR inside this run, so kvshmd's default paths stay in it).
+        self.daemon = Kvshmd(setup.kvshmd_bin, self.dir, http=self.kvshmd_http)
+        self.socket = self.daemon.socket
         self.rng = random.Random(16)
         env = dict(os.environ)
         env.update({
             truth.TRUTH_ENV: str(self.truth_path), "TMPDIR": str(self.tmp),
             "KVSHM_WORKER_ID": str(WORKER_ID),
-            # No KVSHM_KV_BLOCK_SIZE: the plugin must read the block size from vLLM's own config (issue 16).
+            # No KVSHM_KV_BLOCK_SIZE: the plugin must read the block size from vLLM's own config.
             "VLLM_CPU_KVCACHE_SPACE": "1",
         })
         if mode.daemon == "shared":
@@ -71,7 +71,7 @@ class ModeRun:
         elif mode.daemon == "private":
             env["KVSHMD_HTTP"] = self.kvshmd_http  # passed through to the private kvshmd (pybind's launcher)
         self.engine = Engine(setup.model, self.ports, mode.publisher, env, self.dir)
-        self.kvshmd = Kvshmd(self.kvshmd_http) if mode.daemon != "none" else None
+        self.kvshmd = KvshmdJudge(self.kvshmd_http) if mode.daemon != "none" else None
         self.wire = WireRecorder(f"tcp://127.0.0.1:{self.ports.pub}")
         self.rows: list[Row] = []
         self.checks: list[Check] = []
@@ -79,16 +79,8 @@ class ModeRun:
     # --- processes ---------------------------------------------------------------------------------------
 
     def start_daemon(self) -> None:
-        self.daemon_starts += 1
-        env = dict(os.environ)
-        env["XDG_RUNTIME_DIR"] = str(self.dir / "xdg")  # kvshmd's default paths stay inside this run
-        (self.dir / "xdg").mkdir(mode=0o700, exist_ok=True)
-        self.daemon = Proc(
-            "kvshmd", [str(self.setup.kvshmd_bin), "serve", "--socket", str(self.socket), "--http",
-                       self.kvshmd_http], self.dir / "kvshmd.log", env=env,
-        )
-        wait_until("kvshmd /healthz", lambda: http_get(f"http://{self.kvshmd_http}/healthz", 1.0)[0] == 200, 20.0)
-        self.wire.incarnation(f"kvshmd {self.daemon_starts}")
+        self.daemon.start(20.0)
+        self.wire.incarnation(f"kvshmd {self.daemon.starts}")
 
     def start_engine(self) -> None:
         self.truth_path.unlink(missing_ok=True)
@@ -214,8 +206,7 @@ class ModeRun:
         return self._requests(FEW_REQUESTS)
 
     def kvshmd_restart(self) -> list[str]:
-        assert self.daemon is not None
-        self.daemon.stop(signal.SIGKILL, 10.0, group=True)
+        self.daemon.kill()
         self.start_daemon()
         return []
 
@@ -231,9 +222,8 @@ class ModeRun:
             self.engine.sigterm()
             self.after_engine_death("final SIGTERM")
         self.router.kill()
-        if self.daemon is not None:
-            self.daemon.stop(signal.SIGTERM, 10.0)
-            self.daemon = None
+        if self.daemon.alive():
+            self.daemon.stop(10.0)
         time.sleep(0.5)
         self.wire.close()
         reused = self.wire.record.reused()
@@ -245,5 +235,5 @@ class ModeRun:
 
 
 def _judged(state: State, hashes: frozenset[int]) -> Judged:
-    extra, missing = diff(state, hashes)
+    extra, missing = extra_missing(state.hashes, hashes)
     return Judged(extra, missing, state.note)

@@ -1,8 +1,10 @@
-"""Rows, the goals of issue 16 / LIFECYCLE.md, and the printed table."""
+"""Rows, the lifecycle goals (LIFECYCLE.md), and the printed table."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from kvshm_testkit import markdown_table
 
 CONVERGE_TIMEOUT = 10.0  # LIFECYCLE.md: a router converges to the exact state within 10 s
 
@@ -71,21 +73,17 @@ class Check:
 
 
 def render(rows: list[Row], checks: list[Check]) -> str:
-    out = [
-        "| step | publisher / daemon | truth | router (Dynamo 1.6.1) extra/missing | kvshmd /kv_recover "
-        "extra/missing | converged | step took | notes |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        conv = f"{r.seconds:.1f} s" if r.seconds is not None else f"> {CONVERGE_TIMEOUT:.0f} s"
-        out.append(
-            f"| {r.step} | {r.mode.name} | {r.truth} | {r.router.cell() if r.router else 'n/a'} | "
-            f"{r.kvshmd.cell() if r.kvshmd else 'n/a'} | {conv} | {r.action:.0f} s | {'; '.join(r.notes)} |"
-        )
-    out += ["", "| check | publisher / daemon | result |", "|---|---|---|"]
-    for c in checks:
-        out.append(f"| {c.name} | {c.mode.name} | {'ok' if c.ok else 'FAIL'}: {c.detail} |")
-    return "\n".join(out)
+    def conv(r: Row) -> str:
+        return f"{r.seconds:.1f} s" if r.seconds is not None else f"> {CONVERGE_TIMEOUT:.0f} s"
+
+    steps = markdown_table(
+        ["step", "publisher / daemon", "truth", "router (Dynamo 1.6.1) extra/missing",
+         "kvshmd /kv_recover extra/missing", "converged", "step took", "notes"],
+        [[r.step, r.mode.name, str(r.truth), r.router.cell() if r.router else "n/a",
+          r.kvshmd.cell() if r.kvshmd else "n/a", conv(r), f"{r.action:.0f} s", "; ".join(r.notes)] for r in rows])
+    judged = markdown_table(["check", "publisher / daemon", "result"],
+                            [[c.name, c.mode.name, f"{'ok' if c.ok else 'FAIL'}: {c.detail}"] for c in checks])
+    return steps + "\n\n" + judged
 
 
 def failures(rows: list[Row], checks: list[Check]) -> list[str]:

@@ -3,23 +3,21 @@ under test), and run a shared kvshmd as an operator would."""
 
 from __future__ import annotations
 
-import http.client
 import json
-import socket
 import struct
-import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvshm import LocalIndexer
-from kvshm._client import Client, ClientError
+from kvshm._client import Client
 from kvshm._launcher import find_kvshmd
 from kvshm._ring import proc_stat
+from kvshm_testkit import Kvshmd, Response
+from kvshm_testkit import http_get as kit_http_get
 
 REPO = Path(__file__).resolve().parents[2]
 TESTDATA = REPO / "testdata"
@@ -87,93 +85,20 @@ def pid_gone(pid: int) -> bool:
     return st is None or st[0] in (b"Z", b"X")
 
 
-@dataclass
-class SharedDaemon:
-    """A kvshmd started by the test, as an operator would run a shared one."""
+class SharedDaemon(Kvshmd):
+    """A kvshmd started by the test, as an operator would run a shared one: kvshm_testkit's ``Kvshmd`` (healthy
+    when HEALTH answers on the socket, within 20 s; ``args`` are more ``kvshmd serve`` flags: --http ADDR,
+    --rank-ports BASE, ...)."""
 
-    socket_path: str
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-    args: tuple[str, ...] = ()  # more `kvshmd serve` flags (--http ADDR, --rank-ports BASE, ...)
-
-    def start(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [find_kvshmd(), "serve", "--socket", self.socket_path, *self.args],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 20
-        while True:
-            assert self.proc.poll() is None, f"kvshmd exited: {self.log_path.read_text()}"
-            try:
-                with Client(self.socket_path, timeout=2) as c:
-                    if c.health()["status"] == "ok":
-                        return
-            except ClientError:
-                pass
-            assert time.monotonic() < deadline, f"kvshmd not ready: {self.log_path.read_text()}"
-            time.sleep(0.01)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+    def __init__(self, socket_path: str, log_path: Path, args: tuple[str, ...] = ()) -> None:
+        super().__init__(find_kvshmd(), Path(socket_path).parent, http=None, flags=args, socket=Path(socket_path),
+                         log=log_path, runtime_dir=False)
+        self.socket_path = socket_path
 
 
-def free_ports(n: int) -> int:
-    """A base port p such that p .. p+n-1 were free on 127.0.0.1 a moment ago (the daemon binds them next; another
-    process could take one in between, which only makes a test fail with a bind error, never pass wrongly)."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base: int = probe.getsockname()[1]
-        if base + n > 65535:
-            continue
-        held = []
-        try:
-            for port in range(base, base + n):
-                sock = socket.socket()
-                held.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in held:
-                sock.close()
-    pytest.fail(f"no {n} consecutive free ports")
-
-
-@dataclass
-class HTTPReply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-def http_get(port: int, path: str) -> HTTPReply:
+def http_get(port: int, path: str) -> Response:
     """GET http://127.0.0.1:port/path as the global indexer does (any status returned, never raised)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        return HTTPReply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
-    finally:
-        conn.close()
+    return kit_http_get(f"http://127.0.0.1:{port}{path}", 30.0)
 
 
 def toks(lo: int, n: int) -> list[int]:

@@ -175,7 +175,7 @@ def test_shared_daemon_via_env(shared_daemon: SharedDaemon, ring_dir: Path, monk
     # The end of its incarnation (LIFECYCLE.md): a Cleared under the id after its last, so none of its blocks stay.
     assert event_ids(kept) == [0, 1] and kept["Events"]["events"][1]["event"]["data"] == "cleared", kept
     assert not os.path.exists(a.stats()["ring_path"])
-    assert shared_daemon.proc is not None and shared_daemon.proc.poll() is None
+    assert shared_daemon.alive()
     b.apply_stored(7, toks(2, 2), [3])
     assert event_ids(query(b, 7)) == [7]
     b.shutdown()

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 from kvshm._client import Client
+from kvshm_testkit import free_port
 
 from conftest import IndexerFactory
 from helpers import (
     SharedDaemon,
     dump_blocks,
     event_ids,
-    free_ports,
     http_get,
     query,
     toks,
@@ -43,7 +43,7 @@ def start_daemon(short_dir: Path, *args: str) -> SharedDaemon:
 @pytest.fixture
 def http_daemon(short_dir: Path) -> Iterator[tuple[SharedDaemon, int]]:
     """A shared kvshmd with --http on a free loopback port."""
-    port = free_ports(1)
+    port = free_port(1)
     d = start_daemon(short_dir, "--http", f"127.0.0.1:{port}")
     wait_for(lambda: http_get(port, "/healthz").status == 200, "the HTTP listener")
     yield d, port
@@ -106,10 +106,10 @@ def test_shared_daemon_two_workers_per_worker_urls(
 def test_vllm_per_rank_producers_share_a_worker_id(short_dir: Path, make_indexer: IndexerFactory) -> None:
     """vLLM: one LocalIndexer per dp rank of one worker_id, each with its own seq space, sharing one kvshmd; each
     rank is reachable by its URL and by its rank port (recover_port + dp_rank, pod discovery)."""
-    port = free_ports(1)
-    base = free_ports(2)
+    port = free_port(1)
+    base = free_port(2)
     while base <= port < base + 2:
-        base = free_ports(2)
+        base = free_port(2)
     d = start_daemon(short_dir, "--http", f"127.0.0.1:{port}", "--rank-ports", str(base))
     try:
         wait_for(lambda: http_get(port, "/healthz").status == 200, "the HTTP listener")

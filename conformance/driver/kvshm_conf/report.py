@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from kvshm_testkit import markdown_table
+
 
 @dataclass
 class Row:
@@ -56,14 +58,7 @@ class Report:
             tot.failures.extend(r.failures)
         dev = ", ".join(f"{k}: {v}" for k, v in sorted(tot.deviations.items())) or "0"
         body.append(["**total**", str(tot.identical), str(tot.same_state), dev, str(len(tot.failures))])
-        widths = [max(len(head[i]), *(len(b[i]) for b in body)) for i in range(len(head))]
-
-        def line(cells: list[str]) -> str:
-            return "| " + " | ".join(c.ljust(widths[i]) for i, c in enumerate(cells)) + " |"
-
-        out = [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-        out.extend(line(b) for b in body)
-        return "\n".join(out)
+        return markdown_table(head, body, pad=True)
 
     def failure_details(self, per_row: int = 4) -> str:
         """The first failures of every row (each says how to replay it: the seed and the op)."""

@@ -27,21 +27,17 @@ producer's next Cleared, the recovered state equals the truth again.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
-import subprocess
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import kvshm
+from kvshm_testkit import Kvshmd, Response, free_port
+from kvshm_testkit import http_get as kit_http_get
 
 from .differential import feed
 from .gen import Profile, generate
@@ -50,100 +46,22 @@ from .rebuild import Follower, state_diff
 from .report import Row
 
 
-def free_port(n: int = 1) -> int:
-    """A base port with ``n`` consecutive ports free right now (best effort: another process may take them)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + n >= 65535:
-            continue
-        ok = True
-        for i in range(1, n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", base + i))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("kvshm_conf: no free port range")
-
-
-@dataclass
-class Answer:
-    status: int
-    body: str
-    headers: dict[str, str]
-
-
-def http_get(url: str, tries: int = 3) -> Answer:
+def http_get(url: str) -> Response:
     """GET as deepinfra's client does: a non-2xx answer is retried (3 tries), then given up."""
-    last = Answer(0, "", {})
-    for attempt in range(tries):
-        try:
-            with urllib.request.urlopen(url, timeout=30) as r:
-                return Answer(r.status, r.read().decode(), {k.lower(): v for k, v in r.headers.items()})
-        except urllib.error.HTTPError as e:
-            last = Answer(e.code, e.read().decode(errors="replace"), {k.lower(): v for k, v in e.headers.items()})
-        except (urllib.error.URLError, OSError) as e:
-            last = Answer(0, str(e), {})
-        time.sleep(0.05 * (attempt + 1))
-    return last
+    return kit_http_get(url, 30.0, tries=3)
 
 
-class Daemon:
-    """A shared ``kvshmd serve --http`` started by the driver (and stopped by its pid only)."""
-
-    def __init__(self, kvshmd: str, rank_ports: bool) -> None:
-        self.dir = tempfile.mkdtemp(prefix="kvshm-conf-")
-        os.chmod(self.dir, 0o700)
-        self.socket = os.path.join(self.dir, "kvshmd.sock")
-        self.port = free_port()
-        self.rank_base = free_port(8) if rank_ports else 0
-        args = [kvshmd, "serve", "--socket", self.socket, "--http", f"127.0.0.1:{self.port}", "--log-level", "warn"]
-        if rank_ports:
-            args += ["--rank-ports", str(self.rank_base)]
-        self.log = open(os.path.join(self.dir, "kvshmd.log"), "wb")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"kvshm_conf: kvshmd exited: {self.output()}")
-            try:
-                if http_get(self.url("/healthz"), tries=1).status == 200:
-                    return
-            except Exception:  # noqa: BLE001 - not up yet
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"kvshm_conf: kvshmd did not answer /healthz: {self.output()}")
-
-    def url(self, path: str, port: int | None = None) -> str:
-        return f"http://127.0.0.1:{self.port if port is None else port}{path}"
-
-    def output(self) -> str:
-        self.log.flush()
-        with open(os.path.join(self.dir, "kvshmd.log"), "rb") as f:
-            return f.read().decode(errors="replace")[-2000:]
-
-    def pause(self) -> None:
-        os.kill(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        os.kill(self.proc.pid, signal.SIGCONT)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.resume()
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+def start_daemon(kvshmd: str, rank_ports: bool) -> tuple[Kvshmd, int]:
+    """A shared ``kvshmd serve --http`` in a fresh 0700 directory (``--rank-ports`` on 8 free ports when asked);
+    the daemon and the base of its rank ports (0 without)."""
+    rank_base = free_port(8) if rank_ports else 0
+    flags = ["--log-level", "warn", *(["--rank-ports", str(rank_base)] if rank_ports else [])]
+    d = Kvshmd(kvshmd, Path(tempfile.mkdtemp(prefix="kvshm-conf-")), flags=flags)
+    try:
+        return d.start(20.0), rank_base
+    except Exception:
+        shutil.rmtree(d.dir, ignore_errors=True)
+        raise
 
 
 @dataclass
@@ -173,7 +91,7 @@ class Listener:
     endpoint: Endpoint
     row: Row
     followers: dict[int, Follower] = field(default_factory=dict)
-    answers: list[Answer] = field(default_factory=list)
+    answers: list[Response] = field(default_factory=list)
     # Until a forced loss, every answer must be complete (no Kvshm-State header).
     allow_incomplete: bool = False
 
@@ -190,17 +108,17 @@ class Listener:
         for u, a in zip(urls[1:], got[1:]):
             if (a.status, a.body) != (first.status, first.body):
                 self.row.add("FAIL", f"{self.name}: {urls[0]} and {u} answer differently: "
-                                     f"{first.body[:120]} / {a.body[:120]}")
+                                     f"{first.text[:120]} / {a.text[:120]}")
             else:
                 self.row.add("identical")
         if first.status != 200:
-            self.row.add("FAIL", f"{self.name}: GET {urls[0]} -> {first.status} {first.body[:200]}")
+            self.row.add("FAIL", f"{self.name}: GET {urls[0]} -> {first.status} {(first.text or first.error)[:200]}")
             return False
         if "kvshm-state" in first.headers and not self.allow_incomplete:
             self.row.add("FAIL", f"{self.name}: GET {urls[0]} says Kvshm-State: {first.headers['kvshm-state']} "
                          f"(lost: {first.headers.get('kvshm-lost-events')}) though nothing was lost")
         self.answers.append(first)
-        self.follower(worker).recover(rank, first.body)
+        self.follower(worker).recover(rank, first.text)
         return True
 
     def deliver(self, worker: int, rank: int, ev: Event, truth: Follower | None = None) -> None:
@@ -243,7 +161,7 @@ class Listener:
 @dataclass
 class Topology:
     name: str
-    daemon: Daemon
+    daemon: Kvshmd
     producers: list[Producer]
     endpoint: Endpoint
     block_size: int = 4
@@ -411,7 +329,7 @@ def forced_loss(
                 f"Kvshm-Lost-Events={a.headers.get('kvshm-lost-events')!r}",
             )
             return
-        f.recover(r, a.body)
+        f.recover(r, a.text)
         lst.answers.append(a)
     st = p.ix.stats()
     if st.get("incomplete") is not True or not st.get("lost_ranges"):
@@ -455,35 +373,40 @@ def forced_loss(
 def topology(name: str, kvshmd: str, seed: int) -> Iterator[Topology]:
     """(a) shared, (b) vllm, (c) trtllm: the daemon, the producers and the consumer's endpoints."""
     bs = 4
-    d = Daemon(kvshmd, rank_ports=name != "shared")
+    d, rank_base = start_daemon(kvshmd, rank_ports=name != "shared")
+    sock = str(d.socket)
+
+    def rank_url(r: int, path: str) -> str:
+        return f"http://127.0.0.1:{rank_base + r}{path}"
+
     producers: list[Producer] = []
     try:
         if name == "shared":
             for w in (11, 12, 13):
-                ix = kvshm.LocalIndexer(w, bs, 32, socket_path=d.socket, ring_bytes=65536)
+                ix = kvshm.LocalIndexer(w, bs, 32, socket_path=sock, ring_bytes=65536)
                 producers.append(Producer(w, None, (0,), ix))
 
             def endpoint(w: int, r: int, s: int, e: int) -> list[str]:
                 return [d.url(f"/workers/{w}/kv_recover?start={s}&end={e}")]
         elif name == "vllm":
             for r in (0, 1, 2):
-                per_rank: dict[str, Any] = {"dp_rank": r}  # contract decision 5 (pybind)
-                ix = kvshm.LocalIndexer(21, bs, 32, socket_path=d.socket, ring_bytes=65536, **per_rank)
+                per_rank: dict[str, Any] = {"dp_rank": r}  # one stream per rank, as vLLM publishes
+                ix = kvshm.LocalIndexer(21, bs, 32, socket_path=sock, ring_bytes=65536, **per_rank)
                 producers.append(Producer(21, r, (r,), ix))
 
             def endpoint(w: int, r: int, s: int, e: int) -> list[str]:
                 return [
                     d.url(f"/workers/{w}/dp/{r}/kv_recover?start={s}&end={e}"),
-                    d.url(f"/kv_recover?start={s}&end={e}", port=d.rank_base + r),
+                    rank_url(r, f"/kv_recover?start={s}&end={e}"),
                 ]
         elif name == "trtllm":
-            ix = kvshm.LocalIndexer(31, bs, 32, socket_path=d.socket, ring_bytes=65536)
+            ix = kvshm.LocalIndexer(31, bs, 32, socket_path=sock, ring_bytes=65536)
             producers.append(Producer(31, None, (0, 1, 2), ix))
 
             def endpoint(w: int, r: int, s: int, e: int) -> list[str]:
                 return [
                     d.url(f"/workers/{w}/dp/{r}/kv_recover?start={s}&end={e}"),
-                    d.url(f"/kv_recover?start={s}&end={e}", port=d.rank_base + r),
+                    rank_url(r, f"/kv_recover?start={s}&end={e}"),
                 ]
         else:
             raise ValueError(f"kvshm_conf: unknown topology {name!r}")
@@ -491,7 +414,8 @@ def topology(name: str, kvshmd: str, seed: int) -> Iterator[Topology]:
     finally:
         for p in producers:
             p.ix.shutdown()
-        d.stop()
+        d.stop(10.0)
+        shutil.rmtree(d.dir, ignore_errors=True)
 
 
 TOPOLOGIES = ("shared", "vllm", "trtllm")

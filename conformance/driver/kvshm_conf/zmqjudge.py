@@ -49,12 +49,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import kvshm_conformance as ref
+from kvshm_testkit import free_port
 
 from .gen import Profile, generate
 from .ops import U64, Cleared, Event, Query, Removed, Stored
 from .rebuild import Follower, state_diff
 from .report import Row
-from .topologies import free_port
 from .vllm_ref import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, RefPublisher, VllmEvent
 
 #: Seconds a judge may take to reach the truth after the last batch was handed to the publisher.
