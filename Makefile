@@ -13,7 +13,7 @@ TESTKIT := $(CURDIR)/testkit
 GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' -not -path './build/*')
 
 .PHONY: venv testkit generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
-	vllm-plugin-test e2e e2e-run e2e-router sglangenv sglang-plugin-test \
+	vllm-plugin-test e2e e2e-run e2e-router sglangenv sglang-plugin-test e2e-sglang e2e-sglang-run \
 	conformance conformance-run conformance-cxx conformance-traces \
 	soak soak-short soakenv soakcheck \
 	cluster cluster-short cluster-prep cluster-tools llmd-router llmd-test
@@ -255,6 +255,29 @@ e2e-run: wheel $(E2EENV)/.stamp e2e-router
 	  -W ignore::DeprecationWarning tests
 	cd e2e && PYTHONPATH=$(TESTKIT) ../$(E2EENV)/bin/python -m kvshm_e2e --router $(CARGO_TARGET_DIR)/release/standalone \
 	  --out ../$(E2E_OUT) $(E2E_ARGS)
+
+# --- SGLang through its whole life (e2e/README.md, "SGLang") ---------------------------------------------------
+# The same lifecycle with SGLang 0.5.23 on CPU (the sglangenv venv; the harness's sgl_kernel stand-in, whose CPU build
+# is not on PyPI), SGLang's own zmq publisher as the control, the same judges, SGLang's radix tree as the truth (the
+# e2e/sglang/truthplugin entry point). The kvshm wheel and the truth plugin go into an overlay site, as for
+# sglang-plugin-test: the shared venv is never modified. Not part of `make test`.
+SGLE2ESITE     := build/sglang-e2e-site
+E2E_SGLANG_OUT := build/e2e-sglang
+e2e-sglang:
+	@start=$$(date +%s); rc=0; $(MAKE) --no-print-directory e2e-sglang-run || rc=$$?; \
+	echo "make e2e-sglang: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
+
+e2e-sglang-run: wheel $(SGLENV)/.stamp e2e-router
+	rm -rf $(SGLE2ESITE)
+	$(SGLENV)/bin/python -m pip install -q --no-deps --target $(SGLE2ESITE) $(WHEEL_GLOB)
+	$(SGLENV)/bin/python -m pip install -q --no-deps --no-build-isolation --target $(SGLE2ESITE) ./e2e/sglang/truthplugin
+	rm -rf e2e/sglang/truthplugin/build e2e/sglang/truthplugin/src/*.egg-info
+	cd e2e && MYPYPATH=$(TESTKIT):$(CURDIR)/$(SGLE2ESITE) ../$(VPY) -m mypy --config-file mypy.ini --python-executable ../$(SGLENV)/bin/python \
+	  kvshm_e2e sglang/truthplugin/src/kvshm_e2e_sglang_truth sglang/stub/sgl_kernel tests/test_sglang.py
+	cd e2e && PYTHONPATH=$(CURDIR)/$(SGLE2ESITE):$(TESTKIT) ../$(SGLENV)/bin/python -m pytest -p no:cacheprovider -q -ra \
+	  --strict-markers -W ignore::DeprecationWarning tests/test_sglang.py
+	cd e2e && PYTHONPATH=$(CURDIR)/$(SGLE2ESITE):$(TESTKIT) ../$(SGLENV)/bin/python -m kvshm_e2e --engine sglang \
+	  --router $(CARGO_TARGET_DIR)/release/standalone --base-port 19600 --out ../$(E2E_SGLANG_OUT) $(E2E_ARGS)
 
 # --- the demo (README's first command) ----------------------------------------------------------------------
 # Fresh machine to a running system: Go modules and the pinned Python tools, the wheel with its static kvshmd,

@@ -106,5 +106,5 @@ def register() -> None:
             _write(path, state["step"], hashes)
         return result
 
-    SchedulerKvEventsPublisher.publish_kv_events = publish_kv_events  # type: ignore[method-assign]
+    SchedulerKvEventsPublisher.publish_kv_events = publish_kv_events
     _patched = True
