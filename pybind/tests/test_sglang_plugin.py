@@ -156,3 +156,24 @@ def test_entry_point_declared() -> None:
     if not eps:
         pytest.skip("kvshm is not installed as a distribution here (PYTHONPATH run)")
     assert eps[0].value == "kvshm.integrations.sglang:register"
+
+
+def test_sglang_structs_match_sglang() -> None:
+    """testdata/vllmwire/sglang_structs.py (the judges' SGLang shape, for venvs without SGLang) encodes every SGLang
+    vector to the bytes SGLang's own structs wrote."""
+    import sys
+
+    import msgspec
+
+    sys.path.insert(0, str(VECTORS.parent))
+    import sglang_structs as ss
+
+    enc = msgspec.msgpack.Encoder()
+    for v in json.loads(VECTORS.read_text())["vectors"]:
+        evs: list[Any] = []
+        for e in v["events"]:
+            o = sglang_event(e)
+            evs.append(getattr(ss, type(o).__name__)(**vars(o)) if not isinstance(o, AllBlocksCleared)
+                       else ss.AllBlocksCleared())
+        got = enc.encode(ss.KVEventBatch(ts=v["ts"], events=evs, attn_dp_rank=v["dp_rank"]))
+        assert got.hex() == v["payload_hex"], v["name"]
