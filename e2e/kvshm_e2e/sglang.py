@@ -48,8 +48,9 @@ def make_model(path: Path) -> Path:
         num_key_value_heads=2, max_position_embeddings=2048, architectures=["LlamaForCausalLM"], bos_token_id=1,
         eos_token_id=2,
     ).save_pretrained(str(path))
-    vocab = {f"w{i}": i for i in range(VOCAB)}
-    vocab["<unk>"] = 0
+    # One token per id (an id given twice makes the saved vocab keep either token: "<unk>" may go missing and
+    # SGLang's warm-up fails to tokenize).
+    vocab = {"<unk>": 0} | {f"w{i}": i for i in range(1, VOCAB)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(path / "tokenizer.json"))

@@ -85,3 +85,13 @@ def test_truth_prober_window_is_bounded() -> None:
     core: Any = type("Core", (), {})()
     core._binding = Binding({3: (["4" * 16], False), 4 + _PROBE_AHEAD: (["5" * 16], False)})
     assert len(_Prober().hashes(core)) == 1
+
+
+def test_model_tokenizer_has_one_token_per_id(tmp_path: Path) -> None:
+    """The tiny model's word-level vocabulary keeps "<unk>" (SGLang's warm-up tokenizes text: unknown words) and
+    every id once."""
+    from kvshm_e2e.sglang import VOCAB, make_model
+
+    vocab = json.loads((make_model(tmp_path / "m") / "tokenizer.json").read_text())["model"]["vocab"]
+    assert vocab["<unk>"] == 0 and sorted(vocab.values()) == list(range(VOCAB))
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
