@@ -13,7 +13,7 @@ TESTKIT := $(CURDIR)/testkit
 GOFILES := $(shell find . -name '*.go' -not -path './.venv/*' -not -path './build/*')
 
 .PHONY: venv testkit generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
-	vllm-plugin-test e2e e2e-run e2e-router sglangenv sglang-plugin-test e2e-sglang e2e-sglang-run \
+	vllm-plugin-test e2e e2e-run e2e-router sglangenv sglang-plugin-test e2e-sglang e2e-sglang-run bench-sglang \
 	conformance conformance-run conformance-cxx conformance-traces \
 	soak soak-short soakenv soakcheck \
 	cluster cluster-short cluster-prep cluster-tools llmd-router llmd-test
@@ -278,6 +278,15 @@ e2e-sglang-run: wheel $(SGLENV)/.stamp e2e-router
 	  --strict-markers -W ignore::DeprecationWarning tests/test_sglang.py
 	cd e2e && PYTHONPATH=$(CURDIR)/$(SGLE2ESITE):$(TESTKIT) ../$(SGLENV)/bin/python -m kvshm_e2e --engine sglang \
 	  --router $(CARGO_TARGET_DIR)/release/standalone --base-port 19600 --out ../$(E2E_SGLANG_OUT) $(E2E_ARGS)
+
+# SGLang's engine cost per published batch, kvshm's plugin against SGLang's own publisher (bench/sglang_bench.py; its
+# table goes into bench/RESULTS.md's SGLang section by hand, with the command). Not in `make bench` (needs sglangenv).
+SGLBENCHSITE := build/sglang-bench-site
+bench-sglang: wheel $(SGLENV)/.stamp
+	rm -rf $(SGLBENCHSITE)
+	$(SGLENV)/bin/python -m pip install -q --no-deps --target $(SGLBENCHSITE) $(WHEEL_GLOB)
+	PYTHONPATH=$(CURDIR)/$(SGLBENCHSITE):$(TESTKIT) SGLANG_USE_CPU_ENGINE=1 $(SGLENV)/bin/python bench/sglang_bench.py \
+	  --out build/bench/sglang.json
 
 # --- the demo (README's first command) ----------------------------------------------------------------------
 # Fresh machine to a running system: Go modules and the pinned Python tools, the wheel with its static kvshmd,
