@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -27,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated subset of the engine's modes (default all): "
                          + "; ".join(m.name for m in MODES + SGLANG_MODES))
     args = ap.parse_args(argv)
+    # SIGTERM (a timeout, a stopped CI job) ends the run through the modes' teardown (finally): no engine, router or
+    # kvshmd is left behind. SIGINT does so already (KeyboardInterrupt), except in a background job, which ignores it.
+    signal.signal(signal.SIGTERM, lambda sig, _frame: sys.exit(128 + sig))
     modes = SGLANG_MODES if args.engine == "sglang" else MODES
     wanted = {w.strip() for w in args.modes.split(",") if w.strip()} or {m.name for m in modes}
     args.out.mkdir(parents=True, exist_ok=True)
