@@ -274,8 +274,10 @@ class KvshmSide:
         import kvshm
 
         self.wire = p.wire
-        wire = {"wire": "sglang"} if p.wire == "sglang" else {}
-        publish = kvshm.ZmqPublish(endpoint=f"tcp://*:{base}", replay_endpoint=f"tcp://*:{rbase}", **wire)
+        publish = kvshm.ZmqPublish(endpoint=f"tcp://*:{base}", replay_endpoint=f"tcp://*:{rbase}")
+        if p.wire == "sglang":
+            publish = kvshm.ZmqPublish(endpoint=publish.endpoint, replay_endpoint=publish.replay_endpoint,
+                                       wire="sglang")
         self.ix: dict[int, Any] = {}
         self.sent: dict[int, int] = {}
         for r in p.ranks:
