@@ -13,12 +13,14 @@ Cleared, with a fixed ts), the payload of the marker as the engine encodes it, a
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
+import pytest
 import zmq
 
 END = [b"", b"", b"\xff" * 8, b""]  # the engines' replay end marker, after the DEALER strips the identity
@@ -45,6 +47,17 @@ class Engine:
 
 
 MARKER_TS = 0.75
+
+
+def plugin_env(monkeypatch: pytest.MonkeyPatch, plugins_var: str) -> Path:
+    """The plugin tests' environment: a fresh ring directory (returned), block size 4, worker 3, and the engine's
+    plugin allow-list (``plugins_var``: VLLM_PLUGINS, SGLANG_PLUGINS) naming only kvshm."""
+    d = Path(tempfile.mkdtemp(prefix="kve-"))
+    monkeypatch.setenv("KVSHM_KV_BLOCK_SIZE", "4")
+    monkeypatch.setenv("KVSHM_WORKER_ID", "3")
+    monkeypatch.setenv("KVSHM_RING_DIR", str(d))
+    monkeypatch.setenv(plugins_var, "kvshm")
+    return d
 
 
 def recv(sock: zmq.Socket[bytes]) -> Frames:

@@ -17,7 +17,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
@@ -120,12 +119,7 @@ def check(publish: Callable[[Any], object], ix: Callable[[], LocalIndexer | None
 
 @pytest.fixture
 def ring_dir(monkeypatch: pytest.MonkeyPatch) -> Path:
-    d = Path(tempfile.mkdtemp(prefix="kvs-"))
-    monkeypatch.setenv("KVSHM_KV_BLOCK_SIZE", "4")
-    monkeypatch.setenv("KVSHM_WORKER_ID", "3")
-    monkeypatch.setenv("KVSHM_RING_DIR", str(d))
-    monkeypatch.setenv("SGLANG_PLUGINS", "kvshm")
-    return d
+    return wirecheck.plugin_env(monkeypatch, "SGLANG_PLUGINS")
 
 
 def test_kvshm_publisher_in_real_sglang(ring_dir: Path) -> None:

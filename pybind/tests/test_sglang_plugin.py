@@ -7,6 +7,7 @@ ZmqEventPublisher, is pybind/sglang_test (make sglang-plugin-test)."""
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,43 +19,16 @@ from vllm_shapes import recv_batch, warm_up
 from kvshm.integrations.sglang import KvshmSGLangPublisher, kvshm_endpoint
 
 VECTORS = Path(__file__).resolve().parents[2] / "testdata" / "vllmwire" / "vectors_sglang.json"
-U64 = 1 << 64
+sys.path.insert(0, str(VECTORS.parent))
+# SGLang 0.5.23's event structs (msgspec, as SGLang's own): the objects SGLang hands its publisher.
+from sglang_structs import AllBlocksCleared, BlockRemoved, BlockStored, signed  # noqa: E402
 
 
 @dataclass
-class BlockStored:  # SGLang 0.5.23's fields, in its order
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[Any]
-    block_size: int
-    lora_id: int | None
-    medium: str | None = None
-    cache_salt: str | None = None
-    session_id: str | None = None
-    lora_name: str | None = None
-
-
-@dataclass
-class BlockRemoved:
-    block_hashes: list[int]
-    medium: str | None = None
-
-
-@dataclass
-class AllBlocksCleared:
-    pass
-
-
-@dataclass
-class KVEventBatch:  # SGLang's batch: the rank is attn_dp_rank
+class KVEventBatch:  # SGLang's batch as the plugin reads it: the rank is attn_dp_rank
     ts: float
     events: list[Any] = field(default_factory=list)
     attn_dp_rank: int | None = None
-
-
-def signed(h: int) -> int:
-    """SGLang's int64 of a key (the 64-bit pattern kvshm keys it by)."""
-    return h - U64 if h >= 1 << 63 else h
 
 
 def sglang_event(v: dict[str, Any]) -> Any:
@@ -159,21 +133,12 @@ def test_entry_point_declared() -> None:
 
 
 def test_sglang_structs_match_sglang() -> None:
-    """testdata/vllmwire/sglang_structs.py (the judges' SGLang shape, for venvs without SGLang) encodes every SGLang
-    vector to the bytes SGLang's own structs wrote."""
-    import sys
-
+    """testdata/vllmwire/sglang_structs.py (SGLang's shape for venvs without SGLang, the events above) encodes every
+    SGLang vector to the bytes SGLang's own structs wrote."""
     import msgspec
-
-    sys.path.insert(0, str(VECTORS.parent))
     import sglang_structs as ss
 
     enc = msgspec.msgpack.Encoder()
     for v in json.loads(VECTORS.read_text())["vectors"]:
-        evs: list[Any] = []
-        for e in v["events"]:
-            o = sglang_event(e)
-            evs.append(getattr(ss, type(o).__name__)(**vars(o)) if not isinstance(o, AllBlocksCleared)
-                       else ss.AllBlocksCleared())
-        got = enc.encode(ss.KVEventBatch(ts=v["ts"], events=evs, attn_dp_rank=v["dp_rank"]))
-        assert got.hex() == v["payload_hex"], v["name"]
+        batch = ss.KVEventBatch(ts=v["ts"], events=[sglang_event(e) for e in v["events"]], attn_dp_rank=v["dp_rank"])
+        assert enc.encode(batch).hex() == v["payload_hex"], v["name"]

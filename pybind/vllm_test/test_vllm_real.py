@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -111,12 +110,7 @@ def check_against_reference(publish: Callable[[Any], object], ix: Callable[[], L
 
 @pytest.fixture
 def ring_dir(monkeypatch: pytest.MonkeyPatch) -> Path:
-    d = Path(tempfile.mkdtemp(prefix="kvv-"))
-    monkeypatch.setenv("KVSHM_KV_BLOCK_SIZE", "4")
-    monkeypatch.setenv("KVSHM_WORKER_ID", "3")
-    monkeypatch.setenv("KVSHM_RING_DIR", str(d))
-    monkeypatch.setenv("VLLM_PLUGINS", "kvshm")
-    return d
+    return wirecheck.plugin_env(monkeypatch, "VLLM_PLUGINS")
 
 
 def test_kvshm_publisher_in_real_vllm(ring_dir: Path) -> None:
