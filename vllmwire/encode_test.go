@@ -116,19 +116,7 @@ func FuzzDecode(f *testing.F) {
 			e.HasCacheSalt, e.CacheSalt, e.HasSessionID, e.SessionID = false, "", false, ""
 		}
 		for _, w := range wires {
-			q := AppendBatchHeader(nil, b.TS, len(b.Events))
-			for i := range b.Events {
-				q = w.AppendEvent(q, &b.Events[i])
-			}
-			if b.HasDpRank {
-				q = AppendBatchTrailer(q, b.DpRank)
-			} else {
-				q = append(q, 0xc0)
-			}
-			b2, err := Decode(q)
-			if err != nil {
-				t.Fatalf("%s: re-encoding %x does not decode: %v", w, q, err)
-			}
+			b2 := reencode(t, b, w)
 			if b.TS == b.TS && !reflect.DeepEqual(b, b2) { // NaN ts never compares equal
 				t.Fatalf("%s: round trip differs:\n%+v\n%+v", w, b, b2)
 			}

@@ -131,19 +131,7 @@ func FuzzDecodeSGLang(f *testing.F) {
 				*e = Event{Kind: e.Kind, BlockHashes: e.BlockHashes, HasMedium: e.HasMedium, Medium: e.Medium}
 			}
 		}
-		q := AppendBatchHeader(nil, b.TS, len(b.Events))
-		for i := range b.Events {
-			q = WireSGLang.AppendEvent(q, &b.Events[i])
-		}
-		if b.HasDpRank {
-			q = AppendBatchTrailer(q, b.DpRank)
-		} else {
-			q = append(q, 0xc0)
-		}
-		b2, err := Decode(q)
-		if err != nil {
-			t.Fatalf("re-encoding %x does not decode: %v", q, err)
-		}
+		b2 := reencode(t, b, WireSGLang)
 		for i := range b.Events {
 			normalize(&b.Events[i])
 			normalize(&b2.Events[i])
@@ -155,4 +143,24 @@ func FuzzDecodeSGLang(f *testing.F) {
 			t.Fatalf("round trip differs:\n%+v\n%+v", b, b2)
 		}
 	})
+}
+
+// reencode encodes a decoded batch again in layout w (a batch without dp_rank ends with msgspec's nil) and decodes
+// it; the fuzzers compare the two.
+func reencode(t *testing.T, b Batch, w Wire) Batch {
+	t.Helper()
+	q := AppendBatchHeader(nil, b.TS, len(b.Events))
+	for i := range b.Events {
+		q = w.AppendEvent(q, &b.Events[i])
+	}
+	if b.HasDpRank {
+		q = AppendBatchTrailer(q, b.DpRank)
+	} else {
+		q = append(q, 0xc0)
+	}
+	b2, err := Decode(q)
+	if err != nil {
+		t.Fatalf("%s: re-encoding %x does not decode: %v", w, q, err)
+	}
+	return b2
 }
