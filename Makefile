@@ -270,8 +270,10 @@ e2e-sglang:
 e2e-sglang-run: wheel $(SGLENV)/.stamp e2e-router
 	rm -rf $(SGLE2ESITE)
 	$(SGLENV)/bin/python -m pip install -q --no-deps --target $(SGLE2ESITE) $(WHEEL_GLOB)
-	$(SGLENV)/bin/python -m pip install -q --no-deps --no-build-isolation --target $(SGLE2ESITE) ./e2e/sglang/truthplugin
-	rm -rf e2e/sglang/truthplugin/build e2e/sglang/truthplugin/src/*.egg-info
+	$(SGLENV)/bin/python -m pip install -q --no-deps --no-build-isolation --target $(SGLE2ESITE) ./e2e/truthplugin \
+	  ./e2e/sglang/truthplugin
+	rm -rf e2e/truthplugin/build e2e/truthplugin/src/*.egg-info e2e/sglang/truthplugin/build \
+	  e2e/sglang/truthplugin/src/*.egg-info
 	cd e2e && MYPYPATH=$(TESTKIT):$(CURDIR)/$(SGLE2ESITE) ../$(VPY) -m mypy --config-file mypy.ini --python-executable ../$(SGLENV)/bin/python \
 	  kvshm_e2e sglang/truthplugin/src/kvshm_e2e_sglang_truth sglang/stub/sgl_kernel tests/test_sglang.py
 	cd e2e && PYTHONPATH=$(CURDIR)/$(SGLE2ESITE):$(TESTKIT) ../$(SGLENV)/bin/python -m pytest -p no:cacheprovider -q -ra \

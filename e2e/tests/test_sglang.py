@@ -58,10 +58,10 @@ def test_truth_prober_reads_live_device_pages() -> None:
 
 
 def test_truth_file_keys_signed_hashes(tmp_path: Path) -> None:
-    from kvshm_e2e_sglang_truth import _write
+    from kvshm_e2e_truth import write
 
     path = tmp_path / "truth.json"
-    _write(str(path), 2, [-1, 5])
+    write(str(path), 2, [-1, 5])
     assert json.loads(path.read_text())["hashes"] == [-1, 5]
     assert truth.read(path) == truth.Truth(frozenset({2**64 - 1, 5}), 2)
 

@@ -3,8 +3,9 @@
 A ``sglang.srt.plugins`` entry point (SGLang runs :func:`register` in its processes at start-up). It wraps
 ``SchedulerKvEventsPublisher.publish_kv_events``, the scheduler step that takes the tree's pending KV events and
 publishes them: right after it, the tree's device pages are exactly the state the published events lead to. Each
-time that set changes, it is written to ``$KVSHM_E2E_TRUTH`` (JSON ``{"pid", "step", "hashes"}``, the same file
-format as the vLLM truth plugin's; a temporary file renamed over it). Without the variable the plugin does nothing.
+time that set changes, it is written to ``$KVSHM_E2E_TRUTH`` by the vLLM truth plugin's writer (``kvshm_e2e_truth``,
+installed beside this package: the same file, JSON ``{"pid", "step", "hashes"}``). Without the variable the plugin
+does nothing.
 
 Reading the tree: SGLang 0.5.23's tree core is Rust (``RustUnifiedTreeCore``) and its production binding has no way
 to list nodes (the inspection build that has one is compiled only for SGLang's own tests). Node handles are ints
@@ -16,9 +17,10 @@ converts them; no LoRA here, so no namespace). A handle that stops answering is 
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Final
+
+from kvshm_e2e_truth import write  # the truth file's one writer (vLLM's truth plugin, installed beside this one)
 
 TRUTH_ENV: Final = "KVSHM_E2E_TRUTH"
 _PROBE_AHEAD: Final = 512  # handles probed past the highest live one (more than one step's new nodes)
@@ -54,13 +56,6 @@ class _Prober:
                         out.extend(hash_str_to_int64(v) for v in values)
             nid += 1
         return sorted(out)
-
-
-def _write(path: str, step: int, hashes: list[int]) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"pid": os.getpid(), "step": step, "hashes": hashes}, f)
-    os.replace(tmp, path)
 
 
 def register() -> None:
@@ -103,7 +98,7 @@ def register() -> None:
         hashes = state["prober"].hashes(core)
         if hashes != state["last"]:
             state["last"] = hashes
-            _write(path, state["step"], hashes)
+            write(path, state["step"], hashes)
         return result
 
     SchedulerKvEventsPublisher.publish_kv_events = publish_kv_events
