@@ -186,6 +186,14 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def section(r: dict[str, Any], source: str) -> list[str]:
+    """bench/RESULTS.md's SGLang section (results_report.py renders it from the committed measurement)."""
+    return ["## SGLang: the engine's cost per published batch", "",
+            f"From `{source}` (`make bench-sglang`: SGLang 0.5.23 in its venv, both publishers built by SGLang's "
+            "`EventPublisherFactory`; bench/sglang_bench.py has the method). Engine CPU per batch with the idle "
+            "engine's pacing loop subtracted; kvshmd's CPU beside it.", "", *report(r).splitlines(), ""]
+
+
 def report(r: dict[str, Any]) -> str:
     sg, kv = r["sglang"], r["kvshm"]
     rows = [
