@@ -141,6 +141,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     from kvshm_testkit import free_port
 
     n = int(args.rate * args.seconds)
+    load_start = os.getloadavg()[0]
     ports = {s: free_port() for s in SIDES}
     kids: dict[str, JsonChild] = {}
     stop = threading.Event()
@@ -171,7 +172,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     base = per_batch("idle", "proc_cpu_s")
     base_main = per_batch("idle", "main_cpu_s")
     out: dict[str, Any] = {"rate": args.rate, "seconds": args.seconds, "rounds": args.rounds,
-                           "received": {k.decode(): v for k, v in got.items()}}
+                           "received": {k.decode(): v for k, v in got.items()},
+                           "loadavg": [load_start, os.getloadavg()[0]], "cores": os.cpu_count()}
     for s in SIDES:
         out[s] = {"engine_cpu_us": 1e6 * (per_batch(s, "proc_cpu_s") - base),
                   "scheduler_cpu_us": 1e6 * (per_batch(s, "main_cpu_s") - base_main),
@@ -208,7 +210,9 @@ def report(r: dict[str, Any]) -> str:
     verdict = "PASS" if r["pass"] else "MISS"
     lines.append(f"\nkvshm / SGLang, engine: **{r['ratio_engine']:.2f}×** (goal ≤ {r['goal']}×: {verdict}); node "
                  f"(engine + kvshmd) / SGLang's engine: {r['ratio_node']:.2f}×. {r['rate']:.0f} batches/s, "
-                 f"{r['rounds']} rounds × {r['seconds']:.0f} s per side; received {r['received']}.")
+                 f"{r['rounds']} rounds × {r['seconds']:.0f} s per side; received {r['received']}; load average "
+                 f"{r['loadavg'][0]:.1f} / {r['loadavg'][1]:.1f} at start / end on {r['cores']} cores (the machine "
+                 "is shared: the ratio moves with the load).")
     return "\n".join(lines)
 
 
