@@ -356,12 +356,12 @@ conformance-run: wheel $(CONFENV)/.stamp conformance-cxx
 conformance-traces:
 	cd conformance/driver && PYTHONPATH=$(TESTKIT) ../../$(CONFENV)/bin/python -m kvshm_conf record --out ../traces
 
-# --- the soak: the fault campaign as a seeded, bounded suite (soak/, RELIABILITY.md) ----------------
+# --- the soak: the fault campaign as a seeded, bounded suite (soak/, soak/README.md) -------------------------
 # Hostile socket and HTTP clients, ring corruption, SIGKILL/SIGSTOP of daemon and producers (also inside
 # checkpoint writes), a state dir on a tiny tmpfs (root only, else skipped and said), 64 workers, fd/RSS checks,
 # the ZMQ publisher under hostile peers (scenario zmq: pyzmq + msgspec in the soak venv);
 # producers are LocalIndexers of the installed wheel. Judged by a consumer's rebuilt state against the seeded
-# stream. `make soak` cycles for SOAK_TIME and writes its figures into RELIABILITY.md; `make soak-short` cycles
+# stream. `make soak` cycles for SOAK_TIME and writes its figures into soak/README.md; `make soak-short` cycles
 # for 2 min with smaller sizes (<= 3 min in all) for `make test`, its figures in build/soak-short.md. SOAK_SEED=N replays a run.
 SOAKENV   := build/soakenv
 SOAK_TIME ?= 30m
@@ -376,13 +376,13 @@ soakcheck: venv
 	MYPYPATH=pybind/src:$(TESTKIT) $(VPY) -m mypy --strict soak/
 
 soak: soakenv soakcheck
-	$(SOAKENV)/bin/python soak/soak.py --time $(SOAK_TIME) $(SOAK_ARGS) --report RELIABILITY.md
+	$(SOAKENV)/bin/python soak/soak.py --time $(SOAK_TIME) $(SOAK_ARGS) --report soak/README.md
 
 soak-short: soakenv soakcheck
 	mkdir -p build
 	$(SOAKENV)/bin/python soak/soak.py --short --time 120s $(SOAK_ARGS) --report build/soak-short.md
 
-# --- the cluster (CLUSTER.md): nodes in network namespaces, each a kvshmd serve and seeded producers
+# --- the cluster (docs/deploy.md): nodes in network namespaces, each a kvshmd serve and seeded producers
 # (kvshm's LocalIndexer + ZmqPublish, or vLLM's own ZmqEventPublisher side by side), Dynamo 1.6.1's standalone
 # indexer and llm-d's consumer as the routers over TCP, faults judged by every router's /dump against every
 # producer's truth. Root only (ip netns, veth, iptables: installed with apt-get when missing). Not in `make test`.

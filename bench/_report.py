@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
+from kvshm_testkit import markdown_table  # noqa: E402
 
 
 @dataclass
@@ -40,6 +45,5 @@ def ratio_s(r: float | None) -> str:
 
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out
+    """The lines of a Markdown table (kvshm_testkit.markdown_table), for a report built as a list of lines."""
+    return markdown_table(header, rows).split("\n")

@@ -1,4 +1,4 @@
-"""Issue 9's measurements: kvshm against Dynamo 1.6.1's real LocalKvIndexer (the kvshm_conformance PyO3 module),
+"""The recovery measurements: kvshm against Dynamo 1.6.1's real LocalKvIndexer (the kvshm_conformance PyO3 module),
 interleaved in one run; writes every sample's summary to a JSON file that results_report.py turns into RESULTS.md.
 
     PYTHONPATH=pybind/src KVSHMD_BIN=build/kvshmd \

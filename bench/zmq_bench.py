@@ -14,7 +14,7 @@ mix of 1-4 Stored/Removed events per batch with an occasional AllBlocksCleared):
   encodes and sends.
 
 The indexers of (a) and (b) get one id per event (the old single-event API), the ZMQ seq counts batches (vLLM's rule);
-(c) gives the batch's seq, and kvshmd numbers the wire (LIFECYCLE.md: its own counter; it also publishes the
+(c) gives the batch's seq, and kvshmd numbers the wire (docs/lifecycle.md: its own counter; it also publishes the
 incarnation's start Cleared and, on an idle stream, an empty heartbeat batch every second, which the subscriber
 skips: they are no engine batch, and their ts is kvshmd's, not the engine's).
 
@@ -324,7 +324,7 @@ def ts_of(payload: bytes) -> float:
 
 
 def is_heartbeat(payload: bytes) -> bool:
-    """kvshmd's heartbeat on an idle publishing stream: a batch with no events (LIFECYCLE.md); an engine's batch
+    """kvshmd's heartbeat on an idle publishing stream: a batch with no events (docs/lifecycle.md); an engine's batch
     always has one, so only a short payload is decoded."""
     if len(payload) > 32:
         return False
@@ -547,7 +547,7 @@ def run(cfg: argparse.Namespace) -> dict[str, Any]:
     out["inline"] = inline(cfg, sides, skipped)
     out["inline_s"] = time.perf_counter() - t0
     out["threaded"] = threaded(cfg, sides, cfg.zmq_rate, cfg.zmq_seconds)
-    # Issue 17's node figure at the other rates: (a) and (c) only, the headline workload (the rate above is
+    # The node figure at the other rates: (a) and (c) only, the headline workload (the rate above is
     # measured already); the same engine processes' figures, kvshmd's CPU included.
     node_sides = [s for s in sides if s in ("a", "c")]
     out["node"] = {}

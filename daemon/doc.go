@@ -89,7 +89,7 @@
 // (with --checkpoint-interval after writing a checkpoint of it) and unmaps the ring; the head persisted in the ring
 // is where a later daemon resumes.
 //
-// Incarnations (LIFECYCLE.md is the contract; incarnation.go): an incarnation is one producer's life on a stream. It
+// Incarnations (docs/lifecycle.md is the contract; incarnation.go): an incarnation is one producer's life on a stream. It
 // begins at the first attach of a ring epoch the stream has not followed (a first attach at head 0 too: the ring
 // then holds the whole incarnation), or at a reattach of an epoch whose incarnation was seen to end; a first attach
 // at head > 0 (a daemon restart) continues it. It ends, after the final drain and before the final checkpoint, on
@@ -312,7 +312,7 @@
 //	                                                  gap), the others go on; nothing is dropped
 //	engine dies (pid gone, DETACH, CLOSED) or         its incarnation ends: Cleared applied to the index and, when
 //	restarts (new ring epoch)                         publishing, published with the next wire seq as a replay
-//	                                                  reset (LIFECYCLE.md); a restart then begins with another
+//	                                                  reset (docs/lifecycle.md); a restart then begins with another
 //	producer connection breaks, pid alive             not an end; the pid is watched until it reattaches or dies
 //	--cleanup-dir not ours, not 0700, not a directory not removed (ErrUnsafeCleanupDir), logged; exit as usual
 //	ZMQ subscriber more than 16 MiB or hwm messages   that subscriber is cut (zmqpub Stats.Cut); it reconnects and
@@ -459,7 +459,7 @@
 // queued for that subscriber's writer); zmqpub/doc.go says what a slow subscriber or replay client costs (only
 // itself). Publish fails only after the publisher is closed (counted closed).
 //
-// Wire seqs are kvshmd's, not the engine's (LIFECYCLE.md, "Wire seqs"): one counter per publishing stream
+// Wire seqs are kvshmd's, not the engine's (docs/lifecycle.md, "Wire seqs"): one counter per publishing stream
 // (stream.wire), +1 per published batch, continued at max(last + 1, Config.Clock in µs) when this daemon starts
 // the stream (or starts publishing it, or restores its checkpoint: never below the restored index's last id) and
 // when an incarnation begins. The drain goroutine gives each EVENT or BATCH record the next seq before applying
@@ -480,7 +480,7 @@
 // PublishHeartbeat (live only, not in the replay buffer, not in the index: an id gap there). It is checked on the
 // stream's housekeeping (due every 10 ms on a publishing stream, coalesced with the other streams of its worker).
 //
-// Replay snapshots (snapshot.go; SNAPSHOT.md; default on, --zmq-snapshots=false off): a publishing stream's index
+// Replay snapshots (snapshot.go; docs/replay-snapshots.md; default on, --zmq-snapshots=false off): a publishing stream's index
 // keeps token windows (index.Config.KeepTokens; an index made for an ATTACH without publish gets EnableTokens when
 // publishing starts), and its publisher gets a Snapshotter: a replay the buffer cannot answer completely gets, per
 // dp_rank the stream has carried, [now, [AllBlocksCleared, BlockStored...], rank] under seq L = the index's last id
@@ -495,9 +495,9 @@
 // comes without its Cleareds (zmqpub.Snapshot.Fresh) for a reply from seq 0, whose consumer holds nothing.
 //
 // Contiguous replies (--zmq-replay-fill, Config.ZMQReplayFill, kvshmd serve's default 65,536): the publisher's
-// filler is the heartbeat batch (emptyBatch), so a reply carries every seq from the requested one (SNAPSHOT.md).
+// filler is the heartbeat batch (emptyBatch), so a reply carries every seq from the requested one (docs/replay-snapshots.md).
 // --zmq-seq-base zero (Config.ZMQSeqZero) makes wireFloor 0: seqs from 1, for llm-d's consumer, which replays from
-// seq 0 (LIFECYCLE.md).
+// seq 0 (docs/lifecycle.md).
 //
 // A restarted daemon replays only what it has published since it started (the replay buffer is in memory), and
 // batches in the ring that it drains again after an unclean stop (from the persisted head) are published again

@@ -39,7 +39,7 @@ func TestDrainSchedulerModes(t *testing.T) {
 						t.Fatal(err)
 					}
 					checkStats(t, socket, ps[0].worker, func(s sock.StreamStats) bool { return !s.Attached })
-					ps[0].applyOracle(cleared(10)) // the incarnation's end (LIFECYCLE.md)
+					ps[0].applyOracle(cleared(10)) // the incarnation's end (docs/lifecycle.md)
 					eventsEqual(t, q, ps[0], u64p(0), "the detached worker's index")
 				}
 			}

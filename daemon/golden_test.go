@@ -6,11 +6,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -19,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/datadriven"
 	flatbuffers "github.com/google/flatbuffers/go"
 
 	"github.com/kvshm/kvshm/proto/fbs"
@@ -29,11 +28,9 @@ import (
 // livePID matches the producer pid and ring path of a conflict message.
 var livePID = regexp.MustCompile(`\(pid \d+, ring [^)]*\)`)
 
-var update = flag.Bool("update", false, "rewrite the expected output of testdata/protocol scripts")
-
-// TestProtocolScripts runs the data-driven scripts in testdata/protocol against a real server over real sockets.
-// A script is a sequence of blocks: a command line, "----", the expected output, a blank line; "#" lines are
-// comments stating intent. -update rewrites the expected outputs.
+// TestProtocolScripts runs the data-driven scripts in testdata/protocol (github.com/cockroachdb/datadriven)
+// against a real server over real sockets. A script is a sequence of blocks: a command line, "----", the expected
+// output, a blank line; "#" lines are comments stating intent. -rewrite rewrites the expected outputs.
 //
 // Commands:
 //
@@ -70,54 +67,27 @@ type scriptProducer struct {
 }
 
 func runScript(t *testing.T, file string) {
-	data, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := &scriptEnv{t: t, producers: map[string]*scriptProducer{}}
-	env.ts = startServer(t, func(c *Config) {
+	var err error
+	e := &scriptEnv{t: t, producers: map[string]*scriptProducer{}}
+	e.ts = startServer(t, func(c *Config) {
 		c.Version = "test"
 		c.MaxRequestBytes = 1 << 10
 		c.IdleTimeout = 5 * time.Second         // longer than send's 1 s wait: "open" means not closed
 		c.FrameTimeout = 100 * time.Millisecond // shorter: a truncated frame shows as closed
 	})
-	env.q, err = sock.Dial(ctxT(t), env.ts.SocketPath())
+	e.q, err = sock.Dial(ctxT(t), e.ts.SocketPath())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer env.q.Close()
+	defer e.q.Close()
 
-	var out strings.Builder
-	lines := strings.Split(string(data), "\n")
-	for i := 0; i < len(lines); i++ {
-		line := lines[i]
-		if strings.TrimSpace(line) == "" || strings.HasPrefix(line, "#") {
-			out.WriteString(line + "\n")
-			continue
+	datadriven.RunTest(t, file, func(t *testing.T, d *datadriven.TestData) string {
+		line := []string{d.Cmd}
+		for _, a := range d.CmdArgs {
+			line = append(line, a.String())
 		}
-		cmd := line
-		if i+1 >= len(lines) || lines[i+1] != "----" {
-			t.Fatalf("%s:%d: command %q not followed by ----", file, i+1, cmd)
-		}
-		i += 2
-		var want []string
-		for ; i < len(lines) && lines[i] != ""; i++ {
-			want = append(want, lines[i])
-		}
-		got := strings.TrimRight(env.run(cmd), "\n")
-		if !*update && got != strings.Join(want, "\n") {
-			t.Errorf("%s: %s\n got: %s\nwant: %s", file, cmd, got, strings.Join(want, "\n"))
-		}
-		fmt.Fprintf(&out, "%s\n----\n%s\n", cmd, got)
-		if i < len(lines) {
-			out.WriteString("\n")
-		}
-	}
-	if *update {
-		if err := os.WriteFile(file, []byte(strings.TrimRight(out.String(), "\n")+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+		return e.run(strings.Join(line, " "))
+	})
 }
 
 func (e *scriptEnv) run(line string) string {

@@ -12,7 +12,7 @@ import (
 	"github.com/kvshm/kvshm/zmqpub"
 )
 
-// Incarnations, wire seqs and heartbeats: LIFECYCLE.md is the contract; doc.go ("Streams and their lifecycle",
+// Incarnations, wire seqs and heartbeats: docs/lifecycle.md is the contract; doc.go ("Streams and their lifecycle",
 // "Publishing on ZMQ") says how this package keeps it.
 //
 // Ownership of a stream's wire counter (stream.wire) and incarnation state (stream.live): the drain goroutine of
@@ -85,7 +85,7 @@ func (st *stream) resetIncarnation(ix *index.Indexer) uint64 {
 	return id
 }
 
-// endIncarnationLocked ends the stream's live incarnation (LIFECYCLE.md, "Incarnations": the end Cleared on the
+// endIncarnationLocked ends the stream's live incarnation (docs/lifecycle.md, "Incarnations": the end Cleared on the
 // wire and in the index). Called with st.mu held by the wire counter's owner.
 func (st *stream) endIncarnationLocked(why string, log func(msg string, args ...any)) {
 	if !st.live {

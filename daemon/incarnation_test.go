@@ -22,7 +22,7 @@ import (
 	"github.com/kvshm/kvshm/vllmwire"
 )
 
-// Incarnations, wire seqs and heartbeats (LIFECYCLE.md; incarnation.go).
+// Incarnations, wire seqs and heartbeats (docs/lifecycle.md; incarnation.go).
 
 // procProducer is a producer process (producerMain) publishing on ZMQ through the daemon.
 type procProducer struct {

@@ -339,7 +339,7 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 			return sock.AttachReply{}, err
 		}
 		st.mu.Lock()
-		// A new ring epoch ends the previous incarnation first, if its end was not seen (LIFECYCLE.md).
+		// A new ring epoch ends the previous incarnation first, if its end was not seen (docs/lifecycle.md).
 		st.endIncarnationLocked(fmt.Sprintf("new ring epoch %d", h.Epoch), log.Info)
 		st.base = addStats(st.base, st.ix.Stats())
 		st.ix = ix
@@ -354,7 +354,7 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 	// Before the taints below: a start Cleared would re-base them.
 	st.mu.Lock()
 	publishing := st.pub.Load() != nil
-	// Incarnations (LIFECYCLE.md): one begins with the first attach of a ring epoch the stream has not followed
+	// Incarnations (docs/lifecycle.md): one begins with the first attach of a ring epoch the stream has not followed
 	// (a fresh ring at head 0 too: the ring holds the whole incarnation), or with a reattach of an epoch whose
 	// incarnation was seen to end; a daemon restart (head > 0) continues it. No attachment is installed yet, so
 	// this goroutine (holding st.mu) owns the wire counter.

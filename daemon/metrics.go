@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"runtime"
 
 	"github.com/kvshm/kvshm/index"
@@ -141,9 +142,9 @@ var (
 	dZmqReplayed     = desc("kvshm_zmq_replayed_batches_total", "Batches sent in answer to replay requests.")
 	dZmqIncomplete   = desc("kvshm_zmq_replay_incomplete_total", "Replay replies that could not hold everything from the requested seq (the replay buffer rolled over, or kvshmd restarted since the engine incarnation began).")
 	dZmqCut          = desc("kvshm_zmq_subscribers_cut_total", "ZMQ subscribers disconnected for falling behind (16 MiB or hwm messages queued) or taking no write for the stall timeout.")
-	dZmqSnapshots    = desc("kvshm_zmq_snapshots_total", "Replay replies the buffer could not answer completely, by how their snapshot came (built; shared: a cached or concurrent build; waited: built after waiting for a --zmq-snapshot-builds slot; unavailable: none, the reply held the buffer only). SNAPSHOT.md.", "outcome")
+	dZmqSnapshots    = desc("kvshm_zmq_snapshots_total", "Replay replies the buffer could not answer completely, by how their snapshot came (built; shared: a cached or concurrent build; waited: built after waiting for a --zmq-snapshot-builds slot; unavailable: none, the reply held the buffer only). docs/replay-snapshots.md.", "outcome")
 	dZmqReplayCut    = desc("kvshm_zmq_replay_clients_cut_total", "Replay clients disconnected for taking no write for the stall timeout.")
-	dZmqFilled       = desc("kvshm_zmq_replay_filled_batches_total", "Empty batches replay replies carried to keep their seqs contiguous (--zmq-replay-fill; SNAPSHOT.md).")
+	dZmqFilled       = desc("kvshm_zmq_replay_filled_batches_total", "Empty batches replay replies carried to keep their seqs contiguous (--zmq-replay-fill; docs/replay-snapshots.md).")
 	dZmqGapped       = desc("kvshm_zmq_replay_gapped_total", "Replay replies that kept a seq gap although --zmq-replay-fill is on: incomplete with no snapshot, or more fillers needed than it allows.")
 )
 
@@ -243,3 +244,8 @@ func b2f(b bool) float64 {
 	}
 	return 0
 }
+
+// slogAdapter routes promhttp's error log to slog.
+type slogAdapter struct{ s *Server }
+
+func (a slogAdapter) Println(v ...any) { a.s.log.Error("metrics", "err", fmt.Sprint(v...)) }

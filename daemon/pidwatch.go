@@ -2,9 +2,11 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"os"
 	"time"
 
+	"github.com/kvshm/kvshm/shm"
 	"golang.org/x/sys/unix"
 )
 
@@ -93,4 +95,24 @@ func waitExit(ctx context.Context, pid int, start uint64) (exited, ok bool) {
 		return false, ctx.Err() != nil // the deadline: ctx ended; anything else: fall back to polling
 	}
 	return true, true
+}
+
+// processAlive reports whether pid exists, is not a zombie (a killed engine stays one until its parent reaps it)
+// and, when startTime is nonzero, still has that start time (field 22 of /proc/<pid>/stat), so a recycled pid is
+// not mistaken for the original process.
+func processAlive(pid int, startTime uint64) bool {
+	if pid <= 0 {
+		return false
+	}
+	if err := unix.Kill(pid, 0); err != nil && !errors.Is(err, unix.EPERM) {
+		return false
+	}
+	st, err := shm.ReadProcStat(pid)
+	if err != nil {
+		return !errors.Is(err, os.ErrNotExist)
+	}
+	if st.State == 'Z' || st.State == 'X' {
+		return false
+	}
+	return startTime == 0 || st.StartTime == startTime
 }

@@ -93,7 +93,7 @@ func producerMain() int {
 
 // TestProducerProcessKilled: a real producer process attaches, publishes and is SIGKILLed; the daemon notices
 // (socket EOF and its pid gone), drains what was published, marks the producer dead, and ends its incarnation: the
-// index applies a Cleared after its last event (LIFECYCLE.md: /kv_recover never holds a dead engine's blocks), and
+// index applies a Cleared after its last event (docs/lifecycle.md: /kv_recover never holds a dead engine's blocks), and
 // the events answer holds every event and that Cleared.
 func TestProducerProcessKilled(t *testing.T) {
 	ts := startServer(t, nil)

@@ -21,7 +21,7 @@ import (
 	"github.com/kvshm/kvshm/proto/sock"
 )
 
-// The end-to-end proof of replay snapshots (SNAPSHOT.md) with the real consumer: Dynamo 1.6.1's standalone
+// The end-to-end proof of replay snapshots (docs/replay-snapshots.md) with the real consumer: Dynamo 1.6.1's standalone
 // indexer (the conformance crate's `standalone` binary), registered on a real kvshmd's ZMQ publisher with a replay
 // buffer of 8 batches. Its state (GET /dump: block hash and its own tokens hash, computed from the token ids it
 // received) must equal the producer's truth exactly after (a) it was down while far more than 8 batches were

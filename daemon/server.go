@@ -51,27 +51,27 @@ type Config struct {
 	// logged (--cleanup-dir).
 	CleanupDir string
 	// ZMQHeartbeat > 0: a publishing stream that published nothing for this long publishes an empty batch with the
-	// next wire seq (--zmq-heartbeat; LIFECYCLE.md, "Heartbeats"). 0 = off.
+	// next wire seq (--zmq-heartbeat; docs/lifecycle.md, "Heartbeats"). 0 = off.
 	ZMQHeartbeat time.Duration
 	// ZMQNoSnapshots turns replay snapshots off (--zmq-snapshots=false): a publishing stream's index keeps no
-	// tokens and a replay older than the buffer gets the buffer only, as from vLLM's publisher (SNAPSHOT.md).
+	// tokens and a replay older than the buffer gets the buffer only, as from vLLM's publisher (docs/replay-snapshots.md).
 	ZMQNoSnapshots bool
 	// ZMQSnapshotBuilds bounds the replay snapshots built at once, daemon-wide (--zmq-snapshot-builds); 0 =
 	// DefaultSnapshotBuilds. A build beyond it waits for a slot.
 	ZMQSnapshotBuilds int
 	// ZMQSnapshotChunk > 0 splits a replay snapshot's batch of a rank into batches of about this many bytes of
-	// events, all under the snapshot's seq (--zmq-snapshot-chunk; SNAPSHOT.md, "Chunks"). 0: one batch per rank.
+	// events, all under the snapshot's seq (--zmq-snapshot-chunk; docs/replay-snapshots.md, "Chunks"). 0: one batch per rank.
 	ZMQSnapshotChunk int
 	// ZMQReplayFill > 0 makes replay replies carry every seq from the requested one, filling the seqs of heartbeats,
 	// of a wiped incarnation and before a snapshot with empty batches, at most this many per reply
-	// (--zmq-replay-fill; SNAPSHOT.md, "Contiguous replies"). 0: off, the buffer's seqs as kept.
+	// (--zmq-replay-fill; docs/replay-snapshots.md, "Contiguous replies"). 0: off, the buffer's seqs as kept.
 	ZMQReplayFill int
-	// ZMQSeqZero numbers a stream's wire seqs from 1 in each daemon (--zmq-seq-base zero; LIFECYCLE.md, "Wire
+	// ZMQSeqZero numbers a stream's wire seqs from 1 in each daemon (--zmq-seq-base zero; docs/lifecycle.md, "Wire
 	// seqs"), continuing across incarnations and restored checkpoints, instead of from the clock in µs: what
 	// llm-d's replay consumer needs (it replays from seq 0 on connect). A daemon that restarts without its state
 	// starts again from 1, which llm-d takes for a publisher restart and Dynamo's listener drops as stale.
 	ZMQSeqZero bool
-	// Clock is the wall clock wire seqs start from (unix µs; LIFECYCLE.md, "Wire seqs"). nil = time.Now; tests
+	// Clock is the wall clock wire seqs start from (unix µs; docs/lifecycle.md, "Wire seqs"). nil = time.Now; tests
 	// inject one.
 	Clock    func() time.Time
 	StateDir string // "" = no checkpoints; else indexes are checkpointed here at shutdown (created 0700)

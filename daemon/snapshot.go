@@ -12,7 +12,7 @@ import (
 	"github.com/kvshm/kvshm/zmqpub"
 )
 
-// Replay snapshots (SNAPSHOT.md; issue 18): a replay request older than the publisher's buffer is answered with
+// Replay snapshots (docs/replay-snapshots.md; issue 18): a replay request older than the publisher's buffer is answered with
 // the stream's state as of its last batch L, built from the index's tree and token windows (index.KeepTokens, on
 // for publishing streams unless --zmq-snapshots=false), one batch per dp_rank under seq L:
 // [ts, [AllBlocksCleared, BlockStored...], rank]. The build runs in the asking client's reply goroutine; the drain
@@ -22,7 +22,7 @@ import (
 const DefaultSnapshotBuilds = 2
 
 // DefaultReplayFill is Config.ZMQReplayFill in DefaultConfig: at ~40 bytes each, a reply's fillers cost at most
-// ~2.6 MB, about what a 100 k-block snapshot does (SNAPSHOT.md, "Contiguous replies").
+// ~2.6 MB, about what a 100 k-block snapshot does (docs/replay-snapshots.md, "Contiguous replies").
 const DefaultReplayFill = 1 << 16
 
 // errNoSnapshot: the index has seen no event, so there is no seq to label a snapshot with (nothing to replay).

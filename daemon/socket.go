@@ -9,10 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kvshm/kvshm/proto/sock"
-	"github.com/kvshm/kvshm/shm"
 )
 
 // prepareSocketDir creates dir with mode 0700 when it is missing and checks that it is a directory owned by the
@@ -72,24 +69,4 @@ func listenUnix(path string, mode os.FileMode) (*net.UnixListener, bool, error) 
 		return nil, false, fmt.Errorf("chmod socket %s: %w", path, err)
 	}
 	return ln, hadFile, nil
-}
-
-// processAlive reports whether pid exists, is not a zombie (a killed engine stays one until its parent reaps it)
-// and, when startTime is nonzero, still has that start time (field 22 of /proc/<pid>/stat), so a recycled pid is
-// not mistaken for the original process.
-func processAlive(pid int, startTime uint64) bool {
-	if pid <= 0 {
-		return false
-	}
-	if err := unix.Kill(pid, 0); err != nil && !errors.Is(err, unix.EPERM) {
-		return false
-	}
-	st, err := shm.ReadProcStat(pid)
-	if err != nil {
-		return !errors.Is(err, os.ErrNotExist)
-	}
-	if st.State == 'Z' || st.State == 'X' {
-		return false
-	}
-	return startTime == 0 || st.StartTime == startTime
 }

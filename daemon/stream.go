@@ -52,7 +52,7 @@ type stream struct {
 	// groups are the KV-cache group kinds learned from the stream's events (indexReason). Owned by the current
 	// attachment's drain goroutine (attachments of a stream run one after the other).
 	groups map[groupKey]bool
-	// wire is the last wire seq published on the stream (0: none yet; LIFECYCLE.md, "Wire seqs"), rank the dp_rank
+	// wire is the last wire seq published on the stream (0: none yet; docs/lifecycle.md, "Wire seqs"), rank the dp_rank
 	// of its last published batch (heartbeats and Cleared batches carry it). Owned as incarnation.go says: the
 	// current attachment's drain goroutine, or the holder of mu while no attachment is installed. Updated
 	// atomically (readers: STATS, tests).
@@ -845,7 +845,7 @@ func (a *attachment) periodicCheckpoint(now time.Time) {
 // (the copy and the encoding: ~55 ms at 100 k blocks), re-applying a record ~1 µs per ~100-150 bytes, so below this
 // a restart would replay the records faster than the checkpoint took to write. Without it an idle stream that
 // only sees a probe now and then (a router's, an engine's health traffic) rewrote its whole index every interval:
-// a third of 64 idle daemons' CPU at 100 k blocks each (CLUSTER.md). The ring still holds every record not
+// a third of 64 idle daemons' CPU at 100 k blocks each (docs/deploy.md). The ring still holds every record not
 // checkpointed, and the half-ring trigger bounds how many.
 const ckptBytesPerNode = 16
 

@@ -117,7 +117,7 @@ func TestProducerLifecycle(t *testing.T) {
 	if err := p.conn.Detach(ctxT(t), 1); err != nil {
 		t.Fatal(err)
 	}
-	// DETACH ends the producer's incarnation: a Cleared after its last event (LIFECYCLE.md).
+	// DETACH ends the producer's incarnation: a Cleared after its last event (docs/lifecycle.md).
 	p.applyOracle(cleared(2))
 	if s := stats(); s.Attached || s.LastEventID == nil || *s.LastEventID != 2 || s.ResidentBlocks != 0 {
 		t.Fatalf("stats after detach = %+v, want the end Cleared at id 2 and no block", s)

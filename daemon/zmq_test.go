@@ -189,7 +189,7 @@ func joinProbes(t testing.TB, p *producer, probe uint64, got <-chan zmsg) uint64
 	}
 }
 
-// nextWire returns the wire seq the worker's ALL stream gives its next batch (LIFECYCLE.md: kvshmd numbers the
+// nextWire returns the wire seq the worker's ALL stream gives its next batch (docs/lifecycle.md: kvshmd numbers the
 // wire, +1 per published batch), once everything published before the call is applied (STATS is a
 // read-your-writes barrier).
 func nextWire(t testing.TB, ts *testServer, worker uint64) uint64 {

@@ -301,7 +301,7 @@ func storedIndex(tb testing.TB, n int) *Indexer {
 }
 
 // BenchmarkWriteCheckpoint: encoding a checkpoint (no I/O) of a 32-block-per-event stream, the work a periodic
-// checkpoint does on the drain goroutine before its file I/O (issue 17: publish stalls at every checkpoint).
+// checkpoint does on the drain goroutine before its file I/O (publish stalled at every checkpoint before).
 func BenchmarkWriteCheckpoint(b *testing.B) {
 	for _, n := range []int{100_000, 200_000} {
 		ix := storedIndex(b, n)

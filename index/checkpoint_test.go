@@ -360,7 +360,7 @@ func (e *endless) Read(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// TestReadCheckpointBounded is issue 10's defect 7 at the index's level: a reader that never ends is read only up to
+// TestReadCheckpointBounded is the soak's endless-checkpoint-reader defect at the index's level: a reader that never ends is read only up to
 // the bound (its Len here), then refused as a *CheckpointError, never read without limit.
 func TestReadCheckpointBounded(t *testing.T) {
 	r := &struct {

@@ -51,15 +51,15 @@
 //     ErrParentNotFound and nothing is applied. Each block reuses the parent's child under its tokens hash; while
 //     a worker holds that child it keeps its first block hash (1.6.1 matches children by tokens hash and keeps
 //     the edge's hash), and the lookup maps the event's block hash to it. A child that no worker holds counts as
-//     absent (1.6.1 has pruned it) and, when a node is needed, is reused in place with the new block hash
-//     (contract decision 3: store 101, store 102 under it, remove 102, store 103 with 102's tokens: the dump says
-//     101 -> 103; testdata/stale.txt). Else a node the lookup maps the block hash to, if detached, is
-//     re-attached; else a new node. The worker joins each block's node.
+//     absent (1.6.1 has pruned it) and, when a node is needed, is reused in place with the new block hash (the
+//     stale-block-hash decision, docs/decisions.md: store 101, store 102 under it, remove 102, store 103 with
+//     102's tokens: the dump says 101 -> 103; testdata/stale.txt). Else a node the lookup maps the block hash to,
+//     if detached, is re-attached; else a new node. The worker joins each block's node.
 //   - Removed: best effort; a missing hash is remembered as ErrBlockNotFound (the first error is returned) and the
 //     rest are removed. A node losing its last worker has its children detached, except an unheld block that
 //     continues its edge (below).
-//   - Cleared clears the stream (its scope, contract decision 5): every dp_rank of the stream loses every block.
-//     For a per-rank stream that is 1.6.1's rule (Cleared clears the event's (worker, dp_rank)); for a stream that
+//   - Cleared clears the stream (its scope: the Cleared-scope decision, docs/decisions.md): every dp_rank of the
+//     stream loses every block. For a per-rank stream that is 1.6.1's rule (Cleared clears the event's (worker, dp_rank)); for a stream that
 //     carries all ranks (TensorRT-LLM's apply_cleared(seq) without a rank: the engine dropped its whole cache) it
 //     is worker-wide, where 1.6.1 would clear only the event's dp_rank (a documented conformance deviation).
 //   - find_matches: Dynamo's scores, including its count-based intersection (a child with the same number of
@@ -144,12 +144,12 @@
 // uncached); a failed build (Error) is not cached. A TreeDump is consistent with its last_event_id: the tree is
 // copied under the same lock that reads the watermark.
 //
-// RecoverRank(start, end, r) is the view of dp_rank r of a stream that carries several (contract decision 5): the
-// same classification on the stream's log; Events = the suffix filtered to r's events plus every Cleared (written
+// RecoverRank(start, end, r) is the view of dp_rank r of a stream that carries several (the Cleared-scope
+// decision): the same classification on the stream's log; Events = the suffix filtered to r's events plus every Cleared (written
 // with dp_rank r: the stream's Cleared clears r too); TreeDump = r's blocks only (the chains of the nodes r holds,
 // not descending below a node r does not hold), built per query (not cached); last_event_id is the stream's.
 //
-// # Losses (contract decision 1)
+// # Losses (the best-state-on-loss decision, docs/decisions.md)
 //
 // A loss is an event kvshm itself failed to apply: MarkLost (the producer found the ring full), MarkUnknownHistory
 // (a resumed ring, a corrupt record; a barrier after the last id seen, or before every id when nothing was seen),
@@ -181,16 +181,16 @@
 //     marks its own behaviour there TODO(CORRECTNESS) in apply_removed).
 //   - A store whose tokens reach a block no worker holds inside an edge (an uncovered block after a held one,
 //     matched by tokens from the edge's start, e.g. a root store of the whole sequence again): 1.6.1 keeps the
-//     edge's old block hash (the stale hash of decision 3 by another path); here the new hash, always.
+//     edge's old block hash (the stale block hash by another path); here the new hash, always.
 //   - A store whose parent hash names a second copy of known tokens (a hash the lookup maps to a node under
-//     another hash): applied here; 1.6.1 answers ParentBlockNotFound and drops the child (issue 8 item 6).
+//     another hash): applied here; 1.6.1 answers ParentBlockNotFound and drops the child.
 //   - Backwards or duplicate ids (id <= last seen, outside a batch): the event is applied to the tree (the engine's cache did
 //     change), the log restarts at it (so ids stay non-decreasing and binary search valid; 1.6.1 keeps it and breaks
 //     its own search), the cache is invalidated and Stats.IDResets counts it. Lost ranges of the old numbering are
 //     forgotten; the tree's taint is kept.
 //   - max_buffer_size 0: nothing is logged; the dump cache also checks a tree version so it never serves a stale
 //     dump (1.6.1's cache would hit forever).
-//   - Cleared of a multi-rank stream clears every rank (decision 5, above).
+//   - Cleared of a multi-rank stream clears every rank (the Cleared-scope decision, above).
 //   - Batches (several events under one id): an Events answer from a batch's id starts at its first event; 1.6.1
 //     binary-searches equal ids ("any one of the matches") and may answer from inside the batch. The log evicts
 //     a batch whole; 1.6.1's buffer evicts event by event and then answers from the rest of a cut batch. Both
@@ -200,8 +200,8 @@
 //
 // Hand-rolled appenders write serde_json's bytes: no whitespace, fields in declaration order, storage_tier
 // "device", residency_domain "worker" (DumpChains), "cleared" as a bare string, null start_position and
-// mm_extra_info, u64 values through strconv.AppendUint (never float64), PascalCase response variants, TreeDump's
-// reset_scope "all" (DumpChains). Error JSON strings are escaped as serde_json escapes them. The golden files in
+// mm_extra_info, u64 values in decimal (appendU64, byte-identical to strconv.AppendUint; never float64),
+// PascalCase response variants, TreeDump's reset_scope "all" (DumpChains). Error JSON strings are escaped as serde_json escapes them. The golden files in
 // ../testdata/json were written by dynamo-kv-router 1.6.1 itself and are checked byte for byte (older wire:
 // ../testdata/json/blocks; see its README). Response.JSON is read-only: a cached dump is shared between callers.
 //

@@ -123,7 +123,7 @@ func TestStoredTokenCounts(t *testing.T) {
 		return b
 	}
 	// A count mismatch is applied as Dynamo 1.6.1 applies it: complete windows only, zipped with the block
-	// hashes (the shorter decides); counted, never refused (contract decision 2). Tokens are distinct per
+	// hashes (the shorter decides); counted, never refused (the token-and-hash-count decision, docs/decisions.md). Tokens are distinct per
 	// position so every stored tokens hash can be checked against HashTokens of the same tokens.
 	tests := []struct {
 		name       string

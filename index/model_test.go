@@ -526,7 +526,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			if rng.IntN(2) == 0 {
 				// Through tokens: small token alphabet so windows repeat; block hashes derived from the prefix.
 				// Sometimes the token count does not match the blocks: the complete windows are zipped with the
-				// block hashes (contract decision 2).
+				// block hashes (the token-and-hash-count decision).
 				eagle := rng.IntN(5) == 0
 				lora := loras[rng.IntN(len(loras))]
 				ntok := n * bs

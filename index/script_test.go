@@ -3,23 +3,25 @@ package index
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/cockroachdb/datadriven"
 )
 
-// The data-driven scripts in testdata/*.txt: blocks of
+// The data-driven scripts in testdata/*.txt (github.com/cockroachdb/datadriven, as pebble's): blocks of
 //
 //	# comments
 //	command key=value ...
+//	[input lines]
 //	----
 //	expected output
 //
-// separated by blank lines. `go test ./index -run TestScripts -update` rewrites the expected output.
+// separated by blank lines. `go test ./index -run TestScripts -rewrite` rewrites the expected output.
 //
 // Commands:
 //
@@ -28,8 +30,8 @@ import (
 //	stored-range from=A to=B              one Stored root block per id (block hash = id)
 //	removed id=I [dp=D] hashes=H,...
 //	cleared id=I [dp=D]
-//	lost first=A last=B [reason=R]        MarkLost
-//	unknown [reason=R]                    MarkUnknownHistory
+//	lost first=A last=B                   MarkLost; the input, if any, is the reason
+//	unknown                               MarkUnknownHistory; the input, if any, is the reason
 //	recover [start=S] [end=E] [rank=R]    prints the decoded response (RecoverRank with rank); an incomplete
 //	                                      answer ends with "incomplete lost=A-B,unknown-N,..."
 //	json [start=S] [end=E] [rank=R]       prints the raw response JSON
@@ -37,94 +39,28 @@ import (
 //	tree                                  a fresh BFS dump, bypassing the cache and the counters
 //	stats                                 log, taint and dump-cache counters
 //	concurrent-dumps n=N                  N dumps at once while the first build is held; all must agree
-//	dump-during-build <command line>      a dump whose build runs the command after its snapshot
+//	dump-during-build                     a dump whose build runs the input (a command line) after its snapshot
 
 func TestScripts(t *testing.T) {
 	files, err := filepath.Glob(filepath.Join("testdata", "*.txt"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no scripts: %v", err)
 	}
-	for _, f := range files {
-		t.Run(filepath.Base(f), func(t *testing.T) { runScript(t, f) })
+	for _, path := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(path), ".txt"), func(t *testing.T) {
+			var ix *Indexer
+			datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+				return execScript(t, &ix, d.Cmd, scriptArgs(d.CmdArgs), d.Input)
+			})
+		})
 	}
 }
 
-type scriptCase struct {
-	comments []string
-	cmd      string
-	want     string
-	line     int
-}
-
-func parseScript(t *testing.T, path string) []scriptCase {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(string(data), "\n")
-	var cases []scriptCase
-	var cur scriptCase
-	for i := 0; i < len(lines); i++ {
-		l := lines[i]
-		switch {
-		case strings.HasPrefix(l, "#"):
-			cur.comments = append(cur.comments, l)
-		case strings.TrimSpace(l) == "":
-			if len(cur.comments) > 0 && cur.cmd == "" {
-				cur.comments = append(cur.comments, "")
-			}
-		default:
-			cur.cmd = strings.TrimSpace(l)
-			cur.line = i + 1
-			i++
-			if i >= len(lines) || lines[i] != "----" {
-				t.Fatalf("%s:%d: command without ----", path, cur.line)
-			}
-			var out []string
-			for i+1 < len(lines) && lines[i+1] != "" {
-				i++
-				out = append(out, lines[i])
-			}
-			cur.want = strings.Join(out, "\n")
-			cases = append(cases, cur)
-			cur = scriptCase{}
-		}
-	}
-	return cases
-}
-
-func runScript(t *testing.T, path string) {
-	cases := parseScript(t, path)
-	var ix *Indexer
-	var sb strings.Builder
-	for _, c := range cases {
-		got := strings.TrimRight(execScript(t, &ix, c.cmd), "\n")
-		if *update {
-			for _, cm := range c.comments {
-				sb.WriteString(cm + "\n")
-			}
-			fmt.Fprintf(&sb, "%s\n----\n%s\n\n", c.cmd, got)
-			continue
-		}
-		if got != c.want {
-			t.Errorf("%s:%d: %s\n got: %s\nwant: %s", path, c.line, c.cmd, got, c.want)
-		}
-	}
-	if *update {
-		if err := os.WriteFile(path, []byte(strings.TrimRight(sb.String(), "\n")+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-func scriptArgs(t *testing.T, fields []string) map[string]string {
+// scriptArgs maps a command's arguments to their values (a list stays one comma-separated value).
+func scriptArgs(args []datadriven.CmdArg) map[string]string {
 	m := map[string]string{}
-	for _, f := range fields {
-		k, v, ok := strings.Cut(f, "=")
-		if !ok {
-			t.Fatalf("bad argument %q", f)
-		}
-		m[k] = v
+	for _, a := range args {
+		m[a.Key] = strings.Join(a.Vals, ",")
 	}
 	return m
 }
@@ -170,20 +106,12 @@ func applyOut(res ApplyResult, err error) string {
 	return s
 }
 
-func execScript(t *testing.T, ixp **Indexer, line string) string {
+func execScript(t *testing.T, ixp **Indexer, cmd string, m map[string]string, input string) string {
 	t.Helper()
-	fields := strings.Fields(line)
-	cmd := fields[0]
 	if cmd == "dump-during-build" {
-		return dumpDuringBuild(t, ixp, strings.TrimSpace(strings.TrimPrefix(line, cmd)))
+		return dumpDuringBuild(t, ixp, input)
 	}
-	var reason string
-	if i := strings.Index(line, " reason="); i >= 0 { // the reason is the rest of the line
-		reason = line[i+len(" reason="):]
-		fields = strings.Fields(line[:i])
-	}
-	m := scriptArgs(t, fields[1:])
-	m["reason"] = reason
+	m["reason"] = input
 	ix := *ixp
 	ctx := context.Background()
 	id, _ := argU64(t, m, "id")
@@ -475,10 +403,14 @@ func concurrentDumps(t *testing.T, ix *Indexer, n int) string {
 // dumpDuringBuild runs a dump whose build executes the command line rest after its tree snapshot.
 func dumpDuringBuild(t *testing.T, ixp **Indexer, rest string) string {
 	ix := *ixp
+	cmd, args, err := datadriven.ParseLine(rest)
+	if err != nil {
+		t.Fatalf("dump-during-build: %v", err)
+	}
 	var inner string
 	ix.testBuildHook = func() {
 		ix.testBuildHook = nil // a rebuild runs without the hook
-		inner = execScript(t, ixp, rest)
+		inner = execScript(t, ixp, cmd, scriptArgs(args), "")
 	}
 	r, err := ix.Recover(context.Background(), nil, nil)
 	ix.testBuildHook = nil

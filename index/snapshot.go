@@ -5,7 +5,7 @@ import (
 )
 
 // Snapshots (Config.KeepTokens): the tree as vLLM BlockStored events, for a replay reply that the publisher's
-// buffer no longer covers (zmqpub, SNAPSHOT.md). Snapshot copies, under the read lock, what Events reads (the node
+// buffer no longer covers (zmqpub, docs/replay-snapshots.md). Snapshot copies, under the read lock, what Events reads (the node
 // arena, edge flags, worker sets, token arena and LoRA names) and the last id; Events plans and walks the copy
 // outside every lock, so ingest continues meanwhile.
 

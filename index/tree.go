@@ -315,7 +315,7 @@ func (t *tree) store(s int, hasParent bool, parent uint64, blocks []Block, src *
 				c = x
 				t.attachEdge(c, p, b.TokensHash, s, false)
 			case stale != nilNode:
-				// The stale node takes the new block hash (contract decision 3: store 101, 102 under it, remove
+				// The stale node takes the new block hash (the stale-block-hash decision, docs/decisions.md: store 101, 102 under it, remove
 				// 102, store 103 with 102's tokens: the dump says 101 -> 103). Where it begins an edge, 1.6.1 has
 				// pruned it and makes a fresh node: so it starts empty. Inside an edge 1.6.1 keeps the edge (and
 				// the old hash: a deviation, see doc.go), and so does this tree (its successors are unheld).

@@ -104,11 +104,11 @@ class Ctx:
         self.lives: dict[int, int] = {}
         self.warm: dict[int, Tree] = {}
         self.acked: dict[int, int | None] = {}
-        # Publishing workers: kvshmd's wire seq of each batch -> the engine seq of its last event (LIFECYCLE.md:
+        # Publishing workers: kvshmd's wire seq of each batch -> the engine seq of its last event (docs/lifecycle.md:
         # /kv_recover speaks wire seqs there); the judge translates an answer's ids through it.
         self.wire: dict[int, dict[int, int]] = {}
         # Workers whose producer the soak killed: the incarnation ended, so the stream must end with a Cleared under
-        # the id after the engine's last (LIFECYCLE.md), none of its blocks left.
+        # the id after the engine's last (docs/lifecycle.md), none of its blocks left.
         self.ended: set[int] = set()
         self.daemon: Daemon | None = None
         self.procs: list[subprocess.Popen[bytes]] = []  # every child ever started, for the final by-pid check

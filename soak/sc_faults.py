@@ -186,7 +186,7 @@ def sc_daemon_stop(ctx: Ctx) -> None:
 
 def sc_producer_kill(ctx: Ctx) -> None:
     """SIGKILL a producer mid-publish: the dead stream stays queryable and, once kvshmd saw the pid gone, ends its
-    incarnation with a Cleared under the id after the last event it drained (LIFECYCLE.md: none of its blocks);
+    incarnation with a Cleared under the id after the last event it drained (docs/lifecycle.md: none of its blocks);
     then start its successor for the same worker (a new epoch: the worker's cache starts empty)."""
     rng = ctx.rng
     ws = [ctx.new_worker()]

@@ -12,7 +12,7 @@ kernel buffer); a healthy DEALER's replay must then complete within ``REPLAY_DEA
 buffer holds, in order, byte-identical.
 
 Both judge batches by their payloads (in order, seqs strictly increasing), never by seq == engine seq: kvshmd
-numbers the wire (LIFECYCLE.md)."""
+numbers the wire (docs/lifecycle.md)."""
 
 from __future__ import annotations
 

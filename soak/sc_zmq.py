@@ -1,6 +1,6 @@
 """Scenario zmq (issue 12): kvshmd's ZMQ publisher (PUB + replay ROUTER) under hostile peers, judged by a healthy
 subscriber and a healthy replay DEALER against msgspec's encoding of what the producer published, under kvshmd's
-wire seqs (LIFECYCLE.md: its own counter, its own heartbeats and incarnation Cleareds in the stream)."""
+wire seqs (docs/lifecycle.md: its own counter, its own heartbeats and incarnation Cleareds in the stream)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _digest(b: bytes) -> str:
 
 def zmq_replay(zc: Any, ep: str, start: int, timeout: float) -> tuple[list[tuple[int, str]] | None, str]:
     """A healthy DEALER's replay from ``start``: [(seq, payload digest)] up to the end marker, or None and why.
-    Empty batches are left out: kvshmd fills a reply's heartbeat seqs with them (SNAPSHOT.md, "Contiguous replies"),
+    Empty batches are left out: kvshmd fills a reply's heartbeat seqs with them (docs/replay-snapshots.md, "Contiguous replies"),
     and the judges compare replies with what was published."""
     d = zc.socket(zmq.DEALER)
     d.setsockopt(zmq.LINGER, 0)
@@ -60,7 +60,7 @@ def zmq_replay(zc: Any, ep: str, start: int, timeout: float) -> tuple[list[tuple
 
 
 def kvshmd_batch(payload: bytes) -> str:
-    """What kvshmd publishes on its own (LIFECYCLE.md): "heartbeat" (a batch with no events, on an idle stream),
+    """What kvshmd publishes on its own (docs/lifecycle.md): "heartbeat" (a batch with no events, on an idle stream),
     "cleared" (``[AllBlocksCleared]``: an incarnation's start or end), else ""."""
     try:
         _, events, _ = msgspec.msgpack.decode(payload)
@@ -304,7 +304,7 @@ class ZmqHostiles:
 
 def judge_sub(ctx: Ctx, zc: Any, rep_ep: str, sub: SubJudge, who: str, published: list[tuple[int, str]],
               dropped: int, ring_dropped: int, *, cut_ok: bool) -> None:
-    """A subscriber's stream under kvshmd's wire seqs (LIFECYCLE.md): seqs strictly increase and, when nothing was
+    """A subscriber's stream under kvshmd's wire seqs (docs/lifecycle.md): seqs strictly increase and, when nothing was
     dropped or cut, go up by exactly 1 (every batch kvshmd publishes takes the next seq); every batch from the first
     published one it got is the next published payload, in order, once, byte-identical, except kvshmd's own
     heartbeats and incarnation Cleareds; a gap is a wrong answer unless kvshm counted a drop (or, ``cut_ok``, the

@@ -13,7 +13,7 @@ answer's ``last_event_id``, and hold every event the producer acknowledged; or t
 ``Kvshm-State: incomplete``. A complete answer with another state is a wrong answer; an answer still behind or
 still ``Error`` at the deadline is a wrong answer (silent loss) or a hang.
 
-Figures (printed, and written between the markers of RELIABILITY.md with ``--report``): faults injected, bad
+Figures (printed, and written between the markers of soak/README.md with ``--report``): faults injected, bad
 inputs tried, wrong answers, hangs, crashes, leaks, known failures (each naming its defect), worst publish latency.
 Exit status 1 when any wrong answer, hang, crash or leak was seen outside the known failures.
 """

@@ -13,7 +13,7 @@
 //
 // WireArray ("array") is no release's default: 0.32.0's event structs encoded as msgspec encodes them when declared
 // array_like, each event [tag, field...] with every field present (nil when unset). llm-d-kv-cache's vLLM adapter
-// (pinned at 7be76e119ca5 in CLUSTER.md) decodes only that positional form and refuses the maps of 0.32.0/0.33.0,
+// (pinned at 7be76e119ca5 in docs/deploy.md) decodes only that positional form and refuses the maps of 0.32.0/0.33.0,
 // so a stream consumed by llm-d asks for it; Dynamo 1.6.1 parses it too (measured by the cluster). Batches keep
 // the same [ts, [events...], data_parallel_rank] array; the incarnation Cleareds kvshmd adds follow the stream's
 // layout.

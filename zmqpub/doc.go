@@ -24,7 +24,7 @@
 // goroutine that queued to each connection's writer goroutine: two wake-ups, each a futex wake of an OS thread).
 // The replay buffer is in memory: a restarted daemon replays only what it published since.
 //
-// # Heartbeats, resets, flush (LIFECYCLE.md)
+// # Heartbeats, resets, flush (docs/lifecycle.md)
 //
 // Batches (Publish: published, kept for replay), heartbeats (PublishHeartbeat: published, never kept) and resets
 // (PublishReset: the replay buffer is emptied, then the batch is published and kept as the buffer's first batch: the
@@ -55,7 +55,7 @@
 // answers every request incomplete (it answered them complete and empty before, so a router restarted after kvshmd
 // restarted got nothing).
 //
-// # Snapshots (snapshot.go; SNAPSHOT.md)
+// # Snapshots (snapshot.go; docs/replay-snapshots.md)
 //
 // With a Snapshotter (SetSnapshotter), a request the buffer cannot answer completely is answered with the
 // Snapshot's batches, each under its seq L (the last batch the state includes), then the buffered batches with seq

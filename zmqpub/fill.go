@@ -5,7 +5,7 @@ import (
 	"net"
 )
 
-// Contiguous replies (SetFiller; SNAPSHOT.md "Contiguous replies"). vLLM's replies carry consecutive seqs from the
+// Contiguous replies (SetFiller; docs/replay-snapshots.md "Contiguous replies"). vLLM's replies carry consecutive seqs from the
 // requested one: its publisher keeps every batch it numbers. kvshm's do not by themselves: a heartbeat takes a seq
 // and is never kept, a reset batch starts an incarnation above seqs that were wiped, and a snapshot stands under
 // the seq L of the state it holds. A consumer that requires seq == start, start+1, ... in a reply (llm-d-router's

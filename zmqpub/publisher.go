@@ -285,7 +285,7 @@ func (p *Publisher) PublishHeartbeat(seq uint64, payload []byte) bool {
 }
 
 // PublishReset empties the replay buffer, then publishes (seq, payload) as Publish does and keeps it as the buffer's
-// first batch (the start or the end of an engine incarnation, LIFECYCLE.md). Its payload only clears (kvshmd: an
+// first batch (the start or the end of an engine incarnation, docs/lifecycle.md). Its payload only clears (kvshmd: an
 // AllBlocksCleared): a reply from seq 0, to a consumer that holds nothing of the stream, leaves it out (replay.go).
 // It never blocks; it returns false only after Close.
 func (p *Publisher) PublishReset(seq uint64, payload []byte) bool {

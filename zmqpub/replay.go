@@ -81,7 +81,7 @@ func (p *Publisher) replyLoop(c *conn, reqs <-chan uint64) {
 
 // reply queues the answer to a request from start, without its end marker: every buffered batch with seq >= start
 // or, when the buffer does not reach back to start, a snapshot's batches and the buffered batches after its seq L
-// (SNAPSHOT.md; a consumer already past L needs no snapshot); with a filler, the empty batches that make its seqs
+// (docs/replay-snapshots.md; a consumer already past L needs no snapshot); with a filler, the empty batches that make its seqs
 // contiguous (fill.go). buf is scratch space, returned for reuse.
 func (p *Publisher) reply(c *conn, start uint64, buf []entry) ([]entry, error) {
 	p.bufMu.Lock()

@@ -7,7 +7,7 @@ import (
 
 // Snapshot is the compacted state of a stream as of the batch with wire seq Seq: batches that, applied by a
 // consumer in order, leave it holding exactly the producer's state after that batch (kvshmd: per dp_rank
-// [AllBlocksCleared, BlockStored...], SNAPSHOT.md). Every batch goes out with seq Seq, or with Seq-m+1..Seq in a
+// [AllBlocksCleared, BlockStored...], docs/replay-snapshots.md). Every batch goes out with seq Seq, or with Seq-m+1..Seq in a
 // contiguous reply (fill.go). Its payloads are shared by every reply that uses it and must not be modified.
 //
 // Fresh, when not nil, is what a reply from seq 0 sends instead: the same state without what only clears (kvshmd:
@@ -15,7 +15,7 @@ import (
 // listener asks from 0 only while its watermark for the worker is unset, which a new registration starts with and
 // a deregistration's removal of the worker's blocks restores; llm-d resets the pod itself before it does), so the
 // Cleared has nothing to drop there, and it costs Dynamo a walk of its whole tree: a router restarted against 64
-// workers paid 64 such walks, ~40% of its CPU for the restart (CLUSTER.md).
+// workers paid 64 such walks, ~40% of its CPU for the restart (docs/deploy.md).
 type Snapshot struct {
 	Seq     uint64
 	Batches [][]byte

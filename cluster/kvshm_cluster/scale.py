@@ -15,7 +15,7 @@ import json
 import time
 from typing import Any
 
-from kvshm_testkit import Timeout, cpu_seconds, http_get, http_post, kill_live, wait_until
+from kvshm_testkit import Timeout, cpu_seconds, http_get, http_post, kill_live, markdown_table, wait_until
 
 from . import net
 from .cluster import KVSHMD_HTTP_PORT, REF_HTTP_PORT, Cluster, Config
@@ -151,15 +151,13 @@ def _cpu(r: dict[str, Any]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| nodes | blocks/worker | publisher | router restart to full state (s; median of 3, all) | "
-            "bytes into the router | "
-            "kvshmd CPU (s; idle CPU/s) | router CPU (s) | /kv_recover of every worker (s, bytes, server CPU s) |\n"
-            "|---|---|---|---|---|---|---|---|\n")
+    head = ["nodes", "blocks/worker", "publisher", "router restart to full state (s; median of 3, all)",
+            "bytes into the router", "kvshmd CPU (s; idle CPU/s)", "router CPU (s)",
+            "/kv_recover of every worker (s, bytes, server CPU s)"]
     lines = []
     for r in rows:
         kv = (f"{r['kv_recover_s']}, {r['kv_recover_bytes']:,}, {r.get('kv_recover_server_cpu_s', '')}"
               if "kv_recover_s" in r else "")
-        lines.append(f"| {r['nodes']} | {r['blocks_per_worker']:,} | {r['publisher']} | "
-                     f"{_restart(r)} | {r.get('wire_bytes', 0):,} | "
-                     f"{_cpu(r)} | {r.get('router_cpu_s', '')} | {kv} |")
-    return head + "\n".join(lines) + f"\n(block size {BLOCK_SIZE} tokens)"
+        lines.append([str(r["nodes"]), f"{r['blocks_per_worker']:,}", r["publisher"], _restart(r),
+                      f"{r.get('wire_bytes', 0):,}", _cpu(r), str(r.get("router_cpu_s", "")), kv])
+    return markdown_table(head, lines) + f"\n(block size {BLOCK_SIZE} tokens)"

@@ -1,4 +1,4 @@
-// Command llmd-router is llm-d's KV-event consumer as a router of the kvshm cluster (CLUSTER.md, "llm-d"): the
+// Command llmd-router is llm-d's KV-event consumer as a router of the kvshm cluster (docs/deploy.md, "llm-d"): the
 // kvevents Pool, its SubscriberManager (one ZMQ SUB per pod endpoint, dialled, with a replay DEALER) and the
 // in-memory kvblock Index of github.com/llm-d/llm-d-router at ebab687927f5 (third_party/llm-d-router), wired as
 // llm-d's precise-prefix-cache producer wires them (kvblock.NewIndex(DefaultIndexConfig), NewChunkedTokenDatabase,
@@ -50,7 +50,7 @@
 // seq from the one asked for: a new subscriber needs seq 0. A buffer that no longer has it (the window has moved on)
 // leaves llm-d with nothing for the pod, asking again at the first live batch after each 30 s cooldown, whereas
 // answering such a request with the end marker alone lets it join mid-stream without the history
-// (TestEmptyReplayJoinsMidStream). kvshmd's snapshot replies (zmqpub, SNAPSHOT.md: the state's batches all under seq
+// (TestEmptyReplayJoinsMidStream). kvshmd's snapshot replies (zmqpub, docs/replay-snapshots.md: the state's batches all under seq
 // L, then L+1...) are incomplete to it too, unless the snapshot is one batch and L is the seq asked for. After a
 // partition with no later live batch nothing is asked for: a gap is seen only by the next live seq. A Stored whose
 // parent llm-d does not hold is still dropped (its parent's request key is unknown), and the pool refcounts stores

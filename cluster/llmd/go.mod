@@ -1,6 +1,6 @@
 // The cluster's llm-d router: llm-d-router's kvevents pool (ZMQ subscribers with replay) and in-memory kvblock
 // index, run as llm-d's precise-prefix-cache producer wires them, behind the HTTP routes the cluster harness drives
-// (CLUSTER.md). Its own module so that the main module never gains llm-d's dependencies.
+// (docs/deploy.md). Its own module so that the main module never gains llm-d's dependencies.
 module github.com/kvshm/kvshm/cluster/llmd
 
 go 1.26.6

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     bad = failures(rows, checks)
     print(f"\nmake e2e: {len(rows)} rows in {time.monotonic() - t0:.0f} s; "
-          + (f"{len(bad)} kvshm rows/checks miss the lifecycle goals (LIFECYCLE.md)" if bad
+          + (f"{len(bad)} kvshm rows/checks miss the lifecycle goals (docs/lifecycle.md)" if bad
              else "every kvshm row meets the goals"))
     for b in bad:
         print(f"  miss: {b}")

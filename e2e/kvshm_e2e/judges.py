@@ -75,7 +75,7 @@ class Router:
                 "model_name": MODEL_NAME, "block_size": block_size, "dp_rank": 0}
         r = http_post(self.url + "/register", json.dumps(body).encode())
         if not r.ok:
-            raise RuntimeError(f"router /register: {r.status} {(r.body or r.error.encode())[:300]!r}")
+            raise RuntimeError(f"router /register: {r.status} {(r.text or r.error)[:300]!r}")
 
     def state(self, worker_id: int) -> State:
         r = http_get(self.url + "/dump")

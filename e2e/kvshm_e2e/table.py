@@ -1,4 +1,4 @@
-"""Rows, the lifecycle goals (LIFECYCLE.md), and the printed table."""
+"""Rows, the lifecycle goals (docs/lifecycle.md), and the printed table."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from kvshm_testkit import markdown_table
 
-CONVERGE_TIMEOUT = 10.0  # LIFECYCLE.md: a router converges to the exact state within 10 s
+CONVERGE_TIMEOUT = 10.0  # docs/lifecycle.md: a router converges to the exact state within 10 s
 
 
 @dataclass(frozen=True)

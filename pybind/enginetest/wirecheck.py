@@ -2,8 +2,8 @@
 sglang-plugin-test`` (pybind/sglang_test): kvshm's publisher and the engine's own ``ZmqEventPublisher`` fed the same
 batches side by side, every live payload and every replay frame compared byte for byte.
 
-Seqs: kvshmd numbers its wire (LIFECYCLE.md: its own counter, a Cleared batch when an incarnation starts, empty
-heartbeats), so the comparison is by payload and order, not by seq value: each test batch must arrive once, in
+Seqs: kvshmd numbers its wire (docs/lifecycle.md: its own counter, a Cleared batch when an incarnation starts,
+empty heartbeats), so the comparison is by payload and order, not by seq value: each test batch must arrive once, in
 order, with increasing seqs; a replay from the first one's seq gives the same (seq, payload) pairs; the only other
 batches allowed are kvshmd's own (empty heartbeats, Cleared).
 
@@ -86,7 +86,7 @@ def join(eng: Engine, publish: Callable[[Any], object], sub: zmq.Socket[bytes]) 
 
 
 def kvshmd_own(payload: bytes) -> bool:
-    """A batch kvshmd publishes on its own (LIFECYCLE.md): an empty heartbeat, or a Cleared."""
+    """A batch kvshmd publishes on its own (docs/lifecycle.md): an empty heartbeat, or a Cleared."""
     _, events, _ = msgspec.msgpack.decode(payload)
     return bool(events == [] or events == [{"type": "AllBlocksCleared"}])
 

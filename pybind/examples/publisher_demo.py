@@ -153,7 +153,7 @@ def per_rank_producers(sock: str, base: str, rng: random.Random) -> None:
 
 
 def kvshmd_publishes_zmq(rng: random.Random) -> None:
-    """Part 3 (issue 12): kvshmd as the worker's KV-event publisher. The engine hands each vLLM-shaped batch to
+    """Part 3: kvshmd as the worker's KV-event publisher. The engine hands each vLLM-shaped batch to
     ``apply_batch`` (one ring write); kvshmd publishes it on ZMQ in vLLM's wire format, which ``kvshmd watch`` (a
     separate process, as a router's listener would be) receives, and answers a replay request."""
     with tempfile.TemporaryDirectory(prefix="kvshm-zmq-") as d:
@@ -176,7 +176,7 @@ def kvshmd_publishes_zmq(rng: random.Random) -> None:
                 seq, parent = seq + 1, hashes[-1]
                 time.sleep(0.02)
             assert watcher.stdout is not None
-            seen = []  # kvshmd's wire seqs (LIFECYCLE.md), not the engine's
+            seen = []  # kvshmd's wire seqs (docs/lifecycle.md), not the engine's
             for line in watcher.stdout.read().splitlines():
                 b = json.loads(line)
                 seen.append(b["seq"])
@@ -188,6 +188,7 @@ def kvshmd_publishes_zmq(rng: random.Random) -> None:
             replayed = [json.loads(line)["seq"] for line in out.stdout.splitlines()]
             print(f"  replay from seq {seen[-2]}: {replayed} (the replay socket's buffer)")
             z = ix.stats()["zmq"]
+            assert z is not None, "kvshmd publishes this stream"
             print(f"  stats()['zmq']: published {z['published']}, dropped {z['dropped']}, replayed {z['replayed']}; "
                   f"recovery ids are the same seqs: last_event_id "
                   f"{json.loads(ix.get_events_json())['TreeDump']['last_event_id']}")

@@ -1,4 +1,4 @@
-"""BATCH records (issue 12): the Python encoder against the shared vectors in testdata/batch, which the Go side
+"""BATCH records: the Python encoder against the shared vectors in testdata/batch, which the Go side
 (shm/batch_vectors_test.go: shm.Record.Batch + fbs.Decode/DecodeMeta, and its own writer) checks too, and the
 Meta builder against the official FlatBuffers builder.
 
@@ -18,16 +18,8 @@ import pytest
 
 from kvshm import events as ke
 from kvshm._batch import BatchBuilder
-from kvshm._encode import (
-    RECORD_BATCH,
-    SUB_EVENT,
-    SUB_META,
-    build_meta,
-    encode_cleared,
-    encode_removed,
-    encode_stored,
-    prepare_batch,
-)
+from kvshm._batchrec import RECORD_BATCH, SUB_EVENT, SUB_META, build_meta, prepare_batch
+from kvshm._encode import encode_cleared, encode_removed, encode_stored
 
 REPO = Path(__file__).resolve().parents[2]
 VECTORS = REPO / "testdata" / "batch"

@@ -1,6 +1,6 @@
 """apply_batch and publish= through a real kvshmd (issue 12): the ZMQ stream a pyzmq subscriber receives is
 byte-identical to what vLLM's publisher sends for the same batches (msgspec over vLLM 0.33.0-shaped Structs) under
-kvshmd's strictly increasing wire seqs (LIFECYCLE.md), the index numbers every event of a batch with the batch's
+kvshmd's strictly increasing wire seqs (docs/lifecycle.md), the index numbers every event of a batch with the batch's
 wire seq (the engine's seq on a stream kvshmd does not publish), stats pass the daemon's zmq counters through, and the
 per-event fallback for a daemon without BATCH records."""
 
@@ -268,7 +268,7 @@ def test_events_never_start_inside_an_evicted_batch(make_indexer: Any) -> None:
 def test_publishing_survives_a_daemon_restart(make_indexer: Any, short_dir: Path) -> None:
     """SIGKILL of the private kvshmd while publishing: its successor binds the same endpoints again (the producer's
     re-ATTACH carries publish=), the subscriber's wire seqs go on above every seq the dead daemon published (the
-    successor starts at unix µs, LIFECYCLE.md: nothing reused), and the replay socket holds only what the successor
+    successor starts at unix µs, docs/lifecycle.md: nothing reused), and the replay socket holds only what the successor
     published, then the end marker (README, "Failure behaviour")."""
     endpoint = f"ipc://{short_dir}/pub.sock"
     replay = f"ipc://{short_dir}/replay.sock"
@@ -308,7 +308,7 @@ def test_publishing_survives_a_daemon_restart(make_indexer: Any, short_dir: Path
 
 
 def test_engine_restarted_on_the_same_worker(shared_daemon: SharedDaemon, make_indexer: Any, short_dir: Path) -> None:
-    """LIFECYCLE.md, an engine restarted on the same worker, through a shared kvshmd: the subscriber sees the dead
+    """docs/lifecycle.md, an engine restarted on the same worker, through a shared kvshmd: the subscriber sees the dead
     incarnation's batch, its end Cleared, the new one's start Cleared and batch, under strictly increasing wire
     seqs; a replay from 0 holds only the new incarnation (its start Cleared first); the index only its blocks."""
     endpoint, replay = f"ipc://{short_dir}/pub.sock", f"ipc://{short_dir}/replay.sock"
@@ -343,7 +343,7 @@ def test_engine_restarted_on_the_same_worker(shared_daemon: SharedDaemon, make_i
             return got
 
         # A router that held the old incarnation gets the new one from its start Cleared; one that holds nothing
-        # (from seq 0) gets no Cleared to apply (SNAPSHOT.md, "A reply from seq 0").
+        # (from seq 0) gets no Cleared to apply (docs/replay-snapshots.md, "A reply from seq 0").
         got = replay_from(end)
         assert [s for s, _ in got] == [start, last] and got[1][1] == payload
         got = replay_from(0)

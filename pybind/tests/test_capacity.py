@@ -29,6 +29,7 @@ def test_paused_daemon_loses_nothing_with_the_default_ring(make_indexer: Indexer
     st = ix.stats(daemon=False)
     assert st["ring"]["capacity"] == DEFAULT_RING_BYTES == 64 << 20
     pid = st["daemon_pid"]
+    assert pid is not None  # a private daemon
     os.kill(pid, signal.SIGSTOP)  # the daemon drains nothing until SIGCONT
     try:
         for seq in range(EVENTS):

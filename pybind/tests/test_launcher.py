@@ -139,7 +139,7 @@ def test_engine_sigkill_daemon_drains_then_leaves_nothing(ring_dir: Path, short_
                 seqs.append(int.from_bytes(seq, "big"))
         assert got == want, f"{len(got)} of {len(want)} batches published after the engine's SIGKILL"
         assert seqs == sorted(set(seqs))
-        # Then the end of the incarnation (LIFECYCLE.md): one [AllBlocksCleared] batch with the next wire seq,
+        # Then the end of the incarnation (docs/lifecycle.md): one [AllBlocksCleared] batch with the next wire seq,
         # flushed before the daemon exits.
         _, _, payload = recv_batch(sub, seqs[-1])
         assert payload == vllm_payload(decode(payload)[0], [AllBlocksCleared()], 0), decode(payload)

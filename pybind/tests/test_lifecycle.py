@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 import kvshm
-import kvshm._indexer
 import kvshm._launcher
+import kvshm._supervisor
 from kvshm import ForkedProcessError, LauncherError, LocalIndexer
 from kvshm._client import Client
 from kvshm._launcher import PrivateDaemon, find_kvshmd
@@ -74,6 +74,7 @@ def test_private_daemon_sigkill_midstream(make_indexer: IndexerFactory) -> None:
     # The private daemon checkpoints (--checkpoint-interval 1s) and only then releases the ring head: wait for one.
     wait_for(lambda: ix.stats(daemon=False)["ring"]["head"] > 0, "the first periodic checkpoint")
     old_pid = ix.stats()["daemon_pid"]
+    assert old_pid is not None  # a private daemon
 
     # A publisher thread keeps going while the daemon is killed; queries in the meantime never raise.
     stop = threading.Event()
@@ -138,6 +139,7 @@ def test_private_daemon_killed_while_idle_is_restarted(make_indexer: IndexerFact
     # ... and, idle, its periodic checkpoint covers it and releases the ring head.
     wait_for(lambda: ix.stats(daemon=False)["ring"]["head"] > 0, "the periodic checkpoint")
     pid = ix.stats()["daemon_pid"]
+    assert pid is not None  # a private daemon
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: (st := ix.stats(daemon=False))["attached"] and st["attaches"] == 2, "the restart")
     assert ix.stats()["daemon_pid"] != pid
@@ -172,7 +174,7 @@ def test_shared_daemon_via_env(shared_daemon: SharedDaemon, ring_dir: Path, monk
     # DETACH: the shared daemon keeps the worker's index queryable after the producer left; the ring file is gone.
     with Client(shared_daemon.socket_path) as c:
         kept = json.loads(c.events(100, 0, None))
-    # The end of its incarnation (LIFECYCLE.md): a Cleared under the id after its last, so none of its blocks stay.
+    # The end of its incarnation (docs/lifecycle.md): a Cleared under the id after its last, so none of its blocks stay.
     assert event_ids(kept) == [0, 1] and kept["Events"]["events"][1]["event"]["data"] == "cleared", kept
     assert not os.path.exists(a.stats()["ring_path"])
     assert shared_daemon.alive()
@@ -207,7 +209,7 @@ def test_shared_daemon_started_later_loses_nothing(shared_socket: SharedDaemon, 
 @pytest.mark.parametrize("state", ["default", "none"])
 def test_shared_daemon_killed_and_restarted(short_dir: Path, make_indexer: IndexerFactory, state: str) -> None:
     """SIGKILL of a shared kvshmd while a producer publishes, then a new one on the same socket. With its default
-    state dir (``<socket>.state``, LIFECYCLE.md "Daemon modes") the ring head is released only up to a written
+    state dir (``<socket>.state``, docs/lifecycle.md "Daemon modes") the ring head is released only up to a written
     checkpoint, so the successor restores it and re-drains the ring from there: its answers are complete. With
     ``--state-dir ''`` the successor resumes at a non-zero head and reports the history before it unknown."""
     args = () if state == "default" else ("--state-dir", "")
@@ -241,6 +243,7 @@ def test_shared_daemon_killed_and_restarted(short_dir: Path, make_indexer: Index
             # The history before the resumed head is unknown. It answers with what it applied since (best effort,
             # as Dynamo would) and says the answer is incomplete.
             assert {bh for _, _, bh in dump_set(resp)} <= {s * 10 for s in range(30, seq)}
+            assert st["daemon_stream"] is not None, st
             assert st["incomplete"] is True and "unknown" in st["daemon_stream"]["taint_reason"], st["daemon_stream"]
             stream = daemon_stream(shared_daemon.socket_path, 12)
             assert stream["events_received"] == 30  # the events published while it was down were kept in the ring
@@ -372,7 +375,8 @@ def test_forked_child_normal_exit_does_not_tear_down_the_parent(make_indexer: In
         os._exit(0)
     os.waitpid(pid, 0)
     st = ix.stats()
-    assert st["attached"] and not pid_gone(st["daemon_pid"]) and os.path.exists(st["ring_path"])
+    daemon_pid = st["daemon_pid"]
+    assert st["attached"] and daemon_pid is not None and not pid_gone(daemon_pid) and os.path.exists(st["ring_path"])
     ix.apply_cleared(0)
     assert event_ids(query(ix, 0)) == [0]
 
@@ -439,7 +443,7 @@ def test_missing_daemon_full_ring_is_counted_then_reported(shared_socket: Shared
     Cleared."""
     ix = make_indexer(worker_id=13, kv_block_size=16, socket_path=shared_socket.socket_path, ring_bytes=64 << 10)
     seq = 0
-    while ix.stats(daemon=False)["dropped_events"] < 3:
+    while (ix.stats(daemon=False)["dropped_events"] or 0) < 3:
         ix.apply_stored(seq, toks(seq, 64), [4 * seq + 1, 4 * seq + 2, 4 * seq + 3, 4 * seq + 4])
         seq += 1
         assert seq < 10000, "the ring never filled up"
@@ -456,7 +460,7 @@ def test_missing_daemon_full_ring_is_counted_then_reported(shared_socket: Shared
     assert 99999 in held and not held & {4 * s + i for s in range(first_lost, seq) for i in range(1, 5)}
     st = ix.stats()
     assert st["incomplete"] is True, st
-    assert [(r["first"], r["last"]) for r in st["lost_ranges"]] == [(first_lost, seq - 1)], st["lost_ranges"]
+    assert [(r["first"], r["last"]) for r in st["lost_ranges"] or []] == [(first_lost, seq - 1)], st["lost_ranges"]
     # Events across the lost ids: the suffix of what was applied, as across a gap.
     assert event_ids(query(ix, 0)) == [*range(first_lost), seq]
     assert event_ids(query(ix, seq)) == [seq]
@@ -566,10 +570,10 @@ class HungDaemon(FakeDaemon):
 
 def test_constructor_is_bounded_against_a_hung_shared_daemon(short_dir: Path, make_indexer: IndexerFactory,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 10, defect 6: the constructor's first ATTACH is bounded (_FIRST_ATTACH_TIMEOUT), then the supervisor
+    """A hung shared daemon: the constructor's first ATTACH is bounded (_FIRST_ATTACH_TIMEOUT), then the supervisor
     keeps trying; the engine starts and publishes meanwhile. (That it returns at all proves the bound: this daemon
     never answers.)"""
-    monkeypatch.setattr(kvshm._indexer, "_FIRST_ATTACH_TIMEOUT", 0.2)
+    monkeypatch.setattr(kvshm._supervisor, "_FIRST_ATTACH_TIMEOUT", 0.2)
     fake = HungDaemon(str(short_dir / "hung.sock"))
     try:
         ix = make_indexer(socket_path=str(short_dir / "hung.sock"))
@@ -583,12 +587,12 @@ def test_constructor_is_bounded_against_a_hung_shared_daemon(short_dir: Path, ma
 
 def test_shutdown_during_a_slow_attach_keeps_the_supervisors_descriptors(
         short_dir: Path, make_indexer: IndexerFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 10, defect 6: shutdown() while the supervisor is inside a slow ATTACH (longer than the join timeout)
+    """A hung shared daemon: shutdown() while the supervisor is inside a slow ATTACH (longer than the join timeout)
     must not close descriptors the supervisor still uses: the application's next os.pipe() would reuse them and the
     supervisor would swallow its bytes. The supervisor closes them itself when its ATTACH returns."""
-    monkeypatch.setattr(kvshm._indexer, "_FIRST_ATTACH_TIMEOUT", 0.2)
-    monkeypatch.setattr(kvshm._indexer, "_ATTACH_TIMEOUT", 60.0)
-    monkeypatch.setattr(kvshm._indexer, "_JOIN_TIMEOUT", 0.05)
+    monkeypatch.setattr(kvshm._supervisor, "_FIRST_ATTACH_TIMEOUT", 0.2)
+    monkeypatch.setattr(kvshm._supervisor, "_ATTACH_TIMEOUT", 60.0)
+    monkeypatch.setattr(kvshm._supervisor, "_JOIN_TIMEOUT", 0.05)
     fake = HungDaemon(str(short_dir / "hung.sock"))
     try:
         ix = make_indexer(socket_path=str(short_dir / "hung.sock"))
@@ -648,14 +652,14 @@ def test_sweep_keeps_what_may_be_alive() -> None:
 
 
 def test_truncated_ring_does_not_kill_the_engine(ring_dir: Path) -> None:
-    """Issue 10, defect 5: another process truncates the ring file. The supervisor notices within
+    """The truncated ring file: another process truncates the ring file. The supervisor notices within
     _RING_CHECK_INTERVAL and from then on every publish is dropped and counted instead of faulting (SIGBUS would
     kill the engine, exit -7). Runs the engine in a child process so a SIGBUS cannot take pytest with it."""
     script = textwrap.dedent(f"""
         import json, os, time
-        import kvshm._indexer
+        import kvshm._supervisor
         from kvshm import LocalIndexer
-        kvshm._indexer._RING_CHECK_INTERVAL = 0.05
+        kvshm._supervisor._RING_CHECK_INTERVAL = 0.05
         ix = LocalIndexer(3, 4, ring_dir={str(ring_dir)!r}, ring_bytes=1 << 20)
         for seq in range(10):
             ix.apply_stored(seq, list(range(4)), [seq + 1], parent_hash=seq if seq else None)
@@ -676,7 +680,7 @@ def test_truncated_ring_does_not_kill_the_engine(ring_dir: Path) -> None:
 
 
 def test_only_the_producer_detaches_its_stream(shared_daemon: SharedDaemon, make_indexer: IndexerFactory) -> None:
-    """Issue 10, defect 2: any same-user client could DETACH a live producer, which then published into a ring
+    """The foreign DETACH: any same-user client could DETACH a live producer, which then published into a ring
     nobody read while reporting itself attached. Now another client's DETACH is refused; shutdown() detaches on the
     producer's own ATTACH connection, after the daemon applied everything."""
     from kvshm._client import RemoteError
@@ -697,7 +701,7 @@ def test_only_the_producer_detaches_its_stream(shared_daemon: SharedDaemon, make
 
 
 def test_default_ring_is_a_sealed_memfd(short_dir: Path) -> None:
-    """Issue 10, defect 5: without a ring_dir the ring is a memfd sealed against shrinking and growing, so no other
+    """The truncated ring file: without a ring_dir the ring is a memfd sealed against shrinking and growing, so no other
     process can truncate it under the engine's mapping (the truncation fails, publishing goes on, nothing is lost),
     and a killed engine leaves no file. The daemon opens it as /proc/<pid>/fd/<n>, and only the producer's own."""
     ix = LocalIndexer(9, 4)

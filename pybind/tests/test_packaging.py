@@ -7,6 +7,7 @@ import os
 import struct
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -63,12 +64,21 @@ def test_typed_package_and_public_api() -> None:
     assert Path(kv_local_indexer.__file__ or "").with_name("py.typed").exists()
     assert set(kvshm.__all__) == {
         "ClosedError", "ForkedProcessError", "KvshmError", "LauncherError", "LocalIndexer", "RingError", "__version__",
-        "ZmqPublish", "events",
+        "ZmqPublish", "events", "IndexerStats", "BatchStats", "LostRange",
     }
     assert kv_local_indexer.__all__ == ["LocalIndexer"]
     for name in ("ClosedError", "ForkedProcessError", "LauncherError"):
         assert issubclass(getattr(kvshm, name), kvshm.KvshmError)
     assert issubclass(kvshm.KvshmError, RuntimeError)
+
+
+def test_version_has_one_home() -> None:
+    """kvshm.__version__ is pyproject.toml's, installed (through the wheel's metadata) or from the source tree."""
+    with open(REPO / "pybind" / "pyproject.toml", "rb") as f:
+        want = tomllib.load(f)["project"]["version"]
+    assert kvshm.__version__ == want
+    if INSTALLED:
+        assert importlib.metadata.version("kvshm") == want
 
 
 def test_runtime_needs_no_flatbuffers(tmp_path: Path) -> None:

@@ -152,6 +152,7 @@ def test_vllm_per_rank_producers_share_a_worker_id(short_dir: Path, make_indexer
         assert r1.stats(daemon=False)["published_events"] == published
 
         st = r1.stats()
+        assert st["daemon_stream"] is not None, st
         assert st["dp_rank"] == 1 and st["daemon_stream"]["dp_rank"] == 1 and st["incomplete"] is False, st
         assert "dp_rank=1" in repr(r1)
 
@@ -161,7 +162,7 @@ def test_vllm_per_rank_producers_share_a_worker_id(short_dir: Path, make_indexer
         assert not dst["attached"] and "conflict" in (dst["last_error"] or ""), dst
         dup.shutdown()
 
-        # Shutting rank 0 down detaches exactly its stream and ends its incarnation (LIFECYCLE.md): it stays
+        # Shutting rank 0 down detaches exactly its stream and ends its incarnation (docs/lifecycle.md): it stays
         # queryable, with a Cleared under the id after its last (none of its blocks); rank 1 is untouched.
         r0.shutdown()
         with Client(d.socket_path, timeout=10) as c:

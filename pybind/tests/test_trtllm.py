@@ -43,7 +43,7 @@ def test_tee_translation_and_publish(monkeypatch: pytest.MonkeyPatch, ring_dir: 
         pub.enqueue({"event_id": 5, "data": {"type": "bogus"}})  # ignored, like the tee
         pub.enqueue({"event_id": 6})  # malformed: logged and counted, never raised
         assert pub.sequence == 2 and pub.errors == 1 and pub.partial_block_hashes == set()
-        # The index logs them under kvshmd's wire seqs (LIFECYCLE.md), after the incarnation's start Cleared.
+        # The index logs them under kvshmd's wire seqs (docs/lifecycle.md), after the incarnation's start Cleared.
         first = first_id(pub.indexer)
         resp = query(pub.indexer, first + 1)
         ids = event_ids(resp)

@@ -111,6 +111,7 @@ def shared_ix(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def test_bad_argument_writes_nothing(shared_ix: LocalIndexer, name: str, call: Call, exc: type[Exception]) -> None:
     before = ring_tail(shared_ix)
     published = shared_ix.stats()["published_events"]
+    assert published is not None
     with pytest.raises(exc, match="kvshm|object of type|argument"):
         call(shared_ix)
     assert ring_tail(shared_ix) == before, f"{name}: the ring's tail moved"
@@ -134,6 +135,7 @@ def test_accepted_edge_values(shared_ix: LocalIndexer) -> None:
 
     ix = shared_ix
     base = ix.stats()["published_events"]
+    assert base is not None
     ix.apply_stored(U64 - 1, [0, 1, 2, (1 << 32) - 1], [-(1 << 63)], parent_hash=U64 - 1, dp_rank=(1 << 32) - 1)
     ix.apply_stored(2, [], [])
     ix.apply_stored(3, tuple(toks(0, 4)), (5,), is_eagle=None, lora_name="")
@@ -166,6 +168,7 @@ def test_count_mismatch_is_published(
 ) -> None:
     before = ring_tail(shared_ix)
     published = shared_ix.stats()["published_events"]
+    assert published is not None
     shared_ix.apply_stored(0, tokens, hashes, is_eagle=eagle)
     assert ring_tail(shared_ix) > before, f"{name}: nothing was written"
     assert shared_ix.stats()["published_events"] == published + 1

@@ -64,7 +64,7 @@ def test_publisher_streams_from_construction(env: None, monkeypatch: pytest.Monk
         pub.publish(Batch(2.0, []))  # empty: ignored, takes no seq
         pub.publish(Batch(3.0, [ke.AllBlocksCleared()]))  # engine seq 1
         pub.publish(Batch(5.0, [stored(7)]))  # engine seq 2
-        # Under kvshmd's wire seqs (LIFECYCLE.md): the incarnation's start Cleared, then the three batches.
+        # Under kvshmd's wire seqs (docs/lifecycle.md): the incarnation's start Cleared, then the three batches.
         resp = query(ix, first_id(ix))
         ids = event_ids(resp)
         assert len(ids) == 4 and ids == sorted(set(ids)), ids

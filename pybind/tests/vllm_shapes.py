@@ -32,7 +32,9 @@ def vllm_payload(ts: float, events: list[Any], dp: int, wire: str = "0.33") -> b
 def first_id(ix: LocalIndexer) -> int:
     """The first id the daemon's index holds for ``ix``'s stream (on a publishing stream, the wire seq of its
     incarnation's start Cleared)."""
-    first: int = ix.stats()["daemon_stream"]["first_event_id"]
+    stream = ix.stats()["daemon_stream"]
+    assert stream is not None, "the daemon knows the stream"
+    first: int = stream["first_event_id"]
     return first
 
 
@@ -51,7 +53,7 @@ def decode(payload: bytes) -> tuple[float, list[Any], int | None]:
 
 
 def is_heartbeat(payload: bytes) -> bool:
-    """kvshmd's heartbeat on an idle publishing stream: a batch with no events (LIFECYCLE.md, "Heartbeats"); an
+    """kvshmd's heartbeat on an idle publishing stream: a batch with no events (docs/lifecycle.md, "Heartbeats"); an
     engine's empty batch is never published, so an empty one on the wire is always kvshmd's."""
     return decode(payload)[1] == []
 
@@ -77,7 +79,7 @@ MARK_TS = 0.75  # the last warm-up's ts: its arrival ends the warm-up
 def warm_up(publish: Callable[[int, float], object], sub: zmq.Socket[bytes], start: int = 0) -> tuple[int, int]:
     """Calls ``publish(seq, ts)`` for engine seq = start, start+1, ... with ts = WARM_TS until the subscriber
     receives a batch (PUB drops what it sends before the subscription arrives), then once more with ts = MARK_TS and
-    drains the warm-ups still in flight up to that one. The wire seqs are kvshmd's (LIFECYCLE.md): they must
+    drains the warm-ups still in flight up to that one. The wire seqs are kvshmd's (docs/lifecycle.md): they must
     strictly increase, heartbeats are skipped and the incarnation's start Cleared may come first. Returns the mark's
     wire seq and the next free engine seq."""
     seq = start

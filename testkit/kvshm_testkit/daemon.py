@@ -8,7 +8,7 @@ is made and kept across restarts; None runs without HTTP (health is then asked o
 client).
 ``prefix`` is put before the binary (``ip netns exec NS``). Healthy means ``GET /healthz`` answers 200 (or the
 socket's HEALTH answers) within the start timeout; a daemon that exits first raises ``RuntimeError`` with its log's
-tail, one that never answers :class:`~kvshm_testkit.procs.Timeout`.
+tail, one that never answers :class:`~kvshm_testkit.procs.Timeout` (it is SIGKILLed and reaped first).
 """
 
 from __future__ import annotations
@@ -91,7 +91,11 @@ class Kvshmd:
         self._log_from = self.log.stat().st_size if self.log.exists() else 0
         self.proc = Proc(self.name, self.argv(), self.log, env=env)
         self.starts += 1
-        wait_until(f"{self.name} healthy", self._up, timeout, interval=0.02)
+        try:
+            wait_until(f"{self.name} healthy", self._up, timeout, interval=0.02)
+        except BaseException:
+            self.proc.kill()  # a daemon that did not come up is not left behind
+            raise
         return self
 
     def _up(self) -> bool:

@@ -2,7 +2,7 @@
 
 A seeded engine (:func:`make_engine`): ``ranks`` dp ranks, one publisher per rank (vLLM's port offsets: rank ``r``
 publishes on ``BASE + r`` and answers replays on ``RBASE + r``), each rank a stream of batches numbered from 0 (vLLM's
-per-publisher counter; on the kvshm side kvshmd numbers the wire instead, LIFECYCLE.md: its own counter from unix
+per-publisher counter; on the kvshm side kvshmd numbers the wire instead, docs/lifecycle.md: its own counter from unix
 µs, the incarnation's start Cleared first, empty heartbeat batches on an idle stream: a judge's first live batch is a
 gap from 0 either way). A batch holds 1..5 events: the device events of a :func:`gen.generate` stream (BlockStored
 with medium ``"GPU"``, LoRA names, sometimes ``group_idx 0`` + ``kv_cache_spec_kind "full_attention"``;
@@ -297,7 +297,7 @@ class KvshmSide:
 
     def flush(self) -> None:
         """Until each daemon's publisher counted every batch as published or dropped (bounded). Its counter also
-        counts kvshmd's own batches: the incarnation's start Cleared (one; LIFECYCLE.md) and heartbeats, which go
+        counts kvshmd's own batches: the incarnation's start Cleared (one; docs/lifecycle.md) and heartbeats, which go
         out only after a second with nothing to publish, so after every batch handed to it."""
         deadline = time.monotonic() + CONVERGE_S
         for r in self.ix:

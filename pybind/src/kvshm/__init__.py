@@ -15,17 +15,22 @@ from ._batch import ZmqPublish
 from ._errors import ClosedError, ForkedProcessError, KvshmError, LauncherError
 from ._indexer import LocalIndexer
 from ._ring import RingError
+from ._stats import BatchStats, IndexerStats, LostRange
+from ._version import package_version
 
 __all__ = [
+    "BatchStats",
     "ClosedError",
     "ForkedProcessError",
+    "IndexerStats",
     "KvshmError",
     "LauncherError",
     "LocalIndexer",
+    "LostRange",
     "RingError",
     "ZmqPublish",
     "__version__",
     "events",
 ]
 
-__version__ = "0.1.0"
+__version__: str = package_version()

@@ -35,7 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ._encode import Prepared, build_meta, prepare_cleared, prepare_removed, prepare_stored
+from ._batchrec import build_meta
+from ._encode import Prepared, prepare_cleared, prepare_removed, prepare_stored
 
 __all__ = ["WIRES", "ZmqPublish", "offset_endpoint_port", "BatchBuilder"]
 
@@ -294,8 +295,8 @@ class BatchBuilder:
         return subs, with_meta
 
     def indexed(self, e: Any) -> bool:
-        """Whether kvshmd would apply ``e`` to the index (contract decision 4, the part a per-event fallback can
-        check: medium absent or GPU, block_size the stream's, group 0 or absent)."""
+        """Whether kvshmd would apply ``e`` to the index (the device-tree filter, docs/decisions.md: the part a
+        per-event fallback can check: medium absent or GPU, block_size the stream's, group 0 or absent)."""
         name = e.__class__.__name__
         if name == "AllBlocksCleared":
             return True

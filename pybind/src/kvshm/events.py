@@ -10,7 +10,7 @@ Block hashes are ints or, as vLLM sends them with ``VLLM_KV_EVENTS_USE_INT_BLOCK
 What kvshm carries to the ZMQ stream (kvshm.LocalIndexer(publish=...)): every field up to
 ``kv_cache_spec_sliding_window``. vLLM 0.33.0's newer trailing fields (``locality``, ``ownership``,
 ``session_id``, ``lookahead_token_ids``) are accepted and not carried: an event that sets one is published without
-it and counted in ``stats()["batch_fields_dropped"]``.
+it and counted in ``stats()["batch"]["fields_dropped"]``.
 """
 
 from __future__ import annotations

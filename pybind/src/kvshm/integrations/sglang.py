@@ -6,7 +6,8 @@ SGLang publishes its KV-cache events through an ``EventPublisher`` chosen by nam
 (:meth:`kvshm.LocalIndexer.apply_batch`, on the scheduler's thread, no queue, no encoding), and kvshmd publishes it
 on ZMQ in SGLang 0.5.23's own wire format (vllmwire's ``"sglang"`` layout: signed int64 block hashes, SGLang's
 BlockStored; PUB on ``endpoint``, replay ROUTER on ``replay_endpoint``, the framing and replay protocol of SGLang's
-``ZmqEventPublisher``; the seqs are kvshmd's, LIFECYCLE.md) and answers Dynamo's ``/kv_recover`` from the same events.
+``ZmqEventPublisher``; the seqs are kvshmd's, docs/lifecycle.md) and answers Dynamo's ``/kv_recover`` from the same
+events.
 The shared machinery (one ring write per batch, the seq rule, the error contract) is
 :class:`kvshm.integrations._publisher.RingPublisher`, as for vLLM.
 

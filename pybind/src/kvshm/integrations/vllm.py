@@ -4,7 +4,7 @@ vLLM publishes its KV-cache events through an ``EventPublisher`` chosen by name 
 module adds ``"kvshm"``: :class:`KvshmEventPublisher` writes each ``KVEventBatch`` once into kvshm's shared-memory
 ring (:meth:`kvshm.LocalIndexer.apply_batch`, on the scheduler's thread, no queue, no encoding), and kvshmd
 publishes it on ZMQ in vLLM's own wire format (PUB on ``endpoint``, replay ROUTER on ``replay_endpoint``, the same
-framing and replay protocol as vLLM's ``ZmqEventPublisher``; the seqs are kvshmd's, LIFECYCLE.md) and answers
+framing and replay protocol as vLLM's ``ZmqEventPublisher``; the seqs are kvshmd's, docs/lifecycle.md) and answers
 Dynamo's ``/kv_recover`` queries from the same events.
 
 Installation: ``pip install kvshm`` registers :func:`register` under the ``vllm.general_plugins`` entry point, which
