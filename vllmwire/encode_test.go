@@ -7,8 +7,6 @@ import (
 	"testing"
 
 	"github.com/tinylib/msgp/msgp"
-
-	"github.com/kvshm/kvshm/internal/wirevectors"
 )
 
 // BenchmarkAppendBatch: go test -run '^$' -bench AppendBatch -benchmem ./vllmwire/
@@ -90,22 +88,11 @@ func removedWith(hashes ...byte) []byte {
 // same batch (bytes block hashes included).
 func FuzzDecode(f *testing.F) {
 	for _, w := range wires {
-		if vs, err := wirevectors.Load(vectorsPath(w), 0); err == nil {
-			for _, v := range vs {
-				p, _ := encodeVector(f, w, v, nil)
-				f.Add(p)
-			}
-		}
+		seedVectors(f, w)
 	}
 	f.Fuzz(func(t *testing.T, p []byte) {
-		if len(p) > 1<<16 {
-			return
-		}
-		b, err := Decode(p)
-		if err != nil {
-			if !errors.Is(err, ErrMalformed) {
-				t.Fatalf("error %v does not wrap ErrMalformed", err)
-			}
+		b, ok := decodeFuzzed(t, p)
+		if !ok {
 			return
 		}
 		for i := range b.Events {

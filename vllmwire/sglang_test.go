@@ -106,21 +106,10 @@ func TestSGLangAllocs(t *testing.T) {
 // FuzzDecodeSGLang: what Decode accepts re-encodes in SGLang's layout to a payload that decodes to the same batch,
 // once the fields SGLang does not carry are dropped (vLLM's extra_keys, group and spec fields, bytes hashes).
 func FuzzDecodeSGLang(f *testing.F) {
-	if vs, err := wirevectors.Load(vectorsPath(WireSGLang), 0); err == nil {
-		for _, v := range vs {
-			p, _ := encodeVector(f, WireSGLang, v, nil)
-			f.Add(p)
-		}
-	}
+	seedVectors(f, WireSGLang)
 	f.Fuzz(func(t *testing.T, p []byte) {
-		if len(p) > 1<<16 {
-			return
-		}
-		b, err := Decode(p)
-		if err != nil {
-			if !errors.Is(err, ErrMalformed) {
-				t.Fatalf("error %v does not wrap ErrMalformed", err)
-			}
+		b, ok := decodeFuzzed(t, p)
+		if !ok {
 			return
 		}
 		for i := range b.Events {
@@ -163,4 +152,30 @@ func reencode(t *testing.T, b Batch, w Wire) Batch {
 		t.Fatalf("%s: re-encoding %x does not decode: %v", w, q, err)
 	}
 	return b2
+}
+
+// seedVectors adds every vector of layout w, encoded, to a fuzzer's corpus.
+func seedVectors(f *testing.F, w Wire) {
+	if vs, err := wirevectors.Load(vectorsPath(w), 0); err == nil {
+		for _, v := range vs {
+			p, _ := encodeVector(f, w, v, nil)
+			f.Add(p)
+		}
+	}
+}
+
+// decodeFuzzed decodes a fuzzer's input; ok is false for one too large to try or refused (a refusal must wrap
+// ErrMalformed).
+func decodeFuzzed(t *testing.T, p []byte) (b Batch, ok bool) {
+	if len(p) > 1<<16 {
+		return b, false
+	}
+	b, err := Decode(p)
+	if err != nil {
+		if !errors.Is(err, ErrMalformed) {
+			t.Fatalf("error %v does not wrap ErrMalformed", err)
+		}
+		return b, false
+	}
+	return b, true
 }
