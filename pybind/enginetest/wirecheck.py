@@ -49,6 +49,23 @@ class Engine:
 MARKER_TS = 0.75
 
 
+def apply_batch_side(d: Path, wire: str) -> tuple[Any, Callable[[Any], None], str, str]:
+    """kvshm without the plugin: ``LocalIndexer(3, 4, publish=ZmqPublish(..., topic="kv", wire=wire))`` on ipc
+    endpoints in ``d``, and a ``publish(batch)`` that hands each batch to ``apply_batch`` under the next seq from 0.
+    Returns (indexer, publish, endpoint, replay endpoint); the caller shuts the indexer down."""
+    from kvshm import LocalIndexer, ZmqPublish
+
+    endpoint, replay_endpoint = f"ipc://{d}/pub.sock", f"ipc://{d}/replay.sock"
+    ix = LocalIndexer(3, 4, publish=ZmqPublish(endpoint=endpoint, replay_endpoint=replay_endpoint, topic="kv",
+                                               wire=wire))
+    seqs = iter(range(1 << 62))
+
+    def publish(b: Any) -> None:
+        ix.apply_batch(next(seqs), b.events, ts=b.ts)
+
+    return ix, publish, endpoint, replay_endpoint
+
+
 def plugin_env(monkeypatch: pytest.MonkeyPatch, plugins_var: str) -> Path:
     """The plugin tests' environment: a fresh ring directory (returned), block size 4, worker 3, and the engine's
     plugin allow-list (``plugins_var``: VLLM_PLUGINS, SGLANG_PLUGINS) naming only kvshm."""

@@ -40,7 +40,7 @@ from sglang.srt.disaggregation.kv_events import (  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "enginetest"))
 import wirecheck  # noqa: E402
 
-from kvshm import LocalIndexer, ZmqPublish  # noqa: E402
+from kvshm import LocalIndexer  # noqa: E402
 from kvshm.integrations.sglang import KvshmSGLangPublisher  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,19 +147,9 @@ def test_kvshm_publisher_in_real_sglang(ring_dir: Path) -> None:
 def test_apply_batch_matches_sglang(ring_dir: Path) -> None:
     """LocalIndexer(publish=ZmqPublish(wire="sglang")) fed SGLang's own event objects through apply_batch:
     byte-identical to SGLang's ZmqEventPublisher (the plugin's path, without it)."""
-    d = ring_dir
-    endpoint, replay_endpoint = f"ipc://{d}/pub.sock", f"ipc://{d}/replay.sock"
-    ix = LocalIndexer(3, 4, publish=ZmqPublish(endpoint=endpoint, replay_endpoint=replay_endpoint, topic="kv",
-                                               wire="sglang"))
-    seq = 0
-
-    def publish(b: Any) -> None:
-        nonlocal seq
-        ix.apply_batch(seq, b.events, ts=b.ts)
-        seq += 1
-
+    ix, publish, endpoint, replay_endpoint = wirecheck.apply_batch_side(ring_dir, "sglang")
     try:
-        check(publish, lambda: ix, d, endpoint, replay_endpoint)
+        check(publish, lambda: ix, ring_dir, endpoint, replay_endpoint)
     finally:
         ix.shutdown()
 

@@ -40,7 +40,7 @@ from vllm.distributed.kv_events import (  # noqa: E402
     ZmqEventPublisher,
 )
 
-from kvshm import LocalIndexer, ZmqPublish  # noqa: E402
+from kvshm import LocalIndexer  # noqa: E402
 from kvshm.integrations.vllm import KvshmEventPublisher  # noqa: E402
 
 # The kvshm wire name of the installed release (ZmqPublish(wire=...)).
@@ -139,19 +139,9 @@ def test_kvshm_publisher_in_real_vllm(ring_dir: Path) -> None:
 def test_apply_batch_matches_installed_vllm(ring_dir: Path) -> None:
     """LocalIndexer(publish=ZmqPublish(wire=<the installed release>)) fed vLLM's own event objects through
     apply_batch: byte-identical to vLLM's ZmqEventPublisher (the path the plugin takes, without it)."""
-    d = ring_dir
-    endpoint, replay_endpoint = f"ipc://{d}/pub.sock", f"ipc://{d}/replay.sock"
-    ix = LocalIndexer(3, 4, publish=ZmqPublish(endpoint=endpoint, replay_endpoint=replay_endpoint, topic="kv",
-                                               wire=WIRE))
-    seq = 0
-
-    def publish(b: Any) -> None:
-        nonlocal seq
-        ix.apply_batch(seq, b.events, ts=b.ts)
-        seq += 1
-
+    ix, publish, endpoint, replay_endpoint = wirecheck.apply_batch_side(ring_dir, WIRE)
     try:
-        check_against_reference(publish, lambda: ix, d, endpoint, replay_endpoint)
+        check_against_reference(publish, lambda: ix, ring_dir, endpoint, replay_endpoint)
     finally:
         ix.shutdown()
 
