@@ -230,8 +230,8 @@ def cluster_section(c: dict[str, Any], source: str) -> list[str]:
     if not sizes:
         return []
     L = ["## Cluster (issue 18)", "",
-         f"From `{source}` (`make cluster`, seed {c.get('seed')}; docs/deploy.md has the method and the fault table): N "
-         "nodes in network namespaces x one worker x 100 k blocks, Dynamo 1.6.1's standalone indexer SIGKILLed and "
+         f"From `{source}` (`make cluster`, seed {c.get('seed')}; docs/deploy.md has the method and the fault table): "
+         "N nodes in network namespaces x one worker x 100 k blocks, Dynamo 1.6.1's standalone indexer SIGKILLed and "
          "restarted 3 times, the time until its own `POST /query` scores every worker's last chain whole. Goal: "
          "<= 5 s at 64 nodes.", ""]
     rows = []
