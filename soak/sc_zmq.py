@@ -35,8 +35,8 @@ def _digest(b: bytes) -> str:
 
 def zmq_replay(zc: Any, ep: str, start: int, timeout: float) -> tuple[list[tuple[int, str]] | None, str]:
     """A healthy DEALER's replay from ``start``: [(seq, payload digest)] up to the end marker, or None and why.
-    Empty batches are left out: kvshmd fills a reply's heartbeat seqs with them (docs/replay-snapshots.md, "Contiguous replies"),
-    and the judges compare replies with what was published."""
+    Empty batches are left out: kvshmd fills a reply's heartbeat seqs with them (docs/replay-snapshots.md,
+    "Contiguous replies"), and the judges compare replies with what was published."""
     d = zc.socket(zmq.DEALER)
     d.setsockopt(zmq.LINGER, 0)
     d.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))

@@ -7,7 +7,8 @@ hits router 1 of each kind at once (:meth:`.Cluster.faulted`).
 What ``--strict`` requires of kvshm (:func:`must_converge`): every row, for both router kinds. Dynamo's router
 replays (and snapshots past the window make each row exact); llm-d-router at ebab687927f5 replays too, but takes only
 a reply whose seqs run from the one it asked for without a gap (cluster/llmd/doc.go): kvshmd gives it that with
-contiguous replies and, in a cluster with llm-d routers, wire seqs from 1 (``--zmq-seq-base zero``; docs/replay-snapshots.md).
+contiguous replies and, in a cluster with llm-d routers, wire seqs from 1 (``--zmq-seq-base zero``;
+docs/replay-snapshots.md).
 Measured with llm-d-kv-cache at 7be76e1 before (no replay at all), llm-d was exact only after steady load, a stall
 and an engine restart.
 """
