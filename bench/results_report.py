@@ -589,6 +589,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--started", type=float, default=0.0, help="epoch seconds when make bench started")
     ap.add_argument("--cluster", default="", help="a make cluster results.json to render (issue 18's curve)")
+    ap.add_argument("--sglang", default="", help="a make bench-sglang result to render (SGLang's engine cost)")
     args = ap.parse_args()
     d: dict[str, Any] = json.loads(Path(args.results).read_text())
     out = Path(args.out)
@@ -667,6 +668,10 @@ def main() -> None:
     L += zmq_section(d)
     if args.cluster and Path(args.cluster).exists():
         L += cluster_section(json.loads(Path(args.cluster).read_text()), args.cluster)
+    if args.sglang and Path(args.sglang).exists():
+        from sglang_bench import section as sglang_section  # stdlib only at import: no SGLang needed here
+
+        L += sglang_section(json.loads(Path(args.sglang).read_text()), args.sglang)
     q = d.get("queries")
     if q:
         L += ["## Queries (Python API, in-process reference vs kvshm.LocalIndexer → private kvshmd)", "",

@@ -270,6 +270,13 @@ func (a *attachment) wireEvent(v *fbs.EventView, m *fbs.MetaView) *vllmwire.Even
 		e.HasKVCacheSpecKind, e.KVCacheSpecKind = m.HasKind, string(m.Kind)
 		e.HasSlidingWindow, e.KVCacheSpecSlidingWindow = m.HasSlidingWindow, m.SlidingWindow
 		e.HashBytes, e.ParentBytes = m.HashBytes, m.ParentBytes // checked against the keys (checkHashBytes)
+		// SGLang's cache_salt and session_id: a copy only when present.
+		if m.HasCacheSalt {
+			e.HasCacheSalt, e.CacheSalt = true, string(m.CacheSalt)
+		}
+		if m.HasSessionID {
+			e.HasSessionID, e.SessionID = true, string(m.SessionID)
+		}
 	}
 	if v.Kind == fbs.KindStored {
 		e.HasParent, e.ParentHash = v.HasParent, v.ParentHash

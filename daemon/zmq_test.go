@@ -90,6 +90,12 @@ func vectorSubs(t testing.TB, v wirevectors.Vector, seq uint64, bs uint32) []shm
 				t.Fatal(err)
 			}
 			m.ExtraKeys = x
+			if e.CacheSalt != nil {
+				m.HasCacheSalt, m.CacheSalt = true, *e.CacheSalt
+			}
+			if e.SessionID != nil {
+				m.HasSessionID, m.SessionID = true, *e.SessionID
+			}
 		case "removed":
 			spec.Kind = fbs.KindRemoved
 		case "cleared":
@@ -346,6 +352,19 @@ func testZmqPublishWire(t *testing.T, rel string) {
 		!strings.Contains(se.Message, `"0.30"`) || !strings.Contains(se.Message, `"0.31"`) {
 		t.Fatalf("attach with wire 0.30: %v, want bad_request naming 0.30 and the known releases", err)
 	}
+}
+
+// TestZmqPublishSGLang: a producer asking for SGLang's wire (sock.Publish.Wire "sglang") gets every SGLang vector
+// byte for byte, as SGLang 0.5.23's own structs encode it: signed int64 hashes from the ring's u64 keys, SGLang's
+// BlockStored with cache_salt and session_id from the META.
+func TestZmqPublishSGLang(t *testing.T) {
+	ts := startServer(t, nil)
+	p := newProducer(t, ts.cfg.SocketPath, 7, 4, 1<<22)
+	ep := "ipc://" + filepath.Join(t.TempDir(), "pub.sock")
+	attachPublishing(t, p, &sock.Publish{Endpoint: ep, Topic: "kv", HWM: 1000, BufferSteps: 10, Wire: "sglang"})
+	got := goSub(t, ep)
+	joinProbes(t, p, 1, got)
+	sendVectors(t, p, got, publishableVectors(t, "sglang"), "kv", nextWire(t, ts, 7))
 }
 
 // TestCheckHashBytes: the bytes block hashes a META gives must be the bytes of the event's keys; anything else

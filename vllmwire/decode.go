@@ -19,6 +19,8 @@ type Batch struct {
 // Decode parses a payload in the shape this package encodes (FORMAT.md): a 2- or 3-array [ts, events,
 // dp_rank?] whose events are tagged maps with vLLM's field names in any order. It rejects unknown tags, unknown or
 // repeated keys, wrong types, out-of-range integers and leftover bytes with an error wrapping ErrMalformed.
+// Int block hashes are read as their 64-bit pattern, signed (SGLang) or not; SGLang's fields (cache_salt,
+// session_id) are read too, and medium and lora_name may be absent (SGLang omits them when None).
 // Bytes block hashes (msgpack bin) fill HashBytes / ParentBytes and their keys (HashKey). Decoded slices are new
 // (they do not alias p) except ExtraKeys, which aliases p. The map header's form is not checked, so a payload of
 // any Wire decodes. Decode is for tests and tools; the daemon only encodes.
@@ -110,7 +112,7 @@ func readHashes(p []byte) (hs []uint64, hb []byte, rest []byte, err error) {
 	for i := range n {
 		if !asBytes {
 			var h uint64
-			if h, rest, err = msgp.ReadUint64Bytes(rest); err != nil {
+			if h, rest, err = readHash(rest); err != nil {
 				return nil, nil, p, err
 			}
 			hs = append(hs, h)
@@ -215,7 +217,7 @@ func decodeEvent(p []byte, e *Event) ([]byte, error) {
 				}
 			default:
 				e.HasParent = true
-				e.ParentHash, rest, err = msgp.ReadUint64Bytes(rest)
+				e.ParentHash, rest, err = readHash(rest)
 			}
 		case "token_ids":
 			e.TokenIDs, e.IsEagle, rest, err = readTokens(rest)
@@ -232,6 +234,10 @@ func decodeEvent(p []byte, e *Event) ([]byte, error) {
 			e.HasMedium, e.Medium, rest, err = readOptString(rest)
 		case "lora_name":
 			e.HasLoraName, e.LoraName, rest, err = readOptString(rest)
+		case "cache_salt":
+			e.HasCacheSalt, e.CacheSalt, rest, err = readOptString(rest)
+		case "session_id":
+			e.HasSessionID, e.SessionID, rest, err = readOptString(rest)
 		case "extra_keys":
 			var after []byte
 			if after, err = msgp.Skip(rest); err == nil {
@@ -256,12 +262,13 @@ func decodeEvent(p []byte, e *Event) ([]byte, error) {
 	switch tag {
 	case "BlockStored":
 		e.Kind = KindStored
-		need = bitType | bitHashes | bitParent | bitTokens | bitBlockSize | bitLoraID | bitMedium | bitLoraName
-		allowed = need | bitExtra | bitGroup | bitSpecKind | bitWindow
+		// medium and lora_name: vLLM always writes them, SGLang omits them when None.
+		need = bitType | bitHashes | bitParent | bitTokens | bitBlockSize | bitLoraID
+		allowed = need | bitMedium | bitLoraName | bitExtra | bitGroup | bitSpecKind | bitWindow | bitSalt | bitSession
 	case "BlockRemoved":
 		e.Kind = KindRemoved
-		need = bitType | bitHashes | bitMedium
-		allowed = need | bitGroup
+		need = bitType | bitHashes // medium: SGLang omits it when None
+		allowed = need | bitMedium | bitGroup
 	case "AllBlocksCleared":
 		e.Kind = KindCleared
 		need, allowed = bitType, bitType
@@ -287,11 +294,13 @@ const (
 	bitGroup
 	bitSpecKind
 	bitWindow
+	bitSalt
+	bitSession
 )
 
 var fieldBits = map[string]uint32{
 	tagKey: bitType, "block_hashes": bitHashes, "parent_block_hash": bitParent, "token_ids": bitTokens,
 	"block_size": bitBlockSize, "lora_id": bitLoraID, "medium": bitMedium, "lora_name": bitLoraName,
 	"extra_keys": bitExtra, "group_idx": bitGroup, "kv_cache_spec_kind": bitSpecKind,
-	"kv_cache_spec_sliding_window": bitWindow,
+	"kv_cache_spec_sliding_window": bitWindow, "cache_salt": bitSalt, "session_id": bitSession,
 }

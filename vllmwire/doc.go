@@ -20,6 +20,22 @@
 // the same [ts, [events...], data_parallel_rank] array; the incarnation Cleareds kvshmd adds follow the stream's
 // layout.
 //
+// # SGLang
+//
+// WireSGLang ("sglang") is SGLang 0.5.23's wire (sglang/srt/disaggregation/kv_events.py, the structs its
+// ZmqEventPublisher encodes with msgspec): the same batch array and tagged-map events, with SGLang's own
+// BlockStored (block_hashes, parent_block_hash, token_ids, block_size, lora_id, then medium, cache_salt,
+// session_id, lora_name, each left out when None; 10 entries declared, so always a fixmap), BlockRemoved's medium
+// left out when None, and block hashes as signed int64: msgspec writes a negative one in an int form (0xd3 for most
+// of SGLang's, which are uniform over int64). The batch's third element is SGLang's attn_dp_rank. vLLM's fields
+// SGLang does not declare are not written. SGLang merges consecutive stores of one chain into one BlockStored;
+// that is an event like any other here. Vectors: vectors_sglang.json, written by gen_sglang_vectors.py with
+// SGLang's own structs in SGLang's venv (TestSGLangVectors; `make sglang-plugin-test` regenerates and compares).
+//
+// The index keys an int block hash by its 64-bit pattern: SGLang's signed h and the unsigned uint64(h) are one
+// key (so -1 is 0xffffffffffffffff), and WireSGLang sends a key k back as int64(k). Decode reads both forms
+// for every layout.
+//
 // # Shape
 //
 // FORMAT.md has the byte layout. In short: a batch is the array [ts f64, [events...], data_parallel_rank];

@@ -59,6 +59,11 @@ type Event struct {
 	Medium      string
 	HasGroupIdx bool
 	GroupIdx    uint32
+	// SGLang's BlockStored only (WireSGLang; the vLLM layouts ignore them): the storing request's salt and session.
+	HasCacheSalt bool
+	CacheSalt    string
+	HasSessionID bool
+	SessionID    string
 }
 
 // Wire-format constants: never change without changing FORMAT.md and the shared vectors.
@@ -95,11 +100,14 @@ func AppendEvent(dst []byte, e *Event) []byte { return Wire033.AppendEvent(dst, 
 
 // AppendEvent appends one event as msgspec encodes the release's tagged struct: a map whose first key is "type",
 // then the struct's fields in declaration order, the fields with a None default omitted when None
-// (omit_defaults). WireArray appends the same fields as an array (appendArrayEvent). An unknown kind appends
-// nothing.
+// (omit_defaults). WireArray appends the same fields as an array (appendArrayEvent), WireSGLang SGLang's structs
+// (appendSGLangEvent). An unknown kind appends nothing.
 func (w Wire) AppendEvent(dst []byte, e *Event) []byte {
-	if w == WireArray {
+	switch w {
+	case WireArray:
 		return appendArrayEvent(dst, e)
+	case WireSGLang:
+		return appendSGLangEvent(dst, e)
 	}
 	switch e.Kind {
 	case KindStored:

@@ -7,8 +7,6 @@ import (
 	"testing"
 
 	"github.com/tinylib/msgp/msgp"
-
-	"github.com/kvshm/kvshm/internal/wirevectors"
 )
 
 // BenchmarkAppendBatch: go test -run '^$' -bench AppendBatch -benchmem ./vllmwire/
@@ -90,44 +88,22 @@ func removedWith(hashes ...byte) []byte {
 // same batch (bytes block hashes included).
 func FuzzDecode(f *testing.F) {
 	for _, r := range releases {
-		w, _ := ParseWire(r)
-		if vs, err := wirevectors.Load(vectorsPath(r), 0); err == nil {
-			for _, v := range vs {
-				p, _ := encodeVector(f, w, v, nil)
-				f.Add(p)
-			}
-		}
+		seedVectors(f, r)
 	}
 	f.Fuzz(func(t *testing.T, p []byte) {
-		if len(p) > 1<<16 {
-			return
-		}
-		b, err := Decode(p)
-		if err != nil {
-			if !errors.Is(err, ErrMalformed) {
-				t.Fatalf("error %v does not wrap ErrMalformed", err)
-			}
+		b, ok := decodeFuzzed(t, p)
+		if !ok {
 			return
 		}
 		for i := range b.Events {
 			if b.Events[i].ExtraKeys != nil {
 				b.Events[i].ExtraKeys = append([]byte{}, b.Events[i].ExtraKeys...)
 			}
+			e := &b.Events[i] // SGLang's fields: vLLM's layouts do not carry them (FuzzDecodeSGLang does)
+			e.HasCacheSalt, e.CacheSalt, e.HasSessionID, e.SessionID = false, "", false, ""
 		}
 		for _, w := range wires {
-			q := AppendBatchHeader(nil, b.TS, len(b.Events))
-			for i := range b.Events {
-				q = w.AppendEvent(q, &b.Events[i])
-			}
-			if b.HasDpRank {
-				q = AppendBatchTrailer(q, b.DpRank)
-			} else {
-				q = append(q, 0xc0)
-			}
-			b2, err := Decode(q)
-			if err != nil {
-				t.Fatalf("%s: re-encoding %x does not decode: %v", w, q, err)
-			}
+			b2 := reencode(t, b, w)
 			if b.TS == b.TS && !reflect.DeepEqual(b, b2) { // NaN ts never compares equal
 				t.Fatalf("%s: round trip differs:\n%+v\n%+v", w, b, b2)
 			}

@@ -69,6 +69,12 @@ func event(t testing.TB, v wirevectors.Event) Event {
 	if e.HasSlidingWindow = v.Window != nil; e.HasSlidingWindow {
 		e.KVCacheSpecSlidingWindow = *v.Window
 	}
+	if e.HasCacheSalt = v.CacheSalt != nil; e.HasCacheSalt {
+		e.CacheSalt = *v.CacheSalt
+	}
+	if e.HasSessionID = v.SessionID != nil; e.HasSessionID {
+		e.SessionID = *v.SessionID
+	}
 	var err error
 	if e.ExtraKeys, err = v.ExtraKeys(); err != nil {
 		t.Fatal(err)

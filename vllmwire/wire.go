@@ -18,10 +18,14 @@ const (
 	// layout llm-d-kv-cache's vLLM adapter decodes (positional, fields 1-11 in 0.32.0's order; it refuses the map
 	// layouts: "decoding array length"), so a stream published for llm-d's consumer asks for it.
 	WireArray
+	// WireSGLang is SGLang 0.5.23's KV-event wire (sglang/srt/disaggregation/kv_events.py): vLLM's shape with its
+	// own BlockStored (10 entries declared: a fixmap; medium, cache_salt, session_id, lora_name omitted when None),
+	// BlockRemoved's medium omitted when None, and block hashes as signed int64 (sglang.go, FORMAT.md "SGLang").
+	WireSGLang
 	numWires
 )
 
-var wireNames = [numWires]string{"0.33", "0.32", "array"}
+var wireNames = [numWires]string{"0.33", "0.32", "array", "sglang"}
 
 // wireAliases names the releases whose layout is another's, byte for byte. vLLM 0.31.0's kv_events.py is
 // 0.32.0's file unchanged (the same event structs and msgspec options), so "0.31" is Wire032; its own vectors
@@ -31,8 +35,8 @@ var wireAliases = []struct {
 	wire Wire
 }{{"0.31", Wire032}}
 
-// ParseWire returns the layout of a name: "0.33" or "" (the default), "0.32", "array", or an alias ("0.31").
-// Anything else is an error wrapping ErrUnknownWire.
+// ParseWire returns the layout of a name: "0.33" or "" (the default), "0.32", "array", "sglang", or an alias
+// ("0.31"). Anything else is an error wrapping ErrUnknownWire.
 func ParseWire(s string) (Wire, error) {
 	if s == "" {
 		return Wire033, nil
@@ -52,7 +56,7 @@ func ParseWire(s string) (Wire, error) {
 	return Wire033, fmt.Errorf("%w %q (known: %q)", ErrUnknownWire, s, known)
 }
 
-// String returns the layout's name ("0.33", "0.32", "array"), or "Wire(n)" for a value that is none.
+// String returns the layout's name ("0.33", "0.32", "array", "sglang"), or "Wire(n)" for a value that is none.
 func (w Wire) String() string {
 	if w < numWires {
 		return wireNames[w]

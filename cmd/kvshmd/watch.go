@@ -18,8 +18,10 @@ import (
 	"github.com/kvshm/kvshm/vllmwire"
 )
 
-// watch subscribes to a KV-event stream in vLLM's wire format (kvshmd's own, vLLM's, any ZmqEventPublisher's) and
-// prints one JSON line per batch: what a consumer receives, decoded. With --replay it first asks the replay socket
+// watch subscribes to a KV-event stream in vLLM's wire format (kvshmd's own, vLLM's, SGLang's, any
+// ZmqEventPublisher's) and prints one JSON line per batch: what a consumer receives, decoded. Block hashes are
+// printed as the 64-bit pattern kvshm keys them by (an SGLang hash -1 is 18446744073709551615), or with --signed as
+// signed int64, the form SGLang sends. With --replay it first asks the replay socket
 // for the batches from --from on (printed with "replayed": true), then follows the live stream. It exits 0 after
 // --count batches, 1 when nothing arrives for --timeout (0: wait forever) or a payload does not decode (printed
 // with its error: a consumer would drop it), 2 on a usage error, 3 on an endpoint it can never connect to (an
@@ -51,6 +53,7 @@ func watchWith(parent context.Context, args []string, stdout, stderr io.Writer, 
 	timeout := fs.Duration("timeout", 0, "exit 1 when no batch arrives for this long (0: wait forever)")
 	replay := fs.String("replay", "", "replay endpoint (ROUTER) to ask for the batches from --from first")
 	from := fs.Uint64("from", 0, "first seq to replay (with --replay)")
+	signed := fs.Bool("signed", false, "print block hashes as signed int64 (SGLang's form; default: kvshm's u64 keys)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
@@ -58,7 +61,7 @@ func watchWith(parent context.Context, args []string, stdout, stderr io.Writer, 
 		return exitUsage
 	}
 	if fs.NArg() != 1 {
-		fmt.Fprintln(stderr, "usage: kvshmd watch [--topic T] [--count N] [--timeout D] [--replay EP --from SEQ] ENDPOINT")
+		fmt.Fprintln(stderr, "usage: kvshmd watch [--topic T] [--count N] [--timeout D] [--replay EP --from SEQ] [--signed] ENDPOINT")
 		return exitUsage
 	}
 	ctx, cancel := context.WithCancel(parent)
@@ -72,7 +75,7 @@ func watchWith(parent context.Context, args []string, stdout, stderr io.Writer, 
 	}
 	dialed := make(chan error, 1)
 	go func() { dialed <- sub.Dial(fs.Arg(0)) }() // returns once connected, or on an endpoint it cannot dial
-	w := watcher{out: json.NewEncoder(stdout), stderr: stderr, count: *count, ivl: ivl}
+	w := watcher{out: json.NewEncoder(stdout), stderr: stderr, count: *count, ivl: ivl, signed: *signed}
 	if *replay != "" {
 		if rc, done := w.replay(ctx, *replay, *from, *timeout); done {
 			return rc
@@ -150,6 +153,7 @@ type watcher struct {
 	count  int
 	seen   int
 	ivl    time.Duration // reconnect interval of the replay DEALER
+	signed bool          // hashes printed as int64
 }
 
 // replay asks a ROUTER replay socket for the batches from seq on and prints them until the end marker. done is
@@ -213,7 +217,7 @@ func (w *watcher) print(topic string, seq uint64, payload []byte, replayed bool)
 		line.DpRank = &b.DpRank
 	}
 	for i := range b.Events {
-		line.Events = append(line.Events, watchEvent(&b.Events[i]))
+		line.Events = append(line.Events, watchEvent(&b.Events[i], w.signed))
 	}
 	if err := w.out.Encode(line); err != nil {
 		return exitFailure, true
@@ -237,14 +241,21 @@ type watchLine struct {
 	Error    string           `json:"error,omitempty"`
 }
 
-// watchEvent gives an event the fields vLLM's struct has on the wire (absent optional fields omitted; Eagle
-// tokens as the chain's stream, with "is_eagle").
-func watchEvent(e *vllmwire.Event) map[string]any {
+// watchEvent gives an event the fields vLLM's (or SGLang's) struct has on the wire (absent optional fields omitted;
+// Eagle tokens as the chain's stream, with "is_eagle"); signed prints int hashes as int64.
+func watchEvent(e *vllmwire.Event, signed bool) map[string]any {
 	m := map[string]any{"type": e.Kind.Tag()}
 	if e.Kind == vllmwire.KindCleared {
 		return m
 	}
 	m["block_hashes"] = e.BlockHashes // bytes hashes: their keys, with the bytes in block_hash_bytes
+	if signed {
+		hs := make([]int64, len(e.BlockHashes))
+		for i, h := range e.BlockHashes {
+			hs[i] = int64(h)
+		}
+		m["block_hashes"] = hs
+	}
 	if e.HashBytes != nil {
 		var hs []string
 		if n := len(e.BlockHashes); n > 0 {
@@ -266,6 +277,9 @@ func watchEvent(e *vllmwire.Event) map[string]any {
 	m["parent_block_hash"] = nil
 	if e.HasParent {
 		m["parent_block_hash"] = e.ParentHash
+		if signed {
+			m["parent_block_hash"] = int64(e.ParentHash)
+		}
 		if e.ParentBytes != nil {
 			m["parent_block_hash_bytes"] = hex.EncodeToString(e.ParentBytes)
 		}
@@ -288,6 +302,12 @@ func watchEvent(e *vllmwire.Event) map[string]any {
 	}
 	if e.HasSlidingWindow {
 		m["kv_cache_spec_sliding_window"] = e.KVCacheSpecSlidingWindow
+	}
+	if e.HasCacheSalt {
+		m["cache_salt"] = e.CacheSalt
+	}
+	if e.HasSessionID {
+		m["session_id"] = e.SessionID
 	}
 	return m
 }

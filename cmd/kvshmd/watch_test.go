@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"path/filepath"
@@ -247,4 +248,28 @@ func TestWatchReconnects(t *testing.T) {
 	publishUntil(p, 1000, `"seq":10`)
 	cancel()
 	<-done
+}
+
+// TestWatchEventSGLang: an SGLang batch (signed hashes, cache_salt, session_id) prints with its hashes as kvshm's
+// u64 keys, or as SGLang's int64 with --signed, and with SGLang's fields.
+func TestWatchEventSGLang(t *testing.T) {
+	e := vllmwire.Event{Kind: vllmwire.KindStored, BlockHashes: []uint64{1<<64 - 1, 5}, HasParent: true,
+		ParentHash: 1 << 63, TokenIDs: []uint32{1, 2}, BlockSize: 1, HasMedium: true, Medium: "GPU",
+		HasCacheSalt: true, CacheSalt: "salt", HasSessionID: true, SessionID: "s1"}
+	p := vllmwire.AppendBatchHeader(nil, 1, 1)
+	p = vllmwire.AppendBatchTrailer(vllmwire.WireSGLang.AppendEvent(p, &e), 0)
+	b, err := vllmwire.Decode(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, signed := watchEvent(&b.Events[0], false), watchEvent(&b.Events[0], true)
+	if got := fmt.Sprint(keys["block_hashes"], keys["parent_block_hash"]); got != "[18446744073709551615 5] 9223372036854775808" {
+		t.Errorf("keys: %s", got)
+	}
+	if got := fmt.Sprint(signed["block_hashes"], signed["parent_block_hash"]); got != "[-1 5] -9223372036854775808" {
+		t.Errorf("signed: %s", got)
+	}
+	if signed["cache_salt"] != "salt" || signed["session_id"] != "s1" || signed["medium"] != "GPU" {
+		t.Errorf("SGLang's fields: %v", signed)
+	}
 }

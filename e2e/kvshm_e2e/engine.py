@@ -48,6 +48,8 @@ class Ports:
 class Engine:
     """One worker's engine; each :meth:`start` is a new incarnation (process) on the same ports and worker id."""
 
+    block_size = BLOCK_SIZE  # the KV block size the router is told (SGLangEngine: its page size)
+
     def __init__(self, model: Path, ports: Ports, publisher: str, env: Mapping[str, str], logdir: Path) -> None:
         self.model = model
         self.ports = ports

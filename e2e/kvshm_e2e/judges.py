@@ -15,6 +15,8 @@ import zmq
 
 from kvshm_testkit import Proc, http_get, http_post, wait_until
 
+from .truth import key
+
 MODEL_NAME = "e2e"
 
 
@@ -97,10 +99,10 @@ def _apply(hashes: set[int], data: Any) -> None:
         return
     if "stored" in data:
         for b in data["stored"]["blocks"]:
-            hashes.add(int(b["block_hash"]))
+            hashes.add(key(int(b["block_hash"])))
     elif "removed" in data:
         for h in data["removed"]["block_hashes"]:
-            hashes.discard(int(h))
+            hashes.discard(key(int(h)))
     elif "cleared" in data:
         hashes.clear()
 

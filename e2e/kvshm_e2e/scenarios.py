@@ -17,14 +17,16 @@ from pathlib import Path
 from kvshm_testkit import Kvshmd, extra_missing, wait_until
 
 from . import truth
-from .engine import BLOCK_SIZE, Engine, Ports
+from .engine import Engine, Ports
 from .judges import KvshmdJudge, Router, State, WireRecorder
+from .sglang import SGLangEngine
 from .table import CONVERGE_TIMEOUT, Check, Judged, Mode, Row
 
 WORKER_ID = 7
 REQUESTS = 100
 FEW_REQUESTS = 4
-FORCE_KILL_LINE = "force killing sub process kvshmd"
+FORCE_KILL_LINE = "force killing sub process kvshmd"  # vLLM's log line when its shutdown SIGKILLs a child
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 PRIVATE_EXIT_TIMEOUT = 10.0  # a private kvshmd drains and exits after its engine is gone
 
 
@@ -70,7 +72,9 @@ class ModeRun:
             env["KVSHM_SOCKET"] = str(self.socket)
         elif mode.daemon == "private":
             env["KVSHMD_HTTP"] = self.kvshmd_http  # passed through to the private kvshmd (pybind's launcher)
-        self.engine = Engine(setup.model, self.ports, mode.publisher, env, self.dir)
+        engine = SGLangEngine if mode.engine == "sglang" else Engine
+        self.engine = engine(setup.model, self.ports, mode.publisher, env, self.dir)
+        self.engine_name = ENGINE_NAMES[mode.engine]
         self.kvshmd = KvshmdJudge(self.kvshmd_http) if mode.daemon != "none" else None
         self.wire = WireRecorder(f"tcp://127.0.0.1:{self.ports.pub}")
         self.rows: list[Row] = []
@@ -89,7 +93,7 @@ class ModeRun:
 
     def register(self) -> None:
         self.router.register(WORKER_ID, f"tcp://127.0.0.1:{self.ports.pub}",
-                             f"tcp://127.0.0.1:{self.ports.replay}", BLOCK_SIZE)
+                             f"tcp://127.0.0.1:{self.ports.replay}", self.engine.block_size)
 
     def restart_router(self) -> None:
         self.router.kill()
@@ -126,11 +130,13 @@ class ModeRun:
         return row
 
     def after_engine_death(self, how: str) -> list[str]:
-        """The private daemon's goals after its engine is gone: it was not SIGKILLed by vLLM, it left nothing."""
+        """The private daemon's goals after its engine is gone: it was not SIGKILLed by vLLM, it left nothing (a
+        SIGKILLed kvshmd leaves its directory: for SGLang, whose shutdown SIGKILLs its process tree without a log line
+        naming the child, that check is the one)."""
         if self.mode.daemon != "private":
             return []
         notes: list[str] = []
-        if "SIGTERM" in how:  # vLLM's own shutdown; a SIGKILL of the group leaves vLLM no say
+        if "SIGTERM" in how and self.mode.engine == "vllm":  # vLLM's own shutdown; a group SIGKILL leaves it no say
             log = self.engine.log.read_text(errors="replace") if self.engine.log.exists() else ""
             forced = FORCE_KILL_LINE in log
             self.checks.append(Check(f"{how}: vLLM did not SIGKILL kvshmd", self.mode, not forced,
@@ -162,6 +168,8 @@ class ModeRun:
             (f"restarted after SIGTERM + {REQUESTS} requests", self.restart_with_requests),
             ("router restarted, engine idle", self.router_idle),
             (f"router restarted + {FEW_REQUESTS} requests", self.router_busy),
+            ("/flush_cache", self.flush_cache),
+            (f"after /flush_cache + {FEW_REQUESTS} requests", self.after_flush),
             ("shared kvshmd SIGKILLed and restarted", self.kvshmd_restart),
             (f"after the kvshmd restart + {FEW_REQUESTS} requests", self.few_requests),
         ]
@@ -170,6 +178,8 @@ class ModeRun:
             for name, action in steps:
                 if action in (self.kvshmd_restart, self.few_requests) and self.mode.daemon != "shared":
                     continue
+                if action in (self.flush_cache, self.after_flush) and self.mode.engine != "sglang":
+                    continue  # SGLang's /flush_cache (vLLM's e2e has no such step)
                 t0 = time.monotonic()
                 notes = action()
                 self.judge(name, notes, time.monotonic() - t0)
@@ -190,7 +200,7 @@ class ModeRun:
 
     def sigterm(self) -> list[str]:
         clean = self.engine.sigterm()
-        notes = [] if clean else ["vLLM did not exit within 60 s of SIGTERM"]
+        notes = [] if clean else [f"{self.engine_name} did not exit within 60 s of SIGTERM"]
         return notes + self.after_engine_death("SIGTERM")
 
     def restart_with_requests(self) -> list[str]:
@@ -203,6 +213,13 @@ class ModeRun:
 
     def router_busy(self) -> list[str]:
         self.restart_router()
+        return self._requests(FEW_REQUESTS)
+
+    def flush_cache(self) -> list[str]:
+        assert isinstance(self.engine, SGLangEngine)
+        return [] if self.engine.flush_cache() else ["/flush_cache failed"]
+
+    def after_flush(self) -> list[str]:
         return self._requests(FEW_REQUESTS)
 
     def kvshmd_restart(self) -> list[str]:

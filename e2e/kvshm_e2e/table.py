@@ -12,8 +12,9 @@ CONVERGE_TIMEOUT = 10.0  # docs/lifecycle.md: a router converges to the exact st
 @dataclass(frozen=True)
 class Mode:
     name: str  # the table's column label
-    publisher: str  # vLLM's KVEventsConfig.publisher: "zmq" (vLLM's own, the control) or "kvshm"
+    publisher: str  # the engine's KVEventsConfig.publisher: "zmq" (the engine's own, the control) or "kvshm"
     daemon: str  # "none", "shared" or "private"
+    engine: str = "vllm"  # "vllm" or "sglang"
 
     @property
     def judged(self) -> bool:
@@ -25,6 +26,13 @@ MODES = (
     Mode("vLLM zmq", "zmq", "none"),
     Mode("kvshm shared", "kvshm", "shared"),
     Mode("kvshm private", "kvshm", "private"),
+)
+
+# make e2e-sglang: the same lifecycle with SGLang 0.5.23, SGLang's own zmq publisher as the control.
+SGLANG_MODES = (
+    Mode("SGLang zmq", "zmq", "none", "sglang"),
+    Mode("kvshm shared (SGLang)", "kvshm", "shared", "sglang"),
+    Mode("kvshm private (SGLang)", "kvshm", "private", "sglang"),
 )
 
 
@@ -49,7 +57,7 @@ class Judged:
 class Row:
     step: str
     mode: Mode
-    truth: int  # blocks in the engine's BlockPool (0 while it is down)
+    truth: int  # blocks in the engine's cache (vLLM's BlockPool, SGLang's radix tree; 0 while it is down)
     router: Judged | None
     kvshmd: Judged | None  # None: no kvshmd in this mode
     seconds: float | None  # until both judges matched the truth; None: not within CONVERGE_TIMEOUT

@@ -71,7 +71,7 @@ def test_truth_plugin_hashes_as_published(tmp_path: Path) -> None:
     got = kvshm_e2e_truth._hashes(scheduler)
     assert sorted(got, key=str) == sorted((maybe_convert_block_hash(h) for h in raw), key=str)
     path = tmp_path / "truth.json"
-    kvshm_e2e_truth._write(str(path), 3, got)
+    kvshm_e2e_truth.write(str(path), 3, got)
     assert truth.read(path).hashes == frozenset(int(h) for h in got)
 
 

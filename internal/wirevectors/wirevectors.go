@@ -1,7 +1,7 @@
-// Package wirevectors reads testdata/vllmwire/vectors.json (vLLM 0.33.0) and vectors_0.32.json (vLLM 0.32.0):
-// KV-event batches, each with the payload msgspec encodes for it with that release's structs
-// (testdata/vllmwire/gen_vectors.py writes the files from testdata/vllmwire/vllm_structs.py; both hold the same
-// cases).
+// Package wirevectors reads testdata/vllmwire/vectors.json (vLLM 0.33.0), vectors_0.32.json (vLLM 0.32.0) and
+// vectors_sglang.json (SGLang 0.5.23): KV-event batches, each with the payload msgspec encodes for it with that
+// release's structs (testdata/vllmwire/gen_vectors.py writes the vLLM files from testdata/vllmwire/vllm_structs.py,
+// both with the same cases; gen_sglang_vectors.py writes SGLang's with SGLang's own structs, in its venv).
 // The tests of vllmwire check their encoder against the payloads byte for byte, the daemon's tests send the same
 // batches through the ring; this package imports neither, so both can use it.
 package wirevectors
@@ -32,10 +32,15 @@ type Event struct {
 	// one length) and the parent's; BlockHashes and Parent then hold their index keys.
 	HashBytesHex   *string `json:"block_hash_bytes_hex"`
 	ParentBytesHex *string `json:"parent_bytes_hex"`
+	// SGLang's BlockStored only (vectors_sglang.json).
+	CacheSalt *string `json:"cache_salt"`
+	SessionID *string `json:"session_id"`
 }
 
-// Files maps a vLLM release (vllmwire's wire name) to its vectors file under testdata/vllmwire.
-var Files = map[string]string{"0.33": "vectors.json", "0.32": "vectors_0.32.json", "0.31": "vectors_0.31.json"}
+// Files maps a wire (vllmwire's name: a vLLM release, an alias such as "0.31", or "sglang") to its vectors file
+// under testdata/vllmwire.
+var Files = map[string]string{"0.33": "vectors.json", "0.32": "vectors_0.32.json", "0.31": "vectors_0.31.json",
+	"sglang": "vectors_sglang.json"}
 
 // HashBytes returns the concatenated bytes block hashes (nil: the hashes are ints).
 func (e Event) HashBytes() ([]byte, error) { return optHex(e.HashBytesHex) }

@@ -33,6 +33,11 @@ type MetaSpec struct {
 	// int or None). See the schema; DecodeMeta does not relate them to the event (the daemon does).
 	HashBytes   []byte
 	ParentBytes []byte
+	// SGLang's BlockStored fields (absent: None).
+	HasCacheSalt bool
+	CacheSalt    string
+	HasSessionID bool
+	SessionID    string
 }
 
 // MetaView is a decoded Meta whose byte slices alias the payload given to DecodeMeta (valid as long as it is).
@@ -53,19 +58,30 @@ type MetaView struct {
 	SlidingWindow    uint32
 	HashBytes        []byte // nil when absent
 	ParentBytes      []byte // nil when absent
+	HasCacheSalt     bool
+	CacheSalt        []byte
+	HasSessionID     bool
+	SessionID        []byte
 }
 
 // BuildMeta encodes m with b in the canonical call order (the Python builder, kvshm._encode, follows it too) and
 // returns the finished bytes (a root buffer without file identifier). It resets b first; the result aliases b's
 // buffer and is valid until b is used again.
 //
-//	[parent = CreateByteVector], [hashes = CreateByteVector], [kind = CreateString], [extra = CreateByteVector],
-//	[medium = CreateString]
+//	[session = CreateString], [salt = CreateString], [parent = CreateByteVector], [hashes = CreateByteVector],
+//	[kind = CreateString], [extra = CreateByteVector], [medium = CreateString]
 //	MetaStart, [AddMedium], [AddLoraId], [AddBlockSize], [AddExtraKeys], [AddGroupIdx], [AddKvCacheSpecKind],
-//	[AddKvCacheSpecSlidingWindow], [AddBlockHashBytes], [AddParentHashBytes], MetaEnd, Finish
+//	[AddKvCacheSpecSlidingWindow], [AddBlockHashBytes], [AddParentHashBytes], [AddCacheSalt], [AddSessionId],
+//	MetaEnd, Finish
 func BuildMeta(b *flatbuffers.Builder, m *MetaSpec) []byte {
 	b.Reset()
-	var parent, hashes, kind, extra, medium flatbuffers.UOffsetT
+	var session, salt, parent, hashes, kind, extra, medium flatbuffers.UOffsetT
+	if m.HasSessionID {
+		session = b.CreateString(m.SessionID)
+	}
+	if m.HasCacheSalt {
+		salt = b.CreateString(m.CacheSalt)
+	}
 	if m.ParentBytes != nil {
 		parent = b.CreateByteVector(m.ParentBytes)
 	}
@@ -109,6 +125,12 @@ func BuildMeta(b *flatbuffers.Builder, m *MetaSpec) []byte {
 	if m.ParentBytes != nil {
 		kvevent.MetaAddParentHashBytes(b, parent)
 	}
+	if m.HasCacheSalt {
+		kvevent.MetaAddCacheSalt(b, salt)
+	}
+	if m.HasSessionID {
+		kvevent.MetaAddSessionId(b, session)
+	}
 	kvevent.FinishMetaBuffer(b, kvevent.MetaEnd(b))
 	return b.FinishedBytes()
 }
@@ -124,7 +146,9 @@ const (
 	slotMetaSlidingWindow = 6
 	slotMetaHashBytes     = 7
 	slotMetaParentBytes   = 8
-	metaFields            = 9
+	slotMetaCacheSalt     = 9
+	slotMetaSessionID     = 10
+	metaFields            = 11
 
 	metaHeaderSize = 4 // root uoffset, no file identifier
 	// minMetaSize: the root offset, a table's soffset and a minimal vtable.
@@ -188,6 +212,12 @@ func decodeMeta(payload []byte, m *MetaView) error {
 		return err
 	}
 	if m.ParentBytes, err = d.optBytes(t, slotMetaParentBytes); err != nil {
+		return err
+	}
+	if m.CacheSalt, m.HasCacheSalt, err = d.optString(t, slotMetaCacheSalt); err != nil {
+		return err
+	}
+	if m.SessionID, m.HasSessionID, err = d.optString(t, slotMetaSessionID); err != nil {
 		return err
 	}
 	if !d.unknown && d.n-d.end > maxTrailing {

@@ -32,10 +32,13 @@ var metaCases = []struct {
 	{"hash bytes", MetaSpec{HashBytes: bytes.Repeat([]byte{0xab}, 64)}},
 	{"hash bytes empty", MetaSpec{HashBytes: []byte{}}},
 	{"parent bytes", MetaSpec{ParentBytes: []byte{1, 2, 3}}},
+	{"cache salt", MetaSpec{HasCacheSalt: true, CacheSalt: "salt"}},
+	{"session", MetaSpec{HasSessionID: true, SessionID: "sess-ä"}},
+	{"empty salt and session", MetaSpec{HasCacheSalt: true, HasSessionID: true}},
 	{"all", MetaSpec{HasMedium: true, Medium: "CPU", HasLoraID: true, LoraID: 1 << 40, HasBlockSize: true,
 		BlockSize: 16, ExtraKeys: []byte{1, 2, 3, 4, 5}, HasGroupIdx: true, GroupIdx: 1, HasKind: true,
 		Kind: "full_attention", HasSlidingWindow: true, SlidingWindow: 128, HashBytes: []byte{7, 7},
-		ParentBytes: []byte{9}}},
+		ParentBytes: []byte{9}, HasCacheSalt: true, CacheSalt: "s", HasSessionID: true, SessionID: "id"}},
 }
 
 func checkMetaView(t testing.TB, m *MetaSpec, v *MetaView) {
@@ -48,7 +51,9 @@ func checkMetaView(t testing.TB, m *MetaSpec, v *MetaView) {
 		v.HasKind != m.HasKind || string(v.Kind) != m.Kind ||
 		v.HasSlidingWindow != m.HasSlidingWindow || v.SlidingWindow != m.SlidingWindow ||
 		(v.HashBytes == nil) != (m.HashBytes == nil) || !bytes.Equal(v.HashBytes, m.HashBytes) ||
-		(v.ParentBytes == nil) != (m.ParentBytes == nil) || !bytes.Equal(v.ParentBytes, m.ParentBytes) {
+		(v.ParentBytes == nil) != (m.ParentBytes == nil) || !bytes.Equal(v.ParentBytes, m.ParentBytes) ||
+		v.HasCacheSalt != m.HasCacheSalt || string(v.CacheSalt) != m.CacheSalt ||
+		v.HasSessionID != m.HasSessionID || string(v.SessionID) != m.SessionID {
 		t.Fatalf("view %+v != spec %+v", *v, *m)
 	}
 }
@@ -67,7 +72,8 @@ func checkMetaOfficial(t testing.TB, p []byte, v *MetaView) {
 		o.ExtraKeysLength() != len(v.ExtraKeys) || !bytes.Equal(o.ExtraKeysBytes(), v.ExtraKeys) ||
 		!u32(o.BlockSize(), v.HasBlockSize, v.BlockSize) || !u32(o.GroupIdx(), v.HasGroupIdx, v.GroupIdx) ||
 		!u32(o.KvCacheSpecSlidingWindow(), v.HasSlidingWindow, v.SlidingWindow) ||
-		!bytes.Equal(o.BlockHashBytesBytes(), v.HashBytes) || !bytes.Equal(o.ParentHashBytesBytes(), v.ParentBytes) {
+		!bytes.Equal(o.BlockHashBytesBytes(), v.HashBytes) || !bytes.Equal(o.ParentHashBytesBytes(), v.ParentBytes) ||
+		!bytes.Equal(o.CacheSalt(), v.CacheSalt) || !bytes.Equal(o.SessionId(), v.SessionID) {
 		t.Fatalf("official accessors disagree with view %+v", *v)
 	}
 	if l := o.LoraId(); (l != nil) != v.HasLoraID || l != nil && *l != v.LoraID {
@@ -173,7 +179,9 @@ func TestDecodeMetaAllocatesNothing(t *testing.T) {
 func specFromMetaView(v *MetaView) MetaSpec {
 	m := MetaSpec{HasMedium: v.HasMedium, Medium: string(v.Medium), HasLoraID: v.HasLoraID, LoraID: v.LoraID,
 		HasBlockSize: v.HasBlockSize, BlockSize: v.BlockSize, HasGroupIdx: v.HasGroupIdx, GroupIdx: v.GroupIdx,
-		HasKind: v.HasKind, Kind: string(v.Kind), HasSlidingWindow: v.HasSlidingWindow, SlidingWindow: v.SlidingWindow}
+		HasKind: v.HasKind, Kind: string(v.Kind), HasSlidingWindow: v.HasSlidingWindow, SlidingWindow: v.SlidingWindow,
+		HasCacheSalt: v.HasCacheSalt, CacheSalt: string(v.CacheSalt), HasSessionID: v.HasSessionID,
+		SessionID: string(v.SessionID)}
 	clone := func(b []byte) []byte {
 		if b == nil {
 			return nil

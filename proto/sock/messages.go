@@ -36,9 +36,9 @@ type Publish struct {
 	HWM            int     `json:"hwm"`
 	BufferSteps    int     `json:"buffer_steps"`
 	// Wire is the vLLM release whose KV-event structs the payloads follow: "0.33" (vLLM 0.33.0; the default when
-	// omitted), "0.32" (vLLM 0.32.0, whose BlockStored has one field less), "0.31" (vLLM 0.31.0: 0.32.0's layout)
-	// or "array" (0.32.0's events encoded array_like, the layout llm-d-kv-cache decodes; vllmwire.WireArray).
-	// Other values are bad_request.
+	// omitted), "0.32" (vLLM 0.32.0, whose BlockStored has one field less), "0.31" (vLLM 0.31.0: 0.32.0's layout),
+	// "array" (0.32.0's events encoded array_like, the layout llm-d-kv-cache decodes; vllmwire.WireArray) or
+	// "sglang" (SGLang 0.5.23's wire, vllmwire.WireSGLang). Other values are bad_request.
 	Wire string `json:"wire,omitempty"`
 }
 

@@ -168,6 +168,10 @@ def test_meta_cache_and_errors() -> None:
     b.subs(1, 0, [ke.BlockStored([1], None, [1, 2, 3, 4], 4, None, "GPU", None, session_id="s"),
                   ke.BlockRemoved([1], None, locality="LOCAL")])
     assert b.fields_dropped == 2
+    # SGLang's wire carries session_id and cache_salt in Meta: nothing dropped.
+    sg = BatchBuilder(4, "sglang")
+    subs, n = sg.subs(1, 0, [ke.BlockStored([1], None, [1, 2, 3, 4], 4, None, "GPU", None, session_id="s")])
+    assert sg.fields_dropped == 0 and n == 1 and subs[0] == build_meta("GPU", session_id="s")
 
 
 def official_meta(**kw: Any) -> bytes:
@@ -176,6 +180,8 @@ def official_meta(**kw: Any) -> bytes:
 
     Meta: Any = generated  # flatc's Python is untyped
     b = flatbuffers.Builder(0)
+    ss = b.CreateString(kw["session_id"]) if kw.get("session_id") is not None else None
+    cs = b.CreateString(kw["cache_salt"]) if kw.get("cache_salt") is not None else None
     pb = b.CreateByteVector(kw["parent_bytes"]) if kw.get("parent_bytes") is not None else None
     hb = b.CreateByteVector(kw["hash_bytes"]) if kw.get("hash_bytes") is not None else None
     k = b.CreateString(kw["kind"]) if kw.get("kind") is not None else None
@@ -200,6 +206,10 @@ def official_meta(**kw: Any) -> bytes:
         Meta.MetaAddBlockHashBytes(b, hb)
     if pb is not None:
         Meta.MetaAddParentHashBytes(b, pb)
+    if cs is not None:
+        Meta.MetaAddCacheSalt(b, cs)
+    if ss is not None:
+        Meta.MetaAddSessionId(b, ss)
     b.Finish(Meta.MetaEnd(b))
     return bytes(b.Output())
 
@@ -226,4 +236,8 @@ def test_meta_matches_official_builder() -> None:
             kw["hash_bytes"] = bytes(rng.randint(0, 255) for _ in range(rng.choice([0, 2, 32, 64, 96])))
         if rng.random() < 0.5:
             kw["parent_bytes"] = bytes(rng.randint(0, 255) for _ in range(rng.choice([0, 1, 32])))
+        if rng.random() < 0.3:
+            kw["cache_salt"] = "s" * rng.randint(0, 9)
+        if rng.random() < 0.3:
+            kw["session_id"] = "ü" * rng.randint(0, 5)
         assert build_meta(**kw) == official_meta(**kw), kw

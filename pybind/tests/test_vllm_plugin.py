@@ -244,7 +244,7 @@ def test_publish_never_raises(env: None, monkeypatch: pytest.MonkeyPatch, caplog
 
 def test_publish_errors_are_rate_limited(env: None, monkeypatch: pytest.MonkeyPatch,
                                          caplog: pytest.LogCaptureFixture, short_dir: Path) -> None:
-    import kvshm.integrations.vllm as plugin
+    import kvshm.integrations._publisher as plugin  # the rate limit is the shared publisher's
 
     now = [1000.0]
     monkeypatch.setattr(plugin, "_clock", lambda: now[0])

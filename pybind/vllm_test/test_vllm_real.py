@@ -10,11 +10,8 @@ and every replay frame, must be byte-identical to vLLM's for the installed relea
 shared vectors (testdata/vllmwire, which vllmwire's Go tests pin byte for byte) must be what the installed vLLM's own
 structs and msgspec write.
 
-Seqs: kvshmd numbers its wire (docs/lifecycle.md: its own counter, a Cleared batch when an incarnation starts, empty
-heartbeats), so the comparison is by payload and order, not by seq value: each test batch must arrive once, in
-order, with increasing seqs; a replay from the first one's seq gives the same (seq, payload) pairs; the only other
-batches allowed are kvshmd's own (empty heartbeats, Cleared). The recovery index holds the events under the seqs
-they went out with.
+The comparison (seqs are kvshmd's: by payload and order) is pybind/enginetest/wirecheck.py, shared with the SGLang
+plugin's test. The recovery index holds the events under the seqs they went out with.
 """
 
 from __future__ import annotations
@@ -22,14 +19,15 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
-import zmq
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "enginetest"))
+import wirecheck  # noqa: E402
 
 VECTORS = Path(__file__).resolve().parents[2] / "testdata" / "vllmwire"
 sys.path.insert(0, str(VECTORS))
@@ -48,13 +46,11 @@ from vllm.distributed.kv_events import (  # noqa: E402
     ZmqEventPublisher,
 )
 
-from kvshm import LocalIndexer, ZmqPublish  # noqa: E402
+from kvshm import LocalIndexer  # noqa: E402
 from kvshm.integrations.vllm import KvshmEventPublisher  # noqa: E402
 
 # The kvshm wire name of the installed release (ZmqPublish(wire=...)).
 WIRE = ".".join(vllm.__version__.split(".")[:2])
-END = [b"", b"", b"\xff" * 8, b""]  # vLLM's replay end marker, after the DEALER strips the identity
-Frames = list[bytes]
 
 
 def test_installed_release_is_known() -> None:
@@ -108,139 +104,31 @@ def batches() -> list[Any]:
     ]
 
 
-def recv(sock: zmq.Socket[bytes]) -> Frames:
-    return sock.recv_multipart()
-
-
-def seq_of(frames: Frames) -> int:
-    return int.from_bytes(frames[-2], "big")
-
-
-def join(publish: Callable[[Any], object], sub: zmq.Socket[bytes]) -> None:
-    """Publishes warm-up batches until the subscriber receives (PUB drops what it sends before the subscription
-    arrives), then a marker batch, and reads up to the marker: what comes next is new."""
-    sub.setsockopt(zmq.RCVTIMEO, 100)
-    for i in range(300):
-        publish(KVEventBatch(ts=0.5, events=[AllBlocksCleared()]))
-        try:
-            recv(sub)
-            break
-        except zmq.Again:
-            assert i < 299, "the subscriber never received a batch"
-    sub.setsockopt(zmq.RCVTIMEO, 10_000)
-    marker = KVEventBatch(ts=0.75, events=[AllBlocksCleared()])
-    publish(marker)
-    want = msgspec.msgpack.encode(KVEventBatch(ts=0.75, events=[AllBlocksCleared()], data_parallel_rank=0))
-    while recv(sub)[2] != want:
-        pass
-
-
-def kvshmd_own(payload: bytes) -> bool:
-    """A batch kvshmd publishes on its own (docs/lifecycle.md): an empty heartbeat, or a Cleared."""
-    _, events, _ = msgspec.msgpack.decode(payload)
-    return bool(events == [] or events == [{"type": "AllBlocksCleared"}])
-
-
-def live(publish: Callable[[Any], object], sub: zmq.Socket[bytes], want: list[bytes]) -> list[tuple[int, bytes]]:
-    """Publishes the test batches and reads the stream until each of ``want`` arrived, in order; returns their
-    (seq, payload). Any other batch in between must be kvshmd's own."""
-    for b in batches():
-        publish(b)
-    got: list[tuple[int, bytes]] = []
-    while len(got) < len(want):
-        frames = recv(sub)
-        assert len(frames) == 3 and frames[0] == b"kv" and len(frames[1]) == 8, frames
-        if frames[2] == want[len(got)]:
-            got.append((seq_of(frames), frames[2]))
-        else:
-            assert kvshmd_own(frames[2]), ("an unexpected batch", msgspec.msgpack.decode(frames[2]),
-                                           "expected", msgspec.msgpack.decode(want[len(got)]))
-    seqs = [s for s, _ in got]
-    assert seqs == sorted(set(seqs)), f"seqs not increasing: {seqs}"
-    return got
-
-
-def replay(dealer: zmq.Socket[bytes], start: int) -> list[Frames]:
-    """Dynamo's gap request: DEALER [b"", start seq]; every frame up to and including the end marker."""
-    dealer.send_multipart([b"", start.to_bytes(8, "big")])
-    out = []
-    while True:
-        frames = recv(dealer)
-        out.append(frames)
-        if frames == END:
-            return out
-
-
-def sockets(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, replay_endpoint: str) -> tuple[Any, Any]:
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(endpoint)
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.RCVTIMEO, 10_000)
-    dealer.connect(replay_endpoint)
-    return sub, dealer
-
-
-def vllm_reference(d: Path, ctx: zmq.Context[zmq.Socket[bytes]]) -> tuple[list[bytes], list[Frames]]:
-    """vLLM's own ZmqEventPublisher fed the test batches: the live payloads, and the replay frames from the first
-    test batch on."""
-    pub = ZmqEventPublisher(data_parallel_rank=0, endpoint=f"ipc://{d}/ref-pub.sock",
-                            replay_endpoint=f"ipc://{d}/ref-replay.sock", topic="kv")
-    sub, dealer = sockets(ctx, f"ipc://{d}/ref-pub.sock", f"ipc://{d}/ref-replay.sock")
-    try:
-        join(pub.publish, sub)
-        for b in batches():
-            pub.publish(b)
-        frames = [recv(sub) for _ in batches()]
-        frames_replay = replay(dealer, seq_of(frames[0]))
-        return [f[2] for f in frames], frames_replay
-    finally:
-        pub.shutdown()
-        sub.close(0)
-        dealer.close(0)
+VLLM = wirecheck.Engine(
+    batches=batches,
+    cleared=lambda ts: KVEventBatch(ts=ts, events=[AllBlocksCleared()]),
+    marker_payload=msgspec.msgpack.encode(KVEventBatch(ts=wirecheck.MARKER_TS, events=[AllBlocksCleared()],
+                                                       data_parallel_rank=0)),
+    reference=lambda ep, rep: ZmqEventPublisher(data_parallel_rank=0, endpoint=ep, replay_endpoint=rep, topic="kv"),
+)
 
 
 def check_against_reference(publish: Callable[[Any], object], ix: Callable[[], LocalIndexer | None], d: Path,
                             endpoint: str, replay_endpoint: str) -> None:
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    try:
-        want, want_replay = vllm_reference(d, ctx)
-        assert want_replay[-1] == END and len(want_replay) == len(want) + 1
-        sub, dealer = sockets(ctx, endpoint, replay_endpoint)
-        try:
-            join(publish, sub)
-            got = live(publish, sub, want)
-            # The replay from the first test batch: the same (seq, payload) pairs in vLLM's frames, then its end
-            # marker; kvshmd's heartbeats are not kept for replay, and nothing else may come in between.
-            frames = replay(dealer, got[0][0])
-            assert frames[-1] == END
-            body = [f for f in frames[:-1] if not (f[3:] and kvshmd_own(f[3]) and f[3] not in want)]
-            assert [(seq_of(f), f[3]) for f in body] == got
-            assert all(f[:2] == [b"", b"kv"] and len(f) == 4 for f in body)
-            assert [f[3] for f in want_replay[:-1]] == [p for _, p in got], "vLLM's replay carries the same payloads"
-        finally:
-            sub.close(0)
-            dealer.close(0)
-        # The recovery index: each batch's device events under the seq it went out with (decision 4: the CPU
-        # event and the sliding-window group are not indexed).
-        indexer = ix()
-        assert indexer is not None
-        resp = json.loads(indexer.get_events_json(got[0][0]))
-        ids = [e["event"]["event_id"] for e in resp["Events"]["events"]]
-        s = [seq for seq, _ in got]
-        assert ids == [s[0], s[1], s[1], s[2], s[2], s[3]], (ids, s)
-    finally:
-        ctx.term()
+    got = wirecheck.check_against_reference(VLLM, publish, d, endpoint, replay_endpoint)
+    # The recovery index: each batch's device events under the seq it went out with (decision 4: the CPU event and
+    # the sliding-window group are not indexed).
+    indexer = ix()
+    assert indexer is not None
+    resp = json.loads(indexer.get_events_json(got[0][0]))
+    ids = [e["event"]["event_id"] for e in resp["Events"]["events"]]
+    s = [seq for seq, _ in got]
+    assert ids == [s[0], s[1], s[1], s[2], s[2], s[3]], (ids, s)
 
 
 @pytest.fixture
 def ring_dir(monkeypatch: pytest.MonkeyPatch) -> Path:
-    d = Path(tempfile.mkdtemp(prefix="kvv-"))
-    monkeypatch.setenv("KVSHM_KV_BLOCK_SIZE", "4")
-    monkeypatch.setenv("KVSHM_WORKER_ID", "3")
-    monkeypatch.setenv("KVSHM_RING_DIR", str(d))
-    monkeypatch.setenv("VLLM_PLUGINS", "kvshm")
-    return d
+    return wirecheck.plugin_env(monkeypatch, "VLLM_PLUGINS")
 
 
 def test_kvshm_publisher_in_real_vllm(ring_dir: Path) -> None:
@@ -270,19 +158,9 @@ def test_kvshm_publisher_in_real_vllm(ring_dir: Path) -> None:
 def test_apply_batch_matches_installed_vllm(ring_dir: Path) -> None:
     """LocalIndexer(publish=ZmqPublish(wire=<the installed release>)) fed vLLM's own event objects through
     apply_batch: byte-identical to vLLM's ZmqEventPublisher (the path the plugin takes, without it)."""
-    d = ring_dir
-    endpoint, replay_endpoint = f"ipc://{d}/pub.sock", f"ipc://{d}/replay.sock"
-    ix = LocalIndexer(3, 4, publish=ZmqPublish(endpoint=endpoint, replay_endpoint=replay_endpoint, topic="kv",
-                                               wire=WIRE))
-    seq = 0
-
-    def publish(b: Any) -> None:
-        nonlocal seq
-        ix.apply_batch(seq, b.events, ts=b.ts)
-        seq += 1
-
+    ix, publish, endpoint, replay_endpoint = wirecheck.apply_batch_side(ring_dir, WIRE)
     try:
-        check_against_reference(publish, lambda: ix, d, endpoint, replay_endpoint)
+        check_against_reference(publish, lambda: ix, ring_dir, endpoint, replay_endpoint)
     finally:
         ix.shutdown()
 

@@ -25,6 +25,9 @@ tag=True)`` subclasses, and 0.33.0 does **not** make them ``array_like``: each e
   ``[identity, "", "", 0xFFFFFFFFFFFFFFFF, ""]``;
 * ``publish`` sets the batch's ``data_parallel_rank`` to the publisher's when it is None.
 
+SGLang 0.5.23's ``ZmqEventPublisher`` has the same semantics (its batch field is ``attn_dp_rank``, its structs
+testdata/vllmwire/sglang_structs.py): ``RefPublisher(..., dp_field="attn_dp_rank")`` publishes its batches.
+
 :meth:`RefPublisher.flush` waits until every queued batch was sent (the queue's ``join``); ``replays`` counts the
 replay requests served (what the judge asserts about).
 """
@@ -36,6 +39,7 @@ import sys
 import threading
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import zmq
@@ -88,14 +92,16 @@ class RefPublisher:
         hwm: int = 100_000,
         max_queue_size: int = 100_000,
         topic: str = "",
+        dp_field: str = "data_parallel_rank",
     ) -> None:
         self.dp_rank = data_parallel_rank
+        self._dp_field = dp_field
         ep = offset_endpoint_port(endpoint, data_parallel_rank)
         assert ep is not None
         self.endpoint = ep
         self.replay_endpoint = offset_endpoint_port(replay_endpoint, data_parallel_rank)
         self._topic = topic.encode()
-        self._queue: queue.Queue[KVEventBatch | None] = queue.Queue(maxsize=max_queue_size)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._seq = 0
         self.replays = 0
@@ -116,11 +122,11 @@ class RefPublisher:
         self._thread = threading.Thread(target=self._loop, daemon=True, name=f"ref-publisher-{data_parallel_rank}")
         self._thread.start()
 
-    def publish(self, batch: KVEventBatch) -> None:
+    def publish(self, batch: Any) -> None:
         if not self._running:
             raise RuntimeError("publisher is closed")
-        if batch.data_parallel_rank is None:
-            batch.data_parallel_rank = self.dp_rank
+        if getattr(batch, self._dp_field) is None:
+            setattr(batch, self._dp_field, self.dp_rank)
         self._queue.put(batch)
 
     def flush(self) -> None:

@@ -17,6 +17,13 @@ The same batches are published twice, each publisher judged by its own ``kvshm_c
 * ``zmq/kvshm``: ``kvshm.LocalIndexer(worker, block_size, publish=kvshm.ZmqPublish(...), dp_rank=r)`` +
   ``apply_batch(seq, events, dp_rank=r)`` (the daemon publishes).
 
+Profile ``sglang-dp3`` (``wire="sglang"``) runs the same on SGLang 0.5.23's wire: the reference publishes SGLang's
+structs (testdata/vllmwire/sglang_structs.py: signed int64 hashes, SGLang's BlockStored, ``attn_dp_rank``), kvshm
+publishes with ``ZmqPublish(wire="sglang")`` and gets the same SGLang events (signed hashes) in ``apply_batch``.
+SGLang has no KV cache groups and its host tier is not vLLM's ``"CPU"``: its streams are device events only (no
+decoys, no CPU copies). It measures what Dynamo 1.6.1 does with SGLang's signed hashes: the judges' trees hold
+them as u64 keys, the same 64 bits (the truth keys every hash that way).
+
 Per side, two judges: **main** registers every rank before the first batch; its listener of one rank is paused at a
 third of the stream and resumed at two thirds (``pause_listener``/``resume_listener``: the batches in between are a
 gap it must fill through the replay socket). **late** registers at half the stream (its first live batch is a gap
@@ -42,10 +49,12 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import kvshm_conformance as ref
@@ -56,6 +65,9 @@ from .ops import U64, Cleared, Event, Query, Removed, Stored
 from .rebuild import Follower, state_diff
 from .report import Row
 from .vllm_ref import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, RefPublisher, VllmEvent
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "testdata" / "vllmwire"))
+import sglang_structs as sg  # noqa: E402  (SGLang 0.5.23's structs, for its wire)
 
 #: Seconds a judge may take to reach the truth after the last batch was handed to the publisher.
 CONVERGE_S = 30.0
@@ -73,6 +85,7 @@ class ZmqProfile:
     batches: int = 36  # per rank
     lora: bool = True
     decoys: float = 0.35  # per batch: chance of one event Dynamo keeps out of the device tree
+    wire: str = "vllm"  # "vllm" (0.33.0's structs) or "sglang" (SGLang 0.5.23's: device events only)
 
 
 @dataclass
@@ -135,7 +148,7 @@ def make_engine(p: ZmqProfile, seed: int) -> dict[int, RankStream]:
                 if isinstance(ev, Stored):
                     batch.append(_stored(ev, p.block_size, "GPU", rng))
                     dev.append(Stored(seq, r, ev.tokens, ev.hashes, ev.parent, ev.lora_name))
-                    if ev.parent is None and rng.random() < 0.3:  # offloaded to CPU too (a root chain)
+                    if ev.parent is None and p.wire == "vllm" and rng.random() < 0.3:  # offloaded to CPU too
                         batch.append(_stored(ev, p.block_size, "CPU", rng))
                         cpu.append(Stored(seq, r, ev.tokens, ev.hashes, None, ev.lora_name))
                         cpu_resident.extend(h % U64 for h in ev.hashes)
@@ -212,15 +225,37 @@ class Side(Protocol):
     def replays(self) -> int | None: ...
 
 
+def sglang_events(batch: list[VllmEvent]) -> list[Any]:
+    """The batch as SGLang 0.5.23's events: signed int64 hashes, SGLang's fields (the profile's events carry no
+    vLLM-only field: no group, no extra keys)."""
+    out: list[Any] = []
+    for e in batch:
+        if isinstance(e, BlockStored):
+            parent = e.parent_block_hash
+            out.append(sg.BlockStored([sg.signed(int(h)) for h in e.block_hashes],
+                                      None if parent is None else sg.signed(int(parent)), list(e.token_ids),
+                                      e.block_size, e.lora_id, e.medium, lora_name=e.lora_name))
+        elif isinstance(e, BlockRemoved):
+            out.append(sg.BlockRemoved([sg.signed(int(h)) for h in e.block_hashes], e.medium))
+        else:
+            out.append(sg.AllBlocksCleared())
+    return out
+
+
 class RefSide:
-    def __init__(self, stack: ExitStack, ranks: tuple[int, ...], base: int, rbase: int) -> None:
+    def __init__(self, stack: ExitStack, ranks: tuple[int, ...], base: int, rbase: int, wire: str = "vllm") -> None:
         self.pubs: dict[int, RefPublisher] = {}
+        self.wire = wire
+        dp_field = "attn_dp_rank" if wire == "sglang" else "data_parallel_rank"
         for r in ranks:
-            pub = RefPublisher(r, f"tcp://*:{base}", f"tcp://*:{rbase}")
+            pub = RefPublisher(r, f"tcp://*:{base}", f"tcp://*:{rbase}", dp_field=dp_field)
             stack.callback(pub.close)
             self.pubs[r] = pub
 
     def publish(self, rank: int, seq: int, batch: list[VllmEvent]) -> None:
+        if self.wire == "sglang":
+            self.pubs[rank].publish(sg.KVEventBatch(time.time(), sglang_events(batch)))
+            return
         self.pubs[rank].publish(KVEventBatch(time.time(), batch))
 
     def flush(self) -> None:
@@ -238,7 +273,11 @@ class KvshmSide:
     def __init__(self, stack: ExitStack, p: ZmqProfile, base: int, rbase: int) -> None:
         import kvshm
 
+        self.wire = p.wire
         publish = kvshm.ZmqPublish(endpoint=f"tcp://*:{base}", replay_endpoint=f"tcp://*:{rbase}")
+        if p.wire == "sglang":
+            publish = kvshm.ZmqPublish(endpoint=publish.endpoint, replay_endpoint=publish.replay_endpoint,
+                                       wire="sglang")
         self.ix: dict[int, Any] = {}
         self.sent: dict[int, int] = {}
         for r in p.ranks:
@@ -248,7 +287,8 @@ class KvshmSide:
             self.sent[r] = 0
 
     def publish(self, rank: int, seq: int, batch: list[VllmEvent]) -> None:
-        self.ix[rank].apply_batch(seq, batch, dp_rank=rank)
+        evs = sglang_events(batch) if self.wire == "sglang" else batch
+        self.ix[rank].apply_batch(seq, evs, dp_rank=rank)
         self.sent[rank] += 1
 
     def _zmq(self, rank: int) -> dict[str, Any]:
@@ -329,7 +369,7 @@ class SideResult:
 @contextmanager
 def _side(kind: str, p: ZmqProfile, stack: ExitStack, base: int, rbase: int) -> Iterator[Side]:
     if kind == "reference":
-        yield RefSide(stack, p.ranks, base, rbase)
+        yield RefSide(stack, p.ranks, base, rbase, p.wire)
     else:
         yield KvshmSide(stack, p, base, rbase)
 
@@ -400,7 +440,7 @@ def run_side(kind: str, p: ZmqProfile, seed: int, streams: dict[int, RankStream]
         return SideResult(states)
 
 
-ZMQ_PROFILES: tuple[ZmqProfile, ...] = (ZmqProfile("vllm-dp3"),)
+ZMQ_PROFILES: tuple[ZmqProfile, ...] = (ZmqProfile("vllm-dp3"), ZmqProfile("sglang-dp3", decoys=0.0, wire="sglang"))
 
 
 def run_zmq(p: ZmqProfile, seed: int, ref_row: Row, kvshm_row: Row, log: Callable[[str], None]) -> None:

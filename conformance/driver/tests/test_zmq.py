@@ -140,8 +140,9 @@ def test_the_judge_catches_a_publisher_that_cannot_replay(monkeypatch: pytest.Mo
     """With a replay buffer of 1 batch the late judge cannot get [0, n/2): its state is not the truth."""
     orig = Z.RefSide.__init__
 
-    def no_buffer(self: Z.RefSide, stack: Any, ranks: tuple[int, ...], base: int, rbase: int) -> None:
-        orig(self, stack, ranks, base, rbase)
+    def no_buffer(self: Z.RefSide, stack: Any, ranks: tuple[int, ...], base: int, rbase: int,
+                  wire: str = "vllm") -> None:
+        orig(self, stack, ranks, base, rbase, wire)
         for pub in self.pubs.values():
             pub._buffer = type(pub._buffer)(maxlen=1)
 
@@ -202,3 +203,21 @@ def test_evicted_start_batch_is_d8_only_for_its_pattern() -> None:
     assert not evicted_start_batch(Query(6, None), fed, dump, _events_answer([6]))  # a one-event batch
     assert not evicted_start_batch(Query(5, None), fed, _events_answer([5, 5, 5, 6]), _events_answer([5, 5, 6]))
     assert not evicted_start_batch(Query(None, None), fed, dump, _events_answer([5, 5, 6]))
+
+
+def test_sglang_engine_is_device_only_and_signed() -> None:
+    """The sglang profile's batches: no CPU copies, no decoys, no vLLM-only fields; as SGLang events their hashes are
+    signed int64 with the same 64 bits as the truth's keys."""
+    p = next(z for z in Z.ZMQ_PROFILES if z.wire == "sglang")
+    streams = Z.make_engine(p, 3)
+    signed = 0
+    for rs in streams.values():
+        assert all(type(e).__name__ == "Cleared" for b in rs.cpu for e in b), "no host-tier stores or removes"
+        for batch in rs.batches:
+            for e, s in zip(batch, Z.sglang_events(batch), strict=True):
+                if isinstance(e, BlockStored):
+                    assert e.group_idx in (None, 0) and e.kv_cache_spec_sliding_window is None
+                    assert [h % 2**64 for h in s.block_hashes] == e.block_hashes
+                    signed += sum(h < 0 for h in s.block_hashes)
+    assert signed > 10
+

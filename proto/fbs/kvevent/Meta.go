@@ -232,8 +232,28 @@ func (rcv *Meta) MutateParentHashBytes(j int, n byte) bool {
 	return false
 }
 
+// / SGLang's cache_salt of the following Stored event (the storing request's salt); absent = None.
+func (rcv *Meta) CacheSalt() []byte {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(22))
+	if o != 0 {
+		return rcv._tab.ByteVector(o + rcv._tab.Pos)
+	}
+	return nil
+}
+
+// / SGLang's cache_salt of the following Stored event (the storing request's salt); absent = None.
+// / SGLang's session_id of the following Stored event; absent = None.
+func (rcv *Meta) SessionId() []byte {
+	o := flatbuffers.UOffsetT(rcv._tab.Offset(24))
+	if o != 0 {
+		return rcv._tab.ByteVector(o + rcv._tab.Pos)
+	}
+	return nil
+}
+
+// / SGLang's session_id of the following Stored event; absent = None.
 func MetaStart(builder *flatbuffers.Builder) {
-	builder.StartObject(9)
+	builder.StartObject(11)
 }
 func MetaAddMedium(builder *flatbuffers.Builder, medium flatbuffers.UOffsetT) {
 	builder.PrependUOffsetTSlot(0, flatbuffers.UOffsetT(medium), 0)
@@ -274,6 +294,12 @@ func MetaAddParentHashBytes(builder *flatbuffers.Builder, parentHashBytes flatbu
 }
 func MetaStartParentHashBytesVector(builder *flatbuffers.Builder, numElems int) flatbuffers.UOffsetT {
 	return builder.StartVector(1, numElems, 1)
+}
+func MetaAddCacheSalt(builder *flatbuffers.Builder, cacheSalt flatbuffers.UOffsetT) {
+	builder.PrependUOffsetTSlot(9, flatbuffers.UOffsetT(cacheSalt), 0)
+}
+func MetaAddSessionId(builder *flatbuffers.Builder, sessionId flatbuffers.UOffsetT) {
+	builder.PrependUOffsetTSlot(10, flatbuffers.UOffsetT(sessionId), 0)
 }
 func MetaEnd(builder *flatbuffers.Builder) flatbuffers.UOffsetT {
 	return builder.EndObject()

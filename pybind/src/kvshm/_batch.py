@@ -10,9 +10,10 @@ EVENT without META stands for, as a single-event record does), a META sub-record
 with medium None gets an empty META (every field None).
 
 What goes into Meta: ``medium``, ``lora_id``, ``block_size`` only when it differs from the stream's
-``kv_block_size``, ``extra_keys``, ``group_idx``, ``kv_cache_spec_kind``, ``kv_cache_spec_sliding_window``. vLLM's
-newer trailing fields (``locality``, ``ownership``, ``session_id``, ``lookahead_token_ids``) have no place in the
-BATCH ring format: an event that sets one is published without it and counted (``fields_dropped``).
+``kv_block_size``, ``extra_keys``, ``group_idx``, ``kv_cache_spec_kind``, ``kv_cache_spec_sliding_window``; for a
+stream published in SGLang's wire (``wire="sglang"``), SGLang's ``cache_salt`` and ``session_id`` too. vLLM's newer
+trailing fields (``locality``, ``ownership``, ``session_id``, ``lookahead_token_ids``) have no place in vLLM's
+layouts as kvshmd writes them: an event that sets one is published without it and counted (``fields_dropped``).
 
 Bytes block hashes (vLLM with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`` sends ``bytes``, sha256 digests by
 default): an event whose first block hash is ``bytes`` has all of them ``bytes`` of one length (else TypeError /
@@ -42,19 +43,22 @@ __all__ = ["WIRES", "ZmqPublish", "offset_endpoint_port", "BatchBuilder"]
 # The KV-event layouts kvshmd can publish (vllmwire.Wire), the default first: vLLM's releases, which differ in
 # BlockStored's fields (0.32.0 lacks lookahead_token_ids), which changes msgspec's map header on the wire; 0.31.0
 # publishes 0.32.0's layout (vllmwire, "Releases"); and "array", 0.32.0's structs encoded array_like, the
-# positional layout llm-d-kv-cache's vLLM adapter decodes.
-WIRES: Final = ("0.33", "0.32", "0.31", "array")
+# positional layout llm-d-kv-cache's vLLM adapter decodes. "sglang" is SGLang 0.5.23's wire (its own BlockStored,
+# signed int64 block hashes: vllmwire/FORMAT.md).
+WIRES: Final = ("0.33", "0.32", "0.31", "array", "sglang")
+SGLANG_WIRE: Final = "sglang"
 
 
 @dataclass(frozen=True, slots=True)
 class ZmqPublish:
-    """Ask kvshmd to publish this producer's stream on ZMQ in vLLM's KV-event wire format (PUB on ``endpoint``, replay
-    ROUTER on ``replay_endpoint`` when given). The defaults are vLLM's ``KVEventsConfig``'s. Endpoints with ``*``,
-    ``::`` or ``ipc://`` are bound by kvshmd, others connected; with ``LocalIndexer(dp_rank=r)`` the ports are offset by
-    ``r`` as vLLM does (:func:`offset_endpoint_port`). ``wire`` is the vLLM release whose structs the payloads follow,
-    byte for byte: ``"0.33"`` (vLLM 0.33.0, the default), ``"0.32"`` (vLLM 0.32.0) or ``"0.31"`` (vLLM 0.31.0); the vLLM
-    plugin passes the installed vLLM's. ``"array"`` is vLLM 0.32.0's events encoded array_like (positional), the layout
-    llm-d's consumer (llm-d-kv-cache) decodes: it refuses the map layouts."""
+    """Ask kvshmd to publish this producer's stream on ZMQ in vLLM's KV-event wire format (PUB on ``endpoint``,
+    replay ROUTER on ``replay_endpoint`` when given). The defaults are vLLM's ``KVEventsConfig``'s. Endpoints with
+    ``*``, ``::`` or ``ipc://`` are bound by kvshmd, others connected; with ``LocalIndexer(dp_rank=r)`` the ports
+    are offset by ``r`` as vLLM does (:func:`offset_endpoint_port`). ``wire`` is the vLLM release whose structs
+    the payloads follow, byte for byte: ``"0.33"`` (vLLM 0.33.0, the default), ``"0.32"`` (vLLM 0.32.0) or
+    ``"0.31"`` (vLLM 0.31.0); the vLLM plugin passes the installed vLLM's. ``"array"`` is vLLM 0.32.0's events
+    encoded array_like (positional), the layout llm-d's consumer (llm-d-kv-cache) decodes: it refuses the map
+    layouts. ``"sglang"`` is SGLang 0.5.23's wire (the SGLang plugin's)."""
 
     endpoint: str = "tcp://*:5557"
     replay_endpoint: str | None = None
@@ -184,10 +188,11 @@ class BatchBuilder:
     """Turns vLLM-shaped events into prepared sub-records for one stream (kv_block_size), with the Meta cache.
     Owned by one LocalIndexer; used under its publishing lock."""
 
-    __slots__ = ("kv_block_size", "_cache", "fields_dropped")
+    __slots__ = ("kv_block_size", "_cache", "fields_dropped", "_sglang")
 
-    def __init__(self, kv_block_size: int) -> None:
+    def __init__(self, kv_block_size: int, wire: str | None = None) -> None:
         self.kv_block_size = kv_block_size
+        self._sglang = wire == SGLANG_WIRE  # cache_salt and session_id are carried (SGLang's BlockStored)
         self._cache: dict[tuple[Any, ...], bytes] = {}
         self.fields_dropped = 0  # events published without locality/ownership/session_id/lookahead_token_ids
 
@@ -202,10 +207,13 @@ class BatchBuilder:
         extra: Any,
         hash_bytes: bytes | None = None,
         parent_bytes: bytes | None = None,
+        salt: Any = None,
+        session: Any = None,
     ) -> bytes:
-        if extra is not None or hash_bytes is not None or parent_bytes is not None:
+        if extra is not None or hash_bytes is not None or parent_bytes is not None or salt is not None \
+                or session is not None:
             return build_meta(medium, lora_id, block_size, None if extra is None else _msgpack(extra), group_idx,
-                              kind, window, hash_bytes, parent_bytes)
+                              kind, window, hash_bytes, parent_bytes, salt, session)
         key = (medium, lora_id, block_size, group_idx, kind, window)
         try:
             meta = self._cache.get(key)
@@ -255,11 +263,13 @@ class BatchBuilder:
                     getattr(e, "extra_keys", None),
                     hbytes,
                     pbytes,
+                    getattr(e, "cache_salt", None) if self._sglang else None,
+                    getattr(e, "session_id", None) if self._sglang else None,
                 )
                 if (
                     getattr(e, "locality", None) is not None
                     or getattr(e, "ownership", None) is not None
-                    or getattr(e, "session_id", None) is not None
+                    or (not self._sglang and getattr(e, "session_id", None) is not None)
                     or getattr(e, "lookahead_token_ids", None) is not None
                 ):
                     self.fields_dropped += 1

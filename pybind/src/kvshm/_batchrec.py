@@ -26,8 +26,8 @@ SUB_META: Final = 4
 BATCH_HEADER: Final = 16  # ts f64, count u32, flags u32
 
 # Meta's vtable slots (proto/fbs/event.fbs): medium, lora_id, block_size, extra_keys, group_idx, kind, window,
-# block_hash_bytes, parent_hash_bytes.
-_META_FIELDS: Final = 9
+# block_hash_bytes, parent_hash_bytes, cache_salt, session_id.
+_META_FIELDS: Final = 11
 
 
 def build_meta(
@@ -40,9 +40,12 @@ def build_meta(
     sliding_window: int | None = None,
     hash_bytes: bytes | None = None,
     parent_bytes: bytes | None = None,
+    cache_salt: str | None = None,
+    session_id: str | None = None,
 ) -> bytes:
     """The canonical ``kvevent.Meta`` FlatBuffer (None = absent; ``extra_keys`` already msgpack-encoded;
-    ``hash_bytes`` the event's bytes block hashes concatenated, ``parent_bytes`` its parent's).
+    ``hash_bytes`` the event's bytes block hashes concatenated, ``parent_bytes`` its parent's; ``cache_salt`` and
+    ``session_id`` SGLang's).
     TypeError/ValueError for values that do not fit their fields (lora_id i64, the others u32, strings UTF-8)."""
     ints = [lora_id, block_size, group_idx, sliding_window]
     for i, v in enumerate(ints):
@@ -56,6 +59,8 @@ def build_meta(
     lora_id, block_size, group_idx, sliding_window = ints
     b = Sim(0, 1)  # the same builder arithmetic as the EVENT layouts, here with constant bytes only
     try:
+        session_off = b.bytes_vector(session_id.encode("utf-8"), True) if session_id is not None else 0
+        salt_off = b.bytes_vector(cache_salt.encode("utf-8"), True) if cache_salt is not None else 0
         parent_off = b.bytes_vector(parent_bytes, False) if parent_bytes is not None else 0
         hashes_off = b.bytes_vector(hash_bytes, False) if hash_bytes is not None else 0
         kind_off = b.bytes_vector(kind.encode("utf-8"), True) if kind is not None else 0
@@ -89,6 +94,12 @@ def build_meta(
         if parent_bytes is not None:
             b.prepend_uoffset(parent_off)
             b.slot(8)
+        if cache_salt is not None:
+            b.prepend_uoffset(salt_off)
+            b.slot(9)
+        if session_id is not None:
+            b.prepend_uoffset(session_off)
+            b.slot(10)
     except struct.error as e:
         raise ValueError(f"kvshm: event metadata out of range: {e}") from None
     except (AttributeError, UnicodeEncodeError) as e:

@@ -99,7 +99,7 @@ class Core:
     ) -> None:
         self.worker_id = worker_id
         self.publish = publish  # sent in every ATTACH (ports already offset for dp_rank)
-        self.batcher = BatchBuilder(kv_block_size)  # protected by lock
+        self.batcher = BatchBuilder(kv_block_size, None if publish is None else publish.wire)  # protected by lock
         # Batch counters, protected by lock.
         self.batches = 0  # apply_batch calls that published something
         self.batch_records = 0  # BATCH records written (one per batch)

@@ -32,7 +32,8 @@ def _hashes(scheduler: Any) -> list[int | str]:
     return sorted(out, key=str)
 
 
-def _write(path: str, step: int, hashes: list[int | str]) -> None:
+def write(path: str, step: int, hashes: list[int | str]) -> None:
+    """The truth file (the SGLang truth plugin writes it with this too): a temporary file renamed over it."""
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump({"pid": os.getpid(), "step": step, "hashes": hashes}, f)
@@ -56,7 +57,7 @@ def register() -> None:
         hashes = _hashes(self)
         if hashes != state["last"]:
             state["last"] = hashes
-            _write(path, state["step"], hashes)
+            write(path, state["step"], hashes)
         return result
 
     Scheduler.update_from_output = update_from_output

@@ -53,33 +53,19 @@ import dataclasses
 import logging
 import os
 import sys
-import threading
-import time
 from types import FrameType
 from typing import Any, Final
 
-from .. import LocalIndexer, ZmqPublish
+from .. import ZmqPublish
+from ._publisher import KV_BLOCK_SIZE_ENV, WORKER_ID_ENV, RingPublisher, env_int
 
 __all__ = ["KvshmEventPublisher", "register", "vllm_wire"]
 
 log = logging.getLogger("kvshm.vllm")
 
-WORKER_ID_ENV: Final = "KVSHM_WORKER_ID"
-KV_BLOCK_SIZE_ENV: Final = "KVSHM_KV_BLOCK_SIZE"
 WIRE_ENV: Final = "KVSHM_WIRE"  # the wire layout instead of the installed vLLM's (e.g. "array" for llm-d)
 PUBLISHER_NAME: Final = "kvshm"
-_LOG_INTERVAL: Final = 10.0  # seconds between two logged publish errors (the others are counted)
 _FRAME_DEPTH: Final = 8  # frames above __init__ searched for the scheduler's VllmConfig
-_clock = time.monotonic  # the error log's rate limit (a test replaces it)
-
-
-def _env_int(name: str, default: int | None) -> int | None:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    if not text.isdigit():
-        raise ValueError(f"kvshm: {name}={text!r} is not a non-negative integer")
-    return int(text)
 
 
 def _block_size_of(cfg: Any) -> int | None:
@@ -165,10 +151,11 @@ def _zmq_publish(wire: str | None, **kw: Any) -> ZmqPublish:
     return ZmqPublish(**kw)
 
 
-class KvshmEventPublisher:
+class KvshmEventPublisher(RingPublisher):
     """A vLLM ``EventPublisher`` (registered as a virtual subclass of vLLM's ABC by :func:`register`) that hands
-    every batch to kvshmd through the ring. Constructed by ``EventPublisherFactory.create`` with the
-    ``KVEventsConfig`` fields as keyword arguments; raises what stops the engine at start-up (module docstring)."""
+    every batch to kvshmd through the ring (:class:`RingPublisher`). Constructed by ``EventPublisherFactory.create``
+    with the ``KVEventsConfig`` fields as keyword arguments; raises what stops the engine at start-up (module
+    docstring)."""
 
     def __init__(
         self,
@@ -184,9 +171,9 @@ class KvshmEventPublisher:
         explicit = rest.pop("vllm_config", None)
         if rest:
             log.debug("kvshm: ignoring KVEventsConfig fields %s", sorted(rest))
-        self._dp = int(data_parallel_rank or 0)
-        self._worker_id = _env_int(WORKER_ID_ENV, 0) or 0
-        env_size = _env_int(KV_BLOCK_SIZE_ENV, None)
+        dp = int(data_parallel_rank or 0)
+        worker_id = env_int(WORKER_ID_ENV, 0) or 0
+        env_size = env_int(KV_BLOCK_SIZE_ENV, None)
         cfg, where = find_vllm_config(explicit, sys._getframe(1))
         cfg_size = _block_size_of(cfg)
         if env_size is not None and env_size > 0:
@@ -200,11 +187,10 @@ class KvshmEventPublisher:
             raise ValueError(
                 f"kvshm: cannot tell vLLM's KV block size (no VllmConfig reached the publisher: not an argument, "
                 f"not vLLM's current config, not in its caller's frame); set {KV_BLOCK_SIZE_ENV}")
-        self.kv_block_size = block_size
         self.wire = os.environ.get(WIRE_ENV) or (
             vllm_wire(vllm_version()) if cfg is not None or "vllm" in sys.modules else None)
-        self._publish = _zmq_publish(self.wire, endpoint=endpoint, replay_endpoint=replay_endpoint, topic=topic,
-                                     hwm=hwm, buffer_steps=buffer_steps)
+        publish = _zmq_publish(self.wire, endpoint=endpoint, replay_endpoint=replay_endpoint, topic=topic,
+                               hwm=hwm, buffer_steps=buffer_steps)
         self._config = {
             "endpoint": endpoint,
             "replay_endpoint": replay_endpoint,
@@ -213,74 +199,12 @@ class KvshmEventPublisher:
             "max_queue_size": max_queue_size,
             "topic": topic,
         }
-        self._lock = threading.Lock()
-        self._seq = 0  # protected by _lock
-        self._closed = False  # protected by _lock
-        self.errors = 0  # batches dropped (protected by _lock)
-        self.last_error: str | None = None  # protected by _lock
-        self._unlogged = 0  # errors since the last logged one (protected by _lock)
-        self._next_log = 0.0  # monotonic time of the next error line allowed (protected by _lock)
-        # Last: nothing above needs undoing if it raises (bind error, no daemon, bad ring size...).
-        self._indexer: LocalIndexer | None = LocalIndexer(
-            self._worker_id, block_size, dp_rank=self._dp, publish=self._publish)
+        super().__init__(worker_id=worker_id, block_size=block_size, dp_rank=dp, publish=publish, log=log)
         log.info(
             "kvshm: publishing vLLM KV events of worker %d dp_rank %d (block size %d from %s, wire %s) through "
             "kvshmd on %s", self._worker_id, self._dp, block_size,
             KV_BLOCK_SIZE_ENV if env_size else where, self.wire or "default", self._publish.for_rank(self._dp).endpoint,
         )
-
-    @property
-    def indexer(self) -> LocalIndexer | None:
-        """The LocalIndexer (None after shutdown)."""
-        return self._indexer
-
-    def publish(self, events: Any) -> None:
-        """Publish one ``KVEventBatch`` (``ts``, ``events``, ``data_parallel_rank``): one ring write. Never raises
-        except ``RuntimeError`` after ``shutdown`` (module docstring)."""
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("Publisher is closed")
-            seq = None
-            try:
-                evs = events.events
-                if not evs:
-                    return
-                seq = self._seq
-                self._seq += 1
-                ix = self._indexer
-                assert ix is not None  # set until _closed
-                dp = getattr(events, "data_parallel_rank", None)
-                ix.apply_batch(seq, evs, ts=events.ts, dp_rank=self._dp if dp is None else dp)
-            except Exception as e:  # the scheduler must never see it
-                self._dropped(seq, e)
-
-    def _dropped(self, seq: int | None, e: Exception) -> None:
-        """Count a dropped batch and log it, at most once per _LOG_INTERVAL (with _lock held)."""
-        self.errors += 1
-        self.last_error = f"{type(e).__name__}: {e}"
-        now = _clock()
-        if now < self._next_log:
-            self._unlogged += 1
-            return
-        self._next_log = now + _LOG_INTERVAL
-        more, self._unlogged = self._unlogged, 0
-        log.error("kvshm: KV-event batch %s not published (%s)%s", "?" if seq is None else seq, self.last_error,
-                  f"; {more} more dropped since the last message" if more else "",
-                  exc_info=not isinstance(e, (TypeError, ValueError, AttributeError)))
-
-    def shutdown(self) -> None:
-        """Stop publishing; the private kvshmd (if any) is torn down, a shared one keeps the stream. Never
-        raises (logged)."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            ix, self._indexer = self._indexer, None
-        if ix is not None:
-            try:
-                ix.shutdown()
-            except Exception as e:  # vLLM's shutdown goes on
-                log.error("kvshm: shutting down the LocalIndexer failed: %s", e, exc_info=True)
 
     def get_publisher_config(self) -> Any:
         """vLLM's ``KVEventsConfig`` of this publisher (endpoints with the dp rank's offset), or None without

@@ -163,8 +163,24 @@ class Meta(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
         return o == 0
 
+    # SGLang's cache_salt of the following Stored event (the storing request's salt); absent = None.
+    # Meta
+    def CacheSalt(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # SGLang's session_id of the following Stored event; absent = None.
+    # Meta
+    def SessionId(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
 def MetaStart(builder):
-    builder.StartObject(9)
+    builder.StartObject(11)
 
 def Start(builder):
     MetaStart(builder)
@@ -240,6 +256,18 @@ def MetaStartParentHashBytesVector(builder, numElems):
 
 def StartParentHashBytesVector(builder, numElems):
     return MetaStartParentHashBytesVector(builder, numElems)
+
+def MetaAddCacheSalt(builder, cacheSalt):
+    builder.PrependUOffsetTRelativeSlot(9, flatbuffers.number_types.UOffsetTFlags.py_type(cacheSalt), 0)
+
+def AddCacheSalt(builder, cacheSalt):
+    MetaAddCacheSalt(builder, cacheSalt)
+
+def MetaAddSessionId(builder, sessionId):
+    builder.PrependUOffsetTRelativeSlot(10, flatbuffers.number_types.UOffsetTFlags.py_type(sessionId), 0)
+
+def AddSessionId(builder, sessionId):
+    MetaAddSessionId(builder, sessionId)
 
 def MetaEnd(builder):
     return builder.EndObject()
