@@ -175,13 +175,15 @@ $(PYEXT): $(PYPKG)/csrc/_ringsync.c $(PYPKG)/setup.py | $(VENV)/.stamp
 	cd $(PYPKG) && ../$(VPY) setup.py -q build_ext --inplace >/dev/null && rm -rf build
 pyext: $(PYEXT)
 
+# Every target that installs the wheel here depends on this machine's (wheel-$(HOST_ARCH)): `make test` never
+# needs the cross compiler; `make wheel` builds both.
 wheel: venv
 	@mkdir -p dist build
 	@for a in $(WHEEL_ARCHES); do $(MAKE) --no-print-directory wheel-$$a; done
 	@ls -l $(foreach a,$(WHEEL_ARCHES),dist/kvshm-*-cp311-abi3-*_$(CPU_$(a)).whl)
 
 wheel-amd64 wheel-arm64: wheel-%: venv
-	@cc=$(if $(filter $*,$(HOST_ARCH)),cc,$(CPU_$*)-linux-gnu-gcc); \
+	@mkdir -p dist build; cc=$(if $(filter $*,$(HOST_ARCH)),cc,$(CPU_$*)-linux-gnu-gcc); \
 	if ! command -v $$cc >/dev/null 2>&1; then \
 	  pkg=$(if $(filter $*,$(HOST_ARCH)),gcc,$(CC_$*)); \
 	  echo "make wheel: no C compiler for $(CPU_$*) ($$cc): installing $$pkg with apt-get"; \
@@ -199,7 +201,7 @@ wheel-amd64 wheel-arm64: wheel-%: venv
 	  echo "make wheel: $(CPU_$*) $$f: $$(file -b $$tmp/$$f | cut -d, -f1-2)"; \
 	done
 
-pytest: wheel
+pytest: wheel-$(HOST_ARCH)
 	$(call make-venv,$(TESTENV),-c $(PYPKG)/requirements-dev.txt $(WHEEL_GLOB) pytest flatbuffers numpy msgspec pyzmq)
 	KVSHM_TEST_INSTALLED=1 PYTHONPATH=$(TESTKIT) $(TESTENV)/bin/pytest -p no:cacheprovider -ra --strict-markers --strict-config $(PYTEST_ARGS) $(PYPKG)/tests
 	cd $(PYPKG) && ../$(VPY) -m mypy --strict
@@ -268,7 +270,7 @@ $(VLLMSTAMP):
 	touch $@
 endif
 
-vllm-plugin-test: wheel $(VLLMSTAMP)
+vllm-plugin-test: wheel-$(HOST_ARCH) $(VLLMSTAMP)
 	rm -rf $(VLLMSITE)
 	$(VLLMENV)/bin/python -m pip install -q --no-deps --target $(VLLMSITE) $(WHEEL_GLOB)
 	cd $(PYPKG) && PYTHONPATH=$(CURDIR)/$(VLLMSITE) KVSHM_VLLM_TEST_SITE=$(CURDIR)/$(VLLMSITE) \
@@ -281,7 +283,7 @@ vllm-plugin-test: wheel $(VLLMSTAMP)
 # replayed; the SGLang wire vectors are regenerated with SGLang's structs (pybind/sglang_test). The wheel goes into
 # an overlay, as for vLLM. Not in `make test`.
 SGLSITE := build/sglangtest-site
-sglang-plugin-test: wheel $(SGLENV)/.stamp
+sglang-plugin-test: wheel-$(HOST_ARCH) $(SGLENV)/.stamp
 	rm -rf $(SGLSITE)
 	$(SGLENV)/bin/python -m pip install -q --no-deps --target $(SGLSITE) $(WHEEL_GLOB)
 	cd $(PYPKG) && PYTHONPATH=$(CURDIR)/$(SGLSITE) KVSHM_SGLANG_TEST_SITE=$(CURDIR)/$(SGLSITE) SGLANG_USE_CPU_ENGINE=1 \
@@ -299,7 +301,7 @@ e2e:
 	@start=$$(date +%s); rc=0; $(MAKE) --no-print-directory e2e-run || rc=$$?; \
 	echo "make e2e: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 
-e2e-run: wheel $(E2EENV)/.stamp e2e-router
+e2e-run: wheel-$(HOST_ARCH) $(E2EENV)/.stamp e2e-router
 	$(E2EENV)/bin/python -m pip install -q --force-reinstall --no-deps $(WHEEL_GLOB)
 	$(E2EENV)/bin/python -m pip install -q --force-reinstall --no-deps --no-build-isolation ./e2e/truthplugin
 	rm -rf e2e/truthplugin/build e2e/truthplugin/src/*.egg-info
@@ -325,7 +327,7 @@ e2e-dynamo:
 	@start=$$(date +%s); rc=0; $(MAKE) --no-print-directory e2e-dynamo-run || rc=$$?; \
 	echo "make e2e-dynamo: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 
-e2e-dynamo-run: wheel $(DYNENV)/.stamp
+e2e-dynamo-run: wheel-$(HOST_ARCH) $(DYNENV)/.stamp
 	rm -rf $(DYNSITE)
 	$(DYNENV)/bin/python -m pip install -q --no-deps --no-build-isolation --target $(DYNSITE) $(WHEEL_GLOB) ./e2e/truthplugin
 	rm -rf e2e/truthplugin/build e2e/truthplugin/src/*.egg-info
@@ -346,7 +348,7 @@ e2e-sglang:
 	@start=$$(date +%s); rc=0; $(MAKE) --no-print-directory e2e-sglang-run || rc=$$?; \
 	echo "make e2e-sglang: $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 
-e2e-sglang-run: wheel $(SGLENV)/.stamp e2e-router
+e2e-sglang-run: wheel-$(HOST_ARCH) $(SGLENV)/.stamp e2e-router
 	rm -rf $(SGLE2ESITE)
 	$(SGLENV)/bin/python -m pip install -q --no-deps --target $(SGLE2ESITE) $(WHEEL_GLOB)
 	$(SGLENV)/bin/python -m pip install -q --no-deps --no-build-isolation --target $(SGLE2ESITE) ./e2e/truthplugin \
@@ -364,7 +366,7 @@ e2e-sglang-run: wheel $(SGLENV)/.stamp e2e-router
 # measurement is committed ($(SGLANG_MEASURED)); `make bench` renders it into bench/RESULTS.md, as the cluster's.
 # Not in `make bench` itself (it needs the SGLang venv).
 SGLBENCHSITE := build/sglang-bench-site
-bench-sglang: wheel $(SGLENV)/.stamp
+bench-sglang: wheel-$(HOST_ARCH) $(SGLENV)/.stamp
 	rm -rf $(SGLBENCHSITE)
 	$(SGLENV)/bin/python -m pip install -q --no-deps --target $(SGLBENCHSITE) $(WHEEL_GLOB)
 	PYTHONPATH=$(CURDIR)/$(SGLBENCHSITE):$(TESTKIT) SGLANG_USE_CPU_ENGINE=1 $(SGLENV)/bin/python bench/sglang_bench.py \
@@ -375,7 +377,7 @@ bench-sglang: wheel $(SGLENV)/.stamp
 # a clean venv with the wheel installed, then an engine-like publisher driving kvshm and a global indexer's
 # recovery queries (through LocalIndexer and through `kvshmd serve --http`).
 DEMOENV := build/demoenv
-demo: wheel
+demo: wheel-$(HOST_ARCH)
 	$(call make-venv,$(DEMOENV),$(WHEEL_GLOB))
 	cd build && ../$(DEMOENV)/bin/python ../pybind/examples/publisher_demo.py
 
@@ -412,7 +414,7 @@ conformance-cxx:
 	  apt-get install -y -qq --no-install-recommends g++ >/dev/null; \
 	fi
 
-conformance-run: wheel $(CONFENV)/.stamp conformance-cxx
+conformance-run: wheel-$(HOST_ARCH) $(CONFENV)/.stamp conformance-cxx
 	rm -rf $(CONFWHEEL)
 	cd conformance && CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) ../$(CONFENV)/bin/maturin build --release --locked \
 	  --interpreter ../$(CONFENV)/bin/python --out ../$(CONFWHEEL)
@@ -445,7 +447,7 @@ SOAKENV   := build/soakenv
 SOAK_TIME ?= 30m
 SOAK_SEED ?=
 SOAK_ARGS  = $(if $(SOAK_SEED),--seed $(SOAK_SEED))
-soakenv: wheel
+soakenv: wheel-$(HOST_ARCH)
 	$(call make-venv,$(SOAKENV),-c $(PYPKG)/requirements-dev.txt $(WHEEL_GLOB) msgspec pyzmq)
 
 # The judge's own tests and types first (the dev venv has pytest and mypy).
@@ -500,7 +502,7 @@ cluster-tools:
 	  apt-get install -y -qq --no-install-recommends iptables iproute2 >/dev/null; \
 	fi
 
-cluster-prep: build wheel e2e-router cluster-tools | $(CLUSTERENV)/.stamp
+cluster-prep: build wheel-$(HOST_ARCH) e2e-router cluster-tools | $(CLUSTERENV)/.stamp
 	@$(MAKE) --no-print-directory llmd-router || { rm -f $(LLMD_ROUTER); \
 	  echo "make cluster: build/llmd-router did not build: the run has Dynamo's routers only"; }
 	rm -rf $(CLUSTERSITE)
