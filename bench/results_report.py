@@ -4,7 +4,7 @@
         --extra build/bench/publish_bench.txt --out bench/RESULTS.md
 
 Inputs: recovery_bench.py's JSON, the Go benchmarks' output (`go test -bench` text) and other benchmark scripts'
-text. Every goal of issue 9 is printed with its same-run baseline and ratio, and PASS or MISS; nothing fails.
+text. Every recovery goal is printed with its same-run baseline and ratio, and PASS or MISS; nothing fails.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import node_report  # noqa: E402
 from _report import Goal, mb, ratio_s, table, us, verdict  # noqa: E402
 
-GOAL_ROWS_DOC = "issue 9, Goals and The deployment that matters"
+GOAL_ROWS_DOC = "the recovery goals and the deployment that matters (bench/doc.go)"
 
 # Node sizing assumptions (8 GPUs x 8 dp ranks); stated in the report next to the figures they produce.
 NODE_STREAMS = 64
@@ -31,7 +31,7 @@ NODE_EVENTS_PER_RANK = 400.0  # 200 Stored (32 blocks x 32 tokens) + 200 Removed
 NODE_BLOCKS_PER_RANK = 100_000
 DEFAULT_RING_BYTES = 64 << 20
 
-# Issue 12's goals: kvshm publishing costs the engine at most 0.4x its own publisher + the reference indexer, and a
+# The publisher's goals: kvshm publishing costs the engine at most 0.4x its own publisher + the reference indexer, and a
 # subscriber sees a batch within 1 ms (p99) at 1,000 batches/s.
 ZMQ_COST_LIMIT = 0.4
 ZMQ_LATENCY_P99_US = 1000.0
@@ -153,7 +153,7 @@ def goals(d: dict[str, Any]) -> list[Goal]:
 
 
 def zmq_goals(d: dict[str, Any]) -> list[Goal]:
-    """Issue 12's goal rows: (c)/(a) per batch inline and in engine CPU threaded, each ≤ ZMQ_COST_LIMIT; (c)'s
+    """The publisher's goal rows: (c)/(a) per batch inline and in engine CPU threaded, each ≤ ZMQ_COST_LIMIT; (c)'s
     publish-to-subscriber p99 ≤ ZMQ_LATENCY_P99_US. A side that was not measured makes its rows skipped."""
     z = d.get("zmq")
     if not z:
@@ -222,14 +222,14 @@ def zmq_threads_reading(th: dict[str, Any]) -> list[str]:
 
 
 def cluster_section(c: dict[str, Any], source: str) -> list[str]:
-    """Issue 18's restart curve from a `make cluster` measurement (its results.json, committed under
+    """The cluster's restart curve from a `make cluster` measurement (its results.json, committed under
     cluster/measured): a router's restart to full state per size, kvshm beside vLLM's publisher of the same run.
     `make cluster` measures it (namespaces, real routers: root, minutes), not `make bench`."""
     by = {(r["nodes"], r["publisher"]): r for r in c.get("scale", []) if "restart_s" in r}
     sizes = sorted({n for n, _ in by})
     if not sizes:
         return []
-    L = ["## Cluster (issue 18)", "",
+    L = ["## Cluster", "",
          f"From `{source}` (`make cluster`, seed {c.get('seed')}; the method: cluster/README.md; the fault "
          "table: docs/deploy.md): N nodes in network namespaces x one worker x 100 k blocks, Dynamo 1.6.1's "
          "standalone indexer SIGKILLed and restarted 3 times, the time until its own `POST /query` scores every "
@@ -254,13 +254,13 @@ def cluster_section(c: dict[str, Any], source: str) -> list[str]:
 
 
 def zmq_section(d: dict[str, Any]) -> list[str]:
-    """The "kvshmd as the publisher (issue 12)" section of RESULTS.md."""
+    """The "kvshmd as the publisher" section of RESULTS.md."""
     z = d.get("zmq")
     if not z:
         return []
     inl, th = z["inline"], z["threaded"]
     sides = [s for s in ZMQ_SIDES if any(k.endswith(f"/{s}") for k in th)]
-    L = ["## kvshmd as the publisher (issue 12)", "",
+    L = ["## kvshmd as the publisher", "",
          "What an engine pays per KV-event batch, three ways, in the same run on the same seeded vLLM-shaped batches "
          "(bench/_vllm.py: the Structs of vLLM 0.33.0's kv_events.py; "
          + ", ".join(f"{wl}: median payload {inl['payload_bytes'].get(w, 0):,} B" for w, wl in ZMQ_WORKLOADS.items())
@@ -588,7 +588,7 @@ def main() -> None:
     ap.add_argument("--extra", nargs="*", default=[])
     ap.add_argument("--out", required=True)
     ap.add_argument("--started", type=float, default=0.0, help="epoch seconds when make bench started")
-    ap.add_argument("--cluster", default="", help="a make cluster results.json to render (issue 18's curve)")
+    ap.add_argument("--cluster", default="", help="a make cluster results.json to render (the router-restart curve)")
     ap.add_argument("--sglang", default="", help="a make bench-sglang result to render (SGLang's engine cost)")
     args = ap.parse_args()
     d: dict[str, Any] = json.loads(Path(args.results).read_text())
@@ -619,13 +619,13 @@ def main() -> None:
         L += [f"`make bench` took {total} (the Python measurements {d['elapsed_s'] / 60:.1f} min of it).", ""]
     L += ["## Skipped", ""]
     L += [f"* {s}" for s in d.get("skipped", [])] or ["Nothing: every comparison ran."]
-    L += ["", "## Goals", "", f"From {GOAL_ROWS_DOC}. Ratio = kvshm / baseline (lower is better). Issue 12's goals "
-          "are in [kvshmd as the publisher](#kvshmd-as-the-publisher-issue-12).", ""]
+    L += ["", "## Goals", "", f"From {GOAL_ROWS_DOC}. Ratio = kvshm / baseline (lower is better). The publisher's "
+          "goals are in [kvshmd as the publisher](#kvshmd-as-the-publisher).", ""]
     rows = [[g.name, g.target, g.kvshm, g.baseline, ratio_s(g.ratio), "info" if g.note == "info" else verdict(g.ok)]
             for g in goals(d)]
     goal_table = table(["goal", "target", "kvshm", "baseline (same run)", "ratio", "verdict"], rows)
     zmq_rows = [[g.name, g.target, g.kvshm, g.baseline, ratio_s(g.ratio), verdict(g.ok)] for g in zmq_goals(d)]
-    print("\n".join(goal_table + table(["issue 12 goal", "target", "kvshm", "baseline", "ratio", "verdict"],
+    print("\n".join(goal_table + table(["publisher goal", "target", "kvshm", "baseline", "ratio", "verdict"],
                                        zmq_rows)))  # make bench prints the goals with their ratios
     L += goal_table
     L += [""]
@@ -637,7 +637,7 @@ def main() -> None:
                      if b.name.startswith("BenchmarkHeapPerBlock/impl=arena")), None)
         floor = wake_floors(gos)
     node = node_report.node_section(d, heap, floor)
-    print("\n".join(node))  # make bench prints issue 17's goals too
+    print("\n".join(node))  # make bench prints the node's goals too
     L += node
     p = d.get("publish")
     if p:
@@ -769,7 +769,7 @@ def main() -> None:
               f"each worker publishing Stored/Removed pairs of 32×32 at {w['rate']:.0f} events/s for "
               f"{w['seconds']:.0f} s; meanwhile a consumer asks a random worker's "
               f"/workers/{{w}}/kv_recover for its newest events ({w['qps']:.0f}/s target, one at a time). The "
-              "low-rate and idle (rate 0) runs have no queries (issue 17: what the streams cost kvshmd), and begin "
+              "low-rate and idle (rate 0) runs have no queries (what the streams themselves cost kvshmd), and begin "
               "with the same kvshmd's CPU with nothing attached.", ""]
         rows = []
         for pt in w["points"]:

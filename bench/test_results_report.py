@@ -182,7 +182,7 @@ def test_zmq_latency_goal_is_kvshmds_p99(p99: float, received: int, ok: bool) ->
 
 def test_zmq_section_renders_with_and_without_kvshm_publishing() -> None:
     full = "\n".join(rr.zmq_section(zmq_results(100.0, 30.0)))
-    assert "## kvshmd as the publisher (issue 12)" in full
+    assert "## kvshmd as the publisher" in full
     assert "| 32×32 Stored | (c) kvshm `apply_batch`, kvshmd publishes | 30.00 µs | 60.00 µs |" in full
     assert "| 32×32 Stored | kvshmd | 250 µs | 500 µs | 2,000 / 2,000 | 4,645 B |" in full
     assert full.count("**PASS**") == 6

@@ -223,7 +223,7 @@ func batchTS(ts float64) float64 {
 	return ts
 }
 
-// publishEvent publishes a single EVENT record as a one-event batch (decision 6: medium "GPU", lora_id None,
+// publishEvent publishes a single EVENT record as a one-event batch (the single-event decision, docs/decisions.md: medium "GPU", lora_id None,
 // block_size the stream's).
 func (a *attachment) publishEvent(v *fbs.EventView) {
 	pub := a.st.pub.Load()

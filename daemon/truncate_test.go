@@ -10,7 +10,7 @@ import (
 	"github.com/kvshm/kvshm/shm"
 )
 
-// TestTruncatedRing is issue 10's defect 5 on the daemon's side: a ring file truncated under a running shared
+// TestTruncatedRing is a defect the soak found, on the daemon's side: a ring file truncated under a running shared
 // daemon killed it with SIGBUS (every worker down). Now the fault ends only that attachment (counted, logged, the
 // history after it marked unknown, the producer's connection closed) and the daemon serves the other workers.
 func TestTruncatedRing(t *testing.T) {

@@ -253,7 +253,7 @@ func goSub(t testing.TB, ep string) <-chan zmsg {
 
 // ---- tests ------------------------------------------------------------------------------------------------------
 
-// TestIndexReason is decision 4's table (Dynamo's ZmqEventNormalizer filter, zmq_wire/mod.rs).
+// TestIndexReason is the device-tree filter's table (Dynamo's ZmqEventNormalizer filter, zmq_wire/mod.rs).
 func TestIndexReason(t *testing.T) {
 	gpu, cpu := []byte("GPU"), []byte("CPU")
 	full, sw := []byte("full_attention"), []byte("sliding_window")
@@ -415,7 +415,7 @@ func TestCheckHashBytes(t *testing.T) {
 
 // TestZmqPublishVectors (pure Go peers): every shared vector, written as one BATCH record, reaches a zmq4 SUB as
 // [topic, seq, payload] with the payload byte-identical to msgspec's; EVENT records go out as one-event batches;
-// what decision 4 excludes is counted and not indexed; a malformed batch is counted and not published; STATS and
+// what the device-tree filter excludes is counted and not indexed; a malformed batch is counted and not published; STATS and
 // the replay socket answer.
 func TestZmqPublishVectors(t *testing.T) {
 	ts := startServer(t, nil)

@@ -1,4 +1,4 @@
-"""The private kvshmd is detached from the engine (issue 16): not the engine's child nor descendant, so vLLM's
+"""The private kvshmd is detached from the engine: not the engine's child nor descendant, so vLLM's
 shutdown (which SIGKILLs every descendant of the engine: ``force killing sub process kvshmd``) cannot kill it
 before its final drain; it follows the engine's pid instead and, once the engine is gone, drains, publishes and
 removes its private directory (``--cleanup-dir``)."""

@@ -325,7 +325,7 @@ def test_ring_full_drops_and_reports_loss(ring_dir: str, native: bool) -> None:
 
 @pytest.mark.parametrize("ahead,rebased", [(1 << 20, False), ((64 << 10) + 4, False), (64 << 10, True)])
 def test_rebases_at_a_head_ahead_of_the_tail(ring_dir: str, ahead: int, rebased: bool, native: bool) -> None:
-    """Issue 10, defect 8: a consumer that skipped to a corrupt tail word ahead of ours stores it as head. The
+    """A defect the soak found: a consumer that skipped to a corrupt tail word ahead of ours stores it as head. The
     writer re-bases there (dropping and reporting one event) instead of treating the ring as full for good; a head
     more than a ring ahead, or misaligned, is still never trusted."""
     w = new_writer(ring_dir, native=native)

@@ -116,8 +116,8 @@ VLLM = wirecheck.Engine(
 def check_against_reference(publish: Callable[[Any], object], ix: Callable[[], LocalIndexer | None], d: Path,
                             endpoint: str, replay_endpoint: str) -> None:
     got = wirecheck.check_against_reference(VLLM, publish, d, endpoint, replay_endpoint)
-    # The recovery index: each batch's device events under the seq it went out with (decision 4: the CPU event and
-    # the sliding-window group are not indexed).
+    # The recovery index: each batch's device events under the seq it went out with (the device-tree filter: the CPU
+    # event and the sliding-window group are not indexed).
     indexer = ix()
     assert indexer is not None
     resp = json.loads(indexer.get_events_json(got[0][0]))
