@@ -1,4 +1,4 @@
-"""vLLM-shaped KV events for the issue-12 benchmark (zmq_bench.py), and seeded engine-like batches of them.
+"""vLLM-shaped KV events for the publisher benchmark (zmq_bench.py), and seeded engine-like batches of them.
 
 The Structs are vLLM 0.33.0's wire shape (testdata/vllmwire/vllm_structs.py, their one home), so the benchmark
 needs msgspec only, not vLLM: an event batch is an array-like ``[ts, [events...], data_parallel_rank]``, its events

@@ -213,7 +213,7 @@ def node_section(d: dict[str, Any], heap_per_block: float | None = None,
     L = ["## Node", "",
          "What kvshm costs the node against what it replaces: the reference engine is vLLM's way (msgspec + a pyzmq "
          "publisher thread + the in-process LocalKvIndexer, side (a) of [kvshmd as the publisher]"
-         "(#kvshmd-as-the-publisher-issue-12)); kvshm's side is the engine process plus kvshmd. CPU is counted from "
+         "(#kvshmd-as-the-publisher)); kvshm's side is the engine process plus kvshmd. CPU is counted from "
          "/proc: the engine processes' user+system time (getrusage, every thread) minus an idle engine running the "
          "same pacing loop, and kvshmd's per-thread time on a CPU (/proc/PID/task/*/schedstat, ns). Node CPU: "
          f"{z.get('threaded_rounds', 3)} rounds per rate, sides rotated, {z.get('seconds', 2):g} s per round at "
