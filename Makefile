@@ -306,9 +306,9 @@ e2e-run: wheel-$(HOST_ARCH) $(E2EENV)/.stamp e2e-router
 	$(E2EENV)/bin/python -m pip install -q --force-reinstall --no-deps --no-build-isolation ./e2e/truthplugin
 	rm -rf e2e/truthplugin/build e2e/truthplugin/src/*.egg-info
 	cd e2e && MYPYPATH=$(TESTKIT) ../$(VPY) -m mypy --config-file mypy.ini --python-executable ../$(E2EENV)/bin/python \
-	  kvshm_e2e tests truthplugin/src/kvshm_e2e_truth
+	  kvshm_e2e tests/test_harness.py truthplugin/src/kvshm_e2e_truth
 	cd e2e && PYTHONPATH=$(TESTKIT) ../$(E2EENV)/bin/python -m pytest -p no:cacheprovider -q -ra --strict-markers \
-	  -W ignore::DeprecationWarning tests
+	  -W ignore::DeprecationWarning tests/test_harness.py
 	cd e2e && PYTHONPATH=$(TESTKIT) ../$(E2EENV)/bin/python -m kvshm_e2e --router $(CARGO_TARGET_DIR)/release/standalone \
 	  --out ../$(E2E_OUT) $(E2E_ARGS)
 
