@@ -55,3 +55,11 @@ func startGCPolicy(headroom uint64) {
 	}
 	arm()
 }
+
+// applyMemoryLimit sets the runtime's soft memory limit when --max-memory was given (it overrides GOMEMLIMIT, which
+// the runtime applies by itself otherwise).
+func applyMemoryLimit(mem int64) {
+	if mem > 0 {
+		debug.SetMemoryLimit(mem)
+	}
+}

@@ -2,8 +2,10 @@
 // indexes and answers recovery queries over a Unix socket (and optionally HTTP). The same binary carries the
 // operator subcommands that speak the socket protocol. Run `kvshmd help` for usage.
 //
-// One file per command: serve.go (the daemon), query.go (health, stats, events, dump, match, forget over the
-// socket), inspect.go (a ring file's header, no daemon needed), watch.go (a ZMQ KV-event stream, decoded).
+// One file per command: serve.go (the daemon's wiring; its flags, each with its environment variable, default and
+// help, in serveflags.go, their checks and conversion into daemon.Config in serveconfig.go), query.go (health,
+// stats, events, dump, match, forget over the socket), inspect.go (a ring file's header, no daemon needed),
+// watch.go (a ZMQ KV-event stream, decoded).
 package main
 
 import (

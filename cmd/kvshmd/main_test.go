@@ -218,15 +218,20 @@ func TestStateDefaults(t *testing.T) {
 		{other, []string{"--state-dir", ""}, "", 0},
 	}
 	for _, tt := range tests {
-		o := serveOpts{socket: tt.socket}
-		fs := flag.NewFlagSet("t", flag.ContinueOnError)
-		fs.StringVar(&o.stateDir, "state-dir", defaultStateDir, "")
-		fs.DurationVar(&o.ckptInterval, "checkpoint-interval", 0, "")
-		if err := fs.Parse(tt.args); err != nil {
+		o, err := parseServeFlags(append([]string{"--socket", tt.socket}, tt.args...), os.Getenv, func(*flag.FlagSet) {}, io.Discard)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if err := o.stateDefaults(fs); err != nil || o.stateDir != tt.dir || o.ckptInterval != tt.every {
-			t.Errorf("socket %s %v: state dir %q every %v (%v); want %q every %v", tt.socket, tt.args, o.stateDir, o.ckptInterval, err, tt.dir, tt.every)
+		c, err := o.config()
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := c.daemon.StateDir
+		if c.defaultStateDir {
+			dir, err = resolveStateDir(c.daemon.SocketPath)
+		}
+		if err != nil || dir != tt.dir || c.daemon.CheckpointInterval != tt.every {
+			t.Errorf("socket %s %v: state dir %q every %v (%v); want %q every %v", tt.socket, tt.args, dir, c.daemon.CheckpointInterval, err, tt.dir, tt.every)
 		}
 	}
 	if fi, err := os.Stat(filepath.Join(xdg, "kvshm")); err != nil || fi.Mode().Perm() != 0o700 {
