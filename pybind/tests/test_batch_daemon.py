@@ -19,6 +19,7 @@ from vllm_shapes import (
     BlockRemoved,
     BlockStored,
     decode,
+    is_heartbeat,
     join,
     recv_batch,
     sub_socket,
@@ -311,7 +312,14 @@ def test_publishing_survives_a_daemon_restart(make_indexer: Any, short_dir: Path
 def test_engine_restarted_on_the_same_worker(shared_daemon: SharedDaemon, make_indexer: Any, short_dir: Path) -> None:
     """docs/lifecycle.md, an engine restarted on the same worker, through a shared kvshmd: the subscriber sees the dead
     incarnation's batch, its end Cleared, the new one's start Cleared and batch, under strictly increasing wire
-    seqs; a replay from 0 holds only the new incarnation (its start Cleared first); the index only its blocks."""
+    seqs; a replay from the old incarnation's end holds only the new incarnation (its start Cleared first), one from 0
+    only its batch; the index only its blocks.
+
+    An engine that restarts within --zmq-replay-fill µs (the wire seqs start above the clock in µs) makes the reply
+    from the end contiguous: the wiped incarnation's seqs and any heartbeats' go as empty batches. So each reply is
+    judged by what is guaranteed either way (docs/replay-snapshots.md, "Contiguous replies"): strictly increasing
+    seqs from the requested one, empty batches only in a reply that carries every seq from it, and the batches with
+    events exactly the expected ones, byte for byte."""
     endpoint, replay = f"ipc://{short_dir}/pub.sock", f"ipc://{short_dir}/replay.sock"
     publish = ZmqPublish(endpoint=endpoint, replay_endpoint=replay)
     stored = [BlockStored([h], None, [h] * 4, 4, None, "GPU", None) for h in (1, 2)]
@@ -327,12 +335,14 @@ def test_engine_restarted_on_the_same_worker(shared_daemon: SharedDaemon, make_i
         _, end, payload = recv_batch(sub, wire)
         assert payload == vllm_payload(decode(payload)[0], [AllBlocksCleared()], 0), decode(payload)
         b = make_indexer(worker_id=9, socket_path=shared_daemon.socket_path, publish=publish)
-        _, start, payload = recv_batch(sub, end)  # the SUB stays connected: the endpoint is the same stream's
-        assert payload == vllm_payload(decode(payload)[0], [AllBlocksCleared()], 0), decode(payload)
+        _, start, cleared = recv_batch(sub, end)  # the SUB stays connected: the endpoint is the same stream's
+        assert cleared == vllm_payload(decode(cleared)[0], [AllBlocksCleared()], 0), decode(cleared)
         b.apply_batch(0, [stored[1]], ts=3.0)  # the new engine's seq starts at 0 again
         _, last, payload = recv_batch(sub, start)
         assert payload == vllm_payload(3.0, [stored[1]], 0)
         def replay_from(seq: int) -> list[tuple[int, bytes]]:
+            """The reply to a replay request from seq, checked for what every reply guarantees; returns its batches
+            with events."""
             dealer = ctx.socket(zmq.DEALER)
             dealer.setsockopt(zmq.RCVTIMEO, 10_000)
             dealer.connect(replay)
@@ -341,14 +351,16 @@ def test_engine_restarted_on_the_same_worker(shared_daemon: SharedDaemon, make_i
             while (frames := dealer.recv_multipart())[-1] != b"":
                 got.append((int.from_bytes(frames[-2], "big"), frames[-1]))
             dealer.close(0)
-            return got
+            seqs = [s for s, _ in got]
+            assert seqs and seqs[0] >= seq and all(a < b for a, b in zip(seqs, seqs[1:])), (seq, seqs)
+            if any(is_heartbeat(p) for _, p in got):  # a filled reply: every seq from the requested one
+                assert seqs == list(range(seq, seqs[-1] + 1)), (seq, seqs[:3], seqs[-3:], len(seqs))
+            return [(s, p) for s, p in got if not is_heartbeat(p)]
 
         # A router that held the old incarnation gets the new one from its start Cleared; one that holds nothing
         # (from seq 0) gets no Cleared to apply (docs/replay-snapshots.md, "A reply from seq 0").
-        got = replay_from(end)
-        assert [s for s, _ in got] == [start, last] and got[1][1] == payload
-        got = replay_from(0)
-        assert [s for s, _ in got] == [last] and got[0][1] == payload
+        assert replay_from(end) == [(start, cleared), (last, payload)]
+        assert replay_from(0) == [(last, payload)]
         assert query(b, start)["Events"]["last_event_id"] == last
         assert {blk["block_hash"] for e in query(b)["TreeDump"]["events"]
                 for blk in e["event"]["data"]["stored"]["blocks"]} == {2}
