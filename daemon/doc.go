@@ -80,8 +80,8 @@
 //	                                               and its checkpoints                later attach starts a new stream
 //	FORGET while a producer is attached            kept (refused)                     conflict
 //	dead (no attachment, no pid watch) and not     dropped as by FORGET (reap.go);    not_found from then on
-//	asked for in --dead-stream-retention (10 min),  a never-ended incarnation ends
-//	or beyond --max-dead-streams (256)             first (its Cleared)
+//	asked for in --dead-stream-retention,          a never-ended incarnation ends
+//	or beyond --max-dead-streams                   first (its Cleared)
 //	SIGTERM / SIGINT / parent gone                 rings drained, head stored, then   exit 0 (parent gone: every
 //	                                               (--state-dir) each stream attached incarnation ends first)
 //	                                               at the stop is checkpointed (with
@@ -277,16 +277,16 @@
 //	unknown kind / nonzero request status / bad JSON  unknown_kind / bad_request reply, connection stays usable
 //	(JSON: a key in another case, a duplicate key,    (request bodies decode strictly: sock.DecodeStrict)
 //	null, trailing data are bad JSON too)
-//	frame started but not finished in 10 s            connection closed (counted: frame_timeout)
-//	non-producer connection silent for 5 min          connection closed (counted: idle); clients reconnect
-//	reply not written in 60 s                         connection closed
-//	more than 1024 connections                        busy frame (kind 0), connection closed
-//	more than 256 HTTP connections (--http-max-conns) 503 {"code":"busy"} at once, connection closed
+//	frame started but not finished in --frame-timeout connection closed (counted: frame_timeout)
+//	non-producer connection silent for --idle-timeout connection closed (counted: idle); clients reconnect
+//	reply not written in --write-timeout              connection closed
+//	more than --max-conns connections                 busy frame (kind 0), connection closed
+//	more than --http-max-conns HTTP connections       503 {"code":"busy"} at once, connection closed
 //	HTTP headers not complete in 10 s                 connection closed (ReadHeaderTimeout)
 //	HTTP keep-alive connection idle for 2 min         connection closed (IdleTimeout)
 //	peer of another uid                               forbidden frame (kind 0), connection closed; the 0600 socket
 //	                                                  in a 0700 directory normally stops it at connect() already
-//	query waits > 120 s (drain catch-up, dump build)  busy reply
+//	query waits > --query-timeout (drain, dump build) busy reply
 //	corrupt ring record (bad type/length, bad tail)   counted, logged once per position, SkipToTail, the index is
 //	                                                  marked unknown-history (dumps are incomplete, or Error with
 //	                                                  --on-loss=error, until a Cleared)
@@ -320,23 +320,23 @@
 //	                                                  socket (serve exits 1); its files are left alone
 //	HTTP method other than GET or HEAD on /metrics,   405, Allow: GET, HEAD
 //	/healthz
-//	ATTACH ring capacity > --max-ring-bytes (4 GiB)   limit: "ring capacity N bytes is beyond this daemon's bound of
+//	ATTACH ring capacity > --max-ring-bytes           limit: "ring capacity N bytes is beyond this daemon's bound of
 //	                                                  M (kvshmd serve --max-ring-bytes or KVSHMD_MAX_RING_BYTES
 //	                                                  raises it; the producer sets it with KVSHM_RING_BYTES)"
 //	ATTACH publish buffer_steps > --max-buffer-steps  limit: "publish buffer_steps N is beyond this daemon's bound of
-//	(1,000,000)                                       M (kvshmd serve --max-buffer-steps or KVSHMD_MAX_BUFFER_STEPS
+//	                                                  M (kvshmd serve --max-buffer-steps or KVSHMD_MAX_BUFFER_STEPS
 //	                                                  raises it; ...)"; nothing attached
-//	ATTACH publish hwm > --max-hwm (1,000,000)        limit: "publish hwm N is beyond this daemon's bound of M
+//	ATTACH publish hwm > --max-hwm                    limit: "publish hwm N is beyond this daemon's bound of M
 //	                                                  (kvshmd serve --max-hwm or KVSHMD_MAX_HWM raises it)"
 //	ATTACH from a peer (uid+pid) with                 limit: "peer pid P already has N streams attached, this
-//	--max-streams-per-peer (64) streams attached      daemon's bound (kvshmd serve --max-streams-per-peer or
+//	--max-streams-per-peer streams attached           daemon's bound (kvshmd serve --max-streams-per-peer or
 //	                                                  KVSHMD_MAX_STREAMS_PER_PEER raises it)"
 //	connection from a peer with --max-conns-per-peer  limit frame (kind 0): "peer pid P already has N connections
-//	(256) open                                        open, this daemon's bound (kvshmd serve --max-conns-per-peer
+//	open                                              open, this daemon's bound (kvshmd serve --max-conns-per-peer
 //	                                                  or KVSHMD_MAX_CONNS_PER_PEER raises it)", closed; counted
 //	                                                  kvshm_connections_rejected_total{reason=limit}
 //	a stream's replay buffer past --zmq-buffer-bytes  the oldest batches evicted (never refused): its replays from
-//	(64 MiB) or its buffer_steps                      before them are incomplete (counted, logged)
+//	or its buffer_steps                               before them are incomplete (counted, logged)
 //	panic while decoding/applying a record (a bug)    recovered; same as a malformed event (logged with the stack)
 //	LOSS record (producer found the ring full)        index.MarkLost(first, last): exactly those ids are lost (the
 //	                                                  part already marked from the header is not marked again)
@@ -389,14 +389,15 @@
 // A shared daemon serves every engine of a node: no producer's config may take it down or crowd the others out. A
 // peer is a uid+pid (SO_PEERCRED). What a peer may ask is bounded, each bound a serve flag with a KVSHMD_* variable
 // (Config.Bounds; defaults pass vLLM's own defaults by far: buffer_steps 10000, hwm 100000, a 64 MiB ring): ring
-// capacity --max-ring-bytes (4 GiB: the daemon maps the whole ring), publish buffer_steps --max-buffer-steps
-// (1,000,000), publish hwm --max-hwm (1,000,000), streams attached at once --max-streams-per-peer (64), socket
-// connections open at once --max-conns-per-peer (256, within --max-conns 1024). A request beyond one is refused with
+// capacity --max-ring-bytes (the daemon maps the whole ring), publish buffer_steps --max-buffer-steps, publish hwm
+// --max-hwm, streams attached at once --max-streams-per-peer, socket connections open at once --max-conns-per-peer
+// (within --max-conns); `kvshmd serve -h` gives their defaults. A request beyond one is refused with
 // limit and a message naming the bound and its flag (the failure table above); nothing is attached. Applied rather
-// than asked: each publishing stream's replay buffer holds at most --zmq-buffer-bytes payload bytes (64 MiB) and is
-// grown as used, each subscriber's and replay client's queue at most 16 MiB (package zmqpub). So one peer holds at
-// most 64 streams × (64 MiB of replay buffer + its subscribers' queues) and 256 of the 1024 connections, and a
-// hostile peer cannot stop another's stream (TestHostileProducerCannotStopAnother).
+// than asked: each publishing stream's replay buffer holds at most --zmq-buffer-bytes payload bytes and is grown as
+// used, each subscriber's and replay client's queue at most 16 MiB (package zmqpub). So one peer holds at most
+// --max-streams-per-peer streams × (--zmq-buffer-bytes of replay buffer + its subscribers' queues) and
+// --max-conns-per-peer of the --max-conns connections, and a hostile peer cannot stop another's stream
+// (TestHostileProducerCannotStopAnother).
 //
 // Daemon memory: --max-memory (KVSHMD_MAX_MEMORY) sets the Go runtime's soft limit (debug.SetMemoryLimit); without
 // it the runtime honours GOMEMLIMIT by itself. Both, because GOMEMLIMIT is what Go operators already set in a
@@ -404,7 +405,7 @@
 // limit the GC runs harder instead of letting the heap grow to twice the live data (GOGC), so a daemon under a
 // cgroup limit is not OOM-killed for garbage; the live data itself is bounded by the bounds above. Set it a little
 // below the cgroup's limit. The rings are shared memory owned by their producers, outside the Go heap. Headroom:
-// serve sets GOGC after each collection so the heap may grow by about --gc-headroom (64 MiB) over its live data,
+// serve sets GOGC after each collection so the heap may grow by about --gc-headroom over its live data,
 // within GOGC 12..50 (cmd/kvshmd/gcpolicy.go; off with 0 or when GOGC is set): at millions of blocks the live data
 // is the indexes, pointer-free arrays the collector barely scans, and doubling them (GOGC=100) doubled the daemon.
 // An answer of 32 MiB or more (a TreeDump of ~400 k blocks) is followed, once written, by one debug.FreeOSMemory
@@ -469,7 +470,7 @@
 // exactly the new incarnation) and applies it to the index; at the end the same batch with the next wire seq, also
 // a reset. dp_rank is that of the stream's last published batch (a per-rank stream's rank before any).
 //
-// Heartbeats (--zmq-heartbeat, Config.ZMQHeartbeat, kvshmd serve's default 1 s): a publishing stream that handed
+// Heartbeats (--zmq-heartbeat, Config.ZMQHeartbeat): a publishing stream that handed
 // nothing to its publisher for that long publishes [now, [], dp_rank] with the next wire seq through
 // PublishHeartbeat (live only, not in the replay buffer, not in the index: an id gap there). It is checked on the
 // stream's housekeeping (due every 10 ms on a publishing stream, coalesced with the other streams of its worker).
@@ -481,14 +482,14 @@
 // (the wire seq of the last whole batch: the drain goroutine holds stream.snap across each BATCH's apply and the
 // tree copy takes it too, so the copy never falls inside a batch; the drain waits at most for the copy, ~8 ms at
 // 100 k blocks), then the buffered batches after L. Builds run in the asking client's reply goroutine, at most
-// --zmq-snapshot-builds (default 2) at once daemon-wide (Server.snapLimit; more wait for a slot), one per stream at
+// --zmq-snapshot-builds at once daemon-wide (Server.snapLimit; more wait for a slot), one per stream at
 // a time, shared while the buffer covers their tail; kvshm_zmq_snapshots_total{outcome} counts them. Checkpoints
 // carry the token windows (index format 3), so a daemon restarted from its state dir answers the same snapshot. A
 // block whose tokens are unknown (restored from a version 2 checkpoint, or stored before publishing started)
 // makes the snapshot unavailable until a Cleared: the reply is the buffer's, counted incomplete. The snapshot also
 // comes without its Cleareds (zmqpub.Snapshot.Fresh) for a reply from seq 0, whose consumer holds nothing.
 //
-// Contiguous replies (--zmq-replay-fill, Config.ZMQReplayFill, kvshmd serve's default 65,536): the publisher's
+// Contiguous replies (--zmq-replay-fill, Config.ZMQReplayFill): the publisher's
 // filler is the heartbeat batch (emptyBatch), so a reply carries every seq from the requested one (docs/replay-snapshots.md).
 // --zmq-seq-base zero (Config.ZMQSeqZero) makes wireFloor 0: seqs from 1, for llm-d's consumer, which replays from
 // seq 0 (docs/lifecycle.md).
