@@ -5,7 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/kvshm/kvshm/daemon"
@@ -110,6 +111,7 @@ type flagRegistrar struct {
 	env map[string]string // flag name -> environment variable
 }
 
+// help records name's environment variable and returns its help ending with it.
 func (r *flagRegistrar) help(name, env, help string) string {
 	r.env[name] = env
 	return help + " (env " + env + ")"
@@ -156,12 +158,7 @@ func parseServeFlags(args []string, getenv func(string) string, usage func(fs *f
 	}
 	o.given = map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { o.given[f.Name] = true })
-	names := make([]string, 0, len(envs))
-	for name := range envs {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(envs)) { // in name order, as the errors are reported
 		env := envs[name]
 		v := getenv(env)
 		if o.given[name] || v == "" {
