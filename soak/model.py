@@ -15,8 +15,14 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
+
+# The soak's scripts run from soak/ without an install; the test kit sits beside it.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "testkit"))
+from kvshm_testkit.indexedset import IndexedSet  # noqa: E402
 
 U64: Final = 1 << 64
 
@@ -30,40 +36,6 @@ class Event:
     hashes: tuple[int, ...] = ()
     parent: int | None = None
     tokens: tuple[int, ...] = ()
-
-
-class _IndexedSet:
-    """A set with deterministic O(1) add, remove and seeded choice (insertion order, swap-remove)."""
-
-    __slots__ = ("items", "pos")
-
-    def __init__(self) -> None:
-        self.items: list[int] = []
-        self.pos: dict[int, int] = {}
-
-    def add(self, x: int) -> None:
-        if x not in self.pos:
-            self.pos[x] = len(self.items)
-            self.items.append(x)
-
-    def discard(self, x: int) -> None:
-        i = self.pos.pop(x, None)
-        if i is None:
-            return
-        last = self.items.pop()
-        if i < len(self.items):
-            self.items[i] = last
-            self.pos[last] = i
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __contains__(self, x: object) -> bool:
-        return x in self.pos
-
-    def clear(self) -> None:
-        self.items.clear()
-        self.pos.clear()
 
 
 class Tree:
@@ -120,8 +92,8 @@ class StreamGen:
         self.block_size = block_size
         self.max_blocks = max_blocks
         self.seq = self.rng.randrange(0, 1000)  # an engine's ids need not start at 0
-        self.present = _IndexedSet()
-        self.leaves = _IndexedSet()
+        self.present = IndexedSet()
+        self.leaves = IndexedSet()
         self.children: dict[int, int] = {}
         self.parent: dict[int, int | None] = {}
 
@@ -154,7 +126,7 @@ class StreamGen:
             k = min(len(self.leaves), rng.randint(1, 4))
             gone: list[int] = []
             for _ in range(k):
-                h = self.leaves.items[rng.randrange(len(self.leaves))]
+                h = self.leaves.choice(rng)
                 self._remove_leaf(h)
                 gone.append(h)
             if rng.random() < 0.05:
@@ -173,7 +145,7 @@ class StreamGen:
                 self.parent[h] = -1  # burnt: never reused
             return Event("stored", seq, hashes, parent, toks)
         else:
-            parent = self.present.items[rng.randrange(len(self.present))]
+            parent = self.present.choice(rng)
         hashes = tuple(self._new_hash() for _ in range(n))
         toks = tuple(rng.randrange(0, 1 << 17) for _ in range(n * self.block_size)) if with_tokens else ()
         prev = parent

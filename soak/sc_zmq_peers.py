@@ -16,6 +16,8 @@ import zmq  # pyzmq: the healthy router's sockets
 from harness import DAEMON_MAX_MEMORY, VERBOSE, Ctx, http_get, judge, producer
 from sc_zmq import Hostiles, SubJudge, judge_sub, learn_wire
 
+from kvshm_testkit import free_port
+
 MAX_WAIT = 1.0  # s: the healthy SUB's longest wait between two batches while the producer publishes
 
 GREETING = b"\xff" + b"\x00" * 8 + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" * 32
@@ -162,20 +164,6 @@ class Floods(Hostiles):
         super().finish()
 
 
-def free_ports() -> int:
-    """A port P with P and P+1 free on every interface (the PUB and the replay socket)."""
-    for _ in range(100):
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("0.0.0.0", 0))
-            p = a.getsockname()[1]
-            try:
-                b.bind(("0.0.0.0", p + 1))
-            except OSError:
-                continue
-            return int(p)
-    raise RuntimeError("no two free consecutive ports")
-
-
 def peers_cut(ctx: Ctx, w: int) -> dict[str, float]:
     """kvshm_zmq_peers_cut_total of worker ``w`` by reason, from /metrics."""
     assert ctx.daemon is not None
@@ -193,7 +181,7 @@ def sc_zmq_peers(ctx: Ctx) -> None:
     """The floods beside a healthy router (module doc)."""
     d = ctx.daemon
     assert d is not None
-    port = free_ports()
+    port = free_port(2, host="0.0.0.0")  # the PUB and the replay socket, on every interface
     n_batches = 1500 if ctx.short else 6000
     with producer(ctx, 1, zmq_dir=f"tcp:{port}", buffer_steps=n_batches * 2) as p:
         w = p.workers[0]

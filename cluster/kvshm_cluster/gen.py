@@ -10,8 +10,10 @@ producer evicts leaves.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
+
+from kvshm_testkit.indexedset import IndexedSet
 
 BLOCK_SIZE: Final = 4
 CHAIN_MAX: Final = 4  # blocks per Stored event in steady load
@@ -40,32 +42,6 @@ class Cleared:
 Event = Stored | Removed | Cleared
 
 
-@dataclass(slots=True)
-class _Leaves:
-    """A set with O(1) add, discard and seeded choice (swap-remove)."""
-
-    items: list[int] = field(default_factory=list)
-    pos: dict[int, int] = field(default_factory=dict)
-
-    def add(self, x: int) -> None:
-        if x not in self.pos:
-            self.pos[x] = len(self.items)
-            self.items.append(x)
-
-    def discard(self, x: int) -> None:
-        i = self.pos.pop(x, None)
-        if i is None:
-            return
-        last = self.items.pop()
-        if i < len(self.items):
-            self.items[i] = last
-            self.pos[last] = i
-
-    def clear(self) -> None:
-        self.items.clear()
-        self.pos.clear()
-
-
 def _tokens(h: int) -> tuple[int, ...]:
     """A block's token ids, a function of its (unique) hash: no two blocks anywhere in the cluster share content.
     Dynamo's tree shares nodes by content across workers and expects the same content to carry the same hash."""
@@ -87,7 +63,7 @@ class Cache:
         self.blocks: dict[int, int | None] = {}
         self.segments: dict[int, tuple[int, ...]] = {}  # a segment's last hash -> its hashes
         self.children: dict[int, int] = {}  # a segment's last hash -> child segments
-        self.leaves = _Leaves()  # last hashes of segments without children
+        self.leaves = IndexedSet()  # last hashes of segments without children
 
     def hashes(self) -> frozenset[int]:
         return frozenset(self.blocks)
@@ -114,9 +90,9 @@ class Cache:
         return Stored(hashes, parent, tokens)
 
     def remove_leaf(self) -> Removed | None:
-        if not self.leaves.items:
+        if not self.leaves:
             return None
-        tail = self.rng.choice(self.leaves.items)
+        tail = self.leaves.choice(self.rng)
         self.leaves.discard(tail)
         hashes = self.segments.pop(tail)
         parent = self.blocks[hashes[0]]
@@ -147,7 +123,7 @@ class Cache:
                 if ev is not None:
                     out.append(ev)
                     continue
-            parent = self.rng.choice(self.leaves.items) if self.leaves.items and self.rng.random() < 0.5 else None
+            parent = self.leaves.choice(self.rng) if self.leaves and self.rng.random() < 0.5 else None
             out.append(self.store(self.rng.randint(1, CHAIN_MAX), parent))
         return out
 

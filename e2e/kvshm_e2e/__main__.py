@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from kvshm._launcher import find_kvshmd
+from kvshm_testkit import finish, run_steps
 
 from . import sglang
 from .engine import make_model
@@ -44,24 +45,14 @@ def main(argv: list[str] | None = None) -> int:
         if mode.name not in wanted:
             continue
         run = ModeRun(setup, mode, i)
-        try:
-            run.run()
-            checks.append(Check("ran every step", mode, True, f"{len(run.rows)} steps"))
-        except Exception as e:  # a bounded wait ran out, a process died: the mode's remaining steps are lost
-            checks.append(Check("ran every step", mode, False, f"{type(e).__name__}: {str(e)[:300]}"))
+        checks.append(Check("ran every step", mode, *run_steps(run.run, run.rows)))
         rows += run.rows
         checks += run.checks
-    table = render(rows, checks)
-    (args.out / "table.md").write_text(table + "\n")
-    print()
-    print(table)
     bad = failures(rows, checks)
-    print(f"\nmake e2e: {len(rows)} rows in {time.monotonic() - t0:.0f} s; "
-          + (f"{len(bad)} kvshm rows/checks miss the lifecycle goals (docs/lifecycle.md)" if bad
-             else "every kvshm row meets the goals"))
-    for b in bad:
-        print(f"  miss: {b}")
-    return 1 if bad else 0
+    headline = (f"make e2e: {len(rows)} rows in {time.monotonic() - t0:.0f} s; "
+                + (f"{len(bad)} kvshm rows/checks miss the lifecycle goals (docs/lifecycle.md)" if bad
+                   else "every kvshm row meets the goals"))
+    return finish(args.out, render(rows, checks), headline, bad)
 
 
 if __name__ == "__main__":

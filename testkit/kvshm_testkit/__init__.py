@@ -8,15 +8,19 @@
 * :mod:`.recover`: :func:`serve_kv_recover`, the engine-served ``/kv_recover`` (the baseline).
 * :mod:`.judge`: :func:`extra_missing`, the extra/missing judge.
 * :mod:`.table`: :func:`markdown_table`.
+* :mod:`.report`: :func:`run_steps` and :func:`finish`, how an engine harness runs its modes and ends.
+* :mod:`.indexedset`: :class:`IndexedSet`, the O(1) set a seeded workload generator picks from.
 
 The contract (what is stable, what each piece promises) is testkit/README.md.
 """
 
 from .daemon import Kvshmd
+from .indexedset import IndexedSet
 from .judge import ExtraMissing, extra_missing, extra_missing_keyed
 from .net import HTTPStatusError, Response, free_port, get_json, http_get, http_post, request
 from .procs import LIVE, Proc, Timeout, cpu_seconds, kill_live, proc_state, rss_bytes, wait_until
 from .recover import EventsSource, serve_kv_recover
+from .report import finish, run_steps
 from .table import markdown_table
 
 __all__ = [
@@ -24,6 +28,7 @@ __all__ = [
     "EventsSource",
     "ExtraMissing",
     "HTTPStatusError",
+    "IndexedSet",
     "Kvshmd",
     "Proc",
     "Response",
@@ -31,6 +36,7 @@ __all__ = [
     "cpu_seconds",
     "extra_missing",
     "extra_missing_keyed",
+    "finish",
     "free_port",
     "get_json",
     "http_get",
@@ -40,6 +46,7 @@ __all__ = [
     "proc_state",
     "request",
     "rss_bytes",
+    "run_steps",
     "serve_kv_recover",
     "wait_until",
 ]

@@ -8,13 +8,12 @@ import argparse
 import json
 import sys
 import time
-import traceback
 from pathlib import Path
 
 from kvshm_e2e.table import MODES
 
 from kvshm._launcher import find_kvshmd
-from kvshm_testkit import kill_live
+from kvshm_testkit import finish, kill_live, run_steps
 
 from . import netns
 from .model import make_model
@@ -51,29 +50,18 @@ def run(args: argparse.Namespace) -> int:
                 continue
             mr = ModeRun(setup, mode, i, control)
             runs.append(mr)
-            try:
-                mr.run()
-                mr.checks.append(("ran every step", True, f"{len(mr.rows)} steps"))
-            except Exception as e:  # a bounded wait ran out, a process died: the mode's remaining steps are lost
-                traceback.print_exc()
-                mr.checks.append(("ran every step", False, f"{type(e).__name__}: {str(e)[:300]}"))
+            mr.checks.append(("ran every step", *run_steps(mr.run, mr.rows)))
             if not mode.judged:
                 control = {r.step: r.decisions for r in mr.rows}
     finally:
         kill_live()
     batch_checks(runs)
-    table = render(runs)
-    (args.out / "table.md").write_text(table + "\n")
     (args.out / "results.json").write_text(json.dumps([run.summary() for run in runs], indent=1) + "\n")
-    print()
-    print(table)
     bad = failures(runs)
-    print(f"\nmake e2e-dynamo: {sum(len(r.rows) for r in runs)} rows in {time.monotonic() - t0:.0f} s; "
-          + (f"{len(bad)} kvshm rows/checks miss the goals" if bad
-             else "every kvshm row is at least as right as the control"))
-    for b in bad:
-        print(f"  miss: {b}")
-    return 1 if bad else 0
+    headline = (f"make e2e-dynamo: {sum(len(r.rows) for r in runs)} rows in {time.monotonic() - t0:.0f} s; "
+                + (f"{len(bad)} kvshm rows/checks miss the goals" if bad
+                   else "every kvshm row is at least as right as the control"))
+    return finish(args.out, render(runs), headline, bad)
 
 
 if __name__ == "__main__":
