@@ -32,6 +32,7 @@ import (
 //
 // Commands (key=W is worker W's ALL stream, key=W/R its per-rank stream of dp_rank R; default 1):
 //
+//	config [checkpoint-interval=D] [heartbeat=D]   before the first attach: the engine's Config
 //	attach [key] [publish] [new-ring]   attach the key's ring: a new stream (StartBegin), a reattach of the same ring
 //	                                    (StartReattach), or with new-ring a producer restart (Restart, StartBegin)
 //	stored seq=S hashes=H,H [parent=P] [dp=D] [key]   one EVENT record, published
@@ -42,7 +43,8 @@ import (
 //	                                    record goes with the next event that fits)
 //	drain [key]                         drain passes until one is empty; prints the records read
 //	tick d=DURATION                     advance the clock; housekeep [key] runs the housekeeping at it
-//	kill [key]                          the producer's pid is gone (a watch-detached gets 50 ms to see it)
+//	wait-checkpoint [key]               passes until the asynchronous checkpoint in flight is written and released
+//	kill [key]                          the producer's pid is gone (a watch-detached of it has seen it when kill returns)
 //	finish cause=eof|detach|pid|shutdown [key]   end the attachment: Finish, then the worker's Final
 //	parent-gone                         the daemon's --parent-pid is gone
 //	state [key]                         the stream as STATS reads it, and its index
@@ -71,6 +73,7 @@ type fakeEnv struct {
 	parentGone bool
 	dead       map[int]bool // pids the script killed
 	log        []string     // what the engine asked, for env
+	idle       int          // StreamIdle calls
 }
 
 func (e *fakeEnv) note(format string, args ...any) {
@@ -79,9 +82,14 @@ func (e *fakeEnv) note(format string, args ...any) {
 	e.mu.Unlock()
 }
 
-func (e *fakeEnv) Now() time.Time        { return e.h.now() }
-func (e *fakeEnv) Mono() int64           { return int64(e.h.offset) }
-func (e *fakeEnv) StreamIdle()           { e.note("stream idle (reaper woken)") }
+func (e *fakeEnv) Now() time.Time { return e.h.now() }
+func (e *fakeEnv) Mono() int64    { return int64(e.h.offset) }
+func (e *fakeEnv) StreamIdle() {
+	e.mu.Lock()
+	e.idle++
+	e.mu.Unlock()
+	e.note("stream idle (reaper woken)")
+}
 func (e *fakeEnv) Done() <-chan struct{} { return e.done }
 func (e *fakeEnv) RankSeen(r uint32)     { e.note("rank %d seen", r) }
 
@@ -218,6 +226,33 @@ func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
 	h.t = t
 	k := h.key(d)
 	switch d.Cmd {
+	case "config":
+		// Before the first attach: the engine's Config beyond the scripts' default.
+		cfg := h.eng.cfg
+		for _, arg := range d.CmdArgs {
+			dur, err := time.ParseDuration(arg.Vals[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch arg.Key {
+			case "checkpoint-interval":
+				cfg.CheckpointInterval = dur
+			case "heartbeat":
+				cfg.Heartbeat = dur
+			default:
+				t.Fatalf("unknown config %q", arg.Key)
+			}
+		}
+		h.eng = New(cfg, h.env, handScheduler{}, testLogger(t))
+		return "ok"
+	case "wait-checkpoint":
+		// The asynchronous checkpoint in flight (its writer goroutine) is written; a pass releases its head.
+		a := h.att(k)
+		for a.ckptBusy {
+			time.Sleep(time.Millisecond)
+			a.Pass(h.now())
+		}
+		return "ok"
 	case "attach":
 		return h.attach(k, d.HasArg("publish"), d.HasArg("new-ring"))
 	case "stored", "removed", "cleared":
@@ -267,8 +302,9 @@ func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
 	case "kill":
 		h.env.mu.Lock()
 		h.env.dead[int(h.ring(k).w.Header().ProducerPID)] = true
+		idle := h.env.idle
 		h.env.mu.Unlock()
-		time.Sleep(50 * time.Millisecond) // watch-detached polls every 5 ms: let it see the death
+		h.waitWatch(k, idle)
 		return "ok"
 	case "finish":
 		return h.finish(k, d)
@@ -302,6 +338,35 @@ func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
 	}
 	t.Fatalf("unknown command %q", d.Cmd)
 	return ""
+}
+
+// waitWatch waits until a watch-detached of the key's stream (if one runs) has seen the pid gone and ended:
+// the stream has no watcher left and StreamIdle was called since idle (its count when the pid died).
+func (h *harness) waitWatch(k Key, idle int) {
+	st := h.streams[k]
+	if st == nil {
+		return
+	}
+	st.mu.Lock()
+	watched := st.watchers > 0
+	st.mu.Unlock()
+	if !watched {
+		return
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+		st.mu.Lock()
+		n := st.watchers
+		st.mu.Unlock()
+		h.env.mu.Lock()
+		called := h.env.idle > idle
+		h.env.mu.Unlock()
+		if n == 0 && called {
+			return
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("the watch of %s did not end in 30 s after its pid died", k)
+		}
+	}
 }
 
 func (h *harness) stream(k Key) *Stream {
@@ -478,8 +543,6 @@ func (h *harness) finish(k Key, d *datadriven.TestData) string {
 	a.Final()
 	<-a.Done()
 	delete(h.atts, k)
-	// watch-detached polls every 5 ms from its own goroutine: let a killed pid's end land before state.
-	time.Sleep(50 * time.Millisecond)
 	return fmt.Sprintf("final head=%d", a.FinalHead())
 }
 
@@ -493,6 +556,10 @@ func (h *harness) state(k Key) string {
 	copy(recv[:], s.EventsRecv[:])
 	fmt.Fprintf(&b, "received stored=%d removed=%d cleared=%d batches=%d loss_records=%d malformed=%d not_indexed=%v\n",
 		recv[0], recv[1], recv[2], s.Batches, s.LossRecords, s.Malformed, s.NotIndexed)
+	if r := h.rings[k]; r != nil && s.Attached {
+		rs := r.w.Stats() // the header as the producer sees it: the head released so far
+		fmt.Fprintf(&b, "ring head=%d tail=%d\n", rs.Head, rs.Tail)
+	}
 	fmt.Fprintf(&b, "index last_id=%d buffered=%d resident=%d tainted=%v\n", is.LastSeenID, is.Buffered, is.ResidentBlocks, is.Tainted)
 	for _, lr := range is.LostRanges {
 		fmt.Fprintf(&b, "lost %d..%d unknown=%v: %s\n", lr.First, lr.Last, lr.Unknown, lr.Reason)
