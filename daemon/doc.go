@@ -52,7 +52,8 @@
 //	  the peer has fewer than --max-streams-per-peer streams attached            limit
 //
 // lifecycle.go carries these tables out: openRing is the validation, planAttach the outcome table as a pure
-// function of the stream's and the ring's state (TestPlanAttach), install the step that applies its decision.
+// function of the stream's and the ring's state (TestPlanAttach), install the step that applies its decision:
+// planInstall (pure, TestPlanInstall) decides the steps, applyInstall takes them.
 //
 //	Outcome                                        index                              reply / stats
 //	first attach of the worker, head = 0           new                                stream_epoch 1, resumed false
@@ -85,9 +86,9 @@
 //	                                               --checkpoint-interval: before the
 //	                                               head is stored, by the final drain)
 //
-// install carries an outcome out by planInstall (pure, TestPlanInstall) then the engine's steps: NewStream or
-// Restart, then Stream.Attach. What an attachment's end does, and the producer incarnations (when one begins, when
-// it ends, its Cleared), are the stream engine's: package stream, "Streams and their lifecycle".
+// The steps are the stream engine's (package stream): NewStream or Restart, then Stream.Attach. What an
+// attachment's end does, and the producer incarnations (when one begins, when it ends, its Cleared), are the
+// engine's too: package stream, "Streams and their lifecycle".
 //
 // # Checkpoints (--state-dir)
 //

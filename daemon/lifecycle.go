@@ -275,7 +275,7 @@ func (s *Server) attachStateLocked(st *entry, o *openRing) (attachState, *stream
 }
 
 // installPlan is what install does for an outcome that installs an attachment: planInstall's decision, from the
-// outcome, the request and the checkpoint lookup; installApply carries it out.
+// outcome, the request and the checkpoint lookup; applyInstall carries it out.
 type installPlan struct {
 	newStream bool         // make the stream (first producer for this key since the daemon started)
 	restore   bool         // its index is the restored checkpoint's
@@ -329,14 +329,19 @@ func planInstall(in installInput) installPlan {
 	return p
 }
 
-// install carries out plan p (an outcome that installs an attachment): it plans (planInstall), then applies: the
-// publisher first (a bind failure fails the ATTACH before anything changes, but an existing stream's publisher
-// with another config is closed by then; see stream.SetPublisher), the stream's index created, restored, kept or
-// replaced, the checkpoint files and their metric, the attachment handed to the engine, the reply. Called with
-// s.mu held.
+// install carries out plan p (an outcome that installs an attachment): planInstall decides the steps, applyInstall
+// takes them. Called with s.mu held.
 func (s *Server) install(cc *conn, st *entry, o *openRing, p attachPlan) (sock.AttachReply, error) {
+	ip := planInstall(installInput{plan: p, head: o.head, stateDir: s.cfg.StateDir != "", ck: o.ck})
+	return s.applyInstall(cc, st, o, p, ip)
+}
+
+// applyInstall takes the steps of ip: the publisher first (a bind failure fails the ATTACH before anything
+// changes, but an existing stream's publisher with another config is closed by then; see stream.SetPublisher), the
+// stream's index created, restored, kept or replaced, the checkpoint files and their metric, the attachment handed
+// to the engine (Stream.Attach), the logs and the reply. Called with s.mu held.
+func (s *Server) applyInstall(cc *conn, st *entry, o *openRing, p attachPlan, ip installPlan) (sock.AttachReply, error) {
 	req, h, key, head := o.req, o.h, o.key, o.head
-	ip := planInstall(installInput{plan: p, head: head, stateDir: s.cfg.StateDir != "", ck: o.ck})
 	log := s.log.With(key.LogAttrs()...)
 	pub := s.streamPublish(req.Publish)
 	newIndex := func() (*index.Indexer, error) {
