@@ -286,7 +286,7 @@ func BenchmarkDaemonIdleCPU(b *testing.B) {
 
 // BenchmarkDaemonReachLatency measures publish → applied (head released past the event) for one event at a time,
 // with a gap between events: gap=0 keeps the drain loop busy (spin phase), 200µs and 2ms find it in its warm nap
-// backoff, 50ms and 300ms parked on the ring's doorbell (woken by the publish; daemon/idle.go has the phases).
+// backoff, 50ms and 300ms parked on the ring's doorbell (woken by the publish; daemon/internal/stream/idle.go has the phases).
 func BenchmarkDaemonReachLatency(b *testing.B) {
 	benchReach(b, []time.Duration{0, 200 * time.Microsecond, 2 * time.Millisecond, 50 * time.Millisecond, 300 * time.Millisecond})
 }
@@ -302,7 +302,7 @@ func benchReach(b *testing.B, gaps []time.Duration) {
 	for _, gap := range gaps {
 		b.Run(fmt.Sprintf("gap=%v", gap), func(b *testing.B) {
 			// Eager: the doorbell path every publishing stream takes (a stream nobody subscribes to is drained
-			// lazily, and a query's barrier, not the doorbell, reaches its records: daemon/idle.go).
+			// lazily, and a query's barrier, not the doorbell, reaches its records: daemon/internal/stream/idle.go).
 			d := startBenchDaemonCfg(b, func(c *daemon.Config) { c.EagerDrain = true })
 			d.w, d.conn = d.attach(b, 1, 1<<20)
 			lat := make([]time.Duration, 0, 1024)

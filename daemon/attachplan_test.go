@@ -1,6 +1,10 @@
 package daemon
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/kvshm/kvshm/daemon/internal/stream"
+)
 
 // TestPlanAttach is the outcome table of doc.go ("Streams and their lifecycle") row by row, without a socket or a
 // ring: planAttach decides, install only carries the decision out.
@@ -49,5 +53,56 @@ func TestPlanAttach(t *testing.T) {
 				t.Fatalf("planAttach(%+v)\n got %+v (%s)\nwant %+v (%s)", tc.in, got, got.outcome, tc.want, tc.want.outcome)
 			}
 		})
+	}
+}
+
+// TestPlanInstall: what install does for each outcome that installs an attachment (planInstall), without a socket
+// or a ring: which index the stream gets, how the attach relates to the producer's incarnation, the taint and the
+// checkpoint's story in the warning.
+func TestPlanInstall(t *testing.T) {
+	unusable := &ckptLoad{why: "checkpoint head 64 is not the ring's head 128"}
+	tests := []struct {
+		name string
+		in   installInput
+		want installPlan
+	}{
+		{"first attach: a new stream, an incarnation begins", installInput{plan: attachPlan{outcome: attachFirst}},
+			installPlan{newStream: true, start: stream.StartBegin}},
+		{"restore: the checkpoint's index, the incarnation continues", installInput{plan: attachPlan{outcome: attachRestore}, head: 4096},
+			installPlan{newStream: true, restore: true, start: stream.StartContinue}},
+		{"unknown history, no --state-dir", installInput{plan: attachPlan{outcome: attachUnknown}, head: 4096},
+			installPlan{newStream: true, start: stream.StartContinue, why: "no --state-dir",
+				taint: "daemon resumed ring at head 4096: events consumed by an earlier daemon are gone"}},
+		{"unknown history, the stream existed when the lookup would have run", installInput{plan: attachPlan{outcome: attachUnknown}, head: 8, stateDir: true},
+			installPlan{newStream: true, start: stream.StartContinue, why: "checkpoint not looked up (the stream existed when the attach began)",
+				taint: "daemon resumed ring at head 8: events consumed by an earlier daemon are gone"}},
+		{"unknown history, the lookup says why", installInput{plan: attachPlan{outcome: attachUnknown}, head: 128, stateDir: true, ck: unusable},
+			installPlan{newStream: true, start: stream.StartContinue, why: unusable.why,
+				taint: "daemon resumed ring at head 128: events consumed by an earlier daemon are gone"}},
+		{"reattach", installInput{plan: attachPlan{outcome: attachReattach, resumed: true}, head: 64},
+			installPlan{start: stream.StartReattach}},
+		{"reattach past an unused checkpoint", installInput{plan: attachPlan{outcome: attachReattach, resumed: true, taint: true}, head: 64},
+			installPlan{start: stream.StartReattach, taint: "ring resumed at checkpoint head 64, but the checkpoint was not used"}},
+		{"producer restart at head 0", installInput{plan: attachPlan{outcome: attachRestart}},
+			installPlan{restart: true, start: stream.StartBegin}},
+		{"producer restart resumed at head > 0", installInput{plan: attachPlan{outcome: attachRestart, resumed: true, taint: true}, head: 64},
+			installPlan{restart: true, start: stream.StartBegin, taint: "new ring epoch resumed at head 64"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := planInstall(tc.in); got != tc.want {
+				t.Fatalf("planInstall(%+v)\n got %+v\nwant %+v", tc.in, got, tc.want)
+			}
+		})
+	}
+	for _, o := range []attachOutcome{attachBusy, attachWait, attachConflict} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("planInstall(%s) did not panic: the outcome installs nothing", o)
+				}
+			}()
+			planInstall(installInput{plan: attachPlan{outcome: o}})
+		}()
 	}
 }

@@ -141,12 +141,16 @@ func (s *Server) admitPeer(cc *conn) bool {
 func (s *Server) peerStreamsLocked(cc *conn) error {
 	n := 0
 	for _, st := range s.streams {
-		_, a := st.current()
-		if a == nil || a.lease == nil || a.lease.uid != cc.uid || a.lease.pid != cc.pid {
+		_, a := st.Current()
+		if a == nil {
+			continue
+		}
+		l, _ := a.Lease().(*conn)
+		if l == nil || l.uid != cc.uid || l.pid != cc.pid {
 			continue
 		}
 		select {
-		case <-a.done: // ended
+		case <-a.Done(): // ended
 		default:
 			n++
 		}

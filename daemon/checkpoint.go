@@ -18,7 +18,7 @@ import (
 )
 
 // Checkpoints (--state-dir, --checkpoint-interval): the design, the file names and every failure outcome are told
-// once, in doc.go ("Checkpoints", "Continuous checkpoints"); the file format is index/CHECKPOINT.md. This file holds
+// once, in doc.go ("Checkpoints") and package stream's ("Continuous checkpoints"); the file format is index/CHECKPOINT.md. This file holds
 // the daemon's part: ckptStore (write, look up, remove the files of one state directory) and the meta that names the
 // worker, ring epoch and ring head a checkpoint corresponds to.
 
@@ -50,10 +50,10 @@ func encodeCkptMeta(worker, epoch, head uint64) []byte {
 
 // ckptPrefix is the file name prefix of a stream's checkpoints: w<worker>- (ALL) or w<worker>r<rank>- (per rank).
 func ckptPrefix(k streamKey) string {
-	if !k.perRank {
-		return fmt.Sprintf("w%d-", k.worker)
+	if !k.PerRank {
+		return fmt.Sprintf("w%d-", k.Worker)
 	}
-	return fmt.Sprintf("w%dr%d-", k.worker, k.rank)
+	return fmt.Sprintf("w%dr%d-", k.Worker, k.Rank)
 }
 
 func ckptName(k streamKey, epoch uint64) string {
@@ -103,7 +103,7 @@ type ckptStore struct {
 // bytes are serialized (WriteCheckpoint), it lets queries run meanwhile; fsync and rename happen after.
 func (c *ckptStore) save(k streamKey, epoch uint64, ix *index.Indexer, head uint64, trigger string) error {
 	return c.write(k, epoch, head, trigger, func(w *bufio.Writer) error {
-		return ix.WriteCheckpoint(w, encodeCkptMeta(k.worker, epoch, head))
+		return ix.WriteCheckpoint(w, encodeCkptMeta(k.Worker, epoch, head))
 	})
 }
 
@@ -111,7 +111,7 @@ func (c *ckptStore) save(k streamKey, epoch uint64, ix *index.Indexer, head uint
 // writes an index: the second half of an asynchronous continuous checkpoint, on its writer goroutine.
 func (c *ckptStore) saveCopy(k streamKey, epoch uint64, cp *index.CheckpointCopy, head uint64, trigger string) error {
 	return c.write(k, epoch, head, trigger, func(w *bufio.Writer) error {
-		return cp.WriteCheckpoint(w, encodeCkptMeta(k.worker, epoch, head))
+		return cp.WriteCheckpoint(w, encodeCkptMeta(k.Worker, epoch, head))
 	})
 }
 
@@ -119,7 +119,7 @@ func (c *ckptStore) saveCopy(k streamKey, epoch uint64, cp *index.CheckpointCopy
 func (c *ckptStore) write(k streamKey, epoch, head uint64, trigger string, fill func(*bufio.Writer) error) error {
 	dir := c.dir
 	name := ckptName(k, epoch)
-	log := c.log.With(k.logAttrs()...).With("checkpoint", filepath.Join(dir, name))
+	log := c.log.With(k.LogAttrs()...).With("checkpoint", filepath.Join(dir, name))
 	size, err := writeFileAtomic(dir, name, fill)
 	if err != nil {
 		c.writes.WithLabelValues("failed").Inc()
@@ -192,7 +192,7 @@ type ckptLoad struct {
 // remove).
 func (c *ckptStore) load(k streamKey, epoch uint64, r *shm.Reader, cfg index.Config) ckptLoad {
 	head := r.Stats().Head
-	worker := k.worker
+	worker := k.Worker
 	path := filepath.Join(c.dir, ckptName(k, epoch))
 	// Only a regular file is read, and at most its size: a symlink (to /dev/zero, say) is not followed, and a FIFO
 	// or device neither blocks the open (O_NONBLOCK) nor is read.

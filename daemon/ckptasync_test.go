@@ -5,9 +5,11 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/kvshm/kvshm/daemon/internal/stream"
 )
 
-// TestCheckpointAsyncDrainContinues: while a continuous checkpoint's write is blocked (ckptWriteHook), the drain
+// TestCheckpointAsyncDrainContinues: while a continuous checkpoint's write is blocked (stream.CheckpointWriteHook), the drain
 // keeps applying the records published meanwhile and the ring head stays where it was (the attach head, 0); once
 // the write completes the head moves to exactly the checkpoint's position P, not to the read position past it.
 func TestCheckpointAsyncDrainContinues(t *testing.T) {
@@ -17,8 +19,8 @@ func TestCheckpointAsyncDrainContinues(t *testing.T) {
 		started <- head
 		<-unblock
 	}
-	ckptWriteHook.Store(&hook)
-	t.Cleanup(func() { ckptWriteHook.Store(nil) })
+	stream.CheckpointWriteHook.Store(&hook)
+	t.Cleanup(func() { stream.CheckpointWriteHook.Store(nil) })
 	state := filepath.Join(t.TempDir(), "state")
 	ts := startServer(t, func(c *Config) { c.StateDir, c.CheckpointInterval = state, time.Hour })
 	socket := ts.SocketPath()

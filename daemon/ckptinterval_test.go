@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvshm/kvshm/daemon/internal/stream"
 	"github.com/kvshm/kvshm/shm"
 )
 
@@ -182,7 +183,7 @@ func checkpointWrites(t *testing.T, d *daemonProc) int {
 }
 
 // TestCheckpointIntervalWorthIt: an interval checkpoint waits until the records it would cover reach
-// ckptBytesPerNode per live node: one small event under a large index is left in the ring (it is cheaper to replay
+// stream.CheckpointBytesPerNode per live node: one small event under a large index is left in the ring (it is cheaper to replay
 // than the index is to rewrite) interval after interval, and written once enough such events came.
 func TestCheckpointIntervalWorthIt(t *testing.T) {
 	dir := t.TempDir()
@@ -217,7 +218,7 @@ func TestCheckpointIntervalWorthIt(t *testing.T) {
 		t.Fatalf("one small event under %d nodes was checkpointed (ring %+v, %d writes, were %d)", blocks,
 			rs, checkpointWrites(t, d), n)
 	}
-	for held := uint64(0); held < ckptBytesPerNode*blocks; held = ringPositions(t, p).Tail - ringPositions(t, p).Head {
+	for held := uint64(0); held < stream.CheckpointBytesPerNode*blocks; held = ringPositions(t, p).Tail - ringPositions(t, p).Head {
 		id++
 		p.mustPublish(removed(id, 0, hashes[blocks-int(id)]))
 	}

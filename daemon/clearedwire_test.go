@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"path/filepath"
 	"testing"
 
@@ -11,19 +10,6 @@ import (
 	"github.com/kvshm/kvshm/shm"
 	"github.com/kvshm/kvshm/vllmwire"
 )
-
-// TestClearedBatchInStreamWire: the Cleared that starts or ends an incarnation is encoded in the stream's layout
-// (a consumer that decodes only WireArray, llm-d's, must read it: the engine-restart repair rests on it).
-func TestClearedBatchInStreamWire(t *testing.T) {
-	for _, w := range []vllmwire.Wire{vllmwire.Wire033, vllmwire.Wire032, vllmwire.WireArray} {
-		b := clearedBatch(nil, 3, w)
-		ev := w.AppendEvent(nil, &vllmwire.Event{Kind: vllmwire.KindCleared})
-		// [ts (float64: 9 bytes), [event], 3]: 0x93, ts, 0x91, event, 0x03.
-		if len(b) != 1+9+1+len(ev)+1 || !bytes.Equal(b[11:11+len(ev)], ev) || b[len(b)-1] != 3 {
-			t.Fatalf("wire %v: clearedBatch % x, want the Cleared % x", w, b, ev)
-		}
-	}
-}
 
 // TestStreamKeepsPublishWire: the layout the ATTACH asked for is the stream's for its incarnation Cleareds, on a
 // new stream (the first ATTACH creates it with its publisher) and when a re-attach changes it.
@@ -43,7 +29,7 @@ func TestStreamKeepsPublishWire(t *testing.T) {
 	wire := func() vllmwire.Wire {
 		ts.mu.Lock()
 		defer ts.mu.Unlock()
-		return vllmwire.Wire(ts.streams[keyOf(9, nil)].pubWire.Load())
+		return vllmwire.Wire(ts.streams[keyOf(9, nil)].PubWire())
 	}
 	attachPublishing(t, p, &sock.Publish{Endpoint: ep, Topic: "kv", HWM: 1000, BufferSteps: 10, Wire: "array"})
 	if w := wire(); w != vllmwire.WireArray {

@@ -4,10 +4,11 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/kvshm/kvshm/daemon/internal/stream"
 	"github.com/kvshm/kvshm/proto/sock"
 )
 
-// TestDrainPanicContained: a panic while applying one record (injected through applyHook) does not crash the
+// TestDrainPanicContained: a panic while applying one record (injected through stream.ApplyHook) does not crash the
 // daemon: it is counted as a malformed event, logged, the history becomes unknown, and the drain continues with
 // the next record.
 func TestDrainPanicContained(t *testing.T) {
@@ -17,8 +18,8 @@ func TestDrainPanicContained(t *testing.T) {
 			panic(fmt.Sprintf("injected panic at seq %d", seq))
 		}
 	}
-	applyHook.Store(&hook)
-	t.Cleanup(func() { applyHook.Store(nil) })
+	stream.ApplyHook.Store(&hook)
+	t.Cleanup(func() { stream.ApplyHook.Store(nil) })
 
 	ts := startServer(t, nil)
 	p := newProducer(t, ts.SocketPath(), worker, 4, 1<<16)

@@ -104,23 +104,16 @@ func wireRanges(rs []index.LostRange) []sock.LostRange {
 	return out
 }
 
-// current returns the stream's index and attachment (nil when detached).
-func (st *stream) current() (*index.Indexer, *attachment) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return st.ix, st.att
-}
-
 // caughtUp returns the stream's index after the drain goroutine applied everything published before the call
 // (read-your-writes for a producer that publishes then queries).
-func (st *stream) caughtUp(ctx context.Context) (*index.Indexer, error) {
-	ix, a := st.current()
+func (s *Server) caughtUp(ctx context.Context, st *entry) (*index.Indexer, error) {
+	ix, a := st.Current()
 	if a != nil {
-		if err := a.sync(ctx); err != nil {
+		if err := a.Sync(ctx); err != nil {
 			return nil, errorf(sock.CodeBusy, "%s: drain did not catch up with the ring: %v", st.key, err)
 		}
-		a.rankPorts.settle() // the ports the applied events asked for are open (rankPorts)
-		ix, _ = st.current()
+		s.rankPorts.settle() // the ports the applied events asked for are open (rankPorts)
+		ix, _ = st.Current()
 	}
 	return ix, nil
 }
@@ -134,14 +127,14 @@ var resultNames = map[index.RespKind]string{
 // stream, or the rank view of an ALL stream (Indexer.RecoverRank) when rank selects one. An Incomplete answer is
 // counted (kvshm_incomplete_answers_total) and logged, rate-limited per stream. The stream is returned for the
 // caller's log and headers.
-func (s *Server) recover(ctx context.Context, worker *uint64, rank *uint32, start, end *uint64) (index.Response, *stream, error) {
+func (s *Server) recover(ctx context.Context, worker *uint64, rank *uint32, start, end *uint64) (index.Response, *entry, error) {
 	tg, err := s.selectStream(worker, rank)
 	if err != nil {
 		return index.Response{}, nil, err
 	}
 	st := tg.st
 	t0 := time.Now()
-	ix, err := st.caughtUp(ctx)
+	ix, err := s.caughtUp(ctx, st)
 	if err != nil {
 		return index.Response{}, st, err
 	}
@@ -172,8 +165,8 @@ func (s *Server) recover(ctx context.Context, worker *uint64, rank *uint32, star
 	s.m.recoveryBytes.WithLabelValues(wl, rl).Observe(float64(len(resp.JSON)))
 	if resp.Incomplete {
 		s.m.incomplete.WithLabelValues(wl, rl).Inc()
-		if n, ok := st.incompleteLog.allow(time.Now()); ok {
-			args := append(st.key.logAttrs(), "answer", resp.Kind.String(), "lost", lostHeader(resp.Lost), "suppressed", n)
+		if n, ok := st.incompleteLog.Allow(time.Now()); ok {
+			args := append(st.key.LogAttrs(), "answer", resp.Kind.String(), "lost", lostHeader(resp.Lost), "suppressed", n)
 			if tg.view != nil {
 				args = append(args, "rank_view", *tg.view)
 			}
@@ -188,7 +181,7 @@ func (s *Server) match(ctx context.Context, req sock.MatchRequest) ([]byte, erro
 	if err != nil {
 		return nil, err
 	}
-	ix, err := tg.st.caughtUp(ctx)
+	ix, err := s.caughtUp(ctx, tg.st)
 	if err != nil {
 		return nil, err
 	}
@@ -210,18 +203,18 @@ func (s *Server) match(ctx context.Context, req sock.MatchRequest) ([]byte, erro
 // stats answers STATS: every stream, or those of worker, or (with rank) for each worker the per-rank stream of
 // that rank or else its ALL stream. An empty selection is not_found; null selects every stream (no conflict).
 func (s *Server) stats(ctx context.Context, worker *uint64, rank *uint32) ([]byte, error) {
-	var list []*stream
+	var list []*entry
 	for _, st := range s.streamList() {
 		k := st.key
-		if worker != nil && k.worker != *worker {
+		if worker != nil && k.Worker != *worker {
 			continue
 		}
-		if rank != nil && (!k.perRank || k.rank != *rank) {
-			if k.perRank {
+		if rank != nil && (!k.PerRank || k.Rank != *rank) {
+			if k.PerRank {
 				continue
 			}
 			s.mu.Lock()
-			_, own := s.streams[keyOf(k.worker, rank)]
+			_, own := s.streams[keyOf(k.Worker, rank)]
 			s.mu.Unlock()
 			if own {
 				continue // the worker has a stream of its own for that rank
@@ -243,7 +236,7 @@ func (s *Server) stats(ctx context.Context, worker *uint64, rank *uint32) ([]byt
 	}
 	rep := sock.StatsReply{Streams: make([]sock.StreamStats, 0, len(list))}
 	for _, st := range list {
-		if _, err := st.caughtUp(ctx); err != nil {
+		if _, err := s.caughtUp(ctx, st); err != nil {
 			return nil, err
 		}
 		rep.Streams = append(rep.Streams, st.statsSnapshot())
@@ -252,17 +245,15 @@ func (s *Server) stats(ctx context.Context, worker *uint64, rank *uint32) ([]byt
 }
 
 // statsSnapshot assembles a stream's STATS entry.
-func (st *stream) statsSnapshot() sock.StreamStats {
-	st.mu.Lock()
-	ix := st.ix
+func (st *entry) statsSnapshot() sock.StreamStats {
+	ss := st.Status()
 	out := sock.StreamStats{
-		WorkerID: st.key.worker, DpRank: st.key.dpRank(), KVBlockSize: st.blockSize, MaxBufferSize: st.maxBuffer, RingPath: st.ringPath,
-		Epoch: st.epoch, StreamEpoch: st.streamEpoch, Resets: st.resets.Load(),
-		ProducerAlive: st.alive, ProducerPID: st.lastHeader.ProducerPID, Attached: st.att != nil,
+		WorkerID: st.key.Worker, DpRank: dpRankOf(st.key), KVBlockSize: ss.BlockSize, MaxBufferSize: ss.MaxBuffer, RingPath: ss.RingPath,
+		Epoch: ss.Epoch, StreamEpoch: ss.StreamEpoch, Resets: ss.Resets,
+		ProducerAlive: ss.Alive, ProducerPID: ss.Header.ProducerPID, Attached: ss.Attached,
 	}
-	rs, base := st.lastRing, st.base
-	st.mu.Unlock()
-	is := ix.Stats()
+	rs, base := ss.Ring, ss.Base
+	is := ss.Index.Stats()
 	if is.Buffered > 0 {
 		f, l := is.FirstEventID, is.LastEventID
 		out.FirstEventID, out.LastEventID = &f, &l
@@ -274,11 +265,11 @@ func (st *stream) statsSnapshot() sock.StreamStats {
 	out.LostEvents = is.LostIDs
 	out.IDResets = is.IDResets
 	out.TokenMismatches = base.TokenMismatches + is.TokenMismatches
-	for k := range st.eventsRecv {
-		out.EventsReceived += st.eventsRecv[k].Load()
+	for k := range ss.EventsRecv {
+		out.EventsReceived += ss.EventsRecv[k]
 	}
-	out.CorruptRecords = st.corrupt.Load()
-	out.MalformedEvents = st.malformed.Load()
+	out.CorruptRecords = ss.Corrupt
+	out.MalformedEvents = ss.Malformed
 	out.RingHead, out.RingTail = rs.Head, rs.Tail
 	out.RingUsedBytes, out.RingCapacity = rs.Used, rs.Capacity
 	if rs.Capacity > 0 {
@@ -286,10 +277,10 @@ func (st *stream) statsSnapshot() sock.StreamStats {
 	}
 	out.DroppedEvents, out.DroppedBytes, out.LossPending = rs.DroppedEvents, rs.DroppedBytes, rs.LossPending
 	out.DumpBuilds, out.DumpCacheHits = is.DumpBuilds, is.DumpCacheHits
-	for i := range st.notIndexed {
-		out.EventsNotIndexed += st.notIndexed[i].Load()
+	for i := range ss.NotIndexed {
+		out.EventsNotIndexed += ss.NotIndexed[i]
 	}
-	if zs, on := st.zmqStats(); on {
+	if zs, on := st.ZMQStats(); on {
 		out.Zmq = &sock.ZmqStats{Published: zs.Published, Dropped: zs.DroppedTotal(), ReplayRequests: zs.ReplayRequests,
 			BadReplayRequests: zs.BadRequests, Replayed: zs.Replayed, Endpoint: zs.Endpoint}
 		if zs.ReplayEndpoint != "" {
@@ -300,6 +291,6 @@ func (st *stream) statsSnapshot() sock.StreamStats {
 }
 
 // labels are the stream's metric label values (worker_id, dp_rank).
-func (st *stream) labels() (string, string) {
-	return strconv.FormatUint(st.key.worker, 10), st.key.rankLabel()
+func (st *entry) labels() (string, string) {
+	return strconv.FormatUint(st.key.Worker, 10), rankLabel(st.key)
 }

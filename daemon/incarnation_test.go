@@ -266,7 +266,7 @@ func TestHeartbeat(t *testing.T) {
 	ts.mu.Lock()
 	st := ts.streams[keyOf(4, u32p(2))]
 	ts.mu.Unlock()
-	ix, _ := st.current()
+	ix, _ := st.Current()
 	if is := ix.Stats(); is.LastSeenID >= m.seq {
 		t.Fatalf("the index logged a heartbeat: last id %d, heartbeat %d", is.LastSeenID, m.seq)
 	}
@@ -308,7 +308,7 @@ func TestPrivateDaemonExit(t *testing.T) {
 				ts.mu.Lock()
 				st := ts.streams[keyOf(6, nil)]
 				ts.mu.Unlock()
-				waitUntil(t, func() bool { _, a := st.current(); return a == nil }, "the stream detached")
+				waitUntil(t, func() bool { _, a := st.Current(); return a == nil }, "the stream detached")
 			}
 			_ = parent.Process.Kill()
 			_ = parent.Wait()
@@ -411,7 +411,7 @@ func TestWireSeqRule(t *testing.T) {
 	wire := func() uint64 {
 		ts.mu.Lock()
 		defer ts.mu.Unlock()
-		return ts.streams[keyOf(8, nil)].wire.Load()
+		return ts.streams[keyOf(8, nil)].WireSeq()
 	}
 	cases := []struct {
 		name  string
@@ -443,7 +443,7 @@ func TestWireSeqZero(t *testing.T) {
 	for i, want := range []uint64{1, 3, 5} {
 		attachPublishing(t, p, cfg) // DETACH ends the previous incarnation (its Cleared), the attach begins one
 		ts.mu.Lock()
-		got := ts.streams[keyOf(8, nil)].wire.Load()
+		got := ts.streams[keyOf(8, nil)].WireSeq()
 		ts.mu.Unlock()
 		if got != want {
 			t.Errorf("incarnation %d: start Cleared at %d, want %d", i+1, got, want)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvshm/kvshm/daemon/internal/stream"
 	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
 )
@@ -32,7 +33,7 @@ func TestClosedStateWhileLeased(t *testing.T) {
 	if _, err := f.WriteAt(word[:], 0x48); err != nil { // state: shm/FORMAT.md
 		t.Fatal(err)
 	}
-	time.Sleep(3 * snapshotPeriod) // past the drain's next look at the header (this waits, it times nothing)
+	time.Sleep(3 * stream.SnapshotPeriod) // past the drain's next look at the header (this waits, it times nothing)
 	for seq := uint64(1); seq < 20; seq++ {
 		p.mustPublish(stored(seq, 0, u64p(seq), []uint64{seq + 1}, tokens(uint32(seq+1), 1, 4)))
 	}

@@ -3,13 +3,14 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
+	"github.com/kvshm/kvshm/daemon/internal/stream"
 	"github.com/kvshm/kvshm/index"
 	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
@@ -32,7 +33,7 @@ type openRing struct {
 // attach validates an ATTACH request, opens the ring and starts (or resumes, or replaces) the worker's stream.
 func (s *Server) attach(cc *conn, req sock.AttachRequest) (sock.AttachReply, error) {
 	if cc.att != nil {
-		return sock.AttachReply{}, errorf(sock.CodeConflict, "this connection already attached %s; open a new connection", cc.att.st.key)
+		return sock.AttachReply{}, errorf(sock.CodeConflict, "this connection already attached %s; open a new connection", cc.att.Key())
 	}
 	o, err := s.openRing(cc, req)
 	if err != nil {
@@ -59,15 +60,15 @@ func (s *Server) attach(cc *conn, req sock.AttachRequest) (sock.AttachReply, err
 			return sock.AttachReply{}, errorf(sock.CodeBusy, "daemon is shutting down")
 		case attachWait: // the previous attachment is ending: wait for its final drain, then decide again
 			s.mu.Unlock()
-			<-old.done
+			<-old.Done()
 			continue
 		case attachConflict:
 			s.mu.Unlock()
 			scope := "scope ALL (no dp_rank: one producer for every rank)"
-			if o.key.perRank {
-				scope = fmt.Sprintf("dp_rank %d", o.key.rank)
+			if o.key.PerRank {
+				scope = fmt.Sprintf("dp_rank %d", o.key.Rank)
 			}
-			return sock.AttachReply{}, errorf(sock.CodeConflict, "worker %d already has a live producer for %s (pid %d, ring %s); producers that each publish one attention-DP rank with their own seq space must pass dp_rank (LocalIndexer(..., dp_rank=r) or KVSHM_DP_RANK) so each gets its own stream", req.WorkerID, scope, old.hdr.ProducerPID, old.st.ringPath)
+			return sock.AttachReply{}, errorf(sock.CodeConflict, "worker %d already has a live producer for %s (pid %d, ring %s); producers that each publish one attention-DP rank with their own seq space must pass dp_rank (LocalIndexer(..., dp_rank=r) or KVSHM_DP_RANK) so each gets its own stream", req.WorkerID, scope, old.Header().ProducerPID, old.RingPath())
 		}
 		if err := s.peerStreamsLocked(cc); err != nil {
 			s.mu.Unlock()
@@ -79,8 +80,8 @@ func (s *Server) attach(cc *conn, req sock.AttachRequest) (sock.AttachReply, err
 			return sock.AttachReply{}, err
 		}
 		installed = true
-		if o.key.perRank {
-			s.rankPorts.ensure(o.key.rank) // per-rank attach: rank r's port (--rank-ports) opens before the reply
+		if o.key.PerRank {
+			s.rankPorts.ensure(o.key.Rank) // per-rank attach: rank r's port (--rank-ports) opens before the reply
 			s.rankPorts.settle()           // (or the opener's, if an ALL stream's event asked for it first)
 		}
 		return rep, nil
@@ -254,33 +255,95 @@ func planAttach(in attachState) attachPlan {
 }
 
 // attachStateLocked gathers planAttach's input, and returns the stream's current attachment. Called with s.mu held.
-func (s *Server) attachStateLocked(st *stream, o *openRing) (attachState, *attachment) {
+func (s *Server) attachStateLocked(st *entry, o *openRing) (attachState, *stream.Attachment) {
 	in := attachState{closed: s.closed, stream: st != nil, ringEpoch: o.h.Epoch, head: o.head, lookedUp: o.ck != nil,
 		interval: s.cfg.CheckpointInterval > 0}
 	if o.ck != nil {
 		in.restorable, in.moved = o.ck.ix != nil, o.ck.moved
 	}
-	var old *attachment
+	var old *stream.Attachment
 	if st != nil {
-		st.mu.Lock()
-		in.streamEpoch = st.epoch
-		if old = st.att; old != nil {
+		in.streamEpoch, old = st.Epoch()
+		if old != nil {
 			in.producer = producerLive
-			select {
-			case <-old.stop:
+			if old.Stopping() {
 				in.producer = producerEnding
-			default:
 			}
 		}
-		st.mu.Unlock()
 	}
 	return in, old
 }
 
-// install carries out plan p (an outcome that installs an attachment): it creates, restores, keeps or replaces the
-// stream's index, starts the drain goroutine and returns the reply. Called with s.mu held.
-func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.AttachReply, error) {
+// installPlan is what install does for an outcome that installs an attachment: planInstall's decision, from the
+// outcome, the request and the checkpoint lookup; applyInstall carries it out.
+type installPlan struct {
+	newStream bool         // make the stream (first producer for this key since the daemon started)
+	restore   bool         // its index is the restored checkpoint's
+	restart   bool         // a new index replaces the stream's (new ring epoch: the producer's cache is empty)
+	start     stream.Start // how the attach relates to the producer's incarnation
+	taint     string       // the index's history becomes unknown, with this reason ("": it does not)
+	// why is the checkpoint's story in the warning of a resume with unknown history.
+	why string
+}
+
+// installInput is planInstall's input: the outcome and what it depends on.
+type installInput struct {
+	plan     attachPlan
+	head     uint64 // where the stream resumes
+	stateDir bool   // --state-dir is set
+	ck       *ckptLoad
+}
+
+// planInstall decides what install does. It is pure (TestPlanInstall); it panics for an outcome that installs
+// nothing (install is called only for the others).
+func planInstall(in installInput) installPlan {
+	var p installPlan
+	switch in.plan.outcome {
+	case attachFirst:
+		p.newStream, p.start = true, stream.StartBegin
+	case attachRestore:
+		p.newStream, p.restore, p.start = true, true, stream.StartContinue
+	case attachUnknown:
+		p.newStream, p.start = true, stream.StartContinue
+		p.taint = fmt.Sprintf("daemon resumed ring at head %d: events consumed by an earlier daemon are gone", in.head)
+		p.why = "no --state-dir"
+		if in.stateDir {
+			p.why = "checkpoint not looked up (the stream existed when the attach began)"
+		}
+		if in.ck != nil {
+			p.why = in.ck.why
+		}
+	case attachReattach:
+		p.start = stream.StartReattach
+		if in.plan.taint {
+			p.taint = fmt.Sprintf("ring resumed at checkpoint head %d, but the checkpoint was not used", in.head)
+		}
+	case attachRestart:
+		p.restart, p.start = true, stream.StartBegin
+		if in.plan.taint {
+			p.taint = fmt.Sprintf("new ring epoch resumed at head %d", in.head)
+		}
+	default:
+		panic(fmt.Sprintf("install: outcome %s installs nothing", in.plan.outcome))
+	}
+	return p
+}
+
+// install carries out plan p (an outcome that installs an attachment): planInstall decides the steps, applyInstall
+// takes them. Called with s.mu held.
+func (s *Server) install(cc *conn, st *entry, o *openRing, p attachPlan) (sock.AttachReply, error) {
+	ip := planInstall(installInput{plan: p, head: o.head, stateDir: s.cfg.StateDir != "", ck: o.ck})
+	return s.applyInstall(cc, st, o, p, ip)
+}
+
+// applyInstall takes the steps of ip: the publisher first (a bind failure fails the ATTACH before anything
+// changes, but an existing stream's publisher with another config is closed by then; see stream.SetPublisher), the
+// stream's index created, restored, kept or replaced, the checkpoint files and their metric, the attachment handed
+// to the engine (Stream.Attach), the logs and the reply. Called with s.mu held.
+func (s *Server) applyInstall(cc *conn, st *entry, o *openRing, p attachPlan, ip installPlan) (sock.AttachReply, error) {
 	req, h, key, head := o.req, o.h, o.key, o.head
+	log := s.log.With(key.LogAttrs()...)
+	pub := s.streamPublish(req.Publish)
 	newIndex := func() (*index.Indexer, error) {
 		// The header's max_buffer_size is authoritative (the request's, when nonzero, was checked against it).
 		ix, err := index.New(s.indexConfig(req.WorkerID, req.KVBlockSize, h.MaxBufferSize, req.Publish))
@@ -289,95 +352,40 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 		}
 		return ix, nil
 	}
-	log := s.log.With(key.logAttrs()...)
-	// The publisher first: a bind failure fails the ATTACH before anything changes (but an existing stream's
-	// publisher with another config is closed by then; see setPublisher).
-	var firstPub *zmqpub.Publisher
-	if st != nil {
-		if err := st.setPublisher(req.Publish, s); err != nil {
-			return sock.AttachReply{}, err
+	var oldEpoch uint64
+	switch {
+	case ip.newStream:
+		var firstPub *zmqpub.Publisher
+		if pub != nil {
+			var err error
+			if firstPub, err = s.eng.OpenPublisher(key, pub); err != nil {
+				return sock.AttachReply{}, errorf(sock.CodeBadRequest, "%v", err)
+			}
 		}
-	} else if req.Publish != nil {
-		var err error
-		if firstPub, err = zmqpub.New(s.cfg.Bounds.zmqConfig(req.Publish), log); err != nil {
-			return sock.AttachReply{}, errorf(sock.CodeBadRequest, "publish: %v", err)
-		}
-		ps := firstPub.Stats()
-		log.Info("ZMQ publishing", "endpoint", ps.Endpoint, "replay_endpoint", ps.ReplayEndpoint, "topic", req.Publish.Topic,
-			"hwm", req.Publish.HWM, "buffer_steps", req.Publish.BufferSteps)
-	}
-	var ix *index.Indexer
-	newStream := false
-	switch p.outcome {
-	case attachFirst, attachRestore, attachUnknown: // first producer for this stream since the daemon started
-		newStream = true
-		var err error
-		if ix, err = newIndex(); err != nil {
+		ix, err := newIndex()
+		if err != nil {
 			if firstPub != nil {
 				_ = firstPub.Close()
 			}
 			return sock.AttachReply{}, err
 		}
-		if p.outcome == attachRestore {
+		if ip.restore {
 			ix = o.ck.ix
 		}
-		st = &stream{key: key, ix: ix, streamEpoch: 1, groups: map[groupKey]bool{}}
-		st.pub.Store(firstPub)
-		st.pubWire.Store(uint32(wireOf(req.Publish)))
-		st.rank.Store(key.rank)
-		st.armReplay(firstPub, req.Publish, s)
-		if p.outcome == attachRestore && firstPub != nil {
-			// A restored index speaks the previous daemon's wire seqs: never go below them (the clock may have).
-			if is := ix.Stats(); is.SeenAny {
-				st.wire.Store(is.LastSeenID)
-			}
-		}
+		st = &entry{Stream: s.eng.NewStream(key, ix, firstPub, pub), key: key}
 		s.streams[key] = st
-	case attachRestart: // producer restarted: its cache is empty
-		var err error
-		if ix, err = newIndex(); err != nil {
-			return sock.AttachReply{}, err
-		}
-		st.mu.Lock()
-		// A new ring epoch ends the previous incarnation first, if its end was not seen (docs/lifecycle.md).
-		st.endIncarnationLocked(fmt.Sprintf("new ring epoch %d", h.Epoch), log.Info)
-		st.base = addStats(st.base, st.ix.Stats())
-		st.ix = ix
-		st.streamEpoch++
-		st.mu.Unlock()
-		st.resets.Add(1)
-	case attachReattach: // same producer incarnation reattached: continue the same index
-		ix = st.ix
 	default:
-		panic(fmt.Sprintf("install: outcome %s installs nothing", p.outcome))
-	}
-	// Before the taints below: a start Cleared would re-base them.
-	st.mu.Lock()
-	publishing := st.pub.Load() != nil
-	// Incarnations (docs/lifecycle.md): one begins with the first attach of a ring epoch the stream has not followed
-	// (a fresh ring at head 0 too: the ring holds the whole incarnation), or with a reattach of an epoch whose
-	// incarnation was seen to end; a daemon restart (head > 0) continues it. No attachment is installed yet, so
-	// this goroutine (holding st.mu) owns the wire counter.
-	begins := false
-	switch p.outcome {
-	case attachFirst, attachRestart:
-		begins = true
-	case attachReattach:
-		begins = !st.live
-	case attachRestore, attachUnknown:
-		st.live = true
-	}
-	if publishing && (newStream || begins || st.wire.Load() == 0) {
-		st.rebaseWire(s.wireFloor())
-	}
-	if begins {
-		st.live = true
-		if publishing {
-			id := st.resetIncarnation(st.ix)
-			log.Info("producer incarnation began: Cleared published", "id", id, "epoch", h.Epoch)
+		if err := st.SetPublisher(pub); err != nil {
+			return sock.AttachReply{}, errorf(sock.CodeBadRequest, "%v", err)
+		}
+		if ip.restart {
+			ix, err := newIndex()
+			if err != nil {
+				return sock.AttachReply{}, err
+			}
+			oldEpoch = st.Restart(ix, h.Epoch)
 		}
 	}
-	st.mu.Unlock()
 	if p.countRestore {
 		s.m.ckptRestores.WithLabelValues(o.ck.result).Inc()
 	}
@@ -386,78 +394,27 @@ func (s *Server) install(cc *conn, st *stream, o *openRing, p attachPlan) (sock.
 	} else if p.clearCkpts {
 		s.ckpt.remove(key)
 	}
+	a, att, err := st.Attach(stream.AttachSpec{Ring: o.r, Header: h, Head: head, RingPath: req.RingPath,
+		BlockSize: req.KVBlockSize, Wire: wireOf(req.Publish), Lease: cc,
+		CheckPID: h.ProducerPID != 0 && int32(h.ProducerPID) == cc.pid, Start: ip.start, Restored: ip.restore,
+		Taint: ip.taint})
+	if err != nil {
+		return sock.AttachReply{}, errorf(sock.CodeBusy, "daemon is shutting down")
+	}
 	switch p.outcome {
 	case attachRestore:
 		log.Info("resuming a ring from the checkpoint of a gracefully stopped daemon: nothing lost", "head", head, "epoch", h.Epoch)
 	case attachUnknown:
-		ix.MarkUnknownHistory(fmt.Sprintf("daemon resumed ring at head %d: events consumed by an earlier daemon are gone", head))
-		why := "no --state-dir"
-		if s.cfg.StateDir != "" {
-			why = "checkpoint not looked up (the stream existed when the attach began)"
-		}
-		if o.ck != nil {
-			why = o.ck.why
-		}
-		log.Warn("resuming a ring consumed by an earlier daemon: earlier state is unknown until a Cleared", "head", head, "epoch", h.Epoch, "checkpoint", why)
+		log.Warn("resuming a ring consumed by an earlier daemon: earlier state is unknown until a Cleared", "head", head, "epoch", h.Epoch, "checkpoint", ip.why)
 	case attachReattach:
-		if p.taint {
-			ix.MarkUnknownHistory(fmt.Sprintf("ring resumed at checkpoint head %d, but the checkpoint was not used", head))
-		}
 		log.Info("producer reattached the same ring; continuing", "head", head, "epoch", h.Epoch)
 	case attachRestart:
-		if p.taint {
-			ix.MarkUnknownHistory(fmt.Sprintf("new ring epoch resumed at head %d", head))
-		}
-		log.Info("producer restarted (new ring epoch): index reset", "old_epoch", st.epoch, "epoch", h.Epoch, "stream_epoch", st.streamEpoch)
+		log.Info("producer restarted (new ring epoch): index reset", "old_epoch", oldEpoch, "epoch", h.Epoch, "stream_epoch", att.StreamEpoch)
 	}
-	st.mu.Lock()
-	is := st.ix.Stats()
-	seqSeen, lastSeq := is.SeenAny, is.LastSeenID
-	if publishing { // the index speaks wire seqs; loss bookkeeping needs the engine's
-		seqSeen, lastSeq = false, 0
-		if p.outcome == attachReattach && !begins {
-			seqSeen, lastSeq = st.engSeen, st.engLast
-		}
-	}
-	every := idleEvery
-	if publishing {
-		every = publishIdleEvery
-	}
-	now := time.Now()
-	a := &attachment{
-		st: st, r: o.r, hdr: h, ix: st.ix, log: log, every: every, lease: cc, srv: s,
-		publishing: publishing, lastPub: now, lastRec: now, lastSnap: now, lastPID: now,
-		ckpt: s.ckpt, rankPorts: &s.rankPorts, pidEvery: s.cfg.PIDCheckInterval,
-		checkPID: h.ProducerPID != 0 && int32(h.ProducerPID) == cc.pid,
-		stop:     make(chan struct{}), done: make(chan struct{}), syncs: make(chan syncReq, 64),
-		ckptEvery: s.cfg.CheckpointInterval, lastCkpt: time.Now(), ckptHead: head, ckptDone: make(chan ckptResult, 1), wireFmt: wireOf(req.Publish),
-		seqSeen: seqSeen, lastSeq: lastSeq, ranks: rankSet{on: s.rankPorts.base != 0 && !key.perRank},
-	}
-	// Handed to a drain worker before any other goroutine can see it (finish and sync use a.h). The worker's
-	// first call into it (a pass or Housekeep, which take st.mu) waits until this install releases st.mu.
-	if a.checkPID {
-		a.pidw = openPIDWatch(int(h.ProducerPID), h.ProducerStartTime)
-	} else {
-		a.pidw = pidWatch{fd: -1}
-	}
-	if a.lazy() {
-		o.r.SetDoorbellLevel(lazyLevel(h.Capacity))
-	}
-	lastRing := o.r.Stats() // the last use of the Reader here: the worker owns it from Add on
-	hd, err := s.sched.Add(a)
-	if err != nil {
-		st.mu.Unlock()
-		return sock.AttachReply{}, errorf(sock.CodeBusy, "daemon is shutting down")
-	}
-	a.h = hd
-	st.att, st.alive = a, true
-	st.blockSize, st.maxBuffer, st.ringPath, st.epoch = req.KVBlockSize, h.MaxBufferSize, req.RingPath, h.Epoch
-	st.lastHeader, st.lastRing = h, lastRing
-	rep := sock.AttachReply{WorkerID: req.WorkerID, Epoch: h.Epoch, StreamEpoch: st.streamEpoch, Resumed: p.resumed, Head: head,
-		Restored: p.outcome == attachRestore, Batches: true, Publishing: publishing}
-	st.mu.Unlock()
 	cc.att = a
-	if !a.checkPID {
+	rep := sock.AttachReply{WorkerID: req.WorkerID, Epoch: h.Epoch, StreamEpoch: att.StreamEpoch, Resumed: p.resumed, Head: head,
+		Restored: p.outcome == attachRestore, Batches: true, Publishing: att.Publishing}
+	if !a.CheckPID() {
 		log.Info("producer pid check disabled: the attaching process is not the ring's producer_pid (or another pid namespace)", "peer_pid", cc.pid, "producer_pid", h.ProducerPID)
 	}
 	log.Info("producer attached", "ring", req.RingPath, "epoch", h.Epoch, "stream_epoch", rep.StreamEpoch, "resumed", p.resumed, "restored", rep.Restored, "head", head, "producer_pid", h.ProducerPID)
@@ -473,17 +430,17 @@ func (s *Server) detach(cc *conn, worker uint64, rank *uint32) error {
 	if err != nil {
 		return err
 	}
-	_, a := st.current()
+	_, a := st.Current()
 	if a == nil {
 		return nil // already detached: idempotent
 	}
-	if a.lease != cc {
+	if a.Lease() != io.Closer(cc) {
 		// Another client ending a live producer's stream would leave it publishing into a ring nobody reads.
 		return errorf(sock.CodeForbidden, "%s is attached by producer pid %d: only the producer detaches it, on its ATTACH "+
-			"connection (FORGET drops a worker whose producer is gone)", st.key, a.hdr.ProducerPID)
+			"connection (FORGET drops a worker whose producer is gone)", st.key, a.Header().ProducerPID)
 	}
-	a.finish(causeDetach, "detach requested")
-	<-a.done
+	a.Finish(stream.CauseDetach, "detach requested")
+	<-a.Done()
 	return nil
 }
 
@@ -498,45 +455,22 @@ func (s *Server) forget(ctx context.Context, worker uint64, rank *uint32) error 
 			s.mu.Unlock()
 			return err
 		}
-		_, a := st.current()
+		_, a := st.Current()
 		if a == nil {
 			// Attach installs an attachment only under s.mu, so none can appear before the stream is gone.
 			s.dropLocked(st, "stream forgotten: index and metrics dropped")
 			return nil
 		}
 		s.mu.Unlock()
-		select {
-		case <-a.stop: // ending: wait for its final drain, then decide again
-		default:
-			return errorf(sock.CodeConflict, "%s has an attached producer (pid %d): it must detach or exit first", st.key, a.hdr.ProducerPID)
+		if !a.Stopping() { // ending: wait for its final drain, then decide again
+			return errorf(sock.CodeConflict, "%s has an attached producer (pid %d): it must detach or exit first", st.key, a.Header().ProducerPID)
 		}
 		select {
-		case <-a.done:
+		case <-a.Done():
 		case <-ctx.Done():
 			return errorf(sock.CodeBusy, "%s: the producer's final drain did not finish: %v", st.key, ctx.Err())
 		}
 	}
-}
-
-// addStats accumulates the cumulative counters of a replaced index.
-func addStats(a, b index.Stats) index.Stats {
-	for k := range a.Applied {
-		for j := range a.Applied[k] {
-			a.Applied[k][j] += b.Applied[k][j]
-		}
-	}
-	a.LostIDs += b.LostIDs
-	a.Gaps += b.Gaps
-	a.Losses += b.Losses
-	a.Unknowns += b.Unknowns
-	a.IDResets += b.IDResets
-	a.Rejected += b.Rejected
-	a.DumpBuilds += b.DumpBuilds
-	a.DumpCacheHits += b.DumpCacheHits
-	a.DumpCacheExtends += b.DumpCacheExtends
-	a.DumpErrors += b.DumpErrors
-	a.TokenMismatches += b.TokenMismatches
-	return a
 }
 
 // ownFDPath reports whether path is /proc/<pid>/fd/<n> for the given (peer) pid: a descriptor of the producer

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
+	"github.com/kvshm/kvshm/daemon/internal/stream"
 	"github.com/kvshm/kvshm/index"
 	"github.com/kvshm/kvshm/internal/testenv"
 	"github.com/kvshm/kvshm/proto/sock"
@@ -55,7 +55,7 @@ func stalledLoss(t *testing.T, ts *testServer, policy index.LossPolicy) (p *prod
 	}
 	_, first, last = dropUntil(t, p, 1, 50)
 	p.attach() // the daemon drains the ring again; the engine has gone idle
-	p.oracle.MarkLost(first, last, headerLossReason)
+	p.oracle.MarkLost(first, last, stream.HeaderLossReason)
 	return p, first, last
 }
 
@@ -193,31 +193,6 @@ func TestTokenMismatchCounted(t *testing.T) {
 	wantJSON(t, ts.HTTPAddr(), "/kv_recover?start=&end=", resp.JSON)
 }
 
-// TestRateLog: the first line is allowed, lines within logEvery are suppressed and counted, the next allowed line
-// reports how many were suppressed.
-func TestRateLog(t *testing.T) {
-	var r rateLog
-	t0 := time.Unix(1000, 0)
-	steps := []struct {
-		at         time.Duration
-		ok         bool
-		suppressed uint64
-	}{
-		{0, true, 0},
-		{time.Second, false, 0},
-		{logEvery - 1, false, 0},
-		{logEvery, true, 2},
-		{logEvery + time.Second, false, 0},
-		{3 * logEvery, true, 1},
-	}
-	for i, s := range steps {
-		n, ok := r.allow(t0.Add(s.at))
-		if ok != s.ok || n != s.suppressed {
-			t.Fatalf("step %d (at %v): allow = %d, %v; want %d, %v", i, s.at, n, ok, s.suppressed, s.ok)
-		}
-	}
-}
-
 // TestHeaderLossGrowsThenReported: a pending episode that grows after the drain marked it (an event too large for
 // the ring is dropped even when the ring is empty) is marked up to its new last seq at the next answer, and the LOSS
 // record that finally reports the whole episode adds nothing: every dropped id is lost exactly once.
@@ -232,7 +207,7 @@ func TestHeaderLossGrowsThenReported(t *testing.T) {
 	if err := p.publish(stored(big, 0, nil, []uint64{1000 + big}, tokens(0, 1000, p.bs))); !errors.Is(err, shm.ErrTooLarge) {
 		t.Fatalf("publishing a 16 KB event into a 64 KiB ring: %v, want ErrTooLarge", err)
 	}
-	p.oracle.MarkLost(big, big, headerLossReason)
+	p.oracle.MarkLost(big, big, stream.HeaderLossReason)
 	sr, err := c.Stats(ctxT(t), nil)
 	if err != nil {
 		t.Fatal(err)

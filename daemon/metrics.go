@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 
+	"github.com/kvshm/kvshm/daemon/internal/stream"
 	"github.com/kvshm/kvshm/index"
 	"github.com/kvshm/kvshm/zmqpub"
 	"github.com/prometheus/client_golang/prometheus"
@@ -171,21 +172,20 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 	const C, G = prometheus.CounterValue, prometheus.GaugeValue
 	for _, st := range list {
 		w, r := st.labels()
-		st.mu.Lock()
-		ix, base, rs, alive, epoch := st.ix, st.base, st.lastRing, st.alive, st.streamEpoch
-		st.mu.Unlock()
-		cur := ix.Stats()
-		is := addStats(base, cur)
+		ss := st.Status()
+		cur := ss.Index.Stats()
+		is := stream.AddStats(ss.Base, cur)
+		rs, alive, epoch := ss.Ring, ss.Alive, ss.StreamEpoch
 		emit := func(d *prometheus.Desc, t prometheus.ValueType, v float64, lv ...string) {
 			ch <- prometheus.MustNewConstMetric(d, t, v, append([]string{w, r}, lv...)...)
 		}
 		emit(dProducerUp, G, b2f(alive))
 		for k, name := range kindLabels {
-			emit(dEventsReceived, C, float64(st.eventsRecv[k].Load()), name)
-			emit(dBlocksReceived, C, float64(st.blocksRecv[k].Load()), name)
+			emit(dEventsReceived, C, float64(ss.EventsRecv[k]), name)
+			emit(dBlocksReceived, C, float64(ss.BlocksRecv[k]), name)
 			for j := range is.Applied[k] {
 				emit(dEventsApplied, C, float64(is.Applied[k][j]), name, statusName(j))
-				emit(dBlocksApplied, C, float64(st.blocksAppl[k][j].Load()), name, statusName(j))
+				emit(dBlocksApplied, C, float64(ss.BlocksAppl[k][j]), name, statusName(j))
 			}
 		}
 		emit(dEventsRejected, C, float64(is.Rejected))
@@ -197,7 +197,7 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 		emit(dSeqGaps, C, float64(is.Gaps))
 		emit(dIDResets, C, float64(is.IDResets))
 		emit(dUnknownHistory, C, float64(is.Unknowns))
-		emit(dStreamResets, C, float64(st.resets.Load()))
+		emit(dStreamResets, C, float64(ss.Resets))
 		emit(dStreamEpoch, G, float64(epoch))
 		emit(dTainted, G, b2f(cur.Tainted))
 		emit(dResidentBlocks, G, float64(cur.ResidentBlocks))
@@ -208,15 +208,15 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		emit(dDumpBuilds, C, float64(is.DumpBuilds))
 		emit(dDumpCacheHits, C, float64(is.DumpCacheHits))
-		emit(dCorruptRecords, C, float64(st.corrupt.Load()))
-		emit(dMalformedEvents, C, float64(st.malformed.Load()))
-		emit(dLossRecords, C, float64(st.lossRecords.Load()))
-		emit(dDrainBatches, C, float64(st.batches.Load()))
+		emit(dCorruptRecords, C, float64(ss.Corrupt))
+		emit(dMalformedEvents, C, float64(ss.Malformed))
+		emit(dLossRecords, C, float64(ss.LossRecords))
+		emit(dDrainBatches, C, float64(ss.Batches))
 		emit(dTokenMismatch, C, float64(is.TokenMismatches))
-		for i, reason := range notIndexedLabels {
-			emit(dNotIndexed, C, float64(st.notIndexed[i].Load()), reason)
+		for i, reason := range stream.NotIndexedLabels {
+			emit(dNotIndexed, C, float64(ss.NotIndexed[i]), reason)
 		}
-		if zs, on := st.zmqStats(); on || zs.Published != 0 || zs.DroppedTotal() != 0 || zs.ReplayRequests != 0 ||
+		if zs, on := st.ZMQStats(); on || zs.Published != 0 || zs.DroppedTotal() != 0 || zs.ReplayRequests != 0 ||
 			zs.BadRequests != 0 {
 			emit(dZmqPublished, C, float64(zs.Published))
 			for i, reason := range zmqpub.DropReasons {

@@ -41,8 +41,8 @@ func openPIDWatch(pid int, start uint64) pidWatch {
 	return w
 }
 
-// alive reports whether the watched process is still running.
-func (w *pidWatch) alive() bool {
+// Alive reports whether the watched process is still running.
+func (w *pidWatch) Alive() bool {
 	if w.fd < 0 {
 		return processAlive(w.pid, w.start)
 	}
@@ -54,8 +54,8 @@ func (w *pidWatch) alive() bool {
 	return n == 0
 }
 
-// close releases the pidfd; alive falls back to processAlive after it.
-func (w *pidWatch) close() {
+// Close releases the pidfd; Alive falls back to processAlive after it.
+func (w *pidWatch) Close() {
 	if w.fd >= 0 {
 		_ = unix.Close(w.fd)
 		w.fd = -1

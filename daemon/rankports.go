@@ -23,7 +23,7 @@ const maxRankPorts = 256
 // ATTACH opens it before its reply (ensure); the first event of rank r on an ALL stream asks for it (request) and an
 // opener goroutine opens it, because the drain path must not reach back into the server's layer (a listen, an HTTP
 // server, a log line on a drain worker would stall every stream of that worker); a query waits for the ranks asked
-// before it (settle, in stream.caughtUp), so a query answered after the event still finds the port open. A failure
+// before it (settle, in caughtUp), so a query answered after the event still finds the port open. A failure
 // to bind is logged and counted (kvshm_rank_port_errors_total), never fatal, and not retried. Safe for concurrent
 // use.
 type rankPorts struct {

@@ -50,7 +50,7 @@ const (
 func (s *Server) mono() int64 { return int64(time.Since(s.born)) + s.monoSkew.Load() }
 
 // touch records that a consumer asked for the stream now.
-func (st *stream) touch(now int64) { st.asked.Store(now) }
+func (st *entry) touch(now int64) { st.asked.Store(now) }
 
 // wakeReaper asks the reaper to look at the dead streams now (an attachment ended): the count bound holds at
 // once, not one tick later.
@@ -89,18 +89,16 @@ func (s *Server) reap() {
 	now := s.mono()
 	retention := int64(s.cfg.DeadRetention)
 	type idle struct {
-		st           *stream
+		st           *entry
 		since, asked int64 // dead or asked for, whichever is later; asked as seen
 	}
 	var kept []idle
 	for _, st := range s.streamSet() {
-		st.mu.Lock()
-		dead, since := st.att == nil && st.watchers == 0, st.deadSince
-		st.mu.Unlock()
+		dead, since := st.Dead()
 		if !dead {
 			continue
 		}
-		if p := st.pub.Load(); p != nil {
+		if p := st.Publisher(); p != nil {
 			if n := p.Stats().ReplayRequests; n != st.replaysSeen { // a replay request since the last sweep
 				st.replaysSeen = n
 				st.touch(now)
@@ -123,10 +121,10 @@ func (s *Server) reap() {
 }
 
 // streamSet returns the streams in no particular order.
-func (s *Server) streamSet() []*stream {
+func (s *Server) streamSet() []*entry {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]*stream, 0, len(s.streams))
+	out := make([]*entry, 0, len(s.streams))
 	for _, st := range s.streams {
 		out = append(out, st)
 	}
@@ -136,35 +134,27 @@ func (s *Server) streamSet() []*stream {
 // reclaim forgets st if it is still a dead stream of this daemon that no consumer asked for since the sweep saw
 // asked (an ATTACH installs, and a query selects, only under s.mu: neither can come between the check and the drop;
 // a query after it finds no stream).
-func (s *Server) reclaim(st *stream, asked int64, why string) {
+func (s *Server) reclaim(st *entry, asked int64, why string) {
 	s.mu.Lock()
 	if s.closed || s.streams[st.key] != st || st.asked.Load() != asked {
 		s.mu.Unlock()
 		return
 	}
-	st.mu.Lock()
-	if st.att != nil || st.watchers != 0 {
-		st.mu.Unlock()
+	if !st.Reclaim("stream reclaimed: " + why) { // an attachment or a pid watch came: not dead
 		s.mu.Unlock()
 		return
 	}
-	// No attachment is installed: the holder of st.mu owns the wire counter (incarnation.go).
-	st.endIncarnationLocked("stream reclaimed: "+why, s.log.With(st.key.logAttrs()...).Info)
-	st.mu.Unlock()
 	s.dropLocked(st, "dead stream reclaimed: ports closed, index, metrics and checkpoints dropped", "why", why)
 }
 
 // dropLocked forgets st, which has no attachment (FORGET's path and the reaper's): it leaves the daemon's streams,
 // its checkpoints are deleted, a pid watcher of it stops, its publisher (ports) is closed and its metric series are
 // deleted. Called with s.mu held; returns with it released.
-func (s *Server) dropLocked(st *stream, msg string, args ...any) {
+func (s *Server) dropLocked(st *entry, msg string, args ...any) {
 	delete(s.streams, st.key)
 	s.ckpt.remove(st.key)
 	s.mu.Unlock()
-	st.mu.Lock()
-	st.gone = true // a pid watcher of the stream stops
-	st.mu.Unlock()
-	st.closePublisher()
+	st.Forget() // a pid watcher of the stream stops, its publisher closes
 	s.m.forgetStream(st.labels())
-	s.log.Info(msg, append(st.key.logAttrs(), args...)...)
+	s.log.Info(msg, append(st.key.LogAttrs(), args...)...)
 }

@@ -26,7 +26,7 @@ import (
 // go test ./daemon -run TestCycleWorkersFlat -cycle-workers 10000 (soak/sc_cycle.py runs it on a real kvshmd).
 var cycleWorkers = flag.Int("cycle-workers", 300, "worker ids TestCycleWorkersFlat cycles")
 
-func streamOf(ts *testServer, worker uint64) *stream {
+func streamOf(ts *testServer, worker uint64) *entry {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	return ts.streams[keyOf(worker, nil)]
@@ -136,7 +136,7 @@ func TestDeadStreamAskedKept(t *testing.T) {
 
 	w := newProducer(t, ts.SocketPath(), 3, 4, 1<<16)
 	w.conn.Close() // this process, the producer, lives: its pid is watched
-	waitUntil(t, func() bool { _, a := streamOf(ts, 3).current(); return a == nil }, "the broken connection's detach")
+	waitUntil(t, func() bool { _, a := streamOf(ts, 3).Current(); return a == nil }, "the broken connection's detach")
 	advance(ts, 3*time.Hour)
 	if streamOf(ts, 3) == nil {
 		t.Fatal("a watched producer's stream (pid alive) was reclaimed")
@@ -151,7 +151,7 @@ func TestMaxDeadStreams(t *testing.T) {
 	kept := func() string {
 		var ws []uint64
 		for _, st := range ts.streamList() {
-			ws = append(ws, st.key.worker)
+			ws = append(ws, st.key.Worker)
 		}
 		return fmt.Sprint(ws)
 	}

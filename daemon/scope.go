@@ -7,65 +7,40 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kvshm/kvshm/daemon/internal/stream"
 	"github.com/kvshm/kvshm/proto/sock"
 )
 
-// streamKey identifies a stream: a worker and the scope of its producer. Scope ALL (perRank false: no dp_rank in
-// the ATTACH, one producer for every attention-DP rank, as TensorRT-LLM does) or one dp_rank (perRank true: one
-// producer per rank with its own seq space, as vLLM does). At most one live producer feeds a key.
-type streamKey struct {
-	worker  uint64
-	rank    uint32 // valid when perRank
-	perRank bool
-}
+// streamKey identifies a stream (package stream: Key).
+type streamKey = stream.Key
 
-func keyOf(worker uint64, dpRank *uint32) streamKey {
-	if dpRank == nil {
-		return streamKey{worker: worker}
-	}
-	return streamKey{worker: worker, rank: *dpRank, perRank: true}
-}
-
-// String is the key as logs and messages show it: "worker 7" or "worker 7 dp_rank 1".
-func (k streamKey) String() string {
-	if !k.perRank {
-		return fmt.Sprintf("worker %d", k.worker)
-	}
-	return fmt.Sprintf("worker %d dp_rank %d", k.worker, k.rank)
-}
-
-// logAttrs are the key's slog attributes.
-func (k streamKey) logAttrs() []any {
-	if !k.perRank {
-		return []any{"worker_id", k.worker}
-	}
-	return []any{"worker_id", k.worker, "dp_rank", k.rank}
-}
+// keyOf is the key of a request's worker and optional dp_rank.
+func keyOf(worker uint64, dpRank *uint32) streamKey { return stream.KeyOf(worker, dpRank) }
 
 // rankLabel is the dp_rank metric label of the stream: the rank of a per-rank stream, "" for an ALL stream (an
 // empty label is an absent label in Prometheus, so ALL streams keep the series they had before dp_rank existed).
-func (k streamKey) rankLabel() string {
-	if !k.perRank {
+func rankLabel(k streamKey) string {
+	if !k.PerRank {
 		return ""
 	}
-	return strconv.FormatUint(uint64(k.rank), 10)
+	return strconv.FormatUint(uint64(k.Rank), 10)
 }
 
 // dpRank is the key's rank as the wire shows it (null for ALL).
-func (k streamKey) dpRank() *uint32 {
-	if !k.perRank {
+func dpRankOf(k streamKey) *uint32 {
+	if !k.PerRank {
 		return nil
 	}
-	r := k.rank
+	r := k.Rank
 	return &r
 }
 
 // url is the HTTP path that answers for exactly this stream.
-func (k streamKey) url() string {
-	if !k.perRank {
-		return fmt.Sprintf("/workers/%d/kv_recover", k.worker)
+func keyURL(k streamKey) string {
+	if !k.PerRank {
+		return fmt.Sprintf("/workers/%d/kv_recover", k.Worker)
 	}
-	return rankURL(k.worker, k.rank)
+	return rankURL(k.Worker, k.Rank)
 }
 
 func rankURL(worker uint64, rank uint32) string {
@@ -74,21 +49,21 @@ func rankURL(worker uint64, rank uint32) string {
 
 // compareKeys orders streams by worker, then the ALL stream, then ranks.
 func compareKeys(a, b streamKey) int {
-	if c := cmp.Compare(a.worker, b.worker); c != 0 {
+	if c := cmp.Compare(a.Worker, b.Worker); c != 0 {
 		return c
 	}
-	if a.perRank != b.perRank {
-		if !a.perRank {
+	if a.PerRank != b.PerRank {
+		if !a.PerRank {
 			return -1
 		}
 		return 1
 	}
-	return cmp.Compare(a.rank, b.rank)
+	return cmp.Compare(a.Rank, b.Rank)
 }
 
 // target is what a recovery query resolved to: a stream, and for a rank view of an ALL stream the rank.
 type target struct {
-	st   *stream
+	st   *entry
 	view *uint32 // non-nil: answer RecoverRank(view) of an ALL stream
 }
 
@@ -129,19 +104,19 @@ func (s *Server) resolveLocked(worker *uint64, rank *uint32) (target, error) {
 		if st := s.streams[keyOf(*worker, rank)]; st != nil {
 			return target{st: st}, nil
 		}
-		if st := s.streams[streamKey{worker: *worker}]; st != nil {
+		if st := s.streams[streamKey{Worker: *worker}]; st != nil {
 			r := *rank
 			return target{st: st, view: &r}, nil
 		}
 		return target{}, errorf(sock.CodeNotFound, "no stream for worker_id %d dp_rank %d (%d streams attached)", *worker, *rank, len(s.streams))
 	}
-	if st := s.streams[streamKey{worker: *worker}]; st != nil {
+	if st := s.streams[streamKey{Worker: *worker}]; st != nil {
 		return target{st: st}, nil // no dp_rank means scope ALL, as in ATTACH
 	}
-	var only *stream
+	var only *entry
 	n := 0
 	for k, st := range s.streams {
-		if k.worker == *worker {
+		if k.Worker == *worker {
 			only, n = st, n+1
 		}
 	}
@@ -159,9 +134,9 @@ func (s *Server) workersLocked() []uint64 {
 	seen := map[uint64]bool{}
 	var out []uint64
 	for k := range s.streams {
-		if !seen[k.worker] {
-			seen[k.worker] = true
-			out = append(out, k.worker)
+		if !seen[k.Worker] {
+			seen[k.Worker] = true
+			out = append(out, k.Worker)
 		}
 	}
 	slices.Sort(out)
@@ -172,14 +147,14 @@ func (s *Server) workersLocked() []uint64 {
 func (s *Server) urlsLocked(worker *uint64) []string {
 	var keys []streamKey
 	for k := range s.streams {
-		if worker == nil || k.worker == *worker {
+		if worker == nil || k.Worker == *worker {
 			keys = append(keys, k)
 		}
 	}
 	slices.SortFunc(keys, compareKeys)
 	out := make([]string, len(keys))
 	for i, k := range keys {
-		out[i] = k.url()
+		out[i] = keyURL(k)
 	}
 	return out
 }
@@ -187,7 +162,7 @@ func (s *Server) urlsLocked(worker *uint64) []string {
 // selectExactLocked finds the stream of exactly (worker, scope) for DETACH and FORGET (never a rank view); an
 // absent dp_rank means the worker's ALL stream, or its only stream when it has no ALL stream (a per-rank
 // producer's client that does not send its rank), and is a conflict when the worker has several per-rank streams.
-func (s *Server) selectExactLocked(worker uint64, rank *uint32) (*stream, error) {
+func (s *Server) selectExactLocked(worker uint64, rank *uint32) (*entry, error) {
 	if st := s.streams[keyOf(worker, rank)]; st != nil {
 		return st, nil
 	}

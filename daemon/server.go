@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvshm/kvshm/daemon/internal/stream"
 	"github.com/kvshm/kvshm/drain"
 	"github.com/kvshm/kvshm/index"
 	"github.com/kvshm/kvshm/proto/sock"
@@ -43,7 +44,7 @@ type Config struct {
 	PIDCheckInterval  time.Duration // producer pid backstop period
 	ParentPoll        time.Duration // --parent-pid poll period where the kernel has no pidfd
 	// EagerDrain: every stream asks its producer for a doorbell at every publication, none is drained lazily
-	// (idle.go, lazyLevelMax). For benchmarks of the doorbell path and for reading a stream's metrics at
+	// (package stream, idle.go: lazyLevelMax). For benchmarks of the doorbell path and for reading a stream's metrics at
 	// sub-second resolution without queries; it costs a wakeup per record burst on streams nobody subscribes to.
 	EagerDrain bool
 	// CleanupDir, when set, is removed recursively when Serve returns (--cleanup-dir): only a directory made for
@@ -83,7 +84,7 @@ type Config struct {
 	Clock    func() time.Time
 	StateDir string // "" = no checkpoints; else indexes are checkpointed here at shutdown (created 0700)
 	// CheckpointInterval > 0 (requires StateDir): also checkpoint each stream while it runs and release its ring head
-	// only up to a written checkpoint, so a crash loses nothing (see doc.go, "Continuous checkpoints"). 0 = off.
+	// only up to a written checkpoint, so a crash loses nothing (package stream's doc.go, "Continuous checkpoints"). 0 = off.
 	CheckpointInterval time.Duration
 	// OnLoss is how a recovery answer that misses events kvshm lost is given (--on-loss): best effort (the
 	// default: what Dynamo would answer from the events applied, marked incomplete) or Error.
@@ -177,7 +178,7 @@ func (c *Config) fill() {
 // Server is a running kvshmd: the socket listener, the optional HTTP listener and the streams.
 // Its methods are safe for concurrent use.
 type Server struct {
-	snapLimit *zmqpub.SnapshotLimit // replay snapshot builds, daemon-wide (snapshot.go)
+	snapLimit *zmqpub.SnapshotLimit // replay snapshot builds, daemon-wide (package stream, snapshot.go)
 	cfg       Config
 	log       *slog.Logger
 	m         *metrics
@@ -192,6 +193,7 @@ type Server struct {
 	stateLock *os.File         // the --state-dir's flock, held until Serve returns (owndir.go)
 	cleanup   *cleanupClaim    // the --cleanup-dir claimed at Listen
 	sched     *drain.Scheduler // the drain workers of every attachment
+	eng       *stream.Engine   // the stream engine (package stream); env.go is its environment
 	nconns    atomic.Int64     // open connections. Updated atomically.
 	peers     peerConns        // open connections per peer (bounds.go)
 
@@ -209,7 +211,7 @@ type Server struct {
 	wg     sync.WaitGroup // connection goroutines
 
 	mu      sync.Mutex // protects streams, conns, closed
-	streams map[streamKey]*stream
+	streams map[streamKey]*entry
 	conns   map[*conn]struct{}
 	closed  bool
 }
@@ -220,7 +222,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.CheckpointInterval < 0 || (cfg.CheckpointInterval > 0 && cfg.StateDir == "") {
 		return nil, fmt.Errorf("checkpoint interval %v: %w", cfg.CheckpointInterval, ErrCheckpointInterval)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, uid: os.Getuid(), streams: map[streamKey]*stream{}, conns: map[*conn]struct{}{},
+	s := &Server{cfg: cfg, log: cfg.Logger, uid: os.Getuid(), streams: map[streamKey]*entry{}, conns: map[*conn]struct{}{},
 		httpSem: make(chan struct{}, cfg.HTTPMaxConns), born: time.Now(), reapWake: make(chan struct{}, 1)}
 	if cfg.ZMQSnapshotBuilds <= 0 {
 		cfg.ZMQSnapshotBuilds = DefaultSnapshotBuilds
@@ -246,6 +248,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.m = m
 	s.ckpt = &ckptStore{dir: cfg.StateDir, writes: m.ckptWrites, log: s.log}
+	s.eng = stream.New(s.engineConfig(), engineEnv{s}, drainScheduler{s.sched}, s.log)
 	return s, nil
 }
 
@@ -397,16 +400,14 @@ func (s *Server) shutdown() {
 	// The attachments live now are checkpointed after their final drain, whichever way it comes (closing the
 	// producer connections below usually ends them first). No attachment can start once closed is set.
 	type live struct {
-		st *stream
-		a  *attachment
+		st *entry
+		a  *stream.Attachment
 	}
 	var attached []live
 	for _, st := range s.streams {
-		st.mu.Lock()
-		if st.att != nil {
-			attached = append(attached, live{st, st.att})
+		if _, a := st.Current(); a != nil {
+			attached = append(attached, live{st, a})
 		}
-		st.mu.Unlock()
 	}
 	s.mu.Unlock()
 	_ = s.ln.Close() // unlinks the socket file
@@ -422,39 +423,32 @@ func (s *Server) shutdown() {
 	}
 	s.wg.Wait()
 	for _, st := range s.streamList() {
-		st.mu.Lock()
-		a := st.att
-		st.mu.Unlock()
-		if a != nil {
-			a.finish(causeShutdown, "daemon shutting down")
-			<-a.done
+		if _, a := st.Current(); a != nil {
+			a.Finish(stream.CauseShutdown, "daemon shutting down")
+			<-a.Done()
 		}
 	}
 	if s.parentGone.Load() {
 		// A private daemon's engine is gone: so is every producer incarnation still live without an attachment (a
-		// connection that broke while the engine died, whose pid watch ends with the daemon: watchDetached).
+		// connection that broke while the engine died, whose pid watch ends with the daemon).
 		for _, st := range s.streamList() {
-			st.mu.Lock()
-			if st.att == nil && !st.gone {
-				st.endIncarnationLocked("the daemon's --parent-pid is gone", s.log.With(st.key.logAttrs()...).Info)
-			}
-			st.mu.Unlock()
+			st.EndDetached("the daemon's --parent-pid is gone")
 		}
 	}
 	// After every final drain (and end of incarnation) handed its batches over: give connected subscribers up to
 	// a second in all to receive them, then close.
 	flushBy := time.Now().Add(time.Second)
 	for _, st := range s.streamList() {
-		if p := st.pub.Load(); p != nil {
+		if p := st.Publisher(); p != nil {
 			p.Flush(max(0, time.Until(flushBy)))
 		}
-		st.closePublisher()
+		st.ClosePublisher()
 	}
 	if s.cfg.StateDir != "" && s.cfg.CheckpointInterval == 0 { // with an interval, each final drain wrote its checkpoint
 		sort.Slice(attached, func(i, j int) bool { return compareKeys(attached[i].st.key, attached[j].st.key) < 0 })
 		for _, l := range attached {
-			<-l.a.done
-			_ = s.ckpt.save(l.st.key, l.a.hdr.Epoch, l.a.ix, l.a.finalHead, "shutdown") // after the final drain and head release: the index matches the ring head
+			<-l.a.Done()
+			_ = s.ckpt.save(l.st.key, l.a.Header().Epoch, l.a.Index(), l.a.FinalHead(), "shutdown") // after the final drain and head release: the index matches the ring head
 		}
 	}
 	s.sched.Close() // every attachment has ended: the workers exit
@@ -488,9 +482,13 @@ type conn struct {
 	c   *net.UnixConn
 	uid uint32
 	pid int32
-	att *attachment // set by ATTACH on this connection. Owned by the connection goroutine.
+	att *stream.Attachment // set by ATTACH on this connection. Owned by the connection goroutine.
 	buf []byte
 }
+
+// Close closes the connection: a producer's connection is its attachment's lease (stream.AttachSpec.Lease),
+// closed when its ring faults so that the producer learns of it.
+func (cc *conn) Close() error { return cc.c.Close() }
 
 func (s *Server) admit(c *net.UnixConn) {
 	cred, err := sock.PeerCred(c)
@@ -548,13 +546,13 @@ func (s *Server) serveConn(cc *conn) {
 		s.peers.remove(peerKey{cc.uid, cc.pid})
 		if cc.att != nil {
 			s.mu.Lock()
-			cause, why := causeEOF, "producer connection closed"
+			cause, why := stream.CauseEOF, "producer connection closed"
 			if s.closed {
-				cause, why = causeShutdown, "daemon shutting down"
+				cause, why = stream.CauseShutdown, "daemon shutting down"
 			}
 			s.mu.Unlock()
-			cc.att.finish(cause, why)
-			<-cc.att.done
+			cc.att.Finish(cause, why)
+			<-cc.att.Done()
 		}
 		s.wg.Done()
 	}()
@@ -660,13 +658,13 @@ func isTimeout(err error) bool {
 // indexConfig is the index configuration of a new stream: the ring's geometry and the daemon's policies.
 func (s *Server) indexConfig(worker uint64, blockSize, maxBuffer uint32, publish *sock.Publish) index.Config {
 	return index.Config{WorkerID: worker, BlockSize: blockSize, MaxBufferSize: int(maxBuffer), OnLoss: s.cfg.OnLoss,
-		DumpShape: s.cfg.DumpShape, KeepTokens: s.keepTokens(publish)}
+		DumpShape: s.cfg.DumpShape, KeepTokens: s.eng.KeepTokens(publish != nil)}
 }
 
 // streamList returns the streams sorted by key (worker, then ALL, then ranks).
-func (s *Server) streamList() []*stream {
+func (s *Server) streamList() []*entry {
 	s.mu.Lock()
-	out := make([]*stream, 0, len(s.streams))
+	out := make([]*entry, 0, len(s.streams))
 	for _, st := range s.streams {
 		out = append(out, st)
 	}

@@ -3,6 +3,8 @@ package daemon
 import (
 	"testing"
 	"time"
+
+	"github.com/kvshm/kvshm/daemon/internal/stream"
 )
 
 // TestSyncFastPath: a query finds everything published already applied and answers without a round trip
@@ -17,19 +19,19 @@ func TestSyncFastPath(t *testing.T) {
 	ts.mu.Lock()
 	st := ts.streams[keyOf(40, nil)]
 	ts.mu.Unlock()
-	_, a := st.current()
+	_, a := st.Current()
 	deadline := time.Now().Add(30 * time.Second) // a liveness bound: the drain's next pass stores applied
-	for !a.appliedAll() {
+	for !a.AppliedAll() {
 		if time.Now().After(deadline) {
 			t.Fatal("appliedAll never became true with an empty ring")
 		}
 		time.Sleep(time.Millisecond)
 	}
-	waits := a.syncWaits.Load()
+	waits := a.SyncWaits()
 	for range 100 {
 		eventsEqual(t, q, p, u64p(0), "idle stream")
 	}
-	if got := a.syncWaits.Load() - waits; got != 0 {
+	if got := a.SyncWaits() - waits; got != 0 {
 		t.Fatalf("%d of 100 queries on a fully applied stream waited for the drain goroutine, want 0", got)
 	}
 
@@ -41,11 +43,11 @@ func TestSyncFastPath(t *testing.T) {
 			<-release
 		}
 	}
-	applyHook.Store(&hook)
-	t.Cleanup(func() { applyHook.Store(nil) })
+	stream.ApplyHook.Store(&hook)
+	t.Cleanup(func() { stream.ApplyHook.Store(nil) })
 	p.mustPublish(stored(1, 0, u64p(1), []uint64{2}, tokens(4, 1, 4)))
 	<-entered
-	if a.appliedAll() {
+	if a.AppliedAll() {
 		t.Fatal("appliedAll is true while a published record is being applied")
 	}
 	close(release)

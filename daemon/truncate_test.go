@@ -43,7 +43,7 @@ func truncatedRing(t *testing.T, size int64) {
 	// The test's Go producer would fault too when it closes (the Python producer guards itself: pybind's
 	// test_truncated_ring_does_not_kill_the_engine); give its mapping a file again before its cleanup runs.
 	t.Cleanup(func() { _ = os.Truncate(victim.path, fi.Size()) })
-	// The drain goroutine touches the header within snapshotPeriod even when idle; waiting for that only orders
+	// The drain goroutine touches the header within stream.SnapshotPeriod even when idle; waiting for that only orders
 	// the test, it times nothing.
 	st := checkStats(t, socket, 30, func(s sock.StreamStats) bool { return !s.Attached })
 	if st.CorruptRecords == 0 || !st.Incomplete {

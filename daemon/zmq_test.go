@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/hex"
@@ -20,6 +19,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	flatbuffers "github.com/google/flatbuffers/go"
 
+	"github.com/kvshm/kvshm/daemon/internal/stream"
 	"github.com/kvshm/kvshm/internal/testenv"
 	"github.com/kvshm/kvshm/internal/wirevectors"
 	"github.com/kvshm/kvshm/proto/fbs"
@@ -200,7 +200,7 @@ func nextWire(t testing.TB, ts *testServer, worker uint64) uint64 {
 	ts.mu.Lock()
 	st := ts.streams[keyOf(worker, nil)]
 	ts.mu.Unlock()
-	return st.wire.Load() + 1
+	return st.WireSeq() + 1
 }
 
 // nextBatch returns the next message with seq >= min (probes below it are skipped).
@@ -252,56 +252,6 @@ func goSub(t testing.TB, ep string) <-chan zmsg {
 }
 
 // ---- tests ------------------------------------------------------------------------------------------------------
-
-// TestIndexReason is the device-tree filter's table (Dynamo's ZmqEventNormalizer filter, zmq_wire/mod.rs).
-func TestIndexReason(t *testing.T) {
-	gpu, cpu := []byte("GPU"), []byte("CPU")
-	full, sw := []byte("full_attention"), []byte("sliding_window")
-	cases := []struct {
-		name    string
-		kind    fbs.Kind
-		m       *fbs.MetaView
-		learned map[groupKey]bool
-		want    int
-	}{
-		{"no meta", fbs.KindStored, nil, nil, indexed},
-		{"GPU", fbs.KindStored, &fbs.MetaView{HasMedium: true, Medium: gpu}, nil, indexed},
-		{"medium None", fbs.KindStored, &fbs.MetaView{}, nil, indexed},
-		{"CPU", fbs.KindStored, &fbs.MetaView{HasMedium: true, Medium: cpu}, nil, notIndexedMedium},
-		{"removed CPU", fbs.KindRemoved, &fbs.MetaView{HasMedium: true, Medium: cpu}, nil, notIndexedMedium},
-		{"cleared ignores meta", fbs.KindCleared, &fbs.MetaView{HasMedium: true, Medium: cpu}, nil, indexed},
-		{"main kind", fbs.KindStored, &fbs.MetaView{HasKind: true, Kind: full, HasGroupIdx: true, GroupIdx: 3}, nil, indexed},
-		{"mla kind", fbs.KindStored, &fbs.MetaView{HasKind: true, Kind: []byte("mla_attention")}, nil, indexed},
-		{"sliding window kind", fbs.KindStored, &fbs.MetaView{HasKind: true, Kind: sw}, nil, notIndexedKind},
-		{"unknown kind", fbs.KindStored, &fbs.MetaView{HasKind: true, Kind: []byte("new_kind")}, nil, notIndexedKind},
-		{"group 0 unlearned", fbs.KindRemoved, &fbs.MetaView{HasGroupIdx: true}, nil, indexed},
-		{"group 1 unlearned", fbs.KindRemoved, &fbs.MetaView{HasGroupIdx: true, GroupIdx: 1}, nil, notIndexedGroup},
-		{"group 1 learned main", fbs.KindRemoved, &fbs.MetaView{HasGroupIdx: true, GroupIdx: 1}, map[groupKey]bool{{0, 1}: true}, indexed},
-		{"group 0 learned not main", fbs.KindRemoved, &fbs.MetaView{HasGroupIdx: true}, map[groupKey]bool{{0, 0}: false}, notIndexedGroup},
-		{"group learned on another rank", fbs.KindRemoved, &fbs.MetaView{HasGroupIdx: true, GroupIdx: 1}, map[groupKey]bool{{1, 1}: true}, notIndexedGroup},
-		{"block size differs", fbs.KindStored, &fbs.MetaView{HasBlockSize: true, BlockSize: 8}, nil, notIndexedBlockSize},
-		{"block size same", fbs.KindStored, &fbs.MetaView{HasBlockSize: true, BlockSize: 4}, nil, indexed},
-	}
-	for _, c := range cases {
-		learned := map[groupKey]bool{}
-		for k, v := range c.learned {
-			learned[k] = v
-		}
-		if got := indexReason(c.kind, 0, c.m, 4, learned); got != c.want {
-			t.Errorf("%s: indexReason = %d, want %d", c.name, got, c.want)
-		}
-	}
-	// Learning: a Stored event with group and kind teaches the group's kind to later events of its rank.
-	learned := map[groupKey]bool{}
-	indexReason(fbs.KindStored, 2, &fbs.MetaView{HasGroupIdx: true, GroupIdx: 5, HasKind: true, Kind: full}, 4, learned)
-	indexReason(fbs.KindStored, 2, &fbs.MetaView{HasGroupIdx: true, GroupIdx: 6, HasKind: true, Kind: sw}, 4, learned)
-	if got := indexReason(fbs.KindRemoved, 2, &fbs.MetaView{HasGroupIdx: true, GroupIdx: 5}, 4, learned); got != indexed {
-		t.Errorf("removal in a group learned as main attention: %d, want indexed", got)
-	}
-	if got := indexReason(fbs.KindRemoved, 2, &fbs.MetaView{HasGroupIdx: true, GroupIdx: 6}, 4, learned); got != notIndexedGroup {
-		t.Errorf("removal in a group learned as sliding window: %d, want group_idx", got)
-	}
-}
 
 // sendVectors writes each vector as one BATCH record (seqs from 1000) and checks that sub receives its payload
 // byte for byte, in order, under topic.
@@ -365,52 +315,6 @@ func TestZmqPublishSGLang(t *testing.T) {
 	got := goSub(t, ep)
 	joinProbes(t, p, 1, got)
 	sendVectors(t, p, got, publishableVectors(t, "sglang"), "kv", nextWire(t, ts, 7))
-}
-
-// TestCheckHashBytes: the bytes block hashes a META gives must be the bytes of the event's keys; anything else
-// makes the batch malformed.
-func TestCheckHashBytes(t *testing.T) {
-	b := flatbuffers.NewBuilder(0)
-	h1, h2 := bytes.Repeat([]byte{1}, 32), append(bytes.Repeat([]byte{2}, 24), 9, 8, 7, 6, 5, 4, 3, 2)
-	k1, k2 := vllmwire.HashKey(h1), vllmwire.HashKey(h2)
-	stored := fbs.EventSpec{Kind: fbs.KindStored, BlockHashes: []uint64{k1, k2}, HasParent: true, ParentHash: k1,
-		TokenIDs: make([]uint32, 8)}
-	root := fbs.EventSpec{Kind: fbs.KindStored, BlockHashes: []uint64{k1}, TokenIDs: make([]uint32, 4)}
-	removed := fbs.EventSpec{Kind: fbs.KindRemoved, BlockHashes: []uint64{k2}}
-	empty := fbs.EventSpec{Kind: fbs.KindRemoved}
-	cleared := fbs.EventSpec{Kind: fbs.KindCleared}
-	cat := func(bs ...[]byte) []byte { return bytes.Join(bs, nil) }
-	for _, c := range []struct {
-		name string
-		ev   fbs.EventSpec
-		m    fbs.MetaSpec
-		ok   bool
-	}{
-		{"no bytes", stored, fbs.MetaSpec{}, true},
-		{"stored", stored, fbs.MetaSpec{HashBytes: cat(h1, h2), ParentBytes: h1}, true},
-		{"removed", removed, fbs.MetaSpec{HashBytes: h2}, true},
-		{"no blocks", empty, fbs.MetaSpec{HashBytes: []byte{}}, true},
-		{"short hashes", removed, fbs.MetaSpec{HashBytes: []byte{0x2}}, false},
-		{"swapped", stored, fbs.MetaSpec{HashBytes: cat(h2, h1)}, false},
-		{"length not a multiple", stored, fbs.MetaSpec{HashBytes: cat(h1, h2[1:])}, false},
-		{"bytes without blocks", empty, fbs.MetaSpec{HashBytes: h1}, false},
-		{"cleared", cleared, fbs.MetaSpec{HashBytes: []byte{}}, false},
-		{"parent key differs", stored, fbs.MetaSpec{ParentBytes: h2}, false},
-		{"parent bytes without parent", root, fbs.MetaSpec{ParentBytes: h1}, false},
-		{"parent bytes on removed", removed, fbs.MetaSpec{ParentBytes: h2}, false},
-	} {
-		var v fbs.EventView
-		if err := fbs.Decode(bytes.Clone(fbs.Build(b, &c.ev)), &v); err != nil {
-			t.Fatal(err)
-		}
-		var m fbs.MetaView
-		if err := fbs.DecodeMeta(bytes.Clone(fbs.BuildMeta(b, &c.m)), &m); err != nil {
-			t.Fatal(err)
-		}
-		if err := checkHashBytes(&v, &m); (err == nil) != c.ok || err != nil && !errors.Is(err, errBatch) {
-			t.Errorf("%s: %v, want ok=%v", c.name, err, c.ok)
-		}
-	}
 }
 
 // TestZmqPublishVectors (pure Go peers): every shared vector, written as one BATCH record, reaches a zmq4 SUB as
@@ -550,23 +454,21 @@ func TestZmqPublisherLifecycle(t *testing.T) {
 	got := goSub(t, ep)
 	next := joinProbes(t, p, 1, got)
 	st := ts.streams[keyOf(3, nil)]
-	first := st.pub.Load()
+	first := st.Publisher()
 	checkIdle := func(every time.Duration) {
 		t.Helper()
-		st.mu.Lock()
-		a := st.att
-		st.mu.Unlock()
+		_, a := st.Current()
 		if a == nil {
 			t.Fatal("no attachment")
 		}
-		if a.every != every { // set at construction, never changed
-			t.Fatalf("attachment's idle housekeeping (lost-doorbell bound) every %v, want %v", a.every, every)
+		if a.Every() != every { // set at construction, never changed
+			t.Fatalf("attachment's idle housekeeping (lost-doorbell bound) every %v, want %v", a.Every(), every)
 		}
 	}
-	// A publishing stream's lost doorbell costs its subscribers at most publishIdleEvery.
-	checkIdle(publishIdleEvery)
+	// A publishing stream's lost doorbell costs its subscribers at most stream.PublishIdleEvery.
+	checkIdle(stream.PublishIdleEvery)
 	attachPublishing(t, p, cfg) // same config: same publisher, the subscriber keeps receiving
-	if st.pub.Load() != first {
+	if st.Publisher() != first {
 		t.Fatal("re-attach with the same publish config replaced the publisher")
 	}
 	// DETACH ended the incarnation and the re-attach began a new one: a Cleared each, then the next batch.
@@ -578,14 +480,14 @@ func TestZmqPublisherLifecycle(t *testing.T) {
 	cfg2 := *cfg
 	cfg2.Topic = "u"
 	attachPublishing(t, p, &cfg2) // another config: a new publisher on the same endpoint
-	if st.pub.Load() == first || st.pub.Load().Config().Topic != "u" {
+	if st.Publisher() == first || st.Publisher().Config().Topic != "u" {
 		t.Fatal("re-attach with another config kept the old publisher")
 	}
 	attachPublishing(t, p, nil)
-	if st.pub.Load() != nil {
+	if st.Publisher() != nil {
 		t.Fatal("re-attach without publish kept a publisher")
 	}
-	checkIdle(idleEvery)
+	checkIdle(stream.IdleEvery)
 	if _, err := os.Stat(filepath.Join(dir, "a.sock")); !os.IsNotExist(err) {
 		t.Fatalf("ipc socket file after the publisher closed: %v", err)
 	}
@@ -854,8 +756,8 @@ func TestBatchIndexing(t *testing.T) {
 			s.IDResets, s.EventsNotIndexed, s.EventsReceived, s.Zmq)
 	}
 	for i, want := range []uint64{1, 1, 0, 1} { // CPU medium, sliding_window kind, -, block_size 16
-		if got := ts.streams[keyOf(5, nil)].notIndexed[i].Load(); got != want {
-			t.Errorf("not indexed %s: %d, want %d", notIndexedLabels[i], got, want)
+		if got := ts.streams[keyOf(5, nil)].Status().NotIndexed[i]; got != want {
+			t.Errorf("not indexed %s: %d, want %d", stream.NotIndexedLabels[i], got, want)
 		}
 	}
 }

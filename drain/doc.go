@@ -80,8 +80,8 @@
 // # Caveats
 //
 // Streams of one worker share its goroutine: a slow call delays the other streams of that worker by as long, where
-// one goroutine per ring delayed only its own. A continuous checkpoint's file write no longer runs there (daemon/
-// doc.go, "Continuous checkpoints"); its index copy does (~0.15 s per million blocks), and so do the synchronous
+// one goroutine per ring delayed only its own. A continuous checkpoint's file write no longer runs there
+// (daemon/internal/stream/doc.go, "Continuous checkpoints"); its index copy does (~0.15 s per million blocks), and so do the synchronous
 // final and corruption checkpoints. Query barriers wait for them as before.
 //
 // A worker sleeps in a system call, so the Go runtime counts its P as busy until sysmon retakes it (after 10 ms when

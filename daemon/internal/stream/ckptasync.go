@@ -1,4 +1,4 @@
-package daemon
+package stream
 
 import (
 	"sync/atomic"
@@ -19,12 +19,12 @@ type ckptResult struct {
 	ok   bool
 }
 
-// ckptWriteHook, when set (tests only), is called by the writer goroutine before it writes a checkpoint of head.
-var ckptWriteHook atomic.Pointer[func(head uint64)]
+// CheckpointWriteHook, when set (tests only), is called by the writer goroutine before it writes a checkpoint of head.
+var CheckpointWriteHook atomic.Pointer[func(head uint64)]
 
 // startCheckpoint takes the first half of a continuous checkpoint of the read position and hands the write to a
 // writer goroutine. The caller checked that none is in flight.
-func (a *attachment) startCheckpoint(trigger string) {
+func (a *Attachment) startCheckpoint(trigger string) {
 	head := a.r.Stats().ReadPos
 	key, epoch := a.st.key, a.hdr.Epoch
 	cp := a.ix.CheckpointCopy() // ~1/3 of the encoding's cost (index: BenchmarkCheckpointCopy)
@@ -32,12 +32,12 @@ func (a *attachment) startCheckpoint(trigger string) {
 	a.lastCkpt = time.Now()
 	done := a.ckptDone
 	go func() {
-		if h := ckptWriteHook.Load(); h != nil {
+		if h := CheckpointWriteHook.Load(); h != nil {
 			(*h)(head)
 		}
-		ok := a.ckpt.saveCopy(key, epoch, cp, head, trigger) == nil
+		ok := a.eng.env.SaveCopy(key, epoch, cp, head, trigger) == nil
 		if !ok {
-			a.ckpt.remove(key) // see checkpoint: a crash then reports unknown history
+			a.eng.env.Remove(key) // see checkpoint: a crash then reports unknown history
 		}
 		done <- ckptResult{head: head, ok: ok}
 		a.h.Wake()
@@ -45,11 +45,11 @@ func (a *attachment) startCheckpoint(trigger string) {
 }
 
 // ckptPending reports whether a finished write waits for the worker (Ready).
-func (a *attachment) ckptPending() bool { return len(a.ckptDone) > 0 }
+func (a *Attachment) ckptPending() bool { return len(a.ckptDone) > 0 }
 
 // pollCheckpoint releases the head to the position of a checkpoint whose write finished (failed or not: the
 // producer must not stall on a full disk, and the files were removed). wait: block until the one in flight ends.
-func (a *attachment) pollCheckpoint(wait bool) {
+func (a *Attachment) pollCheckpoint(wait bool) {
 	if !a.ckptBusy {
 		return
 	}

@@ -1,4 +1,4 @@
-package daemon
+package stream
 
 // rankSet is the set of dp_ranks an ALL stream's drain goroutine has seen (to open --rank-ports listeners on the
 // first event of each rank). Owned by the drain goroutine; on is false when rank ports are off (nothing is kept).

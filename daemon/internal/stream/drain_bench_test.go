@@ -1,4 +1,4 @@
-package daemon
+package stream
 
 import (
 	"fmt"
@@ -32,8 +32,8 @@ func BenchmarkDrainBatch(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	st := &stream{key: streamKey{worker: 1}, ix: ix}
-	a := &attachment{st: st, r: r, ix: ix, log: testLogger(b)}
+	st := &Stream{key: Key{Worker: 1}, ix: ix}
+	a := &Attachment{st: st, r: r, ix: ix, log: testLogger(b)}
 	fb := flatbuffers.NewBuilder(256)
 	var seq uint64
 	b.ReportAllocs()
@@ -59,7 +59,7 @@ func BenchmarkDrainBatch(b *testing.B) {
 // Meta (medium "GPU"), without and with a ZMQ publisher (no subscriber: what the drain goroutine pays to encode
 // and hand over each batch). Each op drains 64 such records.
 //
-//	go test -run '^$' -bench DrainPublish -benchmem ./daemon/
+//	go test -run '^$' -bench DrainPublish -benchmem ./daemon/internal/stream/
 func BenchmarkDrainPublish(b *testing.B) {
 	const perOp, nb, bs = 64, 32, 32
 	for _, publish := range []bool{false, true} {
@@ -79,7 +79,7 @@ func BenchmarkDrainPublish(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			st := &stream{key: streamKey{worker: 1}, ix: ix, groups: map[groupKey]bool{}}
+			st := &Stream{key: Key{Worker: 1}, ix: ix, groups: map[groupKey]bool{}}
 			if publish {
 				p, err := zmqpub.New(zmqpub.Config{Endpoint: "ipc://" + filepath.Join(b.TempDir(), "p.sock"), HWM: 1000, BufferSteps: 1000}, nil)
 				if err != nil {
@@ -88,7 +88,7 @@ func BenchmarkDrainPublish(b *testing.B) {
 				defer p.Close()
 				st.pub.Store(p)
 			}
-			a := &attachment{st: st, r: r, ix: ix, log: testLogger(b), hdr: shm.Header{KVBlockSize: bs}}
+			a := &Attachment{st: st, r: r, ix: ix, log: testLogger(b), hdr: shm.Header{KVBlockSize: bs}}
 			fb := flatbuffers.NewBuilder(1 << 14)
 			meta := append([]byte(nil), fbs.BuildMeta(fb, &fbs.MetaSpec{HasMedium: true, Medium: "GPU"})...)
 			hashes := make([]uint64, nb)

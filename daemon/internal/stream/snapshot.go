@@ -1,4 +1,4 @@
-package daemon
+package stream
 
 import (
 	"errors"
@@ -7,7 +7,6 @@ import (
 	"sync"
 
 	"github.com/kvshm/kvshm/index"
-	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/vllmwire"
 	"github.com/kvshm/kvshm/zmqpub"
 )
@@ -18,13 +17,6 @@ import (
 // [ts, [AllBlocksCleared, BlockStored...], rank]. The build runs in the asking client's reply goroutine; the drain
 // goroutine waits only for the copy of the tree (snapGate).
 
-// DefaultSnapshotBuilds is Config.ZMQSnapshotBuilds' default: snapshot builds running at once, daemon-wide.
-const DefaultSnapshotBuilds = 2
-
-// DefaultReplayFill is Config.ZMQReplayFill in DefaultConfig: at ~40 bytes each, a reply's fillers cost at most
-// ~2.6 MB, about what a 100 k-block snapshot does (docs/replay-snapshots.md, "Contiguous replies").
-const DefaultReplayFill = 1 << 16
-
 // errNoSnapshot: the index has seen no event, so there is no seq to label a snapshot with (nothing to replay).
 var errNoSnapshot = errors.New("the stream has no events yet")
 
@@ -34,17 +26,15 @@ var errNoSnapshot = errors.New("the stream has no events yet")
 // exactly what the state lacks.
 type snapGate struct{ mu sync.Mutex }
 
-// keepTokens reports whether a stream attached with this publish object keeps token windows in its index.
-func (s *Server) keepTokens(p *sock.Publish) bool { return p != nil && !s.cfg.ZMQNoSnapshots }
-
 // armReplay gives the stream's new publisher what its replies need beyond the buffer: the filler that keeps their
-// seqs contiguous (Config.ZMQReplayFill) and, when the daemon makes snapshots, its snapshot source.
-func (st *stream) armReplay(p *zmqpub.Publisher, req *sock.Publish, s *Server) {
+// seqs contiguous (Config.ReplayFill) and, when the daemon makes snapshots, its snapshot source (in layout w).
+func (st *Stream) armReplay(p *zmqpub.Publisher, w vllmwire.Wire) {
 	if p == nil {
 		return
 	}
-	p.SetFiller(emptyBatch(st.rank.Load()), s.cfg.ZMQReplayFill)
-	if !s.keepTokens(req) {
+	e := st.eng
+	p.SetFiller(emptyBatch(st.rank.Load()), e.cfg.ReplayFill)
+	if !e.KeepTokens(true) {
 		return
 	}
 	st.mu.Lock()
@@ -52,11 +42,11 @@ func (st *stream) armReplay(p *zmqpub.Publisher, req *sock.Publish, s *Server) {
 		st.ix.EnableTokens() // an index made for an ATTACH without publish (no drain goroutine runs here)
 	}
 	st.mu.Unlock()
-	p.SetSnapshotter(st.snapshotter(wireOf(req), s.cfg.ZMQSnapshotChunk), s.snapLimit)
+	p.SetSnapshotter(st.snapshotter(w, e.cfg.SnapshotChunk), e.cfg.SnapshotLimit)
 }
 
 // snapshotter returns the stream's Snapshotter: the current index's tree, encoded in the stream's wire layout.
-func (st *stream) snapshotter(w vllmwire.Wire, chunk int) zmqpub.Snapshotter {
+func (st *Stream) snapshotter(w vllmwire.Wire, chunk int) zmqpub.Snapshotter {
 	return func() (zmqpub.Snapshot, error) {
 		st.mu.Lock()
 		ix, bs := st.ix, st.blockSize

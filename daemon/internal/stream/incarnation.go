@@ -1,4 +1,4 @@
-package daemon
+package stream
 
 import (
 	"fmt"
@@ -12,19 +12,20 @@ import (
 // Incarnations, wire seqs and heartbeats: docs/lifecycle.md is the contract; doc.go ("Streams and their lifecycle",
 // "Publishing on ZMQ") says how this package keeps it.
 //
-// Ownership of a stream's wire counter (stream.wire) and incarnation state (stream.live): the drain goroutine of
-// the stream's current attachment, or, while no attachment is installed, whoever holds st.mu (install, which
-// starts or ends incarnations; watchDetached, which ends one whose producer died after a broken connection). An
+// Ownership of a stream's wire counter (Stream.wire) and incarnation state (Stream.live): the drain goroutine of
+// the stream's current attachment, or, while no attachment is installed, whoever holds st.mu (Attach and Restart,
+// which start or end incarnations; Reclaim and EndDetached, which end one for the daemon; watchDetached, which ends
+// one whose producer died after a broken connection). An
 // attachment is installed and uninstalled under st.mu, so the two never overlap.
 
-// endCause is why an attachment ends; it decides whether the producer's incarnation ends with it.
-type endCause int32
+// EndCause is why an attachment ends (Attachment.Finish); it decides whether the producer's incarnation ends with it.
+type EndCause int32
 
 const (
-	causeEOF      endCause = iota + 1 // the producer's connection closed: an end only if its pid is gone or the ring CLOSED
-	causeDetach                       // DETACH on the lease: an end
-	causePIDGone                      // the producer's pid is gone: an end
-	causeShutdown                     // the daemon stops: an end only for a private daemon whose parent is gone (or as EOF)
+	CauseEOF      EndCause = iota + 1 // the producer's connection closed: an end only if its pid is gone or the ring CLOSED
+	CauseDetach                       // DETACH on the lease: an end
+	CausePIDGone                      // the producer's pid is gone: an end
+	CauseShutdown                     // the daemon stops: an end only for a private daemon whose parent is gone (or as EOF)
 	causeFault                        // the ring mapping faulted: not an end (nothing more is known)
 )
 
@@ -32,25 +33,15 @@ const (
 // the clock); beyond it the rest of the range is reported as unknown history.
 const maxLostWire = 1 << 24
 
-// wireFloor is the lowest wire seq a daemon may start a stream or an incarnation at: the clock in µs, or 0 with
-// Config.ZMQSeqZero.
-func (s *Server) wireFloor() uint64 {
-	us := s.cfg.Clock().UnixMicro()
-	if us < 0 || s.cfg.ZMQSeqZero {
-		return 0
-	}
-	return uint64(us)
-}
-
 // rebaseWire makes the stream's next wire seq max(last + 1, the clock in µs). Called by the counter's owner.
-func (st *stream) rebaseWire(floor uint64) {
+func (st *Stream) rebaseWire(floor uint64) {
 	if floor > st.wire.Load()+1 {
 		st.wire.Store(floor - 1) // publishes the counter to readers (tests, STATS)
 	}
 }
 
 // nextWire takes the stream's next wire seq. Called by the counter's owner.
-func (st *stream) nextWire() uint64 {
+func (st *Stream) nextWire() uint64 {
 	w := st.wire.Load() + 1
 	st.wire.Store(w) // publishes the counter to readers
 	return w
@@ -68,7 +59,7 @@ func clearedBatch(buf []byte, rank uint32, w vllmwire.Wire) []byte {
 // On a stream that is not published the Cleared takes the id after the index's last one (the engine's numbering);
 // an index that has seen no id holds no block and is left alone. Called by the wire counter's owner (see above).
 // It returns the id used.
-func (st *stream) resetIncarnation(ix *index.Indexer) uint64 {
+func (st *Stream) resetIncarnation(ix *index.Indexer) uint64 {
 	var id uint64
 	if pub := st.pub.Load(); pub != nil {
 		id = st.nextWire()
@@ -84,7 +75,7 @@ func (st *stream) resetIncarnation(ix *index.Indexer) uint64 {
 
 // endIncarnationLocked ends the stream's live incarnation (docs/lifecycle.md, "Incarnations": the end Cleared on the
 // wire and in the index). Called with st.mu held by the wire counter's owner.
-func (st *stream) endIncarnationLocked(why string, log func(msg string, args ...any)) {
+func (st *Stream) endIncarnationLocked(why string, log func(msg string, args ...any)) {
 	if !st.live {
 		return
 	}
@@ -97,19 +88,19 @@ func (st *stream) endIncarnationLocked(why string, log func(msg string, args ...
 // incarnationEnds reports, at the end of an attachment, whether the producer's incarnation ends with it (a new
 // epoch or its death is then certain), and whether its pid must be watched instead (a broken connection while
 // the pid lives: the producer may reattach the same ring epoch, or die later). Runs on the drain goroutine.
-func (a *attachment) incarnationEnds() (ends, watch bool) {
+func (a *Attachment) incarnationEnds() (ends, watch bool) {
 	gone := func() bool {
-		return a.checkPID && !a.pidw.alive()
+		return a.checkPID && !a.pidw.Alive()
 	}
-	switch endCause(a.cause.Load()) {
-	case causeDetach, causePIDGone:
+	switch EndCause(a.cause.Load()) {
+	case CauseDetach, CausePIDGone:
 		return true, false
-	case causeShutdown:
-		if a.srv.parentGone.Load() {
+	case CauseShutdown:
+		if a.eng.env.ParentGone() {
 			return true, false // a private daemon: its engine (the parent) is gone
 		}
 		return a.hdrClosed() || gone(), false
-	case causeEOF:
+	case CauseEOF:
 		if a.hdrClosed() || gone() {
 			return true, false
 		}
@@ -119,43 +110,44 @@ func (a *attachment) incarnationEnds() (ends, watch bool) {
 }
 
 // watchDetached follows the pid of a producer whose connection broke while it lived: when the pid is gone before
-// the stream is attached again (or forgotten), the incarnation ends. Its caller counted it in st.watchers. It polls every 5 ms for the first second (a
-// dying process closes its descriptors before it is reaped: the common case of a SIGKILL) and every
-// PIDCheckInterval after that, and stops with the daemon.
-func (s *Server) watchDetached(st *stream, epoch uint64, pid uint32, start uint64) {
+// the stream is attached again (or forgotten), the incarnation ends. Its caller counted it in st.watchers. It
+// polls every 5 ms for the first second (a dying process closes its descriptors before it is reaped: the common
+// case of a SIGKILL) and every Config.PIDCheckInterval after that, and stops with the daemon (Env.Done).
+func (st *Stream) watchDetached(epoch uint64, pid uint32, start uint64) {
+	e := st.eng
 	began := time.Now()
 	t := time.NewTimer(5 * time.Millisecond)
 	defer t.Stop()
-	defer func() { // the stream may be dead from now on (reap.go)
+	defer func() { // the stream may be dead from now on (Dead)
 		st.mu.Lock()
 		st.watchers--
 		if st.att == nil {
-			st.deadSince = s.mono()
+			st.deadSince = e.env.Mono()
 		}
 		st.mu.Unlock()
-		s.wakeReaper()
+		e.env.StreamIdle()
 	}()
 	for {
 		select {
-		case <-s.ctx.Done():
+		case <-e.env.Done():
 			return
 		case <-t.C:
 		}
-		alive := processAlive(int(pid), start)
+		alive := e.env.ProcessAlive(int(pid), start)
 		st.mu.Lock()
 		if st.att != nil || st.epoch != epoch || !st.live || st.gone {
 			st.mu.Unlock()
 			return
 		}
 		if !alive {
-			st.endIncarnationLocked(fmt.Sprintf("producer pid %d is gone (after its connection closed)", pid), s.log.With(st.key.logAttrs()...).Info)
+			st.endIncarnationLocked(fmt.Sprintf("producer pid %d is gone (after its connection closed)", pid), e.log.With(st.key.LogAttrs()...).Info)
 			st.mu.Unlock()
 			return
 		}
 		st.mu.Unlock()
 		next := 5 * time.Millisecond
 		if time.Since(began) > time.Second {
-			next = s.cfg.PIDCheckInterval
+			next = e.cfg.PIDCheckInterval
 		}
 		t.Reset(next)
 	}
@@ -163,7 +155,7 @@ func (s *Server) watchDetached(st *stream, epoch uint64, pid uint32, start uint6
 
 // heartbeat publishes an empty batch [now, [], rank] with the next wire seq (Publisher.PublishHeartbeat: not kept
 // for replay, not in the index). Runs on the drain goroutine of a publishing stream.
-func (a *attachment) heartbeat(pub *zmqpub.Publisher) {
+func (a *Attachment) heartbeat(pub *zmqpub.Publisher) {
 	pub.PublishHeartbeat(a.st.nextWire(), emptyBatch(a.st.rank.Load()))
 }
 

@@ -1,4 +1,4 @@
-package daemon
+package stream
 
 import "time"
 
@@ -22,25 +22,25 @@ import "time"
 // can be lost only when the producer publishes within the few instructions of the worker arming the ring. The arms
 // that follow a pass (the worker sleeps right after draining, while the engine is likely to publish again) are
 // covered by the short period; later the worker re-arms the ring about once a second (its heartbeat's pace), and a
-// publish would have to hit one of those instants to be reached late, within idleEvery even then. Without this an
+// publish would have to hit one of those instants to be reached late, within IdleEvery even then. Without this an
 // idle or slow publishing stream (every vLLM rank between requests) woke its worker 100 times a second: 1.5-2.9% of a
 // core per stream, 64 idle ranks more than a core (TestIdlePublishingStreamSleeps).
 const (
-	idleEvery        = time.Second
-	publishIdleEvery = 10 * time.Millisecond
+	IdleEvery        = time.Second
+	PublishIdleEvery = 10 * time.Millisecond
 	publishWarmFor   = 25 * time.Millisecond // two short periods after the last record's arm, with the worker's slack
 )
 
 // A stream that is not published (its index is read only by queries, whose barriers wake the worker) is drained
 // lazily: its producer rings the doorbell only when lazyLevel bytes are unread (shm.Reader.SetDoorbellLevel, FORMAT.md
 // "Doorbell"), and below that its records wait for the worker's next wakeup, whatever its cause: a query, another
-// stream's doorbell, or this stream's own deadline (idleEvery). A wakeup on this machine costs the daemon ~100 µs of
+// stream's doorbell, or this stream's own deadline (IdleEvery). A wakeup on this machine costs the daemon ~100 µs of
 // CPU whatever it does (the Go runtime's and the virtual CPU's own idle exit), far more than applying one event, so
 // 64 such streams at 10 events/s cost 640 wakeups a second when rung per record, and ~4 (one per worker per
 // deadline) lazily. The level bounds the backlog a query's barrier may have to apply first (64 KiB: ~400 events of
 // 32 blocks, ~1 ms) and keeps a busy stream far from a full ring (a quarter of a small ring).
 //
-// What lags: the ring statistics and metrics of such a stream (up to idleEvery, as when idle), and --rank-ports,
+// What lags: the ring statistics and metrics of such a stream (up to IdleEvery, as when idle), and --rank-ports,
 // which opens a rank's port on its first event (so a stream with rank ports is not lazy).
 const lazyLevelMax = 64 << 10
 
@@ -48,6 +48,6 @@ const lazyLevelMax = 64 << 10
 func lazyLevel(capacity uint64) uint32 { return uint32(min(capacity/4, lazyLevelMax)) }
 
 // lazy reports whether the attachment is drained lazily (see lazyLevelMax; never with Config.EagerDrain).
-func (a *attachment) lazy() bool {
-	return !a.publishing && !a.ranks.on && !a.srv.cfg.EagerDrain
+func (a *Attachment) lazy() bool {
+	return !a.publishing && !a.ranks.on && !a.eng.cfg.EagerDrain
 }

@@ -1,4 +1,4 @@
-package daemon
+package stream
 
 import "github.com/kvshm/kvshm/proto/fbs"
 
@@ -12,11 +12,11 @@ const (
 	notIndexedKind             // kv_cache_spec_kind given and not main attention
 	notIndexedGroup            // group_idx given, not 0, and not learned as main attention (or learned as not)
 	notIndexedBlockSize        // block_size given and not the stream's kv_block_size
-	numNotIndexed
+	NumNotIndexed
 	indexed = -1
 )
 
-var notIndexedLabels = [numNotIndexed]string{"medium", "kv_cache_spec_kind", "group_idx", "block_size"}
+var NotIndexedLabels = [NumNotIndexed]string{"medium", "kv_cache_spec_kind", "group_idx", "block_size"}
 
 // mainAttention is Dynamo's KvCacheSpecKind::is_main_attention over the wire names.
 func mainAttention(kind []byte) bool {

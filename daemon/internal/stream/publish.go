@@ -1,4 +1,4 @@
-package daemon
+package stream
 
 import (
 	"errors"
@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/kvshm/kvshm/proto/fbs"
-	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
 	"github.com/kvshm/kvshm/vllmwire"
 	"github.com/kvshm/kvshm/zmqpub"
@@ -15,69 +14,67 @@ import (
 // ZMQ publishing: BATCH records and the stream's publisher (the index filter: indexfilter.go). See doc.go,
 // "Publishing on ZMQ".
 
-// publishConfig turns an ATTACH publish object into a publisher config.
-func publishConfig(p *sock.Publish) zmqpub.Config {
-	c := zmqpub.Config{Endpoint: p.Endpoint, Topic: p.Topic, HWM: p.HWM, BufferSteps: p.BufferSteps}
-	if p.ReplayEndpoint != nil {
-		c.ReplayEndpoint = *p.ReplayEndpoint
-	}
-	return c
+// Publish is what an ATTACH asks a stream to publish: its publisher's configuration (the daemon's bounds applied)
+// and the vLLM release layout of its batches.
+type Publish struct {
+	Config zmqpub.Config
+	Wire   vllmwire.Wire
 }
 
-// publishWire is the vLLM release layout an ATTACH's publish object asks for (sock.Publish.Wire; none or "": the
-// default); an unknown name is a bad_request naming the known ones.
-func publishWire(p *sock.Publish) (vllmwire.Wire, error) {
-	if p == nil {
-		return vllmwire.Wire033, nil
-	}
-	w, err := vllmwire.ParseWire(p.Wire)
+// ErrPublish is returned when a stream's publisher cannot be opened (the bind failed): the message names the
+// endpoint and errno.
+var ErrPublish = errors.New("publish")
+
+// OpenPublisher opens the publisher of a stream that does not exist yet (NewStream takes it): a bind failure
+// fails the ATTACH before anything changes.
+func (e *Engine) OpenPublisher(k Key, p *Publish) (*zmqpub.Publisher, error) {
+	log := e.log.With(k.LogAttrs()...)
+	pub, err := zmqpub.New(p.Config, log)
 	if err != nil {
-		return w, errorf(sock.CodeBadRequest, "publish: %v", err)
+		return nil, fmt.Errorf("%w: %v", ErrPublish, err)
 	}
-	return w, nil
+	ps := pub.Stats()
+	log.Info("ZMQ publishing", "endpoint", ps.Endpoint, "replay_endpoint", ps.ReplayEndpoint, "topic", p.Config.Topic,
+		"hwm", p.Config.HWM, "buffer_steps", p.Config.BufferSteps)
+	return pub, nil
 }
 
-// wireOf is publishWire for a request openRing has validated.
-func wireOf(p *sock.Publish) vllmwire.Wire {
-	w, _ := publishWire(p)
-	return w
-}
-
-// setPublisher gives the stream the publisher an ATTACH asks for: kept when the config is the same, closed when
-// none is asked, replaced (the old one closed first, so the same endpoint can be bound again) otherwise. A bind
-// failure is a bad_request naming the endpoint and errno; the stream is then left without publisher. Called with
-// s.mu held, before the attachment is installed (no drain goroutine runs for the stream).
-func (st *stream) setPublisher(req *sock.Publish, s *Server) error {
+// SetPublisher gives an existing stream the publisher an ATTACH asks for (nil: none): kept when the config is the
+// same, closed when none is asked, replaced (the old one closed first, so the same endpoint can be bound again)
+// otherwise. A bind failure is ErrPublish; the stream is then left without publisher. Called before the
+// attachment is installed (no drain goroutine runs for the stream), by one ATTACH at a time.
+func (st *Stream) SetPublisher(req *Publish) error {
+	log := st.eng.log
 	old := st.pub.Load()
 	if req == nil {
 		if old != nil {
 			st.closePublisher()
-			s.log.Info("ZMQ publishing stopped: the producer re-attached without publish", st.key.logAttrs()...)
+			log.Info("ZMQ publishing stopped: the producer re-attached without publish", st.key.LogAttrs()...)
 		}
 		return nil
 	}
-	st.pubWire.Store(uint32(wireOf(req)))
-	cfg := s.cfg.Bounds.zmqConfig(req)
+	st.pubWire.Store(uint32(req.Wire))
+	cfg := req.Config
 	if old != nil && old.Config() == cfg {
 		return nil
 	}
 	if old != nil {
 		st.closePublisher()
 	}
-	p, err := zmqpub.New(cfg, s.log.With(st.key.logAttrs()...))
+	p, err := zmqpub.New(cfg, log.With(st.key.LogAttrs()...))
 	if err != nil {
-		return errorf(sock.CodeBadRequest, "publish: %v", err)
+		return fmt.Errorf("%w: %v", ErrPublish, err)
 	}
 	st.pub.Store(p)
-	st.armReplay(p, req, s)
+	st.armReplay(p, req.Wire)
 	ps := p.Stats()
-	s.log.Info("ZMQ publishing", append(st.key.logAttrs(), "endpoint", ps.Endpoint, "replay_endpoint", ps.ReplayEndpoint,
+	log.Info("ZMQ publishing", append(st.key.LogAttrs(), "endpoint", ps.Endpoint, "replay_endpoint", ps.ReplayEndpoint,
 		"topic", cfg.Topic, "hwm", cfg.HWM, "buffer_steps", cfg.BufferSteps)...)
 	return nil
 }
 
 // closePublisher closes the stream's publisher, if any, keeping its counters in zmqBase.
-func (st *stream) closePublisher() {
+func (st *Stream) closePublisher() {
 	p := st.pub.Swap(nil)
 	if p == nil {
 		return
@@ -91,7 +88,7 @@ func (st *stream) closePublisher() {
 
 // zmqStats returns the cumulative ZMQ counters of the stream (closed publishers included) and whether it is
 // publishing now (the endpoints are then the current publisher's).
-func (st *stream) zmqStats() (zmqpub.Stats, bool) {
+func (st *Stream) zmqStats() (zmqpub.Stats, bool) {
 	p := st.pub.Load()
 	st.mu.Lock()
 	s := st.zmqBase
@@ -118,7 +115,7 @@ type batchEvent struct {
 // applyBatch handles a BATCH record: it validates every sub-record first (an invalid batch is skipped whole, as a
 // malformed record: counted, logged, history marked unknown), then applies the indexable events under one id
 // (BeginBatch) and publishes all of them as one vLLM batch.
-func (a *attachment) applyBatch(rec shm.Record, c *batchCounts) {
+func (a *Attachment) applyBatch(rec shm.Record, c *batchCounts) {
 	b := &a.batch
 	if err := rec.ParseBatch(b); err != nil {
 		a.malformedRecord(rec.Pos, err)
@@ -203,13 +200,13 @@ func (a *attachment) applyBatch(rec shm.Record, c *batchCounts) {
 
 // handOver gives the encoded batch (of dp_rank rank) to the publisher; a drop (the publisher is closed: FORGET or
 // shutdown raced the drain) is logged, rate-limited.
-func (a *attachment) handOver(pub *zmqpub.Publisher, seq uint64, rank uint32) {
+func (a *Attachment) handOver(pub *zmqpub.Publisher, seq uint64, rank uint32) {
 	a.pubbed = true
 	a.st.rank.Store(rank) // read by heartbeats and Cleared batches (same owner)
 	if pub.Publish(seq, append([]byte(nil), a.wire...)) {
 		return
 	}
-	if n, ok := a.st.zmqDropLog.allow(time.Now()); ok {
+	if n, ok := a.st.zmqDropLog.Allow(time.Now()); ok {
 		a.log.Warn("ZMQ batch dropped: the stream's publisher is closed",
 			"seq", seq, "suppressed", n)
 	}
@@ -225,7 +222,7 @@ func batchTS(ts float64) float64 {
 
 // publishEvent publishes a single EVENT record as a one-event batch (the single-event decision, docs/decisions.md: medium "GPU", lora_id None,
 // block_size the stream's).
-func (a *attachment) publishEvent(v *fbs.EventView) {
+func (a *Attachment) publishEvent(v *fbs.EventView) {
 	pub := a.st.pub.Load()
 	if pub == nil {
 		return
@@ -238,7 +235,7 @@ func (a *attachment) publishEvent(v *fbs.EventView) {
 
 // wireEvent fills the attachment's scratch vllmwire.Event from an event and its metadata (nil: the one-event
 // batch defaults). The result aliases scratch slices: valid until the next call.
-func (a *attachment) wireEvent(v *fbs.EventView, m *fbs.MetaView) *vllmwire.Event {
+func (a *Attachment) wireEvent(v *fbs.EventView, m *fbs.MetaView) *vllmwire.Event {
 	e := &a.wev
 	*e = vllmwire.Event{BlockHashes: a.whashes[:0], TokenIDs: a.wtoks[:0]}
 	switch v.Kind {
