@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvshm/kvshm/index"
+	"github.com/kvshm/kvshm/internal/wiretest"
 	"github.com/kvshm/kvshm/proto/fbs"
 	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
@@ -110,7 +111,7 @@ func (s *simEvents) pathTokens(h uint64) []uint32 {
 func applySpec(ix *index.Indexer, ev fbs.EventSpec) {
 	switch ev.Kind {
 	case fbs.KindStored:
-		_, _ = ix.ApplyStoredTokens(ev.Seq, ev.DpRank, ev.HasParent, ev.ParentHash, le64(ev.BlockHashes), le32(ev.TokenIDs), []byte(ev.LoraName), ev.IsEagle)
+		_, _ = ix.ApplyStoredTokens(ev.Seq, ev.DpRank, ev.HasParent, ev.ParentHash, wiretest.LE64(ev.BlockHashes), wiretest.LE32(ev.TokenIDs), []byte(ev.LoraName), ev.IsEagle)
 	case fbs.KindRemoved:
 		_, _ = ix.Apply(&index.Event{ID: ev.Seq, DpRank: ev.DpRank, Kind: index.KindRemoved, Hashes: ev.BlockHashes})
 	case fbs.KindCleared:

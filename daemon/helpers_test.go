@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvshm/kvshm/index"
 	"github.com/kvshm/kvshm/internal/testenv"
+	"github.com/kvshm/kvshm/internal/wiretest"
 	"github.com/kvshm/kvshm/proto/fbs"
 	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
@@ -297,22 +298,6 @@ func (p *producer) attach() sock.AttachReply {
 	return rep
 }
 
-func le64(v []uint64) []byte {
-	b := make([]byte, 0, 8*len(v))
-	for _, x := range v {
-		b = binary.LittleEndian.AppendUint64(b, x)
-	}
-	return b
-}
-
-func le32(v []uint32) []byte {
-	b := make([]byte, 0, 4*len(v))
-	for _, x := range v {
-		b = binary.LittleEndian.AppendUint32(b, x)
-	}
-	return b
-}
-
 // publish encodes ev into the ring; when ok it also feeds the oracle (a dropped event is not applied anywhere).
 func (p *producer) publish(ev fbs.EventSpec) error {
 	payload := fbs.Build(p.b, &ev)
@@ -326,7 +311,7 @@ func (p *producer) publish(ev fbs.EventSpec) error {
 func (p *producer) applyOracle(ev fbs.EventSpec) {
 	switch ev.Kind {
 	case fbs.KindStored:
-		_, _ = p.oracle.ApplyStoredTokens(ev.Seq, ev.DpRank, ev.HasParent, ev.ParentHash, le64(ev.BlockHashes), le32(ev.TokenIDs), []byte(ev.LoraName), ev.IsEagle)
+		_, _ = p.oracle.ApplyStoredTokens(ev.Seq, ev.DpRank, ev.HasParent, ev.ParentHash, wiretest.LE64(ev.BlockHashes), wiretest.LE32(ev.TokenIDs), []byte(ev.LoraName), ev.IsEagle)
 	case fbs.KindRemoved:
 		_, _ = p.oracle.Apply(&index.Event{ID: ev.Seq, DpRank: ev.DpRank, Kind: index.KindRemoved, Hashes: ev.BlockHashes})
 	case fbs.KindCleared:

@@ -14,6 +14,7 @@ import (
 	flatbuffers "github.com/google/flatbuffers/go"
 
 	"github.com/kvshm/kvshm/index"
+	"github.com/kvshm/kvshm/internal/wiretest"
 	"github.com/kvshm/kvshm/proto/fbs"
 	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/shm"
@@ -134,7 +135,7 @@ func TestProducerProcessKilled(t *testing.T) {
 	}
 	oracle, _ := index.New(index.Config{WorkerID: 21, BlockSize: 4, MaxBufferSize: 1024})
 	for _, ev := range procEvents(n) {
-		_, _ = oracle.ApplyStoredTokens(ev.Seq, 0, ev.HasParent, ev.ParentHash, le64(ev.BlockHashes), le32(ev.TokenIDs), nil, false)
+		_, _ = oracle.ApplyStoredTokens(ev.Seq, 0, ev.HasParent, ev.ParentHash, wiretest.LE64(ev.BlockHashes), wiretest.LE32(ev.TokenIDs), nil, false)
 	}
 	_, _ = oracle.Apply(&index.Event{ID: n, Kind: index.KindCleared})
 	c, err := sock.Dial(ctxT(t), ts.SocketPath())

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/kvshm/kvshm/internal/wiretest"
 	"github.com/kvshm/kvshm/proto/sock"
 	"github.com/kvshm/kvshm/vllmwire"
 )
@@ -51,19 +52,6 @@ func replayBatches(t *testing.T, rep string, start uint64) ([]uint64, []vllmwire
 	}
 }
 
-func describe(b vllmwire.Batch) []string {
-	var out []string
-	for _, e := range b.Events {
-		s := e.Kind.Tag()
-		if e.Kind == vllmwire.KindStored {
-			s += fmt.Sprintf(" %v parent %v/%d tokens %v bs %d medium %q", e.BlockHashes, e.HasParent, e.ParentHash,
-				e.TokenIDs, e.BlockSize, e.Medium)
-		}
-		out = append(out, s)
-	}
-	return out
-}
-
 // TestZmqSnapshotReply: a publishing stream whose replay buffer rolled over answers a replay from before it with
 // the state as of the last batch L (one batch, seq L: AllBlocksCleared, then the resident chains with their
 // tokens, parents first), then the batches after L; with --zmq-snapshots=false the reply is the buffer only, as
@@ -98,7 +86,7 @@ func TestZmqSnapshotReply(t *testing.T) {
 			}
 			want := []string{"AllBlocksCleared",
 				"BlockStored [101 102 103] parent false/0 tokens [0 1 2 3 4 5 6 7 100 101 102 103] bs 4 medium \"GPU\""}
-			if got := describe(batches[0]); !slices.Equal(got, want) || !batches[0].HasDpRank || batches[0].DpRank != 0 {
+			if got := wiretest.Describe(batches[0]); !slices.Equal(got, want) || !batches[0].HasDpRank || batches[0].DpRank != 0 {
 				t.Fatalf("snapshot batch %q rank %v/%d, want %q rank 0", got, batches[0].HasDpRank, batches[0].DpRank, want)
 			}
 			// A batch after the snapshot follows it in the next reply from the same old seq (the snapshot is shared).
@@ -106,8 +94,8 @@ func TestZmqSnapshotReply(t *testing.T) {
 			next := nextWire(t, ts, 5) - 1
 			waitUntil(t, func() bool { return st.Publisher().Stats().Published == 6 }, "6 batches published")
 			seqs, batches = replayBatches(t, rep, first)
-			if !slices.Equal(seqs, []uint64{last, next}) || !bytes.Contains([]byte(fmt.Sprint(describe(batches[1]))), []byte("[104]")) {
-				t.Fatalf("seqs %v (want %d, %d), tail %q", seqs, last, next, describe(batches[1]))
+			if !slices.Equal(seqs, []uint64{last, next}) || !bytes.Contains([]byte(fmt.Sprint(wiretest.Describe(batches[1]))), []byte("[104]")) {
+				t.Fatalf("seqs %v (want %d, %d), tail %q", seqs, last, next, wiretest.Describe(batches[1]))
 			}
 			if s := st.Publisher().Stats(); s.Snapshots != [4]uint64{1, 1, 0, 0} || s.ReplayIncomplete != 0 {
 				t.Fatalf("snapshots %v incomplete %d, want [1 1 0 0] and 0", s.Snapshots, s.ReplayIncomplete)

@@ -1,7 +1,6 @@
 package stream
 
 import (
-	"encoding/binary"
 	"flag"
 	"log/slog"
 	"testing"
@@ -31,21 +30,4 @@ func tokens(base uint32, nblocks int, bs uint32) []uint32 {
 		out[i] = base + uint32(i)
 	}
 	return out
-}
-
-// le64 and le32 are the little-endian bytes index.ApplyStoredTokens takes.
-func le64(v []uint64) []byte {
-	b := make([]byte, 0, 8*len(v))
-	for _, x := range v {
-		b = binary.LittleEndian.AppendUint64(b, x)
-	}
-	return b
-}
-
-func le32(v []uint32) []byte {
-	b := make([]byte, 0, 4*len(v))
-	for _, x := range v {
-		b = binary.LittleEndian.AppendUint32(b, x)
-	}
-	return b
 }

@@ -1,12 +1,12 @@
 package stream
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
 
 	"github.com/kvshm/kvshm/index"
+	"github.com/kvshm/kvshm/internal/wiretest"
 	"github.com/kvshm/kvshm/vllmwire"
 )
 
@@ -29,7 +29,7 @@ func BenchmarkSnapshotBatches(b *testing.B) {
 		for i := range toks {
 			toks[i] = uint32(rng.IntN(128000))
 		}
-		if _, err := ix.ApplyStoredTokens(uint64(id+1), 0, false, 0, le64(hs), le32(toks), nil, false); err != nil {
+		if _, err := ix.ApplyStoredTokens(uint64(id+1), 0, false, 0, wiretest.LE64(hs), wiretest.LE32(toks), nil, false); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -60,7 +60,7 @@ func TestSnapshotBatchesPerRank(t *testing.T) {
 		hs   []uint64
 		toks []uint32
 	}{{1, 1, []uint64{11}, []uint32{1, 2}}, {2, 0, []uint64{21, 22}, []uint32{3, 4, 5, 6}}, {3, 2, []uint64{31}, []uint32{7, 8}}} {
-		if _, err := ix.ApplyStoredTokens(e.id, e.dp, false, 0, le64(e.hs), le32(e.toks), nil, false); err != nil {
+		if _, err := ix.ApplyStoredTokens(e.id, e.dp, false, 0, wiretest.LE64(e.hs), wiretest.LE32(e.toks), nil, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -86,7 +86,7 @@ func TestSnapshotBatchesPerRank(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := describe(b); !slices.Equal(got, want[i]) || b.DpRank != int64(i) {
+			if got := wiretest.Describe(b); !slices.Equal(got, want[i]) || b.DpRank != int64(i) {
 				t.Fatalf("%s batch %d: %q rank %d, want %q rank %d", what, i, got, b.DpRank, want[i], i)
 			}
 		}
@@ -107,8 +107,8 @@ func TestSnapshotBatchesPerRank(t *testing.T) {
 	if err != nil || len(out) != 1 || len(fresh) != 0 {
 		t.Fatalf("no ranks: %d batches, %d fresh, %v; want 1, 0", len(out), len(fresh), err)
 	}
-	if b, _ := vllmwire.Decode(out[0]); !slices.Equal(describe(b), []string{"AllBlocksCleared"}) || b.DpRank != 9 {
-		t.Fatalf("no ranks: %q rank %d, want the Cleared alone, rank 9", describe(b), b.DpRank)
+	if b, _ := vllmwire.Decode(out[0]); !slices.Equal(wiretest.Describe(b), []string{"AllBlocksCleared"}) || b.DpRank != 9 {
+		t.Fatalf("no ranks: %q rank %d, want the Cleared alone, rank 9", wiretest.Describe(b), b.DpRank)
 	}
 }
 
@@ -119,7 +119,7 @@ func TestSnapshotBatchesChunked(t *testing.T) {
 	var parent uint64
 	for id := uint64(1); id <= 40; id++ {
 		h := 100 + id
-		if _, err := ix.ApplyStoredTokens(id, 0, id > 1, parent, le64([]uint64{h}), le32([]uint32{uint32(id), 7}), nil, false); err != nil {
+		if _, err := ix.ApplyStoredTokens(id, 0, id > 1, parent, wiretest.LE64([]uint64{h}), wiretest.LE32([]uint32{uint32(id), 7}), nil, false); err != nil {
 			t.Fatal(err)
 		}
 		if id%3 != 0 { // a chain with branches: several BlockStored events
@@ -138,7 +138,7 @@ func TestSnapshotBatchesChunked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := describe(wb)
+	want := wiretest.Describe(wb)
 	out, fresh, err := snapshotBatches(ts, vllmwire.Wire033, 2, 0, 64)
 	if err != nil {
 		t.Fatal(err)
@@ -152,11 +152,11 @@ func TestSnapshotBatchesChunked(t *testing.T) {
 			t.Fatal(err)
 		}
 		ob, _ := vllmwire.Decode(out[i])
-		want := describe(ob)
+		want := wiretest.Describe(ob)
 		if i == 0 {
 			want = want[1:]
 		}
-		if got := describe(fb); !slices.Equal(got, want) {
+		if got := wiretest.Describe(fb); !slices.Equal(got, want) {
 			t.Fatalf("fresh batch %d: %q, want %q", i, got, want)
 		}
 	}
@@ -169,7 +169,7 @@ func TestSnapshotBatchesChunked(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d := describe(b)
+		d := wiretest.Describe(b)
 		if (d[0] == "AllBlocksCleared") != (i == 0) || b.DpRank != 0 {
 			t.Fatalf("batch %d: %q rank %d: only the first opens with the Cleared, all of rank 0", i, d, b.DpRank)
 		}
@@ -178,17 +178,4 @@ func TestSnapshotBatchesChunked(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("chunked events:\n%q\nwant the unchunked batch's:\n%q", got, want)
 	}
-}
-
-func describe(b vllmwire.Batch) []string {
-	var out []string
-	for _, e := range b.Events {
-		s := e.Kind.Tag()
-		if e.Kind == vllmwire.KindStored {
-			s += fmt.Sprintf(" %v parent %v/%d tokens %v bs %d medium %q", e.BlockHashes, e.HasParent, e.ParentHash,
-				e.TokenIDs, e.BlockSize, e.Medium)
-		}
-		out = append(out, s)
-	}
-	return out
 }
