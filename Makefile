@@ -530,7 +530,7 @@ cluster-short: cluster-prep
 # rings. Emulation shows the code runs on aarch64 (syscall numbers, page sizes the kernel gives, the wheel's
 # binaries); it cannot show ordering bugs (qemu runs the guest with the host's x86 ordering): make grace-stress on a
 # real Grace node does. ARM64_PYTEST_ARGS picks tests (default: the whole suite); ARM64_TIMEOUT bounds each stage.
-ARM64_GO_PKGS     := shm index zmqpub vllmwire proto/fbs proto/sock drain daemon
+ARM64_GO_PKGS     := shm index zmqpub vllmwire proto/fbs proto/sock drain daemon daemon/internal/stream
 ARM64_OUT         := build/arm64
 ARM64_TIMEOUT     ?= 1800
 ARM64_PYTEST_ARGS ?=
