@@ -136,32 +136,17 @@ class AgentWorker(Worker):
 
 _GENERATE = re.compile(r"dynamo%2Fbackend%2Fgenerate%2F([0-9a-f]+)")
 
-# What the router logs about its state-agent path (dynamo_llm::kv_router::indexer::recovery::state_agent, 1.6.1),
-# and what the agent logs about its raw source.
-ROUTER_LINES = {
-    "resolved": "Resolved KV-state event source",
-    "reconciliation failed closed": "KV state-source reconciliation failed closed",
-    "subscribe failed": "Failed to subscribe to KV-state endpoint",
-    "status failed": "KV state-agent status handshake failed",
-    "recovery failed": "KV state-agent recovery query failed",
-    "tail rejected": "buffered state-agent recovery tail was rejected",
-    "gap": "KV state-agent event gap",
-    "advisory failed": "Failed to apply advisory KV state event",
-    "legacy dropped": "Dropping legacy KV events for a rank owned by the state-agent source mode",
-}
-AGENT_LINES = {
-    "Status": "kind: Status",
-    "StateAgentRecovery": "kind: StateAgentRecovery",
-    "Recovery": "kind: Recovery",
-    "raw gap": "raw KV source cursor gap or regression",
-}
+# What the router logs about its state-agent path (dynamo_llm::kv_router::indexer::recovery::state_agent, 1.6.1):
+# every distinct message, counted per step. What the agent answered: the router's queries by kind.
+_ROUTER = re.compile(r"kv_router::indexer::recovery::state_agent: (.*?)(?= \w+=|$)", re.M)
+AGENT_LINES = {"Status": "kind: Status", "StateAgentRecovery": "kind: StateAgentRecovery", "Recovery": "kind: Recovery"}
 _WARN = re.compile(r"\b(WARN|ERROR)\b")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclass
 class AgentStep:
-    """What one step showed of the agent: the router's state-agent lines, the queries the agent answered, its
+    """What one step showed of the agent: the router's state-agent messages, the queries the agent answered, its
     warnings (each distinct message once, with its count), its cost."""
 
     router: dict[str, int] = field(default_factory=dict)
@@ -198,11 +183,12 @@ class AgentRun(ModeRun):
     def judge(self, step: str, decisions: list[Decision], notes: list[str], seconds: float) -> None:
         cpu, rss = self.agent.cost()
         agent_text = self._new_text(*self._logs("agent", self.agent.starts))
-        seen = AgentStep(_count(self._new_text(*self._logs("frontend", self.frontend.starts)), ROUTER_LINES),
-                         _count(agent_text, AGENT_LINES), _warnings(agent_text), cpu - self._cpu0, rss)
+        router = _messages(self._new_text(*self._logs("frontend", self.frontend.starts)))
+        seen = AgentStep(router, _count(agent_text, AGENT_LINES), _warnings(agent_text), cpu - self._cpu0, rss)
         self._cpu0 = cpu
         self.seen.append(seen)
-        notes = [*notes, "router: " + (", ".join(f"{k} {v}" for k, v in seen.router.items() if v) or "-"),
+        router_notes = "; ".join(f"{v}x {k}" for k, v in seen.router.items()) or "-"
+        notes = [*notes, "router's state-agent path: " + router_notes,
                  "agent answered: " + (", ".join(f"{k} {v}" for k, v in seen.agent.items() if v) or "-"),
                  f"agent {seen.cpu_s:.2f} CPU s, RSS {seen.rss >> 20} MiB"]
         notes += [f"agent: {n}x {w}" for w, n in seen.warnings.items()]
@@ -238,6 +224,13 @@ class AgentRun(ModeRun):
 
 def _count(text: str, lines: dict[str, str]) -> dict[str, int]:
     return {k: text.count(s) for k, s in lines.items()}
+
+
+def _messages(text: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for m in _ROUTER.findall(text):
+        out[m] = out.get(m, 0) + 1
+    return out
 
 
 def _warnings(text: str) -> dict[str, int]:
