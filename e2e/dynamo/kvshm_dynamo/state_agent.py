@@ -38,8 +38,8 @@ AGENT_TIMEOUT = 60.0
 NOOP_MODULE, NOOP_NAME = "kvshm_dynamo.noop_connector", "NoopConnector"
 
 AGENT_MODES = (
-    Mode("vLLM zmq (state agent)", "zmq", "none"),
-    Mode("kvshm shared (state agent)", "kvshm", "shared"),
+    Mode("vLLM zmq (agent)", "zmq", "none"),
+    Mode("kvshm shared (agent)", "kvshm", "shared"),
 )
 
 
