@@ -18,6 +18,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,9 +26,9 @@ from pathlib import Path
 
 from kvshm_e2e.table import Mode
 
-from kvshm_testkit import Proc, cpu_seconds, markdown_table, rss_bytes, wait_until
+from kvshm_testkit import Proc, cpu_seconds, http_get, markdown_table, rss_bytes, wait_until
 
-from .judges import Decision
+from .judges import Decision, parse_applied
 from .scenarios import ModeRun, Setup
 from .stack import Frontend, Worker
 
@@ -181,18 +182,35 @@ class AgentRun(ModeRun):
         return out
 
     def judge(self, step: str, decisions: list[Decision], notes: list[str], seconds: float) -> None:
+        if not self.rows:
+            time.sleep(1.0)  # as ModeRun's first-step check: the last request's events reach the router
         cpu, rss = self.agent.cost()
         agent_text = self._new_text(*self._logs("agent", self.agent.starts))
         router = _messages(self._new_text(*self._logs("frontend", self.frontend.starts)))
         seen = AgentStep(router, _count(agent_text, AGENT_LINES), _warnings(agent_text), cpu - self._cpu0, rss)
         self._cpu0 = cpu
         self.seen.append(seen)
+        r = http_get(self.frontend.url + "/metrics", 5.0)
+        by_type = parse_applied(r.text, by="event_type", status="ok") if r.ok else {}
         router_notes = "; ".join(f"{v}x {k}" for k, v in seen.router.items()) or "-"
-        notes = [*notes, "router's state-agent path: " + router_notes,
+        notes = [*notes, "applied by kind: " + (", ".join(f"{k} {v}" for k, v in sorted(by_type.items())) or "-"),
+                 "router's state-agent path: " + router_notes,
                  "agent answered: " + (", ".join(f"{k} {v}" for k, v in seen.agent.items() if v) or "-"),
                  f"agent {seen.cpu_s:.2f} CPU s, RSS {seen.rss >> 20} MiB"]
         notes += [f"agent: {n}x {w}" for w, n in seen.warnings.items()]
         super().judge(step, decisions, notes, seconds)
+        if len(self.rows) == 1:
+            # ModeRun's rule is the relay's (applied = published, merged); through the agent the router also applies
+            # Cleared barriers of its own (the agent's at each attachment, the router's own at each recovery): the
+            # stores and removals are compared, the Cleared counted apart.
+            self.checks.pop()
+            moved = by_type.get("stored", 0) + by_type.get("removed", 0)
+            merged = sum(w.count.merged for w in self.wire.values())
+            self.checks.append((
+                "steady serving: the router applied every store and removal the engines published (adjacent ones "
+                "of a kind merged), through the agent", moved == merged,
+                f"stored + removed applied {moved}, published {merged} merged; Cleared applied "
+                f"{by_type.get('cleared', 0)}"))
 
     def summary(self) -> dict[str, object]:
         out = super().summary()

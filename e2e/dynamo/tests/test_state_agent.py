@@ -61,3 +61,15 @@ def test_router_messages() -> None:
         "Ignoring stale Worker event while state source is detached": 2,
         "KV state-agent event gap; continuing advisory ingestion": 1,
     }
+
+
+def test_applied_by_kind() -> None:
+    from kvshm_dynamo.judges import parse_applied
+
+    metrics = "\n".join(
+        'dynamo_component_kv_cache_events_applied{dynamo_component="backend",dynamo_namespace="dynamo",'
+        f'event_type="{kind}",status="{status}",worker_id="25831d76c7b1bd84"}} {n}'
+        for kind, status, n in [("cleared", "ok", 2), ("stored", "ok", 3), ("stored", "block_not_found", 1),
+                                ("removed", "ok", 0)])
+    assert parse_applied(metrics) == {"ok": 5, "block_not_found": 1}
+    assert parse_applied(metrics, by="event_type", status="ok") == {"cleared": 2, "stored": 3, "removed": 0}
