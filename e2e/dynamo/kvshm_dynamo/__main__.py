@@ -1,6 +1,7 @@
 """``python -m kvshm_dynamo --out DIR``: creates a loopback-only network namespace, runs every mode's steps in it
 (the control first: the kvshm rows are compared with its decisions), prints the tables (also DIR/table.md), removes
-the namespace; exits 1 when a kvshm row or check misses the goals."""
+the namespace; exits 1 when a kvshm row or check misses the goals. The state-agent modes (state_agent.py) run only
+when ``--modes`` names them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import argparse
 import json
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from kvshm_e2e.table import MODES
@@ -18,6 +20,7 @@ from kvshm_testkit import finish, kill_live, run_steps
 from . import netns
 from .model import make_model
 from .scenarios import ModeRun, Setup
+from .state_agent import AGENT_MODES, AgentRun, render_agent, veth
 from .table import batch_checks, failures, render
 
 RUN_TIMEOUT = 3 * 3600.0
@@ -29,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, type=Path, help="logs, truth files and table.md")
     ap.add_argument("--base-port", type=int, default=19500)
     ap.add_argument("--modes", default=",".join(m.name for m in MODES),
-                    help="comma-separated subset of: " + ", ".join(m.name for m in MODES))
+                    help="comma-separated subset of: " + ", ".join(m.name for m in (*MODES, *AGENT_MODES))
+                    + " (the state-agent modes only when named)")
     args = ap.parse_args(argv)
     if netns.inside() is None:
         return netns.run_inside([sys.executable, "-m", "kvshm_dynamo", *argv], RUN_TIMEOUT)
@@ -44,24 +48,34 @@ def run(args: argparse.Namespace) -> int:
     runs: list[ModeRun] = []
     control = None
     t0 = time.monotonic()
-    try:
-        for i, mode in enumerate(MODES):
-            if mode.name not in wanted:
-                continue
-            mr = ModeRun(setup, mode, i, control)
-            runs.append(mr)
-            mr.checks.append(("ran every step", *run_steps(mr.run, mr.rows)))
-            if not mode.judged:
-                control = {r.step: r.decisions for r in mr.rows}
-    finally:
-        kill_live()
+    with ExitStack() as stack:
+        try:
+            for i, mode in enumerate((*MODES, *AGENT_MODES)):
+                if mode.name not in wanted:
+                    continue
+                if mode in AGENT_MODES:
+                    if not any(isinstance(r, AgentRun) for r in runs):
+                        stack.enter_context(veth())  # removed when the runs are done, whatever happens
+                    mr: ModeRun = AgentRun(setup, mode, i, control)
+                else:
+                    mr = ModeRun(setup, mode, i, control)
+                runs.append(mr)
+                mr.checks.append(("ran every step", *run_steps(mr.run, mr.rows)))
+                if not mode.judged:
+                    control = {r.step: r.decisions for r in mr.rows}
+        finally:
+            kill_live()
     batch_checks(runs)
     (args.out / "results.json").write_text(json.dumps([run.summary() for run in runs], indent=1) + "\n")
     bad = failures(runs)
     headline = (f"make e2e-dynamo: {sum(len(r.rows) for r in runs)} rows in {time.monotonic() - t0:.0f} s; "
                 + (f"{len(bad)} kvshm rows/checks miss the goals" if bad
                    else "every kvshm row is at least as right as the control"))
-    return finish(args.out, render(runs), headline, bad)
+    table = render(runs)
+    agents = [r for r in runs if isinstance(r, AgentRun)]
+    if agents:
+        table += "\n\n" + render_agent(agents)
+    return finish(args.out, table, headline, bad)
 
 
 if __name__ == "__main__":

@@ -85,13 +85,16 @@ def events_applied(frontend_url: str) -> dict[str, int]:
     return parse_applied(r.text) if r.ok else {}
 
 
-def parse_applied(text: str) -> dict[str, int]:
-    """The applied-event counter of a Prometheus text exposition, by status, summed over its other labels."""
+def parse_applied(text: str, by: str = "status", status: str | None = None) -> dict[str, int]:
+    """The applied-event counter of a Prometheus text exposition, by the label ``by`` (``status``, ``event_type``),
+    summed over its other labels; with ``status``, only the series of that status."""
     out: dict[str, int] = {}
     for labels, value in _APPLIED.findall(text):
-        m = re.search(r'status="([^"]*)"', labels)
-        status = m.group(1) if m else "?"
-        out[status] = out.get(status, 0) + int(float(value))
+        if status is not None and f'status="{status}"' not in labels:
+            continue
+        m = re.search(by + r'="([^"]*)"', labels)
+        key = m.group(1) if m else "?"
+        out[key] = out.get(key, 0) + int(float(value))
     return out
 
 

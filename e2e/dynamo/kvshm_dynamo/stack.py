@@ -119,14 +119,19 @@ class Worker(Engine):
                 raise RuntimeError(f"worker {self.index} exited with {proc.returncode} while starting:\n"
                                    + self.log.read_text(errors="replace")[-3000:])
             if self.dynamo_id is None:
-                m = _WORKER_ID.search(self.log.read_text(errors="replace"))
-                if m is None:
+                self.dynamo_id = self.read_id()
+                if self.dynamo_id is None:
                     return False
-                self.dynamo_id = int(m.group(1))
                 self.ids[self.dynamo_id] = self.index
             return frontend is None or frontend.serves({self.dynamo_id})
 
         wait_until(f"worker {self.index} serving", up, READY_TIMEOUT, 1.0)
+
+    def read_id(self) -> int | None:
+        """This incarnation's Dynamo instance id once its log names it (its KV event relay's first line), else
+        None."""
+        m = _WORKER_ID.search(self.log.read_text(errors="replace"))
+        return int(m.group(1)) if m is not None else None
 
 
 __all__ = ["BLOCK_SIZE", "Frontend", "MODEL_NAME", "Ports", "Timeout", "Worker", "stack_env"]
