@@ -6,14 +6,15 @@ import (
 	"time"
 )
 
-// Late joiners (doc.go, "Late joiners"): a subscriber whose subscription first matches the topic within
+// Late joiners (doc.go, "Late joiners"): on a publisher that began in the middle of an engine incarnation (its first
+// batch not a reset batch: a restarted daemon), a subscriber whose subscription first matches the topic within
 // Config.JoinWindow of New gets the batches the replay buffer holds first, in seq order, then the live ones.
 
 // DefaultJoinWindow is the default Config.JoinWindow: libzmq reconnects every 100 ms (ZMQ_RECONNECT_IVL), so a
 // subscriber that was connected to the socket's previous life (a daemon SIGKILLed and restarted) is back within a
 // few of those, handshake and subscription included, even on a loaded host; 5 s is well past that and short of
 // the 15 s a libzmq peer with Dynamo's heartbeat takes to give up a silent connection and reconnect (a consumer
-// that reconnects inside the window would get the batches again: doc.go says why that is harmless).
+// that reconnects inside the window gets the batches again: doc.go, "Late joiners", says what that does).
 const DefaultJoinWindow = 5 * time.Second
 
 // maxJoinBatches bounds the batches one late joiner is given (the newest that the replay buffer holds): the
@@ -27,7 +28,7 @@ const maxJoinBatches = 1024
 const joinChunk = 32
 
 // subscribed records that c's subscriptions match the topic (matches) or no longer do. The first time they match,
-// within the join window, the buffered batches are queued to c before it is marked subscribed, both under the
+// within the join window of a publisher that began mid-incarnation, the buffered batches are queued to c before it is marked subscribed, both under the
 // publish lock: the joiner gets them before any live batch, and a batch published meanwhile waits for the lock
 // (a few µs per chunk; a socket is written under it only as Publish writes one, without waiting). first is false after the first match: a
 // subscriber that cancels and subscribes again is not given them twice.
@@ -43,7 +44,7 @@ func (p *Publisher) subscribed(c *conn, matches bool, first *bool) error {
 	}
 	p.pmu.Lock()
 	defer p.pmu.Unlock()
-	if !p.closed {
+	if !p.closed && p.midStream {
 		if err := p.join(c); err != nil {
 			return err
 		}

@@ -38,29 +38,52 @@ func subscribedConns(p *Publisher) int {
 }
 
 // TestLateSubscriberGetsBatchesSinceBind is a restarted kvshmd's race (e2e/dynamo/README.md): the PUB is bound and
-// publishes at once; a subscriber that was connected to the daemon's previous life reconnects 100 ms later (libzmq)
-// and, before, missed what was published meanwhile (dynamo.vllm's relay has no replay: lost for its router). Now a
-// subscriber joining within the join window gets the buffered batches (the reset and the batches, not the
-// heartbeat, which is never kept), in order, then the live ones; one already subscribed gets everything once.
+// publishes at once, mid-incarnation; a subscriber that was connected to the daemon's previous life reconnects
+// 100 ms later (libzmq) and, before, missed what was published meanwhile (dynamo.vllm's relay has no replay: lost
+// for its router). Now a subscriber joining within the join window gets the buffered batches (not the heartbeats,
+// which are never kept; from a reset batch on when one came: the incarnation ended), in order, then the live ones;
+// one already subscribed gets everything once. A fresh stream (its first batch a reset: an incarnation's start)
+// keeps PUB/SUB as vLLM has it: a late subscriber gets the live batches only.
 func TestLateSubscriberGetsBatchesSinceBind(t *testing.T) {
-	p := newPub(t, Config{Endpoint: "tcp://*:0", Topic: "kv", BufferSteps: 100})
-	_, early := joiner(t, p)
-	waitFor(t, func() bool { return subscribedConns(p) == 1 }, "the early subscriber subscribed")
-	p.PublishReset(1, []byte("cleared"))
-	p.Publish(2, []byte("a"))
-	p.PublishHeartbeat(3, []byte("hb"))
-	p.Publish(4, []byte("b"))
-	_, late := joiner(t, p)
-	waitFor(t, func() bool { return subscribedConns(p) == 2 }, "the late subscriber subscribed")
-	p.Publish(5, []byte("c"))
-	if got := readMessages(t, late, 4); !equalSeqs(got, []uint64{1, 2, 4, 5}) {
-		t.Fatalf("late subscriber got seqs %v, want [1 2 4 5]: the batches since the bind, then the live one", got)
+	type op struct {
+		kind itemKind
+		seq  uint64
 	}
-	if got := readMessages(t, early, 5); !equalSeqs(got, []uint64{1, 2, 3, 4, 5}) {
-		t.Fatalf("early subscriber got seqs %v, want [1 2 3 4 5], each once", got)
-	}
-	if st := p.Stats(); st.Joins != 1 || st.JoinedBatches != 3 {
-		t.Fatalf("Joins %d, JoinedBatches %d; want 1 and 3", st.Joins, st.JoinedBatches)
+	for _, tc := range []struct {
+		name          string
+		ops           []op
+		late          []uint64 // what the late subscriber gets, the live seq 10 last
+		joinedBatches uint64   // Stats.JoinedBatches
+		joins         uint64   // Stats.Joins
+	}{
+		{"restarted daemon", []op{{itemBatch, 1}, {itemHeartbeat, 2}, {itemBatch, 3}}, []uint64{1, 3, 10}, 2, 1},
+		{"restarted daemon, then the incarnation ends", []op{{itemHeartbeat, 1}, {itemBatch, 2}, {itemReset, 3},
+			{itemBatch, 4}}, []uint64{3, 4, 10}, 2, 1},
+		{"fresh stream", []op{{itemReset, 1}, {itemBatch, 2}, {itemHeartbeat, 3}}, []uint64{10}, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPub(t, Config{Endpoint: "tcp://*:0", Topic: "kv", BufferSteps: 100})
+			_, early := joiner(t, p)
+			waitFor(t, func() bool { return subscribedConns(p) == 1 }, "the early subscriber subscribed")
+			var all []uint64
+			for _, o := range tc.ops {
+				p.publish(entry{seq: o.seq, payload: []byte("x"), reset: o.kind == itemReset}, o.kind)
+				all = append(all, o.seq)
+			}
+			_, late := joiner(t, p)
+			waitFor(t, func() bool { return subscribedConns(p) == 2 }, "the late subscriber subscribed")
+			p.Publish(10, []byte("live"))
+			if got := readMessages(t, late, len(tc.late)); !equalSeqs(got, tc.late) {
+				t.Fatalf("late subscriber got seqs %v, want %v", got, tc.late)
+			}
+			if got := readMessages(t, early, len(all)+1); !equalSeqs(got, append(all, 10)) {
+				t.Fatalf("early subscriber got seqs %v, want %v, each once", got, append(all, 10))
+			}
+			if st := p.Stats(); st.Joins != tc.joins || st.JoinedBatches != tc.joinedBatches {
+				t.Fatalf("Joins %d, JoinedBatches %d; want %d and %d", st.Joins, st.JoinedBatches, tc.joins,
+					tc.joinedBatches)
+			}
+		})
 	}
 }
 
@@ -191,8 +214,8 @@ func TestJoinersThatNeverReadCostTheirAddressOnly(t *testing.T) {
 }
 
 // TestLibzmqSubReconnectingAfterBind is the restart race with the real peer: a libzmq SUB (pyzmq) connected to an
-// endpoint that nothing listens on yet (a kvshmd SIGKILLed) retries every 100 ms; the PUB is bound and publishes a
-// reset, batches and a heartbeat at once, before the SUB is back. The SUB gets the batches, in order, then the live
+// endpoint that nothing listens on yet (a kvshmd SIGKILLed) retries every 100 ms; the PUB is bound and publishes
+// batches and a heartbeat of the engine's ongoing incarnation at once, before the SUB is back. The SUB gets the batches, in order, then the live
 // one (before, only the live one: what was published before its reconnect was lost).
 func TestLibzmqSubReconnectingAfterBind(t *testing.T) {
 	py := testenv.VenvPython(t, "../.venv/bin/python", "zmq")
@@ -216,9 +239,9 @@ func TestLibzmqSubReconnectingAfterBind(t *testing.T) {
 		t.Fatalf("latejoin.py: %q, %v", lines.Text(), lines.Err())
 	}
 	p := newPub(t, Config{Endpoint: fmt.Sprintf("tcp://*:%d", port), BufferSteps: 100})
-	p.PublishReset(7, []byte("cleared"))
-	p.Publish(8, []byte("a"))
-	p.PublishHeartbeat(9, []byte("hb"))
+	p.Publish(7, []byte("a")) // mid-incarnation: no reset batch first
+	p.PublishHeartbeat(8, []byte("hb"))
+	p.Publish(9, []byte("b"))
 	waitFor(t, func() bool { return subscribedConns(p) == 1 }, "the libzmq SUB reconnected and subscribed")
 	p.Publish(10, []byte("live"))
 	if !lines.Scan() {
@@ -231,7 +254,7 @@ func TestLibzmqSubReconnectingAfterBind(t *testing.T) {
 	if err := json.Unmarshal(lines.Bytes(), &res); err != nil {
 		t.Fatalf("latejoin.py's output %q: %v", lines.Text(), err)
 	}
-	if len(res.Errors) > 0 || !equalSeqs(res.Seqs, []uint64{7, 8, 10}) {
-		t.Fatalf("the libzmq SUB got seqs %v (errors %v), want [7 8 10]", res.Seqs, res.Errors)
+	if len(res.Errors) > 0 || !equalSeqs(res.Seqs, []uint64{7, 9, 10}) {
+		t.Fatalf("the libzmq SUB got seqs %v (errors %v), want [7 9 10]", res.Seqs, res.Errors)
 	}
 }

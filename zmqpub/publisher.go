@@ -168,9 +168,13 @@ type Publisher struct {
 
 	// pmu orders Publish, PublishHeartbeat and PublishReset (each hands its message to every subscriber inline)
 	// with Flush's snapshot and Close: held for one call's fan-out, which never waits (conn.put).
-	pmu       sync.Mutex
-	closed    bool // set by Close; nothing is published after it
-	closeOnce sync.Once
+	pmu    sync.Mutex
+	closed bool // set by Close; nothing is published after it
+	// midStream: the first batch this publisher handed out (heartbeats aside) was not a reset batch, so it began in
+	// the middle of an engine incarnation (a restarted daemon); fresh: it was one. Late joiners are given the
+	// buffered batches only midStream (join.go). Protected by pmu.
+	midStream, fresh bool
+	closeOnce        sync.Once
 
 	// newest is 1 + the newest seq handed out (any kind; 0: none), stored after the batch is in the buffer: every
 	// seq up to it that a reply finds neither buffered nor lost was a heartbeat's (fill.go).
@@ -380,6 +384,9 @@ func (p *Publisher) publish(e entry, kind itemKind) bool {
 		p.bufMu.Lock()
 		p.buf.clear()
 		p.bufMu.Unlock()
+	}
+	if kind != itemHeartbeat && !p.midStream && !p.fresh {
+		p.midStream, p.fresh = kind == itemBatch, kind == itemReset
 	}
 	var seq [8]byte
 	binary.BigEndian.PutUint64(seq[:], e.seq)
