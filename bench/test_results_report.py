@@ -257,6 +257,9 @@ def test_dynamo_figures_are_per_request_against_the_same_run_control(kv_engine_s
     assert ("saved" if kv_engine_s < 1.0 else "added") + " per published batch" in text
     assert "| requests / engine batches / all batches | 100 / 80 / 90 | 100 / 80 / 90 |" in text
     assert "load average 3.0 / 4.0" in text
+    assert "the resolution of this run" not in text  # one kvshm side: no second one to compare with
+    r["sides"]["kvshm private"] = {**r["sides"]["kvshm shared"], "engine_core_cpu_s": kv_engine_s + 0.1}
+    assert "yet differ by 1.00 ms per request (1250 µs per batch)" in dynamo_bench.report(r)
 
 
 def test_dynamo_section_is_spliced_after_sglang_and_replaced_in_place() -> None:
