@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import statistics
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 CONTROL = "vLLM zmq"
+NO_EVENTS = "no publisher"  # the baseline side: vLLM builds its events and hands them to its NullEventPublisher
 PAUSE = 0.1  # between two requests: each is one prefill (one engine batch) and 2 decode steps, one at a time
 RUN_TIMEOUT = 3600.0
 
@@ -50,9 +52,12 @@ def figures(r: dict[str, Any]) -> dict[str, dict[str, float]]:
         n = s["requests"]
         f = {"engine": 1e3 * s["engine_core_cpu_s"] / n, "worker": 1e3 * s["worker_cpu_s"] / n,
              "executor": 1e3 * s.get("model_executor_cpu_s", 0.0) / n,
+             "engine_main": 1e3 * s.get("engine_main_cpu_s", 0.0) / n,
              "kvshmd": 1e3 * s["kvshmd_cpu_s"] / n,
-             "engine_per_batch": 1e6 * s["engine_core_cpu_s"] / max(s["engine_batches"], 1)}
+             "engine_per_batch": 1e6 * s["engine_core_cpu_s"] / s["engine_batches"] if s["engine_batches"]
+             else math.nan}  # the baseline publishes none
         f["node"] = f["engine"] + f["worker"] + f["kvshmd"]
+        f["engine_other"] = f["engine"] - f["engine_main"]
         out[name] = f
     ctl, cs = out.get(CONTROL), r["sides"].get(CONTROL)
     if ctl is not None and cs is not None:
@@ -79,12 +84,16 @@ def report(r: dict[str, Any]) -> str:
     names = list(r["sides"])
     lines = ["| per request | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     rows = [("engine core CPU", "engine", "ms"),
+            ("  of which its main thread (vLLM's busy loop: the scheduler; kvshm's ring write)", "engine_main", "ms"),
+            ("  of which its other threads (vLLM's publisher thread and pyzmq's, vLLM's I/O threads)", "engine_other",
+             "ms"),
             ("Dynamo's worker CPU (`python -m dynamo.vllm`: vLLM's front end, Dynamo's relay)", "worker", "ms"),
             ("kvshmd CPU", "kvshmd", "ms"), ("node CPU (engine core + worker + kvshmd)", "node", "ms"),
             ("engine core CPU per engine batch", "engine_per_batch", "µs"),
             ("vLLM's model executor CPU (`VLLM::Worker`, forward passes; not in the node)", "executor", "ms")]
     for label, key, unit in rows:
-        lines.append(f"| {label} | " + " | ".join(f"{fig[n][key]:.2f} {unit}" for n in names) + " |")
+        lines.append(f"| {label} | " + " | ".join("—" if math.isnan(fig[n][key]) else f"{fig[n][key]:.2f} {unit}"
+                                                  for n in names) + " |")
     lines.append("| requests / engine batches / all batches | " + " | ".join(
         f"{r['sides'][n]['requests']} / {r['sides'][n]['engine_batches']} / {r['sides'][n]['batches']}"
         for n in names) + " |")
@@ -92,6 +101,11 @@ def report(r: dict[str, Any]) -> str:
     for n in names:
         f = fig[n]
         if "ratio_engine" not in f:
+            continue
+        if not n.startswith("kvshm"):  # the baseline: what publishing costs at all
+            lines.append(f"- {n} / {CONTROL}: engine core {f['ratio_engine']:.2f}× (vLLM's publisher costs its "
+                         f"engine core {f['saved_per_batch']:.0f} µs per batch over no publisher"
+                         + (f" ± {f['saved_se_per_batch']:.0f} µs" if "saved_se_per_batch" in f else "") + ").")
             continue
         verdict = "PASS" if f["ratio_engine"] < 1 and f["ratio_node"] <= 1 else "MISS"
         lines.append(f"- {n} / {CONTROL}: engine core **{f['ratio_engine']:.2f}×** (goal < 1), node "
@@ -125,6 +139,15 @@ def section(r: dict[str, Any], source: str) -> list[str]:
             *report(r).splitlines(), ""]
 
 
+def _thread_cpu_s(pid: int, tid: int) -> float:
+    """CPU seconds of one thread of ``pid`` (its schedstat, ns); 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 class Side:
     """One side's stack: a frontend, one worker (index 1) and, in shared mode, kvshmd."""
 
@@ -149,7 +172,8 @@ class Side:
             wenv["KVSHM_SOCKET"] = str(self.daemon.socket)
         self.worker = Worker(1, model, Ports(http=0, pub=base + 4, replay=base + 5), mode.publisher, wenv, self.dir)
         self.wire = BatchRecorder(f"tcp://127.0.0.1:{self.worker.ports.pub}")
-        self.totals = {"requests": 0, "engine_core_cpu_s": 0.0, "model_executor_cpu_s": 0.0, "worker_cpu_s": 0.0,
+        self.totals = {"requests": 0, "engine_core_cpu_s": 0.0, "engine_main_cpu_s": 0.0,
+                       "model_executor_cpu_s": 0.0, "worker_cpu_s": 0.0,
                        "kvshmd_cpu_s": 0.0,
                        "engine_batches": 0, "batches": 0, "wall_s": 0.0, "failed": 0}
         self.rounds: list[dict[str, Any]] = []
@@ -161,8 +185,9 @@ class Side:
         self.wire.incarnation("worker 1.1")
         self.worker.start(self.frontend)
 
-    def cpu(self) -> tuple[float, float, float, float]:
-        """CPU seconds of the engine core, vLLM's model executor, the rest of the worker's process group (Dynamo's
+    def cpu(self) -> tuple[float, float, float, float, float]:
+        """CPU seconds of the engine core, of its main thread (vLLM's busy loop: the scheduler, and kvshm's ring
+        write), vLLM's model executor, the rest of the worker's process group (Dynamo's
         worker) and kvshmd: each process's live threads' schedstat (ns; /proc/PID/stat's 10 ms ticks are too coarse
         for a round)."""
         from _common import proc_cpu_s
@@ -170,8 +195,9 @@ class Side:
 
         assert self.worker.proc is not None
         groups = {self.worker.proc.pid}
-        return (sum(proc_cpu_s(p) for p in engine_cores(groups)), sum(proc_cpu_s(p) for p in model_workers(groups)),
-                sum(proc_cpu_s(p) for p in worker_pids(groups)),
+        cores = engine_cores(groups)
+        return (sum(proc_cpu_s(p) for p in cores), sum(_thread_cpu_s(p, p) for p in cores),
+                sum(proc_cpu_s(p) for p in model_workers(groups)), sum(proc_cpu_s(p) for p in worker_pids(groups)),
                 sum(proc_cpu_s(p) for p in kvshmd_pids(self.daemon, self.dir)))
 
     def serve(self, prompts: list[list[int]], measured: bool) -> None:
@@ -179,18 +205,19 @@ class Side:
 
         client = Client(self.frontend.url, self.frontend.log, self.worker.ids)
         eb, ab = self.wire.count.engine, self.wire.count.total
-        e0, x0, w0, k0 = self.cpu()
+        e0, m0, x0, w0, k0 = self.cpu()
         t0 = time.monotonic()
         failed = 0
         for p in prompts:
             failed += client.complete(p).cached < 0
             time.sleep(PAUSE)
-        e1, x1, w1, k1 = self.cpu()
+        e1, m1, x1, w1, k1 = self.cpu()
         wall = time.monotonic() - t0
         time.sleep(0.5)  # the last batches reach the recorder
         if not measured:
             return
-        rnd = {"requests": len(prompts), "engine_core_cpu_s": e1 - e0, "model_executor_cpu_s": x1 - x0,
+        rnd = {"requests": len(prompts), "engine_core_cpu_s": e1 - e0, "engine_main_cpu_s": m1 - m0,
+               "model_executor_cpu_s": x1 - x0,
                "worker_cpu_s": w1 - w0,
                "kvshmd_cpu_s": k1 - k0, "engine_batches": self.wire.count.engine - eb,
                "batches": self.wire.count.total - ab, "wall_s": wall, "failed": failed}
@@ -218,13 +245,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from kvshm_dynamo.model import make_model
     from kvshm_dynamo.scenarios import prompt
-    from kvshm_e2e.table import MODES
+    from kvshm_e2e.table import MODES, Mode
+
+    BASELINE = Mode(NO_EVENTS, "null", "none")  # vLLM's NullEventPublisher: the events built, nothing published
 
     from kvshm._launcher import find_kvshmd
     from kvshm_testkit import kill_live
 
     wanted = [w.strip() for w in args.modes.split(",") if w.strip()]
-    modes = [m for m in MODES if m.name in wanted]
+    modes = [m for m in (*MODES, BASELINE) if m.name in wanted]
     if [m.name for m in modes][:1] != [CONTROL]:
         raise SystemExit(f"--modes must include {CONTROL!r} (the control) first: {wanted}")
     out = args.workdir.resolve()
@@ -263,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, help="the measurement (JSON; the report beside it as .md)")
     ap.add_argument("--workdir", type=Path, default=Path("build/bench-dynamo"), help="logs and discovery files")
-    ap.add_argument("--modes", default="vLLM zmq,kvshm shared,kvshm private")
+    ap.add_argument("--modes", default=f"{CONTROL},kvshm shared,kvshm private,{NO_EVENTS}")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--requests", type=int, default=60, help="per side and round")
     ap.add_argument("--warmup", type=int, default=8)

@@ -260,6 +260,10 @@ def test_dynamo_figures_are_per_request_against_the_same_run_control(kv_engine_s
     assert "the resolution of this run" not in text  # one kvshm side: no second one to compare with
     r["sides"]["kvshm private"] = {**r["sides"]["kvshm shared"], "engine_core_cpu_s": kv_engine_s + 0.1}
     assert "yet differ by 1.00 ms per request (1250 µs per batch)" in dynamo_bench.report(r)
+    r["sides"]["no publisher"] = {**r["sides"]["vLLM zmq"], "engine_core_cpu_s": 0.9, "engine_batches": 0}
+    text = dynamo_bench.report(r)
+    assert "| engine core CPU per engine batch | 12500.00 µs |" in text and " | — |" in text
+    assert "- no publisher / vLLM zmq: engine core 0.90× (vLLM's publisher costs its engine core 1250 µs" in text
 
 
 def test_dynamo_section_is_spliced_after_sglang_and_replaced_in_place() -> None:
