@@ -15,7 +15,7 @@ GOFILES := $(shell find . \( -path ./.venv -o -path ./build \) -prune -o -name '
 .PHONY: venv testkit generate check-generate fmt vet lint build test testrace gotest pytest fuzz bench bench-go bench-ref wheel demo clean \
 	wheel-amd64 wheel-arm64 pyext test-arm64 arm64-run arm64-go arm64-py grace-stress \
 	vllm-plugin-test e2e e2e-run e2e-router dynenv e2e-dynamo e2e-dynamo-run \
-	sglangenv sglang-plugin-test e2e-sglang e2e-sglang-run bench-sglang \
+	sglangenv sglang-plugin-test e2e-sglang e2e-sglang-run bench-sglang bench-dynamo \
 	conformance conformance-run conformance-cxx conformance-traces \
 	soak soak-short soakenv soakcheck \
 	cluster cluster-short cluster-prep cluster-tools llmd-router llmd-test
@@ -100,6 +100,7 @@ BENCH_DIR  := build/bench
 # The newest committed `make cluster` measurement: RESULTS.md renders its restart curve.
 CLUSTER_MEASURED := cluster/measured/scale-8-32-64-seed18.json
 SGLANG_MEASURED  := bench/measured/sglang.json
+DYNAMO_MEASURED  := bench/measured/dynamo.json
 BENCH_ENV  := PYTHONPATH=$(CURDIR)/pybind/src KVSHMD_BIN=$(CURDIR)/build/kvshmd
 bench: venv build
 	@start=$$(date +%s); mkdir -p $(BENCH_DIR); \
@@ -112,7 +113,7 @@ bench: venv build
 	$(BENCH_ENV) $(VPY) bench/recovery_bench.py --out $(BENCH_DIR)/results.json $(BENCH_ARGS); \
 	$(VPY) bench/results_report.py --results $(BENCH_DIR)/results.json --go $(BENCH_DIR)/go.txt \
 	  --extra $(BENCH_DIR)/publish_bench.txt $(BENCH_DIR)/local_indexer_bench.txt --out bench/RESULTS.md \
-	  --cluster $(CLUSTER_MEASURED) --sglang $(SGLANG_MEASURED) --started $$start; \
+	  --cluster $(CLUSTER_MEASURED) --sglang $(SGLANG_MEASURED) --dynamo $(DYNAMO_MEASURED) --started $$start; \
 	echo "make bench: $$(( $$(date +%s) - start )) s"
 
 bench-go:
@@ -371,6 +372,24 @@ bench-sglang: wheel-$(HOST_ARCH) $(SGLENV)/.stamp
 	$(SGLENV)/bin/python -m pip install -q --no-deps --target $(SGLBENCHSITE) $(WHEEL_GLOB)
 	PYTHONPATH=$(CURDIR)/$(SGLBENCHSITE):$(TESTKIT) SGLANG_USE_CPU_ENGINE=1 $(SGLENV)/bin/python bench/sglang_bench.py \
 	  --out $(SGLANG_MEASURED)
+
+# The engine core's CPU per request in Dynamo's own stack, kvshm against vLLM's own publisher, the same requests in
+# the same run (bench/dynamo_bench.py: one frontend and one dynamo.vllm worker per side, all up at once in the
+# e2e/dynamo harness's network namespace, rounds rotated; root: ip netns). The measurement is committed
+# ($(DYNAMO_MEASURED)) and its section of bench/RESULTS.md re-rendered (`make bench` renders it too). Not in `make
+# bench` itself (it needs the dynenv venv). BENCH_DYNAMO_ARGS: more flags (--rounds, --requests, --modes).
+DYNBENCHSITE      := build/dynamo-bench-site
+BENCH_DYNAMO_ARGS ?=
+bench-dynamo: wheel-$(HOST_ARCH) $(DYNENV)/.stamp venv
+	rm -rf $(DYNBENCHSITE)
+	$(DYNENV)/bin/python -m pip install -q --no-deps --target $(DYNBENCHSITE) $(WHEEL_GLOB)
+	MYPYPATH=$(TESTKIT):$(CURDIR)/e2e:$(CURDIR)/e2e/dynamo:$(CURDIR)/$(DYNBENCHSITE) $(VPY) -m mypy \
+	  --config-file e2e/mypy.ini --python-executable $(DYNENV)/bin/python bench/dynamo_bench.py
+	@start=$$(date +%s); \
+	PYTHONPATH=$(CURDIR)/$(DYNBENCHSITE):$(TESTKIT):$(CURDIR)/e2e:$(CURDIR)/e2e/dynamo $(DYNENV)/bin/python \
+	  bench/dynamo_bench.py --out $(DYNAMO_MEASURED) $(BENCH_DYNAMO_ARGS) && \
+	$(VPY) bench/results_report.py --splice-dynamo bench/RESULTS.md $(DYNAMO_MEASURED) && \
+	echo "make bench-dynamo: $$(( $$(date +%s) - start )) s"
 
 # --- the demo (README's first command) ----------------------------------------------------------------------
 # Fresh machine to a running system: Go modules and the pinned Python tools, the wheel with its static kvshmd,

@@ -581,7 +581,37 @@ def first_limit(d: dict[str, Any]) -> list[str]:
     return ["* " + x for x in out] + ["", line]
 
 
+def splice(text: str, section: list[str], after: str) -> str:
+    """``text`` (a rendered RESULTS.md) with ``section`` (starting with its "## " heading) in place of the section of
+    the same heading, or, when there is none, inserted before the section that follows the one headed ``after`` (at
+    the end without it): ``make bench-dynamo`` re-renders its own section without rerunning ``make bench``."""
+    lines = text.splitlines()
+    head = section[0]
+
+    def end_of(i: int) -> int:
+        j = i + 1
+        while j < len(lines) and not lines[j].startswith("## "):
+            j += 1
+        return j
+
+    if head in lines:
+        i = lines.index(head)
+        lines[i:end_of(i)] = section
+    else:
+        at = next((i for i, ln in enumerate(lines) if ln.startswith(after)), None)
+        j = len(lines) if at is None else end_of(at)
+        lines[j:j] = section
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--splice-dynamo"]:  # make bench-dynamo: RESULTS.md's Dynamo section only
+        from dynamo_bench import section as dynamo_section
+
+        out, measured = Path(sys.argv[2]), sys.argv[3]
+        out.write_text(splice(out.read_text(), dynamo_section(json.loads(Path(measured).read_text()), measured),
+                              "## SGLang"))
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", required=True)
     ap.add_argument("--go", default="")
@@ -590,6 +620,8 @@ def main() -> None:
     ap.add_argument("--started", type=float, default=0.0, help="epoch seconds when make bench started")
     ap.add_argument("--cluster", default="", help="a make cluster results.json to render (the router-restart curve)")
     ap.add_argument("--sglang", default="", help="a make bench-sglang result to render (SGLang's engine cost)")
+    ap.add_argument("--dynamo", default="",
+                    help="a make bench-dynamo result to render (the engine core in Dynamo's stack)")
     args = ap.parse_args()
     d: dict[str, Any] = json.loads(Path(args.results).read_text())
     out = Path(args.out)
@@ -672,6 +704,10 @@ def main() -> None:
         from sglang_bench import section as sglang_section  # stdlib only at import: no SGLang needed here
 
         L += sglang_section(json.loads(Path(args.sglang).read_text()), args.sglang)
+    if args.dynamo and Path(args.dynamo).exists():
+        from dynamo_bench import section as dynamo_section  # stdlib only at import: no Dynamo needed here
+
+        L += dynamo_section(json.loads(Path(args.dynamo).read_text()), args.dynamo)
     q = d.get("queries")
     if q:
         L += ["## Queries (Python API, in-process reference vs kvshm.LocalIndexer → private kvshmd)", "",

@@ -221,3 +221,80 @@ def test_cluster_section_puts_kvshm_beside_vllm_and_judges_64_nodes() -> None:
     assert len(body) == 2 and "| 0.50× |" in body[0] and body[0].endswith("| info |")
     assert "| 2.00× |" in body[1] and "MISS" in body[1]
     assert rr.cluster_section({"scale": []}, "x.json") == []
+
+
+def dynamo_run(kv_engine_s: float, kv_worker_s: float, kvshmd_s: float) -> dict[str, Any]:
+    def side(engine_s: float, worker_s: float, kvshmd: float) -> dict[str, Any]:
+        return {"requests": 100, "engine_core_cpu_s": engine_s, "worker_cpu_s": worker_s, "kvshmd_cpu_s": kvshmd,
+                "engine_batches": 80, "batches": 90, "wall_s": 60.0, "failed": 0, "per_round": []}
+    return {"rounds": 4, "requests": 25, "warmup": 8, "pause_s": 0.1, "seconds": 600.0, "loadavg": [3.0, 4.0],
+            "cores": 2, "sides": {"vLLM zmq": side(1.0, 2.0, 0.0), "kvshm shared": side(kv_engine_s, kv_worker_s,
+                                                                                       kvshmd_s)}}
+
+
+@pytest.mark.parametrize(("kv_engine_s", "kv_worker_s", "kvshmd_s", "verdict"), [
+    (0.8, 2.0, 0.1, "PASS"),  # engine core 0.80x, node 2.9/3.0
+    (0.8, 2.0, 0.3, "MISS"),  # engine core cheaper, but the node 3.1/3.0
+    (1.1, 1.8, 0.0, "MISS"),  # the node cheaper, the engine core not
+])
+def test_dynamo_figures_are_per_request_against_the_same_run_control(kv_engine_s: float, kv_worker_s: float,
+                                                                      kvshmd_s: float, verdict: str) -> None:
+    import dynamo_bench
+
+    r = dynamo_run(kv_engine_s, kv_worker_s, kvshmd_s)
+    f = dynamo_bench.figures(r)
+    assert f["vLLM zmq"]["engine"] == pytest.approx(10.0)  # 1 s over 100 requests: 10 ms each
+    assert f["vLLM zmq"]["node"] == pytest.approx(30.0)
+    assert f["vLLM zmq"]["engine_per_batch"] == pytest.approx(12_500.0)  # 1 s over 80 engine batches, in µs
+    kv = f["kvshm shared"]
+    assert kv["ratio_engine"] == pytest.approx(kv_engine_s / 1.0)
+    assert kv["ratio_node"] == pytest.approx((kv_engine_s + kv_worker_s + kvshmd_s) / 3.0)
+    # the control's engine core minus kvshm's, per engine batch the control published
+    assert kv["saved_per_batch"] == pytest.approx(1e6 * (1.0 - kv_engine_s) / 80)
+    assert "ratio_engine" not in f["vLLM zmq"]
+    text = dynamo_bench.report(r)
+    assert f"node **{kv['ratio_node']:.2f}×** (goal ≤ 1): {verdict}" in text
+    assert ("saved" if kv_engine_s < 1.0 else "added") + " per published batch" in text
+    assert "| requests / engine batches / all batches | 100 / 80 / 90 | 100 / 80 / 90 |" in text
+    assert "load average 3.0 / 4.0" in text
+    assert "the resolution of this run" not in text  # one kvshm side: no second one to compare with
+    r["sides"]["kvshm private"] = {**r["sides"]["kvshm shared"], "engine_core_cpu_s": kv_engine_s + 0.1}
+    assert "yet differ by 1.00 ms per request (1250 µs per batch)" in dynamo_bench.report(r)
+    r["sides"]["no publisher"] = {**r["sides"]["vLLM zmq"], "engine_core_cpu_s": 0.9, "engine_batches": 0}
+    text = dynamo_bench.report(r)
+    assert "| engine core CPU per engine batch | 12500.00 µs |" in text and " | — |" in text
+    assert "- no publisher / vLLM zmq: engine core 0.90× (vLLM's publisher costs its engine core 1250 µs" in text
+    assert "off the engine core's main thread" not in text  # no main-thread figure in this measurement
+    r["sides"]["vLLM zmq"]["engine_main_cpu_s"] = 0.7  # other threads: 0.3 s over 100 requests
+    r["sides"]["kvshm shared"]["engine_main_cpu_s"] = kv_engine_s - 0.1  # other threads: 0.1 s
+    want = 1e6 * (0.3 - 0.1) / 80  # per batch the control published
+    assert f"(where vLLM's publisher thread runs): {want:.0f} µs saved" in dynamo_bench.report(r)
+
+
+def test_dynamo_section_is_spliced_after_sglang_and_replaced_in_place() -> None:
+    import dynamo_bench
+
+    base = "# r\n\n## SGLang: x\n\nsg\n\n## Queries\n\nq\n"
+    sec = dynamo_bench.section(dynamo_run(0.8, 2.0, 0.1), "m.json")
+    once = rr.splice(base, sec, "## SGLang")
+    lines = once.splitlines()
+    assert lines.index(sec[0]) > lines.index("sg") and lines.index(sec[0]) < lines.index("## Queries")
+    again = rr.splice(once, dynamo_bench.section(dynamo_run(0.9, 2.0, 0.1), "m.json"), "## SGLang")
+    assert again.count(sec[0]) == 1 and "0.90×" in again and "0.80×" not in again
+    assert again.endswith("## Queries\n\nq\n")
+
+
+def test_dynamo_saved_per_batch_has_the_standard_error_of_the_paired_rounds() -> None:
+    import dynamo_bench
+
+    r = dynamo_run(0.8, 2.0, 0.1)
+    rnd = {"requests": 50, "engine_batches": 40}
+    # the control's rounds: 0.5 s each; kvshm's 0.4 and 0.4: paired differences 2 ms and 2 ms per request (se 0),
+    # then 0.5 and 0.3: 0 and 4 ms (mean 2, stdev 2.83, se 2)
+    r["sides"]["vLLM zmq"]["per_round"] = [{**rnd, "engine_core_cpu_s": 0.5}, {**rnd, "engine_core_cpu_s": 0.5}]
+    r["sides"]["kvshm shared"]["per_round"] = [{**rnd, "engine_core_cpu_s": 0.4}, {**rnd, "engine_core_cpu_s": 0.4}]
+    assert dynamo_bench.figures(r)["kvshm shared"]["saved_se_per_batch"] == pytest.approx(0.0)
+    r["sides"]["kvshm shared"]["per_round"] = [{**rnd, "engine_core_cpu_s": 0.5}, {**rnd, "engine_core_cpu_s": 0.3}]
+    se = dynamo_bench.figures(r)["kvshm shared"]["saved_se_per_batch"]
+    assert se == pytest.approx(2.0 * 1e3 * 100 / 80)  # 2 ms per request, in µs per batch (100 requests, 80 batches)
+    assert f"± {se:.0f} µs (standard error" in dynamo_bench.report(r)

@@ -94,6 +94,18 @@ func (b *replayBuffer) replyRange(start uint64) (from, end, gen uint64, complete
 	return b.base, b.base + uint64(len(live)), b.gen, complete
 }
 
+// newest returns a copy of the newest buffered batches, oldest first: at most max of them, and no more than fit in
+// maxBytes with overhead bytes added to each payload (a late joiner's, join.go).
+func (b *replayBuffer) newest(max, maxBytes, overhead int) []entry {
+	live := b.q[b.head:]
+	i, bytes := len(live), 0
+	for i > 0 && len(live)-i < max && bytes+len(live[i-1].payload)+overhead <= maxBytes {
+		i--
+		bytes += len(live[i].payload) + overhead
+	}
+	return append([]entry(nil), live[i:]...)
+}
+
 // countFrom returns how many buffered batches have seq >= seq (seqs ascend in the buffer).
 func (b *replayBuffer) countFrom(seq uint64) int {
 	live := b.q[b.head:]

@@ -55,6 +55,37 @@
 // answers every request incomplete (it answered them complete and empty before, so a router restarted after kvshmd
 // restarted got nothing).
 //
+// # Late joiners (join.go)
+//
+// On a publisher that began in the middle of an engine incarnation (its first batch, heartbeats aside, was not a
+// reset batch: a restarted daemon's), a subscriber whose subscriptions first match the topic within
+// Config.JoinWindow (DefaultJoinWindow, 5 s) of New is given the batches the replay buffer holds (batches and reset
+// batches, in seq order, as PUB messages; not the heartbeats, which are never kept: their seqs are missing, and a
+// consumer that checks seqs asks the replay socket, whose filler answers them) and then the live ones: both are
+// handed to it under the publish lock, so no live batch comes before them and none is missed between them. What
+// one joiner is given is bounded (Bounds): the newest batches, at most maxJoinBatches (1024), half its backlog in
+// bytes and half its Config.HWM in messages, so its own join never cuts it; a subscriber that cancels and
+// subscribes again is not given them twice. Subscribers already subscribed are not held back: a join hands its
+// messages to the joiner as Publish does (a non-blocking writev at most, the rest queued for its writer
+// goroutine), and a Publish meanwhile waits for it at most the building of ~1,024 headers; the engine and the ring
+// never wait for it.
+//
+// Why: PUB/SUB as libzmq has it loses what is published before a subscriber's connection is back (the slow
+// joiner). A daemon SIGKILLed and restarted rebinds a stream's PUB when the engine reattaches and publishes what
+// the engine writes at once; dynamo.vllm's relay SUB, following the stream since before the restart, is back about
+// 100 ms later (libzmq's reconnect interval), and in Dynamo 1.6.1 it has no replay: without the join, those batches
+// were lost for Dynamo's router (e2e/dynamo/README.md). Its subscribers were following the stream: the join gives
+// them back its continuity, and a replaying consumer (Dynamo's standalone indexer, llm-d) that gets a batch it
+// already has (a reconnect within the window) drops it: its seq is at or below its watermark.
+//
+// Why not at every bind: a fresh incarnation's stream starts with its reset batch (docs/lifecycle.md), before
+// anyone can follow it, and there PUB/SUB stays as vLLM's own publisher has it (a late subscriber gets the live
+// batches only): its consumers are built for that slow joiner (dynamo.vllm's relay subscribes before the worker
+// registers, so the engine serves nothing it could miss; the others replay), and a consumer that takes its first
+// live seq as its start (kvshm's plugins' own tests do) would otherwise see seqs below it. A restarted daemon's
+// stream that ends its incarnation within the window (the engine died) keeps joining: the buffer then starts with
+// that reset batch, so a joiner gets the Cleared its consumer must apply.
+//
 // # Snapshots (snapshot.go; docs/replay-snapshots.md)
 //
 // With a Snapshotter (SetSnapshotter), a request the buffer cannot answer completely is answered with the
@@ -117,6 +148,10 @@
 //	                                                   one waits is answered by it
 //	a SUBSCRIBE of one more than 1024 held             cut (subscriptions)                    TestSubscriptionFloodIsCut
 //	a replay request of more than 16 frames            cut, counted BadRequests (request)     TestLongRequestIsCut
+//	a subscription within a restarted daemon's join    given the newest buffered batches:     TestJoinBounds,
+//	window (each connection once)                      at most 1024, half its backlog and     TestJoinersThatNever*
+//	                                                   half its HWM; its address's backlog
+//	                                                   cuts past it (addr_backlog)
 //	a frame over 64 KiB, bad frame flags, a malformed  cut (protocol)                         FuzzZMTPDecoders
 //	command
 //	a connection from an address (IPv4; IPv6: its /64) closed at accept (addr_conns)         TestConnsPerAddress

@@ -46,6 +46,10 @@ type Config struct {
 	// it is cut (a reply waits for its own queue first). 0 means DefaultAddrBacklogs subscriber backlogs; ipc://
 	// sockets have none. Not part of the ATTACH request.
 	AddrBacklog int
+	// JoinWindow: a subscriber whose subscriptions first match the topic within this long after New is given the
+	// batches the replay buffer holds before the live ones (join.go; doc.go, "Late joiners"); 0 means
+	// DefaultJoinWindow. Not part of the ATTACH request.
+	JoinWindow time.Duration
 }
 
 // DefaultAddrBacklogs is the default Config.AddrBacklog in Config.SubscriberBacklogs: an address's connections may
@@ -87,8 +91,11 @@ type Stats struct {
 	// ReplayFilled counts the empty batches replies carried to keep their seqs contiguous; ReplayGapped the replies
 	// that could not be made contiguous with a filler set (fill.go).
 	ReplayFilled, ReplayGapped uint64
-	Endpoint                   string // the PUB endpoint (as bound: a port 0 is resolved)
-	ReplayEndpoint             string // "" without replay socket
+	// Joins counts the subscribers that joined within the join window and were given the buffered batches;
+	// JoinedBatches the batches they were given (join.go).
+	Joins, JoinedBatches uint64
+	Endpoint             string // the PUB endpoint (as bound: a port 0 is resolved)
+	ReplayEndpoint       string // "" without replay socket
 }
 
 // AddCounts adds o's counters to s (the endpoints are left as they are): a stream's totals over its publishers.
@@ -105,6 +112,8 @@ func (s *Stats) AddCounts(o Stats) {
 	s.ReplayIncomplete += o.ReplayIncomplete
 	s.ReplayFilled += o.ReplayFilled
 	s.ReplayGapped += o.ReplayGapped
+	s.Joins += o.Joins
+	s.JoinedBatches += o.JoinedBatches
 	for i := range s.Snapshots {
 		s.Snapshots[i] += o.Snapshots[i]
 	}
@@ -147,6 +156,10 @@ type Publisher struct {
 	log      *slog.Logger
 	timeout  time.Duration // stall timeout
 	backlog  int           // subscriber backlog
+	// opened is when New made the sockets and joinWindow how long after it a new subscriber is given the buffered
+	// batches (join.go). Immutable.
+	opened     time.Time
+	joinWindow time.Duration
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -155,9 +168,13 @@ type Publisher struct {
 
 	// pmu orders Publish, PublishHeartbeat and PublishReset (each hands its message to every subscriber inline)
 	// with Flush's snapshot and Close: held for one call's fan-out, which never waits (conn.put).
-	pmu       sync.Mutex
-	closed    bool // set by Close; nothing is published after it
-	closeOnce sync.Once
+	pmu    sync.Mutex
+	closed bool // set by Close; nothing is published after it
+	// midStream: the first batch this publisher handed out (heartbeats aside) was not a reset batch, so it began in
+	// the middle of an engine incarnation (a restarted daemon); fresh: it was one. Late joiners are given the
+	// buffered batches only midStream (join.go). Protected by pmu.
+	midStream, fresh bool
+	closeOnce        sync.Once
 
 	// newest is 1 + the newest seq handed out (any kind; 0: none), stored after the batch is in the buffer: every
 	// seq up to it that a reply finds neither buffered nor lost was a heartbeat's (fill.go).
@@ -165,7 +182,7 @@ type Publisher struct {
 
 	// Counters. Updated atomically.
 	published, replayReqs, badReqs, replayed, incomplete, cut, replayCut atomic.Uint64
-	filled, gapped                                                       atomic.Uint64
+	filled, gapped, joins, joinedBatches                                 atomic.Uint64
 	dropped                                                              [numDrops]atomic.Uint64
 	peersCut                                                             [numCutReasons]atomic.Uint64
 	incompleteLog, badReqLog, snapLog                                    rateLog
@@ -201,10 +218,10 @@ func checkEndpoint(ep string) error {
 // error).
 func New(cfg Config, log *slog.Logger) (*Publisher, error) {
 	if cfg.HWM < 0 || cfg.BufferSteps < 0 || cfg.BufferBytes < 0 || cfg.StallTimeout < 0 || cfg.SubscriberBacklog < 0 ||
-		cfg.ConnsPerAddr < 0 || cfg.AddrBacklog < 0 {
+		cfg.ConnsPerAddr < 0 || cfg.AddrBacklog < 0 || cfg.JoinWindow < 0 {
 		return nil, fmt.Errorf("%w: hwm %d, buffer_steps %d, buffer bytes %d, stall timeout %v, subscriber backlog %d, "+
-			"connections per address %d, address backlog %d", ErrConfig, cfg.HWM, cfg.BufferSteps, cfg.BufferBytes,
-			cfg.StallTimeout, cfg.SubscriberBacklog, cfg.ConnsPerAddr, cfg.AddrBacklog)
+			"connections per address %d, address backlog %d, join window %v", ErrConfig, cfg.HWM, cfg.BufferSteps,
+			cfg.BufferBytes, cfg.StallTimeout, cfg.SubscriberBacklog, cfg.ConnsPerAddr, cfg.AddrBacklog, cfg.JoinWindow)
 	}
 	if err := checkEndpoint(cfg.Endpoint); err != nil {
 		return nil, err
@@ -223,8 +240,9 @@ func New(cfg Config, log *slog.Logger) (*Publisher, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Publisher{cfg: cfg, topic: []byte(cfg.Topic), log: log, ctx: ctx, cancel: cancel,
-		timeout: cfg.StallTimeout, backlog: cfg.SubscriberBacklog,
-		buf: replayBuffer{steps: cfg.BufferSteps, maxBytes: maxBytes}}
+		timeout: cfg.StallTimeout, backlog: cfg.SubscriberBacklog, opened: time.Now(),
+		joinWindow: cmp.Or(cfg.JoinWindow, DefaultJoinWindow),
+		buf:        replayBuffer{steps: cfg.BufferSteps, maxBytes: maxBytes}}
 	if p.timeout == 0 {
 		p.timeout = DefaultStallTimeout
 	}
@@ -367,6 +385,9 @@ func (p *Publisher) publish(e entry, kind itemKind) bool {
 		p.buf.clear()
 		p.bufMu.Unlock()
 	}
+	if kind != itemHeartbeat && !p.midStream && !p.fresh {
+		p.midStream, p.fresh = kind == itemBatch, kind == itemReset
+	}
 	var seq [8]byte
 	binary.BigEndian.PutUint64(seq[:], e.seq)
 	hdr := make([]byte, 0, 9+len(p.topic)+2+8+9) // one allocation: it may stay queued after this call
@@ -398,6 +419,7 @@ func (p *Publisher) publish(e entry, kind itemKind) bool {
 // one byte more than the topic (a longer subscription cannot match), so a frame costs O(len(topic)) however large.
 func (p *Publisher) serveSubscriber(c *conn) error {
 	subs := newSubscriptions(p.topic)
+	first := true // no subscription has matched yet (join.go)
 	keep := 1 + maxCommandName + len(p.topic) + 1
 	var buf []byte
 	frames := 0 // of the message being read
@@ -424,7 +446,9 @@ func (p *Publisher) serveSubscriber(c *conn) error {
 			if err != nil {
 				return err
 			}
-			c.subscribed.Store(subs.matches())
+			if err := p.subscribed(c, subs.matches(), &first); err != nil {
+				return err
+			}
 			continue
 		}
 		frames++
@@ -435,7 +459,9 @@ func (p *Publisher) serveSubscriber(c *conn) error {
 			if err := subs.update(buf[0] == 1, buf[1:], size-1); err != nil {
 				return err
 			}
-			c.subscribed.Store(subs.matches())
+			if err := p.subscribed(c, subs.matches(), &first); err != nil {
+				return err
+			}
 		}
 		frames = 0
 	}
@@ -446,6 +472,7 @@ func (p *Publisher) Stats() Stats {
 	s := Stats{Published: p.published.Load(), ReplayRequests: p.replayReqs.Load(), BadRequests: p.badReqs.Load(),
 		Replayed: p.replayed.Load(), ReplayIncomplete: p.incomplete.Load(), Cut: p.cut.Load(),
 		ReplayCut: p.replayCut.Load(), ReplayFilled: p.filled.Load(), ReplayGapped: p.gapped.Load(),
+		Joins: p.joins.Load(), JoinedBatches: p.joinedBatches.Load(),
 		Endpoint: p.endpoint, ReplayEndpoint: p.replayEP}
 	for i := range s.Dropped {
 		s.Dropped[i] = p.dropped[i].Load()

@@ -252,15 +252,10 @@ class ModeRun:
         return out
 
     def engine_cores(self) -> list[int]:
-        """The pids of the workers' vLLM engine-core processes (``VLLM::EngineCore``, its name cut to 15 characters)."""
-        groups = {w.proc.pid for w in self.workers if w.proc is not None}
-        return [pid for pid, pgid, name in _procs() if pgid in groups and "EngineCor" in name]
+        return engine_cores({w.proc.pid for w in self.workers if w.proc is not None})
 
     def kvshmd_cpu_now(self) -> float:
-        if self.daemon is not None and self.daemon.alive():
-            return cpu_seconds(self.daemon.pid)
-        return sum(cpu_seconds(pid) for pid, _, name in _procs() if name.startswith("kvshmd")
-                   and str(self.dir) in _cmdline(pid))
+        return kvshmd_cpu(self.daemon, self.dir)
 
     def after_death(self, how: str) -> list[str]:
         """A private kvshmd after its engine is gone: it leaves nothing in the worker's TMPDIR."""
@@ -339,6 +334,43 @@ def prompt(rng: random.Random) -> list[int]:
     p = rng.randrange(8)
     prefix = [FIRST_WORD + (p * 97 + i) % (VOCAB_HIGH - FIRST_WORD) for i in range(2 * BLOCK_SIZE)]
     return prefix + [rng.randrange(FIRST_WORD, VOCAB_HIGH) for _ in range(2 * BLOCK_SIZE + 5)]
+
+
+def engine_cores(groups: set[int]) -> list[int]:
+    """The pids of the vLLM engine-core processes (``VLLM::EngineCore``, its name cut to 15 characters) in the
+    process groups ``groups`` (the workers')."""
+    return [pid for pid, pgid, name in _procs() if pgid in groups and "EngineCor" in name]
+
+
+def model_workers(groups: set[int]) -> list[int]:
+    """The pids of vLLM's model-executor processes (``VLLM::Worker...``: the forward passes, started by the engine
+    core) in the process groups ``groups``."""
+    return [pid for pid, pgid, name in _procs() if pgid in groups and name.startswith("VLLM::Wor")]
+
+
+def worker_pids(groups: set[int]) -> list[int]:
+    """The processes in ``groups`` that are neither vLLM's (engine core, model executor) nor a kvshmd: Dynamo's
+    worker (``python -m dynamo.vllm``: vLLM's front end, Dynamo's relay and request plane) and its helpers."""
+    return [pid for pid, pgid, name in _procs() if pgid in groups and "EngineCor" not in name
+            and not name.startswith("VLLM::Wor") and not name.startswith("kvshmd")]
+
+
+def worker_cpu(groups: set[int]) -> float:
+    """The CPU seconds of :func:`worker_pids`."""
+    return sum(cpu_seconds(pid) for pid in worker_pids(groups))
+
+
+def kvshmd_pids(daemon: Kvshmd | None, under: Path) -> list[int]:
+    """The shared ``daemon`` (when it runs), else every private kvshmd whose command line names a path under
+    ``under`` (a mode's directory: its workers' TMPDIR)."""
+    if daemon is not None and daemon.alive():
+        return [daemon.pid]
+    return [pid for pid, _, name in _procs() if name.startswith("kvshmd") and str(under) in _cmdline(pid)]
+
+
+def kvshmd_cpu(daemon: Kvshmd | None, under: Path) -> float:
+    """The CPU seconds of :func:`kvshmd_pids`."""
+    return sum(cpu_seconds(pid) for pid in kvshmd_pids(daemon, under))
 
 
 def _procs() -> list[tuple[int, int, str]]:
