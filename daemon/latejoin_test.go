@@ -2,6 +2,9 @@ package daemon
 
 import (
 	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,5 +61,14 @@ func TestDaemonRestartLateSubscriber(t *testing.T) {
 	}
 	if hashes[0] != 100 || hashes[1] != 101 || hashes[2] != 102 {
 		t.Fatalf("the late subscriber got block hashes %v, want [100 101 102] in order", hashes)
+	}
+	// One join; it was given the 3 batches and any probe published before it.
+	m := scrape(t, ts2.Server)
+	joined := 0
+	if g := regexp.MustCompile(`kvshm_zmq_late_joined_batches_total\{dp_rank="",worker_id="3"\} (\d+)`).FindStringSubmatch(m); g != nil {
+		joined, _ = strconv.Atoi(g[1])
+	}
+	if !strings.Contains(m, `kvshm_zmq_late_joins_total{dp_rank="",worker_id="3"} 1`) || joined < 3 {
+		t.Fatalf("the late join is not in /metrics:\n%s", grepLines(m, "late_join"))
 	}
 }

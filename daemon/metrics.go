@@ -147,6 +147,8 @@ var (
 	dZmqPeersCut     = desc("kvshm_zmq_peers_cut_total", "Peers of the stream's ZMQ PUB and replay sockets cut for a bound (their connection closed, or refused at accept), by reason; zmqpub/doc.go names each bound and reason.", "reason")
 	dZmqReplayCut    = desc("kvshm_zmq_replay_clients_cut_total", "Replay clients disconnected for taking no write for the stall timeout.")
 	dZmqFilled       = desc("kvshm_zmq_replay_filled_batches_total", "Empty batches replay replies carried to keep their seqs contiguous (--zmq-replay-fill; docs/replay-snapshots.md).")
+	dZmqJoins        = desc("kvshm_zmq_late_joins_total", "Subscribers that joined a restarted daemon's PUB within the join window and were first given the batches it had published (zmqpub/doc.go, \"Late joiners\").")
+	dZmqJoined       = desc("kvshm_zmq_late_joined_batches_total", "Batches given to late joiners before the live ones.")
 	dZmqGapped       = desc("kvshm_zmq_replay_gapped_total", "Replay replies that kept a seq gap although --zmq-replay-fill is on: incomplete with no snapshot, or more fillers needed than it allows.")
 )
 
@@ -161,7 +163,7 @@ func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
 		dUnknownHistory, dStreamResets, dStreamEpoch, dTainted, dResidentBlocks, dBuffered, dOldestID, dNewestID,
 		dDumpBuilds, dDumpCacheHits, dCorruptRecords, dMalformedEvents, dLossRecords, dDrainBatches, dTokenMismatch,
 		dNotIndexed, dZmqPublished, dZmqDropped, dZmqReplayReqs, dZmqBadReplay, dZmqReplayed,
-		dZmqIncomplete, dZmqCut, dZmqReplayCut, dZmqSnapshots, dZmqFilled, dZmqGapped} {
+		dZmqIncomplete, dZmqCut, dZmqReplayCut, dZmqSnapshots, dZmqFilled, dZmqGapped, dZmqJoins, dZmqJoined} {
 		ch <- d
 	}
 }
@@ -233,6 +235,8 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			emit(dZmqFilled, C, float64(zs.ReplayFilled))
 			emit(dZmqGapped, C, float64(zs.ReplayGapped))
+			emit(dZmqJoins, C, float64(zs.Joins))
+			emit(dZmqJoined, C, float64(zs.JoinedBatches))
 			for i, outcome := range zmqpub.SnapshotOutcomes {
 				emit(dZmqSnapshots, C, float64(zs.Snapshots[i]), outcome)
 			}

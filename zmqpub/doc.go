@@ -84,7 +84,8 @@
 // registers, so the engine serves nothing it could miss; the others replay), and a consumer that takes its first
 // live seq as its start (kvshm's plugins' own tests do) would otherwise see seqs below it. A restarted daemon's
 // stream that ends its incarnation within the window (the engine died) keeps joining: the buffer then starts with
-// that reset batch, so a joiner gets the Cleared its consumer must apply.
+// that reset batch, so a joiner gets the Cleared its consumer must apply. Stats.Joins and Stats.JoinedBatches count
+// the joins and what they were given (kvshmd: kvshm_zmq_late_joins_total, kvshm_zmq_late_joined_batches_total).
 //
 // # Snapshots (snapshot.go; docs/replay-snapshots.md)
 //
