@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testkit"))
 from kvshm_testkit import markdown_table  # noqa: E402
@@ -47,3 +49,13 @@ def ratio_s(r: float | None) -> str:
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
     """The lines of a Markdown table (kvshm_testkit.markdown_table), for a report built as a list of lines."""
     return markdown_table(header, rows).split("\n")
+
+
+def emit_measured(res: dict[str, Any], text: str, out: Path | None) -> None:
+    """Prints an engine benchmark's report; with ``out``, keeps its measurement there (JSON, what results_report.py
+    renders) and the report beside it (``.md``)."""
+    print(text)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res, indent=1) + "\n")
+        out.with_suffix(".md").write_text(text + "\n")

@@ -26,7 +26,6 @@ the engine core's difference per published engine batch, with the standard error
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import random
@@ -35,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from _report import emit_measured
 
 CONTROL = "vLLM zmq"
 NO_EVENTS = "no publisher"  # the baseline side: vLLM builds its events and hands them to its NullEventPublisher
@@ -312,12 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     if netns.inside() is None:
         return netns.run_inside([sys.executable, str(Path(__file__).resolve()), *argv], RUN_TIMEOUT)
     res = run(args)
-    text = report(res)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(res, indent=1) + "\n")
-        args.out.with_suffix(".md").write_text(text + "\n")
+    emit_measured(res, report(res), args.out)
     return 0
 
 

@@ -38,6 +38,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import JsonChild, commands, cpu_self, proc_cpu_s, reply  # noqa: E402
+from _report import emit_measured  # noqa: E402
 
 SIDES = ("sglang", "kvshm")
 PAGE = 16
@@ -234,9 +235,4 @@ if __name__ == "__main__":
         engine(a)
     else:
         res = main(a)
-        text = report(res)
-        print(text)
-        if a.out is not None:
-            a.out.parent.mkdir(parents=True, exist_ok=True)
-            a.out.write_text(json.dumps(res, indent=1) + "\n")
-            a.out.with_suffix(".md").write_text(text + "\n")
+        emit_measured(res, report(res), a.out)

@@ -17,21 +17,7 @@ import (
 // Release): each op fills the ring with one batch of Cleared events on an empty tree (the cheapest apply, so the
 // drain's own overhead dominates) outside the timer and drains it with drainBatch.
 func BenchmarkDrainBatch(b *testing.B) {
-	path := filepath.Join(b.TempDir(), "bench.ring")
-	w, err := shm.Create(path, shm.Options{Capacity: 1 << 20, WorkerID: 1, KVBlockSize: 4, MaxBufferSize: 1024})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer w.Close()
-	r, err := shm.Open(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer r.Close()
-	ix, err := index.New(index.Config{WorkerID: 1, BlockSize: 4, MaxBufferSize: 1024})
-	if err != nil {
-		b.Fatal(err)
-	}
+	w, r, ix := benchRing(b, 1<<20, 4, 1024)
 	st := &Stream{key: Key{Worker: 1}, ix: ix}
 	a := &Attachment{st: st, r: r, ix: ix, log: testLogger(b)}
 	fb := flatbuffers.NewBuilder(256)
@@ -64,21 +50,7 @@ func BenchmarkDrainPublish(b *testing.B) {
 	const perOp, nb, bs = 64, 32, 32
 	for _, publish := range []bool{false, true} {
 		b.Run(fmt.Sprintf("publish=%v", publish), func(b *testing.B) {
-			path := filepath.Join(b.TempDir(), "bench.ring")
-			w, err := shm.Create(path, shm.Options{Capacity: 8 << 20, WorkerID: 1, KVBlockSize: bs, MaxBufferSize: 1 << 16})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer w.Close()
-			r, err := shm.Open(path)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer r.Close()
-			ix, err := index.New(index.Config{WorkerID: 1, BlockSize: bs, MaxBufferSize: 1 << 16})
-			if err != nil {
-				b.Fatal(err)
-			}
+			w, r, ix := benchRing(b, 8<<20, bs, 1<<16)
 			st := &Stream{key: Key{Worker: 1}, ix: ix, groups: map[groupKey]bool{}}
 			if publish {
 				p, err := zmqpub.New(zmqpub.Config{Endpoint: "ipc://" + filepath.Join(b.TempDir(), "p.sock"), HWM: 1000, BufferSteps: 1000}, nil)
@@ -117,4 +89,25 @@ func BenchmarkDrainPublish(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*perOp), "ns/batch")
 		})
 	}
+}
+
+// benchRing is worker 1's ring of capacity bytes (closed when b ends), a reader of it and an empty index with the
+// ring's block size and buffer.
+func benchRing(b *testing.B, capacity uint64, bs uint32, maxBuf int) (*shm.Writer, *shm.Reader, *index.Indexer) {
+	path := filepath.Join(b.TempDir(), "bench.ring")
+	w, err := shm.Create(path, shm.Options{Capacity: capacity, WorkerID: 1, KVBlockSize: bs, MaxBufferSize: uint32(maxBuf)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { w.Close() })
+	r, err := shm.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { r.Close() })
+	ix, err := index.New(index.Config{WorkerID: 1, BlockSize: bs, MaxBufferSize: maxBuf})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return w, r, ix
 }
