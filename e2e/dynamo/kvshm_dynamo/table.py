@@ -15,11 +15,13 @@ def render(runs: list[ModeRun]) -> str:
             rows.append([
                 r.step, r.mode.name, f"{r.right}/{n - r.failed}", str(r.failed),
                 ("n/a" if r.mode.judged else "control") if r.same is None else f"{r.same}/{n}",
+                f"{r.ties}/{n}", r.first_divergence() or "control",
                 ", ".join(f"{k} {v}" for k, v in sorted(r.applied.items()) if v) or "n/a", r.kvshmd,
                 f"{r.seconds:.0f} s", "; ".join(r.notes),
             ])
     steps = markdown_table(["step", "publisher / daemon", "decisions right (router's overlap = engine's cached)",
                             "requests failed (routed to a dead worker)", "same decision as the control",
+                            "ties (both workers the same overlap)", "first divergence from the control",
                             "events the router applied", "kvshmd /kv_recover", "step took", "notes"], rows)
     batches = markdown_table(
         ["worker", "publisher / daemon", "engine batches", "events in them", "kvshmd's Cleared batches",
