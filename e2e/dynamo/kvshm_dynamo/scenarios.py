@@ -78,6 +78,14 @@ class Row:
         return sum(a == b for a, b in zip(self.decisions, self.control, strict=False))
 
     @property
+    def same_overlap(self) -> int | None:
+        """Requests whose decision found as many blocks cached as the control's did, on whichever worker (two runs
+        whose coins sent a prefix to different workers agree here)."""
+        if self.control is None:
+            return None
+        return sum(a.overlap == b.overlap for a, b in zip(self.decisions, self.control, strict=False))
+
+    @property
     def ties(self) -> int:
         """Requests whose two workers had the same overlap (the router's coin decided them)."""
         return sum(d.tie for d in self.decisions)

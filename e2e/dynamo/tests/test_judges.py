@@ -103,3 +103,21 @@ def test_batch_recorder_view_restarts_with_incarnation(tmp_path: Path) -> None:
         assert rec.view.overlap(list(range(40))) == 0
     finally:
         rec.close()
+
+
+def test_ties_table() -> None:
+    """The tie table: the events' overlap against the router's (a down worker not compared), the ties, the
+    decisions off the ties that went to the larger overlap, the overlaps equal to the control's."""
+    from kvshm_dynamo.scenarios import Row
+    from kvshm_dynamo.table import ties
+    from kvshm_e2e.table import Mode
+
+    ctl = [Decision(1, 0, 0, (0, 0)), Decision(1, 2, 2, (2, 0)), Decision(2, 2, -1, (2, -1))]
+    got = [Decision(2, 0, 0, (0, 0)), Decision(2, 0, 0, (2, 0)), Decision(2, 2, -1, (2, -1))]
+
+    class Run:
+        mode = Mode("kvshm shared", "kvshm", "shared")
+        rows = [Row("s", mode, got, ctl, {}, "", True, 0.0)]
+
+    line = ties([Run()]).splitlines()[-1]  # type: ignore[list-item]
+    assert line == "| kvshm shared | 2/2 | 1/3 | 0/1 | 2/3 |", line
