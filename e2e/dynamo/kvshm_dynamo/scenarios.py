@@ -78,6 +78,29 @@ class Row:
         return sum(a == b for a, b in zip(self.decisions, self.control, strict=False))
 
     @property
+    def same_overlap(self) -> int | None:
+        """Requests whose decision found as many blocks cached as the control's did, on whichever worker (two runs
+        whose coins sent a prefix to different workers agree here)."""
+        if self.control is None:
+            return None
+        return sum(a.overlap == b.overlap for a, b in zip(self.decisions, self.control, strict=False))
+
+    @property
+    def ties(self) -> int:
+        """Requests whose two workers had the same overlap (the router's coin decided them)."""
+        return sum(d.tie for d in self.decisions)
+
+    def first_divergence(self) -> str:
+        """The first request routed otherwise than the control's (1-based), and whether it was a tie in this run
+        and in the control's ("-" when every decision was the control's, "" for the control itself)."""
+        if self.control is None:
+            return ""
+        for i, (a, b) in enumerate(zip(self.decisions, self.control, strict=False)):
+            if a != b:
+                return f"#{i + 1}: {'tie' if a.tie else 'no tie'} here, {'tie' if b.tie else 'no tie'} in the control"
+        return "-"
+
+    @property
     def ok(self) -> bool:
         """A kvshm row is at least as right as the control: no more wrong beliefs, /kv_recover exact."""
         ctl_wrong = sum(d.cached >= 0 and not d.right for d in self.control) if self.control is not None else 0
@@ -126,7 +149,8 @@ class ModeRun:
         return {
             "mode": self.mode.name, "served": self.served, "engine_cpu_s": self.engine_cpu,
             "kvshmd_cpu_s": self.kvshmd_cpu,
-            "rows": [{"step": r.step, "decisions": [[d.worker, d.overlap, d.cached] for d in r.decisions],
+            "rows": [{"step": r.step, "decisions": [[d.worker, d.overlap, d.cached, list(d.overlaps)]
+                                                    for d in r.decisions],
                       "applied": r.applied, "kvshmd": r.kvshmd, "kvshmd_ok": r.kvshmd_ok, "seconds": r.seconds,
                       "notes": r.notes} for r in self.rows],
             "batches": {str(i): vars(rec.count) for i, rec in self.wire.items()},
@@ -243,7 +267,9 @@ class ModeRun:
         kv0 = self.kvshmd_cpu_now()
         out = []
         for _ in range(n):
-            out.append(client.complete(prompt(rng)))
+            p = prompt(rng)
+            overlaps = tuple(self.wire[w.index].view.overlap(p) if w.proc is not None else -1 for w in self.workers)
+            out.append(client.complete(p, overlaps=overlaps))
             self.served += out[-1].cached >= 0
             time.sleep(PAUSE)
         if step.startswith("steady"):
@@ -290,7 +316,8 @@ class ModeRun:
                                 f"applied {applied}, published {sent} ({merged} merged)"))
         print(f"  {step} ({seconds:.0f} s): right {row.right}/{len(decisions)}, failed {row.failed}"
               + (f", same as control {row.same}/{len(decisions)}" if row.same is not None else "")
-              + f", applied { {k: v for k, v in row.applied.items() if v} }, kvshmd {cells} "
+              + (f", first divergence {row.first_divergence()}" if row.control is not None else "")
+              + f", ties {row.ties}, applied { {k: v for k, v in row.applied.items() if v} }, kvshmd {cells} "
               + " ".join(d.cell() for d in decisions), flush=True)
 
     def judge_kvshmd(self) -> tuple[str, bool]:

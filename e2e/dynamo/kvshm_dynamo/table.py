@@ -15,11 +15,13 @@ def render(runs: list[ModeRun]) -> str:
             rows.append([
                 r.step, r.mode.name, f"{r.right}/{n - r.failed}", str(r.failed),
                 ("n/a" if r.mode.judged else "control") if r.same is None else f"{r.same}/{n}",
+                f"{r.ties}/{n}", r.first_divergence() or "control",
                 ", ".join(f"{k} {v}" for k, v in sorted(r.applied.items()) if v) or "n/a", r.kvshmd,
                 f"{r.seconds:.0f} s", "; ".join(r.notes),
             ])
     steps = markdown_table(["step", "publisher / daemon", "decisions right (router's overlap = engine's cached)",
                             "requests failed (routed to a dead worker)", "same decision as the control",
+                            "ties (both workers the same overlap)", "first divergence from the control",
                             "events the router applied", "kvshmd /kv_recover", "step took", "notes"], rows)
     batches = markdown_table(
         ["worker", "publisher / daemon", "engine batches", "events in them", "kvshmd's Cleared batches",
@@ -36,7 +38,29 @@ def render(runs: list[ModeRun]) -> str:
     checks = markdown_table(["check", "publisher / daemon", "result"],
                             [[name, run.mode.name, f"{'ok' if ok else 'FAIL'}: {detail}"]
                              for run in runs for name, ok, detail in run.checks])
-    return "\n\n".join([steps, batches, cpu, checks])
+    return "\n\n".join([steps, batches, cpu, ties(runs), checks])
+
+
+def ties(runs: list[ModeRun]) -> str:
+    """Whether the tie column can be trusted and what the router did off the ties, per mode: each worker's overlap
+    read from its PUB's events against the router's own for the worker it chose (a worker down is not compared:
+    the router keeps a dead worker's blocks until discovery drops it), and the decisions between workers of
+    different overlaps that went to the larger one (the router's cost with one request at a time). Reported, not
+    judged."""
+    out = []
+    for run in runs:
+        ds = [d for r in run.rows for d in r.decisions if d.worker and len(d.overlaps) == 2]
+        seen = [d for d in ds if d.overlaps[d.worker - 1] >= 0]
+        apart = [d for d in ds if min(d.overlaps) >= 0 and d.overlaps[0] != d.overlaps[1]]
+        same = [r.same_overlap for r in run.rows if r.same_overlap is not None]
+        n = sum(len(r.decisions) for r in run.rows if r.same_overlap is not None)
+        out.append([run.mode.name, f"{sum(d.overlaps[d.worker - 1] == d.overlap for d in seen)}/{len(seen)}",
+                     f"{sum(d.tie for d in ds)}/{len(ds)}",
+                     f"{sum(d.overlap == max(d.overlaps) for d in apart)}/{len(apart)}",
+                     f"{sum(same)}/{n}" if same else "control"])
+    return markdown_table(["publisher / daemon", "overlap from the events = the router's (chosen worker, up)",
+                           "ties", "not a tie: to the larger overlap", "same overlap as the control (any worker)"],
+                          out)
 
 
 def batch_checks(runs: list[ModeRun]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from kvshm_dynamo.judges import BatchRecorder, Decision, last_decision, parse_applied
+from kvshm_dynamo.judges import BatchRecorder, CacheView, Decision, last_decision, parse_applied
 from kvshm_dynamo.scenarios import prompt
 
 ROUTING = (
@@ -63,3 +63,61 @@ def test_batch_recorder_counts(tmp_path: Path) -> None:
     c = rec.count
     assert (c.engine, c.events, c.merged, c.empty, c.cleared, c.total) == (2, 4, 3, 1, 1, 4)
     assert rec.sizes == [3, 1]
+
+
+def test_cache_view_overlap() -> None:
+    """A prompt's overlap per worker from the stored and removed events: chained through parents, cut at the first
+    block not held, emptied by AllBlocksCleared; a child of a parent never seen matches nothing."""
+    view = CacheView(block_size=2)
+    view.apply({"type": "BlockStored", "block_hashes": [b"a", b"b"], "parent_block_hash": None,
+                "token_ids": [1, 2, 3, 4]})
+    view.apply({"type": "BlockStored", "block_hashes": [b"c"], "parent_block_hash": b"b", "token_ids": [5, 6]})
+    view.apply(["BlockStored", [b"x"], b"unseen", [7, 8], 2])  # vLLM's array form; its parent unknown here
+    assert view.overlap([1, 2, 3, 4, 5, 6, 9]) == 3
+    assert view.overlap([1, 2, 3, 9, 5, 6]) == 1, "a different second block: only the first matches"
+    assert view.overlap([7, 8]) == 0 and view.overlap([1]) == 0
+    view.apply({"type": "BlockRemoved", "block_hashes": [b"b"]})
+    assert view.overlap([1, 2, 3, 4, 5, 6]) == 1, "the prefix stops at the removed block"
+    view.apply({"type": "AllBlocksCleared"})
+    assert view.overlap([1, 2, 3, 4]) == 0
+
+
+def test_decision_tie() -> None:
+    """A tie: both workers up with the same overlap; the overlaps do not make two decisions differ."""
+    assert Decision(1, 2, 2, (2, 2)).tie and Decision(1, 0, 0, (0, 0)).tie
+    assert not Decision(1, 2, 2, (2, 0)).tie and not Decision(1, 0, 0, (0, -1)).tie and not Decision(1, 0, 0).tie
+    assert Decision(1, 2, 2, (2, 2)) == Decision(1, 2, 2, (2, 0)) and Decision(1, 2, 2, (2, 2)).cell() == "w1:2/2="
+
+
+def test_batch_recorder_view_restarts_with_incarnation(tmp_path: Path) -> None:
+    """A new incarnation's view starts empty, as the router's index of a restarted worker's new instance."""
+    import msgspec
+
+    stored = msgspec.msgpack.encode([1.0, [{"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None,
+                                            "token_ids": list(range(32))}], 0])
+    rec = BatchRecorder(f"ipc://{tmp_path}/none.sock")
+    try:
+        rec.on_payload(stored)
+        assert rec.view.overlap(list(range(40))) == 1
+        rec.incarnation("worker 2.2")
+        assert rec.view.overlap(list(range(40))) == 0
+    finally:
+        rec.close()
+
+
+def test_ties_table() -> None:
+    """The tie table: the events' overlap against the router's (a down worker not compared), the ties, the
+    decisions off the ties that went to the larger overlap, the overlaps equal to the control's."""
+    from kvshm_dynamo.scenarios import Row
+    from kvshm_dynamo.table import ties
+    from kvshm_e2e.table import Mode
+
+    ctl = [Decision(1, 0, 0, (0, 0)), Decision(1, 2, 2, (2, 0)), Decision(2, 2, -1, (2, -1))]
+    got = [Decision(2, 0, 0, (0, 0)), Decision(2, 0, 0, (2, 0)), Decision(2, 2, -1, (2, -1))]
+
+    class Run:
+        mode = Mode("kvshm shared", "kvshm", "shared")
+        rows = [Row("s", mode, got, ctl, {}, "", True, 0.0)]
+
+    line = ties([Run()]).splitlines()[-1]  # type: ignore[list-item]
+    assert line == "| kvshm shared | 2/2 | 1/3 | 0/1 | 2/3 |", line
