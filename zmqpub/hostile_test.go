@@ -125,6 +125,21 @@ func TestSubscriptionFloodIsCut(t *testing.T) {
 	waitFor(t, func() bool { return cutBy(p, "subscriptions") == 1 }, "the cut counted under subscriptions")
 }
 
+// subscribeFrom is a SUB from address from (a loopback address: 127.0.0.2 and .3 are distinct hosts to the
+// per-address bounds), handshaken with addr and subscribed to topic (nil: everything); closed when t ends.
+func subscribeFrom(t *testing.T, from, addr string, topic []byte) net.Conn {
+	t.Helper()
+	c, err := handshakeFrom(from, addr, "SUB")
+	if err != nil {
+		t.Fatalf("a SUB from %s: %v", from, err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	if _, err := c.Write(subscription(true, topic)); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // handshakeFrom dials addr from the local IP from (127.0.0.x: another "host" on loopback) and runs the NULL
 // handshake as socketType; an error when the publisher closed the connection instead.
 func handshakeFrom(from, addr, socketType string) (net.Conn, error) {
@@ -274,23 +289,9 @@ func TestAddrBacklog(t *testing.T) {
 		SubscriberBacklog: backlog, AddrBacklog: addrBacklog})
 	addr := strings.Replace(strings.TrimPrefix(p.Stats().Endpoint, "tcp://"), "0.0.0.0", "127.0.0.1", 1)
 	for range 4 {
-		c, err := handshakeFrom("127.0.0.2", addr, "SUB")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close() })
-		if _, err := c.Write(subscription(true, nil)); err != nil {
-			t.Fatal(err)
-		}
+		subscribeFrom(t, "127.0.0.2", addr, nil)
 	}
-	healthy, err := handshakeFrom("127.0.0.3", addr, "SUB")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer healthy.Close()
-	if _, err := healthy.Write(subscription(true, nil)); err != nil {
-		t.Fatal(err)
-	}
+	healthy := subscribeFrom(t, "127.0.0.3", addr, nil)
 	waitFor(t, func() bool { return subscribedAll(p) && len(p.pubs.snapshot()) == 5 }, "5 subscribed")
 	const n = 200
 	got := make(chan error, 1)

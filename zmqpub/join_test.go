@@ -5,8 +5,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -195,14 +198,7 @@ func TestJoinersThatNeverReadCostTheirAddressOnly(t *testing.T) {
 	if st := p.Stats(); st.Cut != cutBy(p, "addr_backlog") {
 		t.Fatalf("joiners cut for other reasons than their address's backlog: %v", st.PeersCut)
 	}
-	healthy, err := handshakeFrom("127.0.0.3", addr, "SUB")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer healthy.Close()
-	if _, err := healthy.Write(subscription(true, nil)); err != nil {
-		t.Fatal(err)
-	}
+	healthy := subscribeFrom(t, "127.0.0.3", addr, nil)
 	_ = healthy.SetReadDeadline(time.Now().Add(20 * time.Second))
 	r := bufio.NewReader(healthy)
 	got := readMessages(t, r, (backlog/2)/(16<<10+p.msgOverhead()))
@@ -219,12 +215,7 @@ func TestJoinersThatNeverReadCostTheirAddressOnly(t *testing.T) {
 // one (before, only the live one: what was published before its reconnect was lost).
 func TestLibzmqSubReconnectingAfterBind(t *testing.T) {
 	py := testenv.VenvPython(t, "../.venv/bin/python", "zmq")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
+	port := portBelowEphemeral(t)
 	cmd := exec.Command(py, "testdata/latejoin.py", fmt.Sprintf("tcp://127.0.0.1:%d", port), "3")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -257,4 +248,30 @@ func TestLibzmqSubReconnectingAfterBind(t *testing.T) {
 	if len(res.Errors) > 0 || !equalSeqs(res.Seqs, []uint64{7, 9, 10}) {
 		t.Fatalf("the libzmq SUB got seqs %v (errors %v), want [7 9 10]", res.Seqs, res.Errors)
 	}
+}
+
+// portBelowEphemeral is a free loopback port below the kernel's ephemeral range. A SUB that keeps connecting to a
+// port nobody listens on can, when that port is in the ephemeral range, be given it as its own source port and
+// connect to itself (TCP's simultaneous open): the publisher's bind then fails with EADDRINUSE (seen once in
+// go test -count=4 on a loaded machine).
+func portBelowEphemeral(t *testing.T) int {
+	t.Helper()
+	low := 32768 // Linux's default when the range cannot be read
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				low = v
+			}
+		}
+	}
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0))
+	for range 200 {
+		port := 10000 + rng.IntN(max(1, low-10000))
+		if ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			_ = ln.Close()
+			return port
+		}
+	}
+	t.Fatalf("no free port below the ephemeral range (from %d)", low)
+	return 0
 }
