@@ -71,13 +71,9 @@ func (p *Publisher) join(c *conn) error {
 		n := min(len(es), joinChunk)
 		hdrs := make([]byte, 0, n*p.msgOverhead()) // one allocation per chunk; owned by c's queue once put
 		m := make(net.Buffers, 0, 2*n)
-		var seq [8]byte
 		for _, e := range es[:n] {
-			binary.BigEndian.PutUint64(seq[:], e.seq)
 			at := len(hdrs)
-			hdrs = appendFrame(hdrs, flagMore, p.topic)
-			hdrs = appendFrame(hdrs, flagMore, seq[:])
-			hdrs = appendFrameHeader(hdrs, 0, len(e.payload))
+			hdrs = p.appendMsgHeader(hdrs, e)
 			m = append(m, hdrs[at:len(hdrs):len(hdrs)], e.payload)
 		}
 		if err := c.put(m, false); err != nil {
@@ -91,5 +87,15 @@ func (p *Publisher) join(c *conn) error {
 }
 
 // msgOverhead is the most bytes a PUB message adds to its payload: the topic and seq frames and the payload
-// frame's header.
+// frame's header (appendMsgHeader).
 func (p *Publisher) msgOverhead() int { return 9 + len(p.topic) + 2 + 8 + 9 }
+
+// appendMsgHeader appends what a PUB message [topic, seq, payload] carries before e's payload (written from its own
+// slice): the topic frame, the 8-byte big-endian seq frame and the payload frame's header.
+func (p *Publisher) appendMsgHeader(b []byte, e entry) []byte {
+	var seq [8]byte
+	binary.BigEndian.PutUint64(seq[:], e.seq)
+	b = appendFrame(b, flagMore, p.topic)
+	b = appendFrame(b, flagMore, seq[:])
+	return appendFrameHeader(b, 0, len(e.payload))
+}

@@ -52,7 +52,7 @@ func BenchmarkPublishCPU(b *testing.B) {
 			var seq [8]byte
 			hdr := appendFrame(nil, flagMore, topic)
 			hdr = appendFrame(hdr, flagMore, seq[:])
-			hdr = append(hdr, frameHeader(0, len(payload))...)
+			hdr = appendFrameHeader(hdr, 0, len(payload))
 			msgLen := int64(len(hdr) + len(payload))
 			pace := func(start time.Time, i int) {
 				if gap > 0 {

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"cmp"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -388,12 +387,7 @@ func (p *Publisher) publish(e entry, kind itemKind) bool {
 	if kind != itemHeartbeat && !p.midStream && !p.fresh {
 		p.midStream, p.fresh = kind == itemBatch, kind == itemReset
 	}
-	var seq [8]byte
-	binary.BigEndian.PutUint64(seq[:], e.seq)
-	hdr := make([]byte, 0, 9+len(p.topic)+2+8+9) // one allocation: it may stay queued after this call
-	hdr = appendFrame(hdr, flagMore, p.topic)
-	hdr = appendFrame(hdr, flagMore, seq[:])
-	hdr = appendFrameHeader(hdr, 0, len(e.payload))
+	hdr := p.appendMsgHeader(make([]byte, 0, p.msgOverhead()), e) // one allocation: it may stay queued after this call
 	msg := net.Buffers{hdr, e.payload}
 	// Into the replay buffer before any subscriber can read it: the direct write below may reach a subscriber at
 	// once, and a replay it asks for next must hold the batch it just received (TestEngineDeathAndRestart saw the

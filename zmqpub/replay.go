@@ -1,7 +1,6 @@
 package zmqpub
 
 import (
-	"encoding/binary"
 	"net"
 )
 
@@ -217,12 +216,7 @@ func (p *Publisher) reply(c *conn, start uint64, buf []entry) ([]entry, error) {
 
 // replyMessage is ["", topic, seq, payload] (vLLM's reply after the ROUTER's identity frame).
 func (p *Publisher) replyMessage(e entry) net.Buffers {
-	var seq [8]byte
-	binary.BigEndian.PutUint64(seq[:], e.seq)
-	hdr := appendFrame(nil, flagMore, nil)
-	hdr = appendFrame(hdr, flagMore, p.topic)
-	hdr = appendFrame(hdr, flagMore, seq[:])
-	hdr = append(hdr, frameHeader(0, len(e.payload))...)
+	hdr := p.appendMsgHeader(appendFrame(make([]byte, 0, 2+p.msgOverhead()), flagMore, nil), e)
 	return net.Buffers{hdr, e.payload}
 }
 

@@ -46,10 +46,7 @@ func appendFrame(b []byte, flags byte, body []byte) []byte {
 	return append(b, body...)
 }
 
-// frameHeader returns a frame's header alone (the body is written from its own slice, not copied).
-func frameHeader(flags byte, size int) []byte { return appendFrameHeader(nil, flags, size) }
-
-// appendFrameHeader appends a frame's header alone.
+// appendFrameHeader appends a frame's header alone (the body is written from its own slice, not copied).
 func appendFrameHeader(b []byte, flags byte, size int) []byte {
 	if size > 255 {
 		return binary.BigEndian.AppendUint64(append(b, flags|flagLong), uint64(size))

@@ -94,6 +94,7 @@ func BenchmarkDrainPublish(b *testing.B) {
 // benchRing is worker 1's ring of capacity bytes (closed when b ends), a reader of it and an empty index with the
 // ring's block size and buffer.
 func benchRing(b *testing.B, capacity uint64, bs uint32, maxBuf int) (*shm.Writer, *shm.Reader, *index.Indexer) {
+	b.Helper()
 	path := filepath.Join(b.TempDir(), "bench.ring")
 	w, err := shm.Create(path, shm.Options{Capacity: capacity, WorkerID: 1, KVBlockSize: bs, MaxBufferSize: uint32(maxBuf)})
 	if err != nil {
